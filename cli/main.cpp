@@ -1,0 +1,32 @@
+// `lockstep`: the command line. main builds everything and passes it down (STYLE.md §12).
+#include "cli/generate_command.h"
+#include "core/check.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <functional>
+#include <vector>
+
+int main(int argc, char** argv) {
+  CLI::App app{"lockstep — a deterministic LLM model executor with record, replay, simulation and "
+               "property testing"};
+  app.require_subcommand(1);
+  std::vector<std::function<int()>> commands;
+  commands.push_back(ls::cli::add_generate_command(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (const auto& command : commands) {
+      const int status = command();
+      if (status >= 0) return status;
+    }
+  } catch (const ls::Error& e) {
+    fmt::print(stderr, "lockstep: error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}

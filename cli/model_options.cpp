@@ -1,0 +1,59 @@
+#include "cli/model_options.h"
+
+#include "core/check.h"
+
+#include <fmt/ranges.h>
+
+#include <filesystem>
+
+namespace ls::cli {
+
+void add_model_options(CLI::App& app, ModelOptions& o) {
+  app.add_option("--model", o.model,
+                 fmt::format("Model: a named shape with random weights ({}) or a Hugging Face "
+                             "directory holding config.json and *.safetensors",
+                             fmt::join(model_config_names(), ", ")))
+      ->capture_default_str();
+  app.add_option("--weights-seed", o.weights_seed,
+                 "Seed of the random weights of a named shape (platform-stable)")
+      ->capture_default_str();
+  app.add_option("--backend", o.backend, "Backend that runs the model")
+      ->check(CLI::IsMember({"cpu"}))
+      ->capture_default_str();
+  app.add_option("--max-batch-rows", o.executor.max_batch_rows, "B: rows in one forward op")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--context-length", o.executor.context_length,
+                 "L: tokens a request may hold (prompt + generated)")
+      ->check(CLI::Range(2, 1 << 24))
+      ->capture_default_str();
+  app.add_option("--page-size", o.executor.page_size, "P: tokens per KV page")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--pages", o.pages_count,
+                 "KV pages (page 0 is the dummy); 0 = enough for every row to reach L")
+      ->check(CLI::Range(0, 1 << 26))
+      ->capture_default_str();
+  app.add_option("--prefill-chunk-tokens", o.executor.prefill_chunk_tokens,
+                 "Prefill tokens in one step, summed over rows (longer prompts are chunked)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+}
+
+ModelWeights load_model(ModelOptions& o, WeightSource& source) {
+  ExecutorConfig& c = o.executor;
+  const int32_t pages_per_row = (c.context_length + c.page_size - 1) / c.page_size + 1;
+  c.pages_count = o.pages_count > 0 ? o.pages_count : c.max_batch_rows * pages_per_row + 1;
+  if (std::filesystem::is_directory(o.model)) {
+    source = {WeightSource::Kind::kDirectory, 0, o.model};
+    return load_hf_directory(o.model);
+  }
+  const auto names = model_config_names();
+  LS_REQUIRE(std::find(names.begin(), names.end(), o.model) != names.end(),
+             "--model '{}' is neither a named shape ({}) nor a directory", o.model,
+             fmt::join(names, ", "));
+  source = {WeightSource::Kind::kSeed, o.weights_seed, ""};
+  return weights_from_seed(model_config_named(o.model), o.weights_seed);
+}
+
+}  // namespace ls::cli

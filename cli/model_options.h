@@ -1,0 +1,26 @@
+// Command-line options shared by every subcommand that builds an executor.
+#pragma once
+
+#include "core/config.h"
+#include "core/model/weights.h"
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace ls::cli {
+
+struct ModelOptions {
+  std::string model = "tiny";  // a named shape (random weights from --weights-seed) or a directory
+  uint64_t weights_seed = 0;
+  std::string backend = "cpu";
+  ExecutorConfig executor;
+  int32_t pages_count = 0;  // 0: enough for every row to reach the context length
+};
+
+void add_model_options(CLI::App& app, ModelOptions& options);
+
+// Loads or generates the weights; fills executor.pages_count when it was left at 0.
+ModelWeights load_model(ModelOptions& options, WeightSource& source);
+
+}  // namespace ls::cli

@@ -1,0 +1,58 @@
+// The narrow interface between the executor's rules and a backend's arithmetic and memory.
+// Each call is one rule of DESIGN.md's per-step sequence; the executor calls them in order.
+// A backend owns the device-resident state (vcl, future_input_map, block table, KV pool) and the
+// step's buffers, all sized once from the ExecutorConfig.
+#pragma once
+
+#include "core/step_plan.h"
+#include "core/step_result.h"
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace ls {
+
+// A copy of the device state of some pool rows, for digests, checkers and tests.
+struct StateSnapshot {
+  std::vector<int32_t> pool_rows;           // [n]
+  std::vector<int32_t> valid_cache_length;  // [n]
+  std::vector<int32_t> future_inputs;       // [n, W]
+  std::vector<int32_t> table;               // [n, Wp]
+};
+
+// The inputs the last fill produced, for tests of the slot rule and scrubbing.
+struct InputSnapshot {
+  std::vector<int32_t> input_ids;   // [step_tokens_max]
+  std::vector<int32_t> positions;   // [step_tokens_max]
+  std::vector<int64_t> slots;       // [step_tokens_max]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;
+  // Rule 1: write the (already clamped) block-table slices.
+  virtual void apply_table_writes(const StepPlan& plan) = 0;
+  // Rule 2: vcl resets for prefill rows and recovered decode rows.
+  virtual void reset_lengths(const StepPlan& plan) = 0;
+  // Rule 3: ids (prefill from the plan, decode from future_input_map or the override), positions,
+  // slots by the slot rule, id clamp to [0, V), tail scrub.
+  virtual void fill_inputs(const StepPlan& plan) = 0;
+  // Rule 4: the model forward; leaves the plan's logits rows in the backend.
+  virtual void forward(const StepPlan& plan) = 0;
+  // A fault site: overwrite whole logits rows with `value` — NaN, or ±inf (simulator and tests).
+  virtual void poison_logits(std::span<const int32_t> logits_rows, float value) = 0;
+  // Rules 5–9: NaN guard, sample/verify, context clamp, commit, output clamp; the result.
+  virtual StepResult finish_step(const StepPlan& plan) = 0;
+
+  virtual StateSnapshot read_state(std::span<const int32_t> pool_rows) const = 0;
+  virtual InputSnapshot read_inputs() const = 0;
+};
+
+}  // namespace ls

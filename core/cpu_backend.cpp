@@ -1,0 +1,244 @@
+#include "core/cpu_backend.h"
+
+#include "core/check.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ls {
+
+namespace {
+constexpr int32_t kPadInputId = 1;  // what padded tokens read (seed spec invariant 9)
+constexpr float kSanitisedMagnitude = 1e30f;
+}  // namespace
+
+CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
+                       std::unique_ptr<Verifier> verifier)
+    : config_(config),
+      vocab_size_(weights.config.vocab_size),
+      table_width_(config.table_width()),
+      model_(weights, config),
+      verifier_(verifier ? std::move(verifier) : std::make_unique<StandardVerifier>()) {
+  const size_t rows = static_cast<size_t>(config.pool_rows_count());
+  const size_t tokens = static_cast<size_t>(config.step_tokens_max());
+  table_.assign(rows * table_width_, 0);
+  vcl_.assign(rows, 0);
+  future_inputs_.assign(rows * config.verify_width, 0);
+  input_ids_.assign(tokens, kPadInputId);
+  positions_.assign(tokens, 0);
+  slots_.assign(tokens, 0);
+  token_pool_rows_.assign(tokens, 0);
+  logits_.assign(static_cast<size_t>(config.logits_rows_max()) * vocab_size_, 0.0f);
+  vcl_before_.assign(static_cast<size_t>(config.max_batch_rows), 0);
+}
+
+void CpuBackend::apply_table_writes(const StepPlan& plan) {
+  for (const TableWrite& w : plan.table_writes) {
+    LS_ASSERT(w.begin + w.pages_count <= table_width_, "unclamped table write");
+    const std::span<const int32_t> pages = plan.pages_of(w);
+    std::copy(pages.begin(), pages.end(),
+              table_.begin() + static_cast<size_t>(w.pool_row) * table_width_ + w.begin);
+  }
+}
+
+void CpuBackend::reset_lengths(const StepPlan& plan) {
+  for (const LengthReset& r : plan.length_resets) vcl_[r.pool_row] = r.length;
+}
+
+void CpuBackend::fill_inputs(const StepPlan& plan) {
+  const int32_t w = plan.verify_width;
+  const int32_t ne = plan.prefill_rows_count;
+  for (int32_t row = 0; row < plan.rows_count; ++row) {
+    const int32_t rpi = plan.pool_rows[row];
+    const int32_t offset = plan.token_offsets[row];
+    const std::span<const int32_t> table_row(table_.data() + static_cast<size_t>(rpi) * table_width_,
+                                             table_width_);
+    vcl_before_[row] = vcl_[rpi];
+    int32_t start = 0;
+    if (row < ne) {
+      start = plan.prefill_prefix[row];
+      const int32_t source = offset;  // prefill tokens lead the token buffer, row by row
+      std::copy_n(plan.prefill_token_ids.begin() + source, plan.input_lengths[row],
+                  input_ids_.begin() + offset);
+    } else {
+      start = vcl_[rpi];
+      int32_t* fim = future_inputs_.data() + static_cast<size_t>(rpi) * w;
+      const int32_t override_id = plan.decode_overrides[row - ne];
+      if (override_id != -1) {
+        fim[0] = override_id;
+        // Recovered rows have no real drafts: the extra columns are dummies (seed spec §3.2 c).
+        if (plan.force_single[row - ne]) std::fill(fim + 1, fim + w, override_id);
+      }
+      std::copy(fim, fim + w, input_ids_.begin() + offset);
+    }
+    for (int32_t t = 0; t < plan.input_lengths[row]; ++t) {
+      positions_[offset + t] = start + t;
+      slots_[offset + t] = slot_for(table_row, config_.page_size, start + t);
+      token_pool_rows_[offset + t] = rpi;
+    }
+  }
+  for (int32_t t = 0; t < plan.tokens_count; ++t) {
+    input_ids_[t] = std::clamp(input_ids_[t], 0, vocab_size_ - 1);
+  }
+  // Scrub the tail: a larger earlier step left real ids and slots behind.
+  std::fill(input_ids_.begin() + plan.tokens_count, input_ids_.end(), kPadInputId);
+  std::fill(positions_.begin() + plan.tokens_count, positions_.end(), 0);
+  std::fill(slots_.begin() + plan.tokens_count, slots_.end(), 0);
+  std::fill(token_pool_rows_.begin() + plan.tokens_count, token_pool_rows_.end(), 0);
+}
+
+void CpuBackend::forward(const StepPlan& plan) {
+  if (plan.rows_count == 0) return;
+  const size_t t = static_cast<size_t>(plan.tokens_count);
+  const ForwardTokens tokens{
+      .input_ids = std::span<const int32_t>(input_ids_.data(), t),
+      .positions = std::span<const int32_t>(positions_.data(), t),
+      .slots = std::span<const int64_t>(slots_.data(), t),
+      .pool_rows = std::span<const int32_t>(token_pool_rows_.data(), t),
+      .logits_token_index = plan.logits_token_index,
+  };
+  model_.forward(tokens, table_, logits_);
+}
+
+std::span<float> CpuBackend::logits_row(int32_t r) {
+  return std::span<float>(logits_.data() + static_cast<size_t>(r) * vocab_size_, vocab_size_);
+}
+
+void CpuBackend::poison_logits(std::span<const int32_t> logits_rows, float value) {
+  for (int32_t r : logits_rows) {
+    LS_ASSERT(r >= 0 && r < config_.logits_rows_max(), "logits row {}", r);
+    std::span<float> row = logits_row(r);
+    std::fill(row.begin(), row.end(), value);
+  }
+}
+
+StepResult CpuBackend::finish_step(const StepPlan& plan) {
+  const int32_t bs = plan.rows_count;
+  const int32_t ne = plan.prefill_rows_count;
+  StepResult result;
+  result.mode = plan.mode;
+  result.prefill_rows_count = ne;
+  result.verify_width = plan.verify_width;
+  result.tokens.assign(static_cast<size_t>(ne + (bs - ne) * plan.verify_width), 0);
+  result.accepted_lengths.assign(static_cast<size_t>(bs), 0);
+  result.nan_flags.assign(static_cast<size_t>(bs), 0);
+  result.oov_flags.assign(static_cast<size_t>(bs), 0);
+  if (bs == 0) return result;
+  guard_logits(plan, result);
+  sample_prefill_rows(plan, result);
+  verify_decode_rows(plan, result);
+  flag_and_clamp_outputs(plan, result);
+  if (plan.want_logprobs) fill_logprobs(plan, result);
+  if (plan.capture_logits) {
+    result.logits.assign(logits_.begin(),
+                         logits_.begin() + static_cast<size_t>(plan.logits_rows_count()) * vocab_size_);
+  }
+  return result;
+}
+
+// Rule 5: a row is flagged when any of its logits rows holds a NaN; every logits row is then
+// sanitised (NaN → −1e30, ±inf → ±1e30) so sampling never sees a non-finite value.
+void CpuBackend::guard_logits(const StepPlan& plan, StepResult& result) {
+  const int32_t ne = plan.prefill_rows_count;
+  for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
+    const int32_t row = r < ne ? r : ne + (r - ne) / plan.verify_width;
+    for (float& x : logits_row(r)) {
+      if (std::isnan(x)) {
+        result.nan_flags[row] = 1;
+        x = -kSanitisedMagnitude;
+      } else if (std::isinf(x)) {
+        x = x > 0 ? kSanitisedMagnitude : -kSanitisedMagnitude;
+      }
+    }
+  }
+}
+
+// Rules 6 and 8 for prefill rows: sample the last token's logits, commit vcl += input length.
+void CpuBackend::sample_prefill_rows(const StepPlan& plan, StepResult& result) {
+  for (int32_t row = 0; row < plan.prefill_rows_count; ++row) {
+    const int32_t rpi = plan.pool_rows[row];
+    const int64_t position = int64_t{plan.prefill_prefix[row]} + plan.input_lengths[row];
+    const SampleOutcome outcome = sample_token(logits_row(row), plan.sampling[row], position, scratch_);
+    result.tokens[row] = outcome.token;
+    result.accepted_lengths[row] = 1;
+    future_inputs_[static_cast<size_t>(rpi) * plan.verify_width] = outcome.token;
+    vcl_[rpi] += plan.input_lengths[row];
+  }
+}
+
+// Rules 6–8 for decode rows: verify, context clamp a' = min(a, max(0, L − vcl_old)), then one a'
+// feeds vcl, the next inputs and the step result, so the scheduler and vcl never disagree.
+void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
+  const int32_t ne = plan.prefill_rows_count;
+  const int32_t w = plan.verify_width;
+  for (int32_t row = ne; row < plan.rows_count; ++row) {
+    const int32_t rpi = plan.pool_rows[row];
+    const int32_t first_logits = ne + (row - ne) * w;
+    const int32_t vcl_old = vcl_before_[row] ;
+    const VerifyRow verify_row{
+        .logits = std::span<const float>(logits_.data() + static_cast<size_t>(first_logits) * vocab_size_,
+                                         static_cast<size_t>(w) * vocab_size_),
+        .inputs = std::span<const int32_t>(input_ids_.data() + plan.token_offsets[row], w),
+        .vocab_size = vocab_size_,
+        .sampling = plan.sampling[row],
+        .first_position = int64_t{vcl_old} + 1,
+        .force_single = plan.force_single[row - ne] != 0,
+    };
+    std::span<int32_t> out(result.tokens.data() + first_logits, w);
+    const int32_t accepted = verifier_->verify(verify_row, out, scratch_);
+    LS_ASSERT(accepted >= 1 && accepted <= w, "verifier accepted {} of W = {}", accepted, w);
+    const int32_t room = std::max(0, config_.context_length - vcl_old);
+    const int32_t clamped = std::min(accepted, room);
+    std::fill(out.begin() + clamped, out.end(), 0);
+    result.accepted_lengths[row] = clamped;
+    // Next round's column 0 is the last emitted token; with a' = 0 the dummy index 1 is used
+    // (seed: clamp(a, 1, N)). Without a drafter the other columns repeat it.
+    const int32_t last = std::clamp(out[std::max(clamped, 1) - 1], 0, vocab_size_ - 1);
+    std::fill_n(future_inputs_.begin() + static_cast<size_t>(rpi) * w, w, last);
+    vcl_[rpi] += clamped;
+  }
+}
+
+// Rules 9 and the OOV flag: any emitted id outside [0, V) flags its row; all ids are clamped.
+void CpuBackend::flag_and_clamp_outputs(const StepPlan& plan, StepResult& result) {
+  const int32_t ne = plan.prefill_rows_count;
+  for (size_t i = 0; i < result.tokens.size(); ++i) {
+    int32_t& token = result.tokens[i];
+    if (token >= 0 && token < vocab_size_) continue;
+    const int32_t index = static_cast<int32_t>(i);
+    const int32_t row = index < ne ? index : ne + (index - ne) / plan.verify_width;
+    result.oov_flags[row] = 1;
+    token = std::clamp(token, 0, vocab_size_ - 1);
+  }
+}
+
+// Logprob of each emitted token under softmax of its (sanitised) logits row at temperature 1.
+void CpuBackend::fill_logprobs(const StepPlan& plan, StepResult& result) {
+  result.logprobs.assign(result.tokens.size(), 0.0f);
+  for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
+    const std::span<float> row = logits_row(r);
+    const float max_logit = *std::max_element(row.begin(), row.end());
+    float sum = 0.0f;
+    for (float x : row) sum += std::exp(x - max_logit);
+    result.logprobs[r] = row[result.tokens[r]] - max_logit - std::log(sum);
+  }
+}
+
+StateSnapshot CpuBackend::read_state(std::span<const int32_t> pool_rows) const {
+  StateSnapshot s;
+  const int32_t w = config_.verify_width;
+  for (int32_t rpi : pool_rows) {
+    LS_ASSERT(rpi >= 0 && rpi < config_.pool_rows_count(), "pool row {}", rpi);
+    s.pool_rows.push_back(rpi);
+    s.valid_cache_length.push_back(vcl_[rpi]);
+    s.future_inputs.insert(s.future_inputs.end(), future_inputs_.begin() + static_cast<size_t>(rpi) * w,
+                           future_inputs_.begin() + static_cast<size_t>(rpi + 1) * w);
+    s.table.insert(s.table.end(), table_.begin() + static_cast<size_t>(rpi) * table_width_,
+                   table_.begin() + static_cast<size_t>(rpi + 1) * table_width_);
+  }
+  return s;
+}
+
+InputSnapshot CpuBackend::read_inputs() const { return {input_ids_, positions_, slots_}; }
+
+}  // namespace ls

@@ -1,0 +1,55 @@
+// The CPU reference backend: device state in host vectors, the model in fp32 (CpuModel), and the
+// state rules as plain loops — the oracle each CUDA kernel and state op is compared against.
+#pragma once
+
+#include "core/backend.h"
+#include "core/cpu_model.h"
+#include "core/sampling.h"
+
+#include <memory>
+
+namespace ls {
+
+class CpuBackend final : public Backend {
+ public:
+  // `verifier` decides decode rows (tests pass a stub); null means StandardVerifier.
+  CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
+             std::unique_ptr<Verifier> verifier = nullptr);
+
+  std::string name() const override { return "cpu"; }
+  void apply_table_writes(const StepPlan& plan) override;
+  void reset_lengths(const StepPlan& plan) override;
+  void fill_inputs(const StepPlan& plan) override;
+  void forward(const StepPlan& plan) override;
+  void poison_logits(std::span<const int32_t> logits_rows, float value) override;
+  StepResult finish_step(const StepPlan& plan) override;
+  StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
+  InputSnapshot read_inputs() const override;
+
+ private:
+  void guard_logits(const StepPlan& plan, StepResult& result);
+  void sample_prefill_rows(const StepPlan& plan, StepResult& result);
+  void verify_decode_rows(const StepPlan& plan, StepResult& result);
+  void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
+  void fill_logprobs(const StepPlan& plan, StepResult& result);
+  std::span<float> logits_row(int32_t r);
+
+  ExecutorConfig config_;
+  int32_t vocab_size_;
+  int32_t table_width_;
+  CpuModel model_;
+  std::unique_ptr<Verifier> verifier_;
+  SamplingScratch scratch_;
+
+  std::vector<int32_t> table_;           // [pool rows, Wp] req_to_page
+  std::vector<int32_t> vcl_;             // [pool rows] valid_cache_lengths
+  std::vector<int32_t> future_inputs_;   // [pool rows, W] future_input_map
+  std::vector<int32_t> input_ids_;       // [step_tokens_max]
+  std::vector<int32_t> positions_;       // [step_tokens_max]
+  std::vector<int64_t> slots_;           // [step_tokens_max]
+  std::vector<int32_t> token_pool_rows_; // [step_tokens_max]
+  std::vector<float> logits_;            // [logits_rows_max, V]
+  std::vector<int32_t> vcl_before_;      // [max_batch_rows] vcl of each row before commit
+};
+
+}  // namespace ls

@@ -1,0 +1,65 @@
+// The CPU reference forward pass: fp32, single-threaded, batch-invariant by construction.
+//
+// Every token's arithmetic depends only on its own id, its position and the KV of the positions
+// before it: linear layers are per-token dot products with one fixed summation order, attention
+// walks keys in ascending position with a fixed-order softmax. So a request's logits are
+// bit-identical whatever else is in the batch, however its prompt was chunked, and whichever pool
+// row it sits in — the property every CUDA kernel is checked against.
+#pragma once
+
+#include "core/config.h"
+#include "core/model/rope.h"
+#include "core/model/weights.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ls {
+
+// What the forward reads for each token of the step.
+struct ForwardTokens {
+  std::span<const int32_t> input_ids;  // [T], already clamped to [0, V)
+  std::span<const int32_t> positions;  // [T]
+  std::span<const int64_t> slots;      // [T] KV slot each token writes
+  std::span<const int32_t> pool_rows;  // [T] pool row of each token's request
+  std::span<const int32_t> logits_token_index;  // [rows] tokens whose logits are wanted
+};
+
+class CpuModel {
+ public:
+  CpuModel(const ModelWeights& weights, const ExecutorConfig& config);
+
+  // Runs every layer over the step's tokens, writing K/V at their slots, and fills
+  // `logits` [rows, V]. `table` is the [pool rows, Wp] block table used to find earlier keys.
+  void forward(const ForwardTokens& tokens, std::span<const int32_t> table,
+               std::span<float> logits);
+
+  int64_t kv_slots_count() const { return kv_slots_count_; }
+
+ private:
+  void attention_layer_qkv(int32_t layer, const ForwardTokens& tokens);
+  void attention_layer_out(int32_t layer, const ForwardTokens& tokens,
+                           std::span<const int32_t> table);
+  void ffn_layer(int32_t layer, int32_t tokens_count);
+  void attend(int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
+              float* out);
+  float* kv_at(int64_t slot, int32_t layer, int32_t which);
+
+  const ModelWeights& weights_;
+  ModelConfig model_;
+  ExecutorConfig limits_;
+  RopeTable rope_;
+  int64_t kv_slots_count_ = 0;
+
+  std::vector<float> kv_;         // [slots, layers, 2, kv_size] K then V per layer
+  std::vector<float> residual_;   // [step_tokens_max, hidden]
+  std::vector<float> normed_;     // [step_tokens_max, hidden]
+  std::vector<float> q_;          // [step_tokens_max, q_size]
+  std::vector<float> attn_out_;   // [q_size] one token at a time
+  std::vector<float> gate_;       // [ffn]
+  std::vector<float> up_;         // [ffn]
+  std::vector<float> scores_;     // [context_length + W]
+};
+
+}  // namespace ls

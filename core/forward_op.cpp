@@ -1,0 +1,158 @@
+#include "core/forward_op.h"
+
+#include "core/check.h"
+
+#include <unordered_set>
+
+namespace ls {
+
+std::string_view to_string(ForwardMode mode) {
+  switch (mode) {
+    case ForwardMode::kIdle: return "IDLE";
+    case ForwardMode::kExtend: return "EXTEND";
+    case ForwardMode::kMixed: return "MIXED";
+    case ForwardMode::kDecode: return "DECODE";
+  }
+  return "?";
+}
+
+std::string_view to_string(RowKind kind) {
+  return kind == RowKind::kPrefill ? "prefill" : "decode";
+}
+
+ForwardMode forward_mode_of(int32_t prefill_rows_count, int32_t rows_count) {
+  if (rows_count <= 0) return ForwardMode::kIdle;
+  if (prefill_rows_count == rows_count) return ForwardMode::kExtend;
+  if (prefill_rows_count == 0) return ForwardMode::kDecode;
+  return ForwardMode::kMixed;
+}
+
+int32_t ForwardOp::prefill_rows_count() const {
+  int32_t count = 0;
+  for (const OpRow& row : rows) count += row.kind == RowKind::kPrefill ? 1 : 0;
+  return count;
+}
+
+namespace {
+
+// Every message starts with "forward op row R (request ID, kind)" so a user can find the row.
+std::string where(int32_t row_index, const OpRow& row) {
+  return fmt::format("forward op row {} (request {}, {})", row_index, row.request_id,
+                     to_string(row.kind));
+}
+
+void validate_refresh(int32_t i, const OpRow& row, const ExecutorConfig& config) {
+  LS_REQUIRE(row.refresh.begin >= 0, "{}: refresh.begin must be >= 0, got {}", where(i, row),
+             row.refresh.begin);
+  for (size_t j = 0; j < row.refresh.pages.size(); ++j) {
+    const int32_t page = row.refresh.pages[j];
+    LS_REQUIRE(page >= 1 && page < config.pages_count,
+               "{}: refresh.pages[{}] = {} is out of range [1, pages_count = {}) (page 0 is the "
+               "dummy page)",
+               where(i, row), j, page, config.pages_count);
+  }
+}
+
+void validate_prefill_row(int32_t i, const OpRow& row, const ExecutorConfig& config) {
+  LS_REQUIRE(row.input_length >= 1, "{}: input_length must be >= 1, got {}", where(i, row),
+             row.input_length);
+  LS_REQUIRE(row.input_length <= config.prefill_chunk_tokens,
+             "{}: input_length {} exceeds prefill_chunk_tokens = {}", where(i, row),
+             row.input_length, config.prefill_chunk_tokens);
+  LS_REQUIRE(row.prefix_length >= 0, "{}: prefix_length must be >= 0, got {}", where(i, row),
+             row.prefix_length);
+  const int64_t end = int64_t{row.prefix_length} + row.input_length;
+  LS_REQUIRE(end <= config.context_length,
+             "{}: prefix_length {} + input_length {} = {} exceeds context_length L = {}",
+             where(i, row), row.prefix_length, row.input_length, end, config.context_length);
+  LS_REQUIRE(row.prompt_length >= end,
+             "{}: prompt_length {} is shorter than prefix_length + input_length = {}",
+             where(i, row), row.prompt_length, end);
+  LS_REQUIRE(row.prompt_length <= config.context_length,
+             "{}: prompt_length {} exceeds context_length L = {}", where(i, row),
+             row.prompt_length, config.context_length);
+  LS_REQUIRE(row.decode_override == -1, "{}: decode_override must be -1 on a prefill row, got {}",
+             where(i, row), row.decode_override);
+  LS_REQUIRE(row.hist_token_length == -1,
+             "{}: hist_token_length must be -1 on a prefill row, got {}", where(i, row),
+             row.hist_token_length);
+}
+
+void validate_decode_row(int32_t i, const OpRow& row, const ExecutorConfig& config,
+                         int32_t vocab_size) {
+  LS_REQUIRE(row.input_length == config.verify_width,
+             "{}: input_length must equal the verify width W = {}, got {}", where(i, row),
+             config.verify_width, row.input_length);
+  LS_REQUIRE(row.prefix_length == 0 && row.prompt_length == 0,
+             "{}: prefix_length and prompt_length must be 0 on a decode row, got {} and {}",
+             where(i, row), row.prefix_length, row.prompt_length);
+  LS_REQUIRE(row.decode_override >= -1 && row.decode_override < vocab_size,
+             "{}: decode_override {} is outside [0, vocab_size = {}) and is not -1", where(i, row),
+             row.decode_override, vocab_size);
+  LS_REQUIRE(row.hist_token_length >= -1 && row.hist_token_length <= config.context_length,
+             "{}: hist_token_length {} is outside [0, context_length L = {}] and is not -1",
+             where(i, row), row.hist_token_length, config.context_length);
+  LS_REQUIRE(row.hist_token_length == -1 || row.decode_override != -1,
+             "{}: a recovered row (hist_token_length {}) needs a decode_override with its last "
+             "token",
+             where(i, row), row.hist_token_length);
+}
+
+}  // namespace
+
+void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size) {
+  const int32_t bs = op.rows_count();
+  LS_REQUIRE(bs <= config.max_batch_rows, "forward op: {} rows exceed max_batch_rows B = {}", bs,
+             config.max_batch_rows);
+  std::unordered_set<int32_t> pool_rows;
+  std::unordered_set<RequestId> request_ids;
+  int64_t prefill_tokens = 0;
+  bool seen_decode = false;
+  for (int32_t i = 0; i < bs; ++i) {
+    const OpRow& row = op.rows[i];
+    LS_REQUIRE(row.kind == RowKind::kPrefill || row.kind == RowKind::kDecode,
+               "forward op row {}: kind {} is neither prefill nor decode", i,
+               static_cast<int>(row.kind));
+    LS_REQUIRE(!(seen_decode && row.kind == RowKind::kPrefill),
+               "{}: prefill rows must come first, but this prefill row follows a decode row",
+               where(i, row));
+    seen_decode = seen_decode || row.kind == RowKind::kDecode;
+    LS_REQUIRE(row.pool_row >= 1 && row.pool_row <= config.max_batch_rows,
+               "{}: pool_row {} is unknown: pool rows are 1..max_batch_rows = {}", where(i, row),
+               row.pool_row, config.max_batch_rows);
+    LS_REQUIRE(pool_rows.insert(row.pool_row).second,
+               "{}: pool_row {} is used by an earlier row of the same op", where(i, row),
+               row.pool_row);
+    LS_REQUIRE(request_ids.insert(row.request_id).second,
+               "{}: request id {} appears in an earlier row of the same op", where(i, row),
+               row.request_id);
+    validate_refresh(i, row, config);
+    if (row.sampling) row.sampling->validate(where(i, row));
+    if (row.kind == RowKind::kPrefill) {
+      validate_prefill_row(i, row, config);
+      prefill_tokens += row.input_length;
+    } else {
+      validate_decode_row(i, row, config, vocab_size);
+    }
+  }
+  LS_REQUIRE(prefill_tokens <= config.prefill_chunk_tokens,
+             "forward op: {} prefill tokens exceed prefill_chunk_tokens = {}", prefill_tokens,
+             config.prefill_chunk_tokens);
+  LS_REQUIRE(static_cast<int64_t>(op.prefill_token_ids.size()) == prefill_tokens,
+             "forward op: prefill_token_ids holds {} ids but the prefill rows' input_length sum "
+             "to {}",
+             op.prefill_token_ids.size(), prefill_tokens);
+  int64_t offset = 0;
+  for (int32_t i = 0; i < bs && op.rows[i].kind == RowKind::kPrefill; ++i) {
+    for (int32_t t = 0; t < op.rows[i].input_length; ++t) {
+      const int32_t id = op.prefill_token_ids[offset + t];
+      LS_REQUIRE(id >= 0 && id < vocab_size,
+                 "{}: token id {} at chunk position {} (prefill_token_ids[{}]) is outside "
+                 "[0, vocab_size = {})",
+                 where(i, op.rows[i]), id, t, offset + t, vocab_size);
+    }
+    offset += op.rows[i].input_length;
+  }
+}
+
+}  // namespace ls

@@ -1,0 +1,64 @@
+// The forward op: one scheduled batch, the executor's only input (DESIGN.md "The executor's
+// contract"). Prefill rows come first, then decode rows; the mode follows from the counts.
+#pragma once
+
+#include "core/config.h"
+#include "core/sampling_params.h"
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace ls {
+
+enum class RowKind : uint8_t { kPrefill = 0, kDecode = 1 };
+enum class ForwardMode : uint8_t { kIdle = 0, kExtend = 1, kMixed = 2, kDecode = 3 };
+
+std::string_view to_string(ForwardMode mode);
+std::string_view to_string(RowKind kind);
+ForwardMode forward_mode_of(int32_t prefill_rows_count, int32_t rows_count);
+
+// A slice of the request's block table to (re)write: table[pool_row, begin + j] = pages[j].
+// Slices that run past the table width are clamped, never rejected (seed spec §3.2 a).
+struct TableRefresh {
+  int32_t begin = 0;
+  std::vector<int32_t> pages;
+
+  bool operator==(const TableRefresh&) const = default;
+};
+
+struct OpRow {
+  RowKind kind = RowKind::kDecode;
+  RequestId request_id = 0;
+  int32_t pool_row = 0;      // 1..max_batch_rows
+  int32_t input_length = 0;  // prefill: this chunk's tokens; decode: must equal W
+  // Prefill rows only.
+  int32_t prefix_length = 0;  // tokens already in KV (prefix-cache hit + earlier chunks)
+  int32_t prompt_length = 0;  // the whole prompt; the chunk is the last iff prefix + input == it
+  // Decode rows only.
+  int32_t decode_override = -1;     // -1: input from future_input_map; else column 0's id
+  int32_t hist_token_length = -1;   // -1, or the KV length to resume from after retraction
+  TableRefresh refresh;
+  // Required when the request is new to its pool row; ignored otherwise must not be given.
+  std::optional<SamplingParams> sampling;
+
+  bool operator==(const OpRow&) const = default;
+};
+
+struct ForwardOp {
+  std::vector<OpRow> rows;                 // [bs], prefill rows first
+  std::vector<int32_t> prefill_token_ids;  // [Σ prefill input_length], row by row
+
+  int32_t rows_count() const { return static_cast<int32_t>(rows.size()); }
+  int32_t prefill_rows_count() const;
+  int32_t decode_rows_count() const { return rows_count() - prefill_rows_count(); }
+  ForwardMode mode() const { return forward_mode_of(prefill_rows_count(), rows_count()); }
+  bool operator==(const ForwardOp&) const = default;
+};
+
+// Checks everything about the op that the host can check without device state. Throws ls::Error
+// naming the field, the row and the limit. `vocab_size` bounds token ids.
+void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size);
+
+}  // namespace ls

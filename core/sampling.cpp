@@ -1,0 +1,327 @@
+// The sampling definition. The CUDA kernels must reproduce it bit for bit, so it is written out
+// here in full and the code below follows it step by step.
+//
+// All arithmetic is IEEE fp32, round to nearest, without FMA contraction, in the order written.
+// For one logits row l[0 .. V) and ResolvedSampling {seed, T, k, top_p, min_p}:
+//
+//  1. Greedy (k == 1): the token is argmax l, lowest id on ties; logprob 0. Nothing below runs.
+//  2. s_i = l_i / T (a true division, not a multiply by 1/T); m = max_i s_i.
+//  3. Weights w_i = expf(s_i - m). The maximum's weight is exactly 1.
+//  4. Order: ids sorted by (w desc, id asc). This is a strict total order, so every correct sort
+//     or selection yields the same sequence o_0, o_1, ... Ties are broken on w, not on l: two
+//     distinct logits can round to one weight.
+//  5. Top-k: keep o_0 .. o_{K-1}, K = min(k, V). S_k = w_{o_0} + ... + w_{o_{K-1}}, summed left
+//     to right.
+//  6. Top-p, only when top_p < 1: c = 0; for j = 0 .. K-1: c += w_{o_j} / S_k; the first j with
+//     c >= top_p cuts the prefix to n = j + 1. If c never reaches top_p (rounding), n = K.
+//     top_p == 1 skips the step, so rounding can never drop a token that has mass.
+//  7. Min-p: keep the longest prefix of o_0 .. o_{n-1} with w_{o_j} >= min_p * w_{o_0}
+//     (o_0 always stays). min_p == 0 keeps all n.
+//  8. The kept ids are o_0 .. o_{n-1}; S = their weights summed left to right. The filtered
+//     distribution is q(t) = w_t / S (one fp32 division) for a kept t, and 0 for any other t.
+//  9. Inverting the CDF at u in [0, 1): target = u * S; c = 0; walk the kept ids in order with
+//     c += w_{o_j}; the token is the first o_j with c > target, or, should none qualify, the last
+//     kept id. sample_token uses u = draw_uniform(seed, position, 0); its logprob is
+//     logf(w_t / S).
+//
+// Verify, stochastic rows (target-only rejection sampling, seed spec §5). Row i of the logits
+// (i = 0 .. W-1) predicts position c + i, c = first_position, inputs = [t0, d_1 .. d_{W-1}],
+// and q_i is row i's filtered distribution (steps 2-8). For i = 1 .. W-1 in order:
+//    coin = draw_uniform(seed, c + i - 1, 1); d_i is accepted iff q_{i-1}(d_i) > 0 and
+//    coin <= q_{i-1}(d_i); then out[i-1] = d_i. At the first rejection, out[i-1] is step 9 on
+//    q_{i-1} with d_i skipped — its weight left out of both S and the walk — at
+//    u = draw_uniform(seed, c + i - 1, 2), and a = i.
+// If every draft is accepted, out[W-1] = sample_token(row W-1, position c + W - 1) and a = W.
+// The q > 0 condition departs from the seed's bare `coin <= q`: the coin can be exactly 0, and
+// `0 <= 0` would accept a token the filters removed.
+//
+// TODO(spec): expf and logf here are the host libm's, and CUDA's expf differs from glibc's in the
+// last bits for some inputs. Bit-for-bit agreement needs one exp written out in basic operations
+// on both sides.
+#include "core/sampling.h"
+
+#include "core/check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace ls {
+
+namespace {
+
+// Philox4x32 round multipliers and Weyl key increments (Salmon et al., SC'11, Random123).
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+constexpr int kPhiloxRounds = 10;
+
+// Draw indices at one position: each use of randomness has its own stream.
+constexpr uint32_t kDrawSample = 0;
+constexpr uint32_t kDrawCoin = 1;
+constexpr uint32_t kDrawCorrection = 2;
+
+constexpr int32_t kNoToken = -1;
+
+std::array<uint32_t, 4> philox_round(const std::array<uint32_t, 4>& counter,
+                                     const std::array<uint32_t, 2>& key) {
+  const uint64_t product0 = uint64_t{kPhiloxM0} * counter[0];
+  const uint64_t product1 = uint64_t{kPhiloxM1} * counter[2];
+  return {static_cast<uint32_t>(product1 >> 32) ^ counter[1] ^ key[0],
+          static_cast<uint32_t>(product1),
+          static_cast<uint32_t>(product0 >> 32) ^ counter[3] ^ key[1],
+          static_cast<uint32_t>(product0)};
+}
+
+// Step 4's order: weight descending, then id ascending.
+bool precedes(std::span<const float> weights, int32_t a, int32_t b) {
+  return weights[a] > weights[b] || (weights[a] == weights[b] && a < b);
+}
+
+float sum_in_order(std::span<const float> weights, std::span<const int32_t> ids,
+                   int32_t skipped) {
+  float sum = 0.0f;
+  for (const int32_t id : ids) {
+    if (id != skipped) sum += weights[id];
+  }
+  return sum;
+}
+
+// Step 8's q: borrows the scratch buffers, so it is valid until the scratch is used again.
+struct FilteredDistribution {
+  std::span<const float> weights;  // [V] w by token id
+  std::span<const int32_t> kept;   // [n] kept ids in step 4's order, n >= 1
+  float kept_sum = 0.0f;           // S
+
+  // The kept ids are a prefix of a total order, so membership is one comparison with the last.
+  bool contains(int32_t token) const {
+    const int32_t last = kept.back();
+    return token == last || precedes(weights, token, last);
+  }
+  float probability(int32_t token) const {
+    return contains(token) ? weights[token] / kept_sum : 0.0f;
+  }
+};
+
+void assert_stochastic(const ResolvedSampling& sampling) {
+  LS_ASSERT(std::isfinite(sampling.temperature), "temperature {}", sampling.temperature);
+  LS_ASSERT(sampling.temperature > 0.0f, "temperature {}", sampling.temperature);
+  LS_ASSERT(sampling.top_k >= 1, "top_k {}", sampling.top_k);
+  LS_ASSERT(sampling.top_p > 0.0f, "top_p {}", sampling.top_p);
+  LS_ASSERT(sampling.top_p <= 1.0f, "top_p {}", sampling.top_p);
+  LS_ASSERT(sampling.min_p >= 0.0f, "min_p {}", sampling.min_p);
+  LS_ASSERT(sampling.min_p <= 1.0f, "min_p {}", sampling.min_p);
+}
+
+// Steps 2-3: weights[i] = w_i.
+void compute_weights(std::span<const float> logits, float temperature,
+                     std::vector<float>& weights) {
+  weights.resize(logits.size());
+  float scaled_max = -std::numeric_limits<float>::infinity();
+  bool all_finite = true;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float scaled = logits[i] / temperature;
+    all_finite = all_finite && std::isfinite(scaled);
+    scaled_max = std::max(scaled_max, scaled);
+    weights[i] = scaled;
+  }
+  // A non-finite value would break the sort's ordering; the NaN guard should have caught it.
+  LS_ASSERT(all_finite, "logits / temperature {} has a non-finite value", temperature);
+  for (float& weight : weights) weight = std::exp(weight - scaled_max);
+}
+
+// Steps 4-5: the first K ids of the order, sorted.
+std::span<const int32_t> order_top_k(std::span<const float> weights, int32_t top_k,
+                                     std::vector<int32_t>& order) {
+  const size_t vocab = weights.size();
+  const size_t k = std::min(static_cast<size_t>(top_k), vocab);
+  order.resize(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  const auto by_weight = [weights](int32_t a, int32_t b) { return precedes(weights, a, b); };
+  const auto kth = order.begin() + static_cast<std::ptrdiff_t>(k);
+  if (k < vocab) {
+    // Select, then sort only k ids: O(V + k log k). The order is total, so the prefix is
+    // exactly that of a full sort.
+    std::nth_element(order.begin(), kth, order.end(), by_weight);
+  }
+  std::sort(order.begin(), kth, by_weight);
+  return {order.data(), k};
+}
+
+// Step 6: how many of the ordered ids top-p keeps.
+size_t top_p_count(std::span<const float> weights, std::span<const int32_t> ordered,
+                   float top_p) {
+  if (top_p >= 1.0f) return ordered.size();
+  const float total = sum_in_order(weights, ordered, kNoToken);
+  float cumulative = 0.0f;
+  for (size_t j = 0; j < ordered.size(); ++j) {
+    cumulative += weights[ordered[j]] / total;
+    if (cumulative >= top_p) return j + 1;
+  }
+  return ordered.size();
+}
+
+// Step 7: how many of the ordered ids min-p keeps.
+size_t min_p_count(std::span<const float> weights, std::span<const int32_t> ordered,
+                   float min_p) {
+  const float threshold = min_p * weights[ordered[0]];
+  size_t count = 1;
+  while (count < ordered.size() && weights[ordered[count]] >= threshold) ++count;
+  return count;
+}
+
+// Steps 2-8 on one logits row, for sample_token and verify alike.
+FilteredDistribution filter_distribution(std::span<const float> logits,
+                                         const ResolvedSampling& sampling,
+                                         SamplingScratch& scratch) {
+  LS_ASSERT(!logits.empty());
+  LS_ASSERT(logits.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+            "vocabulary of {} tokens", logits.size());
+  assert_stochastic(sampling);
+  compute_weights(logits, sampling.temperature, scratch.probs);
+  const std::span<const float> weights(scratch.probs);
+  std::span<const int32_t> kept = order_top_k(weights, sampling.top_k, scratch.order);
+  kept = kept.first(top_p_count(weights, kept, sampling.top_p));
+  kept = kept.first(min_p_count(weights, kept, sampling.min_p));
+  return {weights, kept, sum_in_order(weights, kept, kNoToken)};
+}
+
+// Step 9, with `skipped` (or kNoToken) left out of the distribution.
+int32_t invert_cdf(const FilteredDistribution& q, float u, int32_t skipped) {
+  const float total =
+      skipped == kNoToken ? q.kept_sum : sum_in_order(q.weights, q.kept, skipped);
+  const float target = u * total;
+  float cumulative = 0.0f;
+  int32_t last = kNoToken;
+  for (const int32_t token : q.kept) {
+    if (token == skipped) continue;
+    cumulative += q.weights[token];
+    if (cumulative > target) return token;
+    last = token;
+  }
+  LS_ASSERT(last != kNoToken, "no token left to sample once {} is removed", skipped);
+  return last;
+}
+
+bool accepts(const FilteredDistribution& q, int32_t draft, float coin) {
+  const float probability = q.probability(draft);
+  return probability > 0.0f && coin <= probability;
+}
+
+std::span<const float> row_logits(const VerifyRow& row, int32_t i) {
+  const size_t vocab = static_cast<size_t>(row.vocab_size);
+  return row.logits.subspan(static_cast<size_t>(i) * vocab, vocab);
+}
+
+void assert_row_shape(const VerifyRow& row, std::span<const int32_t> out_tokens) {
+  const size_t width = row.inputs.size();
+  LS_ASSERT(width >= 1);
+  LS_ASSERT(width <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), "width {}", width);
+  LS_ASSERT(row.vocab_size >= 1, "vocab_size {}", row.vocab_size);
+  LS_ASSERT(row.logits.size() == width * static_cast<size_t>(row.vocab_size),
+            "logits hold {} values for width {} and vocab_size {}", row.logits.size(), width,
+            row.vocab_size);
+  LS_ASSERT(out_tokens.size() >= width, "out_tokens holds {} for width {}", out_tokens.size(),
+            width);
+}
+
+// out[i] = p_i for as long as the draft d_{i+1} equals p_i; the first mismatch (or the end of
+// the row) makes p_i the correction (or bonus) token.
+int32_t verify_greedy(const VerifyRow& row, std::span<int32_t> out_tokens) {
+  const int32_t width = static_cast<int32_t>(row.inputs.size());
+  int32_t i = 0;
+  out_tokens[0] = argmax_token(row_logits(row, 0));
+  while (i + 1 < width && row.inputs[i + 1] == out_tokens[i]) {
+    ++i;
+    out_tokens[i] = argmax_token(row_logits(row, i));
+  }
+  return i + 1;
+}
+
+int32_t verify_stochastic(const VerifyRow& row, std::span<int32_t> out_tokens,
+                          SamplingScratch& scratch) {
+  const int32_t width = static_cast<int32_t>(row.inputs.size());
+  const ResolvedSampling& sampling = row.sampling;
+  for (int32_t i = 1; i < width; ++i) {
+    const int32_t draft = row.inputs[i];
+    LS_ASSERT(draft >= 0, "draft {} at column {}", draft, i);
+    LS_ASSERT(draft < row.vocab_size, "draft {} at column {} of vocab {}", draft, i,
+              row.vocab_size);
+    const int64_t position = row.first_position + i - 1;
+    const FilteredDistribution q = filter_distribution(row_logits(row, i - 1), sampling, scratch);
+    if (accepts(q, draft, draw_uniform(sampling.seed, position, kDrawCoin))) {
+      out_tokens[i - 1] = draft;
+      continue;
+    }
+    out_tokens[i - 1] =
+        invert_cdf(q, draw_uniform(sampling.seed, position, kDrawCorrection), draft);
+    return i;
+  }
+  const int32_t last = width - 1;
+  out_tokens[last] =
+      sample_token(row_logits(row, last), sampling, row.first_position + last, scratch).token;
+  return width;
+}
+
+}  // namespace
+
+std::array<uint32_t, 4> philox4x32_10_raw(std::array<uint32_t, 4> counter,
+                                          std::array<uint32_t, 2> key) {
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    if (round > 0) {
+      key[0] += kPhiloxW0;
+      key[1] += kPhiloxW1;
+    }
+    counter = philox_round(counter, key);
+  }
+  return counter;
+}
+
+std::array<uint32_t, 4> philox4x32_10(uint64_t key, uint64_t counter0, uint32_t counter1) {
+  return philox4x32_10_raw(
+      {static_cast<uint32_t>(counter0), static_cast<uint32_t>(counter0 >> 32), counter1, 0},
+      {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
+}
+
+float uniform_from_bits(uint32_t bits) {
+  // 24 bits fill a float's significand exactly, so the conversion and the scaling are exact.
+  return static_cast<float>(bits >> 8) * 0x1p-24f;
+}
+
+float draw_uniform(uint64_t seed, int64_t position, uint32_t draw_index) {
+  LS_ASSERT(position >= 0, "position {}", position);
+  return uniform_from_bits(philox4x32_10(seed, static_cast<uint64_t>(position), draw_index)[0]);
+}
+
+int32_t argmax_token(std::span<const float> logits) {
+  LS_ASSERT(!logits.empty());
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;  // strict: the lowest id wins a tie
+  }
+  return static_cast<int32_t>(best);
+}
+
+SampleOutcome sample_token(std::span<const float> logits, const ResolvedSampling& sampling,
+                           int64_t position, SamplingScratch& scratch) {
+  if (sampling.top_k == 1) return {argmax_token(logits), 0.0f};
+  const FilteredDistribution q = filter_distribution(logits, sampling, scratch);
+  const int32_t token = invert_cdf(q, draw_uniform(sampling.seed, position, kDrawSample), kNoToken);
+  return {token, std::log(q.weights[token] / q.kept_sum)};
+}
+
+int32_t StandardVerifier::verify(const VerifyRow& row, std::span<int32_t> out_tokens,
+                                 SamplingScratch& scratch) const {
+  assert_row_shape(row, out_tokens);
+  if (row.force_single || row.inputs.size() == 1) {
+    out_tokens[0] =
+        sample_token(row_logits(row, 0), row.sampling, row.first_position, scratch).token;
+    return 1;
+  }
+  if (row.sampling.top_k == 1) return verify_greedy(row, out_tokens);
+  return verify_stochastic(row, out_tokens, scratch);
+}
+
+}  // namespace ls

@@ -1,0 +1,68 @@
+// The host half of a step, computed once in core as plain data (DESIGN.md "Backends"): which table
+// slices to write (already clamped), which rows reset vcl and to what, where each row's tokens and
+// logits rows sit, and each row's sampling. Backends only execute it.
+#pragma once
+
+#include "core/config.h"
+#include "core/forward_op.h"
+#include "core/sampling_params.h"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ls {
+
+struct TableWrite {
+  int32_t pool_row = 0;
+  int32_t begin = 0;
+  int32_t pages_offset = 0;  // into StepPlan::table_pages
+  int32_t pages_count = 0;   // already clamped to the table width
+};
+
+struct LengthReset {
+  int32_t pool_row = 0;
+  int32_t length = 0;
+};
+
+struct StepPlan {
+  ForwardMode mode = ForwardMode::kIdle;
+  int32_t rows_count = 0;          // bs
+  int32_t prefill_rows_count = 0;  // ne
+  int32_t tokens_count = 0;        // T = Σ input_length
+  int32_t verify_width = 1;        // W
+
+  std::vector<int32_t> pool_rows;       // [bs]
+  std::vector<int32_t> input_lengths;   // [bs]
+  std::vector<int32_t> token_offsets;   // [bs] first token of each row in the token buffer
+  std::vector<int32_t> prefill_prefix;  // [ne] start position of each prefill row
+  std::vector<int32_t> prefill_token_ids;  // [Σ prefill input_length]
+  std::vector<int32_t> decode_overrides;   // [nd] -1 or column 0's id
+  std::vector<uint8_t> force_single;       // [nd] 1: accept exactly one token (rule 9 of the seed)
+
+  std::vector<TableWrite> table_writes;  // rule 1, clamped
+  std::vector<int32_t> table_pages;      // pages of all table writes, concatenated
+  std::vector<LengthReset> length_resets;  // rule 2
+
+  // Logits rows: one per prefill row (its last token), then W per decode row.
+  std::vector<int32_t> logits_token_index;  // [ne + nd·W] index into the token buffer
+  std::vector<ResolvedSampling> sampling;   // [bs]
+
+  bool capture_logits = false;
+  bool want_logprobs = false;
+
+  int32_t decode_rows_count() const { return rows_count - prefill_rows_count; }
+  int32_t logits_rows_count() const { return static_cast<int32_t>(logits_token_index.size()); }
+  std::span<const int32_t> pages_of(const TableWrite& w) const {
+    return {table_pages.data() + w.pages_offset, static_cast<size_t>(w.pages_count)};
+  }
+};
+
+// The slot rule (seed spec §3.2 c): 0, the dummy slot, when the page column is past the table.
+inline int64_t slot_for(std::span<const int32_t> table_row, int32_t page_size, int64_t position) {
+  const int64_t column = position / page_size;
+  if (column >= static_cast<int64_t>(table_row.size())) return 0;
+  return int64_t{table_row[column]} * page_size + position % page_size;
+}
+
+}  // namespace ls

@@ -1,0 +1,75 @@
+// Builders shared by the executor tests: a tiny model on the CPU backend and forward-op rows.
+#pragma once
+
+#include "core/cpu_backend.h"
+#include "core/executor.h"
+#include "core/model/weights.h"
+
+#include <memory>
+#include <numeric>
+#include <vector>
+
+namespace ls::testing {
+
+inline ExecutorConfig small_config() {
+  ExecutorConfig c;
+  c.max_batch_rows = 8;
+  c.context_length = 64;
+  c.page_size = 4;
+  c.pages_count = 200;
+  c.verify_width = 1;
+  c.prefill_chunk_tokens = 64;
+  return c;
+}
+
+inline const ModelWeights& tiny_weights() {
+  static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), 7);
+  return weights;
+}
+
+// A CPU backend and executor over the shared tiny weights.
+struct Harness {
+  explicit Harness(ExecutorConfig c = small_config(), std::unique_ptr<Verifier> verifier = nullptr,
+                   ExecutorOptions options = {.capture_logits = true})
+      : config(c),
+        backend(tiny_weights(), c, std::move(verifier)),
+        executor(c, tiny_weights().config.vocab_size, backend, options) {}
+
+  int32_t vcl(int32_t pool_row) const {
+    const int32_t rows[] = {pool_row};
+    return backend.read_state(rows).valid_cache_length[0];
+  }
+
+  ExecutorConfig config;
+  CpuBackend backend;
+  Executor executor;
+};
+
+// Pages first..first+count-1, handy for a row's table refresh.
+inline std::vector<int32_t> pages_from(int32_t first, int32_t count) {
+  std::vector<int32_t> pages(static_cast<size_t>(count));
+  std::iota(pages.begin(), pages.end(), first);
+  return pages;
+}
+
+inline OpRow prefill_row(RequestId id, int32_t pool_row, int32_t prefix, int32_t chunk,
+                         int32_t prompt_length) {
+  return OpRow{.kind = RowKind::kPrefill, .request_id = id, .pool_row = pool_row,
+               .input_length = chunk, .prefix_length = prefix, .prompt_length = prompt_length};
+}
+
+inline OpRow decode_row(RequestId id, int32_t pool_row, int32_t width = 1) {
+  return OpRow{.kind = RowKind::kDecode, .request_id = id, .pool_row = pool_row,
+               .input_length = width};
+}
+
+// A deterministic prompt: ids spread over the vocabulary, different per request.
+inline std::vector<int32_t> prompt_for(RequestId id, int32_t length, int32_t vocab = 512) {
+  std::vector<int32_t> ids;
+  for (int32_t t = 0; t < length; ++t) {
+    ids.push_back(static_cast<int32_t>((id * 97 + static_cast<uint64_t>(t) * 31 + 5) % vocab));
+  }
+  return ids;
+}
+
+}  // namespace ls::testing
