@@ -4,6 +4,7 @@
 // step's buffers, all sized once from the ExecutorConfig.
 #pragma once
 
+#include "core/cache_op.h"
 #include "core/step_plan.h"
 #include "core/step_result.h"
 
@@ -50,6 +51,10 @@ class Backend {
   virtual void poison_logits(std::span<const int32_t> logits_rows, float value) = 0;
   // Rules 5–9: NaN guard, sample/verify, context clamp, commit, output clamp; the result.
   virtual StepResult finish_step(const StepPlan& plan) = 0;
+
+  // KV page copies between the device pool and the host pool (retraction by swap). Indices are
+  // validated by the executor.
+  virtual void copy_pages(const CacheOp& op) = 0;
 
   virtual StateSnapshot read_state(std::span<const int32_t> pool_rows) const = 0;
   virtual InputSnapshot read_inputs() const = 0;

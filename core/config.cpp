@@ -75,6 +75,7 @@ void ExecutorConfig::validate() const {
   in_range(pages_count, 2, 1 << 26, "pages_count");
   in_range(verify_width, 1, 16, "verify_width");
   in_range(prefill_chunk_tokens, 1, 1 << 20, "prefill_chunk_tokens");
+  in_range(host_pages_count, 0, 1 << 26, "host_pages_count");
 }
 
 }  // namespace ls

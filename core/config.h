@@ -44,6 +44,7 @@ struct ExecutorConfig {
   int32_t pages_count = 1024;          // KV pages, page 0 being the dummy that overflow writes hit
   int32_t verify_width = 1;            // W: decode input tokens per row (N with spec decoding)
   int32_t prefill_chunk_tokens = 512;  // prefill tokens in one forward op, summed over rows
+  int32_t host_pages_count = 0;        // host KV pages that retraction may swap to; 0 = none
 
   int32_t pool_rows_count() const { return max_batch_rows + 2; }
   int32_t sentinel_pool_row() const { return max_batch_rows + 1; }

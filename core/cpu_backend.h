@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
   void forward(const StepPlan& plan) override;
   void poison_logits(std::span<const int32_t> logits_rows, float value) override;
   StepResult finish_step(const StepPlan& plan) override;
+  void copy_pages(const CacheOp& op) override { model_.copy_pages(op); }
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
 

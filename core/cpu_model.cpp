@@ -48,6 +48,9 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config)
   const size_t tokens = static_cast<size_t>(config.step_tokens_max());
   kv_.assign(static_cast<size_t>(kv_slots_count_) * model_.layers_count * 2 * model_.kv_size(),
              0.0f);
+  host_kv_.assign(static_cast<size_t>(config.host_pages_count) * config.page_size *
+                      model_.layers_count * 2 * model_.kv_size(),
+                  0.0f);
   residual_.resize(tokens * model_.hidden_size);
   normed_.resize(tokens * model_.hidden_size);
   q_.resize(tokens * model_.q_size());
@@ -61,6 +64,25 @@ float* CpuModel::kv_at(int64_t slot, int32_t layer, int32_t which) {
   LS_ASSERT(slot >= 0 && slot < kv_slots_count_, "slot {} of {}", slot, kv_slots_count_);
   const int64_t index = ((slot * model_.layers_count + layer) * 2 + which) * model_.kv_size();
   return kv_.data() + index;
+}
+
+void CpuModel::copy_pages(const CacheOp& op) {
+  LS_ASSERT(op.device_pages.size() == op.host_pages.size(), "unpaired page copy");
+  const size_t page_floats =
+      static_cast<size_t>(limits_.page_size) * model_.layers_count * 2 * model_.kv_size();
+  for (size_t i = 0; i < op.device_pages.size(); ++i) {
+    LS_ASSERT(op.device_pages[i] >= 1 && op.device_pages[i] < limits_.pages_count, "device page {}",
+              op.device_pages[i]);
+    LS_ASSERT(op.host_pages[i] >= 0 && op.host_pages[i] < limits_.host_pages_count, "host page {}",
+              op.host_pages[i]);
+    float* device = kv_.data() + static_cast<size_t>(op.device_pages[i]) * page_floats;
+    float* host = host_kv_.data() + static_cast<size_t>(op.host_pages[i]) * page_floats;
+    if (op.kind == CacheOpKind::kSwapOut) {
+      std::copy(device, device + page_floats, host);
+    } else {
+      std::copy(host, host + page_floats, device);
+    }
+  }
 }
 
 void CpuModel::forward(const ForwardTokens& tokens, std::span<const int32_t> table,

@@ -7,6 +7,7 @@
 // row it sits in — the property every CUDA kernel is checked against.
 #pragma once
 
+#include "core/cache_op.h"
 #include "core/config.h"
 #include "core/model/rope.h"
 #include "core/model/weights.h"
@@ -36,6 +37,8 @@ class CpuModel {
                std::span<float> logits);
 
   int64_t kv_slots_count() const { return kv_slots_count_; }
+  // Copies whole pages between the device KV pool and the host pool.
+  void copy_pages(const CacheOp& op);
 
  private:
   void attention_layer_qkv(int32_t layer, const ForwardTokens& tokens);
@@ -53,6 +56,7 @@ class CpuModel {
   int64_t kv_slots_count_ = 0;
 
   std::vector<float> kv_;         // [slots, layers, 2, kv_size] K then V per layer
+  std::vector<float> host_kv_;    // [host pages · P, layers, 2, kv_size]
   std::vector<float> residual_;   // [step_tokens_max, hidden]
   std::vector<float> normed_;     // [step_tokens_max, hidden]
   std::vector<float> q_;          // [step_tokens_max, q_size]

@@ -33,6 +33,21 @@ StepResult Executor::step(const ForwardOp& op) {
   return result;
 }
 
+void Executor::copy_pages(const CacheOp& op) {
+  LS_REQUIRE(op.device_pages.size() == op.host_pages.size(),
+             "cache op {}: {} device pages but {} host pages", to_string(op.kind),
+             op.device_pages.size(), op.host_pages.size());
+  for (size_t i = 0; i < op.device_pages.size(); ++i) {
+    LS_REQUIRE(op.device_pages[i] >= 1 && op.device_pages[i] < config_.pages_count,
+               "cache op {}: device_pages[{}] = {} is outside [1, pages_count = {})",
+               to_string(op.kind), i, op.device_pages[i], config_.pages_count);
+    LS_REQUIRE(op.host_pages[i] >= 0 && op.host_pages[i] < config_.host_pages_count,
+               "cache op {}: host_pages[{}] = {} is outside [0, host_pages_count = {})",
+               to_string(op.kind), i, op.host_pages[i], config_.host_pages_count);
+  }
+  backend_.copy_pages(op);
+}
+
 void Executor::plan_step(const ForwardOp& op) {
   plan_.mode = op.mode();
   plan_.rows_count = op.rows_count();

@@ -33,6 +33,9 @@ class Executor {
   // Validates the op (ls::Error on any malformed field; nothing changes then), plans and runs it.
   StepResult step(const ForwardOp& op);
 
+  // Executes KV page copies (retraction by swap). Throws ls::Error on an index out of range.
+  void copy_pages(const CacheOp& op);
+
   // A fault site: every logits row of these op rows in the next step becomes `value` (NaN by
   // default) before the NaN guard runs.
   void poison_next_step(std::vector<int32_t> op_rows, float value = kNaN) {

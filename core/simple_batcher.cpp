@@ -7,16 +7,6 @@
 
 namespace ls {
 
-std::string_view to_string(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kContext: return "context";
-    case FinishReason::kNumericalError: return "numerical_error";
-  }
-  return "?";
-}
-
 namespace {
 
 struct Running {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/executor.h"
+#include "core/finish_reason.h"
 #include "core/prompts.h"
 
 #include <functional>
@@ -13,8 +14,6 @@
 
 namespace ls {
 
-enum class FinishReason : uint8_t { kLength, kStop, kContext, kNumericalError };
-std::string_view to_string(FinishReason reason);
 
 struct GenerationOutput {
   RequestId id = 0;

@@ -242,12 +242,18 @@ class TensorDirectory {
 };
 
 TensorDirectory::TensorDirectory(const std::filesystem::path& directory) : directory_(directory) {
+  // error_code overloads throughout: a filesystem_error would escape as something other than
+  // ls::Error. is_regular_file follows symlinks, as in Hugging Face cache snapshots.
   std::vector<std::filesystem::path> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
-    if (entry.is_regular_file() && entry.path().extension() == ".safetensors") {
-      paths.push_back(entry.path());
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator(directory, error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    std::error_code ignored;  // an entry we cannot stat is not a shard we can read
+    if (it->is_regular_file(ignored) && it->path().extension() == ".safetensors") {
+      paths.push_back(it->path());
     }
   }
+  LS_REQUIRE(!error, "model directory {}: cannot list: {}", directory.string(), error.message());
   LS_REQUIRE(!paths.empty(), "model directory {}: no *.safetensors files", directory.string());
   std::ranges::sort(paths);  // directory order is unspecified; errors must not depend on it
   for (const auto& path : paths) {

@@ -1,0 +1,111 @@
+// The scheduler production runs (seed spec §8): continuous batching under a per-step token budget
+// and a row cap, chunked prefill, a page allocator, a prefix cache over full pages, retraction by
+// swap or recompute, and one-step overlap. It plans forward ops; it never touches the device.
+#pragma once
+
+#include "core/cache_op.h"
+#include "core/finish_reason.h"
+#include "core/forward_op.h"
+#include "core/sampling_params.h"
+#include "core/step_result.h"
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ls {
+
+struct SchedulerConfig {
+  int32_t max_batch_rows = 16;      // B
+  int32_t token_budget = 512;       // tokens per step (= the executor's prefill_chunk_tokens)
+  int32_t page_size = 16;           // P
+  int32_t pages_count = 1024;       // device pages, page 0 being the dummy (never allocated)
+  int32_t host_pages_count = 0;     // host pages for swap; 0 = retraction always recomputes
+  int32_t verify_width = 1;         // W
+  int32_t context_length = 512;     // L
+  bool mixed_batches = true;        // decode rows may join a step that carries prefill rows
+  bool prefix_cache = true;
+  bool overlap = true;              // plan step k before step k−1's result is applied
+};
+
+struct RequestSpec {
+  RequestId id = 0;
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens = 16;  // capped at L − prompt length
+  SamplingParams sampling;
+  std::vector<int32_t> stop_ids;
+};
+
+enum class RequestState : uint8_t {
+  kWaiting,     // submitted, no pool row yet
+  kPrefilling,  // some prompt chunks scheduled
+  kDecoding,
+  kRetracted,   // pool row freed; pages swapped to host or dropped
+  kFinished,
+};
+
+std::string_view to_string(RequestState state);
+
+enum class RetractPath : uint8_t { kSwap, kRecompute };
+
+// What happened inside the scheduler during one plan or one result, for the trace and checkers.
+struct SchedulerEvent {
+  enum class Kind : uint8_t { kArrive, kFinish, kAbort, kRetract, kRecover, kPrefixHit } kind;
+  RequestId request_id = 0;
+  FinishReason finish_reason = FinishReason::kLength;  // kFinish / kAbort
+  RetractPath retract_path = RetractPath::kSwap;       // kRetract / kRecover
+  int32_t hist_token_length = -1;                      // kRecover (swap path)
+  int32_t tokens = 0;                                  // kPrefixHit: matched tokens
+};
+
+struct StepPlanOut {
+  ForwardOp op;                       // may be IDLE (no rows)
+  std::vector<CacheOp> cache_ops;     // run BEFORE the op (swap-outs of retracted, swap-ins)
+  std::vector<SchedulerEvent> events;
+};
+
+struct RequestOutcome {
+  RequestId id = 0;
+  std::vector<int32_t> tokens;  // generated tokens, in order
+  FinishReason reason = FinishReason::kLength;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  // Throws ls::Error for a bad request (duplicate id, empty or over-limit prompt, bad ids given
+  // vocab_size, bad sampling parameters).
+  void submit(const RequestSpec& request, int32_t vocab_size);
+  // A client abort; takes effect at the next plan. Unknown or finished ids → ls::Error.
+  void abort(RequestId id);
+
+  // Plans the next step. With overlap on, it is called before the previous step's result is
+  // applied, so its view of committed tokens lags by one step.
+  StepPlanOut plan();
+  // Applies the result of the step that `op` planned. Results for requests that finished (or
+  // were aborted or retracted) since are ignored. Returns the events it caused (finishes).
+  std::vector<SchedulerEvent> apply_result(const ForwardOp& op, const StepResult& result);
+
+  bool done() const;  // every request finished and no step in flight
+  const std::map<RequestId, RequestOutcome>& outcomes() const;
+
+  // Introspection for checkers and tests.
+  int32_t free_pages_count() const;
+  int32_t free_host_pages_count() const;
+  int32_t cached_pages_count() const;      // pages held only by the prefix cache
+  int32_t free_pool_rows_count() const;
+  std::optional<RequestState> state_of(RequestId id) const;
+  // Pages a live request holds, in table order (empty when it holds none).
+  std::vector<int32_t> pages_of(RequestId id) const;
+  const SchedulerConfig& config() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ls

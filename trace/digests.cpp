@@ -1,0 +1,134 @@
+#include "trace/digests.h"
+
+#include "core/check.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+
+namespace ls::trace {
+
+static_assert(std::endian::native == std::endian::little,
+              "trace digests hash the in-memory bytes, which the format defines as little-endian");
+
+uint64_t logits_row_digest(std::span<const float> row) {
+  return XXH3_64bits(row.data(), row.size_bytes());
+}
+
+uint64_t future_inputs_digest(std::span<const int32_t> ids) {
+  return XXH3_64bits(ids.data(), ids.size_bytes());
+}
+
+namespace {
+
+// True when `a` ranks before `b`: larger logit first, NaN last, lower id on ties.
+bool ranks_before(const TopLogit& a, const TopLogit& b) {
+  const bool a_nan = std::isnan(a.logit);
+  const bool b_nan = std::isnan(b.logit);
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a.logit != b.logit) return a.logit > b.logit;
+  return a.id < b.id;
+}
+
+int32_t logits_rows_of(const StepResult& result) {
+  const int32_t bs = static_cast<int32_t>(result.accepted_lengths.size());
+  const int32_t ne = result.prefill_rows_count;
+  return ne + (bs - ne) * result.verify_width;
+}
+
+}  // namespace
+
+void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out) {
+  LS_ASSERT(count >= 0 && count <= kTopLogitsCountMax, "count {}", count);
+  const size_t k = std::min(static_cast<size_t>(count), row.size());
+  TopLogit best[kTopLogitsCountMax];
+  size_t held = 0;
+  // Insertion into a sorted array of at most 8: one comparison per logit in the common case.
+  for (size_t v = 0; v < row.size(); ++v) {
+    const TopLogit candidate{static_cast<int32_t>(v), row[v]};
+    if (held == k && (k == 0 || !ranks_before(candidate, best[k - 1]))) continue;
+    size_t at = held < k ? held++ : k - 1;
+    while (at > 0 && ranks_before(candidate, best[at - 1])) {
+      best[at] = best[at - 1];
+      --at;
+    }
+    best[at] = candidate;
+  }
+  out.insert(out.end(), best, best + held);
+}
+
+void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& result,
+                      const StateSnapshot& touched, int32_t top_logits_count) {
+  LS_ASSERT(top_logits_count >= 0 && top_logits_count <= kTopLogitsCountMax, "top {}",
+            top_logits_count);
+  const size_t bs = result.accepted_lengths.size();
+  out.step = step;
+  out.result.mode = result.mode;
+  out.result.prefill_rows_count = result.prefill_rows_count;
+  out.result.verify_width = result.verify_width;
+  out.result.tokens = result.tokens;
+  out.result.accepted_lengths = result.accepted_lengths;
+  out.result.logprobs = result.logprobs;
+  out.result.nan_flags = result.nan_flags;
+  out.result.oov_flags = result.oov_flags;
+  out.result.logits.clear();
+
+  out.logits_digests.clear();
+  out.top_logits.clear();
+  out.top_logits_count = 0;
+  if (!result.logits.empty()) {
+    const int32_t rows = logits_rows_of(result);
+    LS_ASSERT(rows > 0, "logits without logits rows");
+    LS_ASSERT(result.logits.size() % static_cast<size_t>(rows) == 0, "logits {} rows {}",
+              result.logits.size(), rows);
+    const size_t vocab = result.logits.size() / static_cast<size_t>(rows);
+    out.top_logits_count = static_cast<int32_t>(std::min<size_t>(top_logits_count, vocab));
+    for (int32_t i = 0; i < rows; ++i) {
+      const std::span<const float> row(result.logits.data() + static_cast<size_t>(i) * vocab,
+                                       vocab);
+      out.logits_digests.push_back(logits_row_digest(row));
+      append_top_logits(row, out.top_logits_count, out.top_logits);
+    }
+  }
+
+  out.valid_cache_lengths.clear();
+  out.future_input_digests.clear();
+  if (touched.pool_rows.empty()) return;
+  LS_ASSERT(touched.pool_rows.size() == bs, "snapshot of {} rows for a step of {} rows",
+            touched.pool_rows.size(), bs);
+  LS_ASSERT(touched.valid_cache_length.size() == bs, "vcl of {} rows", touched.valid_cache_length.size());
+  LS_ASSERT(touched.future_inputs.size() % bs == 0, "future inputs {} for {} rows",
+            touched.future_inputs.size(), bs);
+  const size_t width = touched.future_inputs.size() / bs;
+  out.valid_cache_lengths = touched.valid_cache_length;
+  for (size_t r = 0; r < bs; ++r) {
+    out.future_input_digests.push_back(
+        future_inputs_digest({touched.future_inputs.data() + r * width, width}));
+  }
+}
+
+StepOutputRecord make_step_output(int64_t step, const StepResult& result,
+                                  const StateSnapshot& touched, int32_t top_logits_count) {
+  StepOutputRecord out;
+  fill_step_output(out, step, result, touched, top_logits_count);
+  return out;
+}
+
+StepOutputRecord make_step_output(int64_t step, StepResult&& result, const StateSnapshot& touched,
+                                  int32_t top_logits_count) {
+  StepOutputRecord out;
+  // Digests first (they read the logits), then steal the vectors instead of copying them.
+  StepResult logits_only;
+  logits_only.prefill_rows_count = result.prefill_rows_count;
+  logits_only.verify_width = result.verify_width;
+  logits_only.accepted_lengths = result.accepted_lengths;
+  logits_only.logits = std::move(result.logits);
+  fill_step_output(out, step, logits_only, touched, top_logits_count);
+  result.logits.clear();
+  out.result = std::move(result);
+  return out;
+}
+
+}  // namespace ls::trace

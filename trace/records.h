@@ -1,0 +1,115 @@
+// Plain C++ mirrors of the trace records (trace/trace.capnp is the format's contract). Nothing
+// here depends on Cap'n Proto: the recorder encodes these on its writer thread and the reader
+// decodes into them, so callers never see capnp types.
+#pragma once
+
+#include "core/config.h"
+#include "core/executor.h"
+#include "core/forward_op.h"
+#include "core/model/weights.h"
+#include "core/step_result.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace ls::trace {
+
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr int32_t kTopLogitsCountMax = 8;
+// At most this many steps may be open (input written, output not yet) at once: an overlapped
+// executor records input k+1 before output k.
+inline constexpr int32_t kOpenStepsMax = 2;
+// One message (one record) may not exceed this; the reader rejects larger ones as corrupt.
+inline constexpr uint64_t kRecordBytesMax = uint64_t{64} << 20;
+
+struct MachineInfo {
+  std::string cpu_name;
+  std::string gpu_name;
+  int32_t sm_count = 0;
+  std::string driver_version;
+  std::string cuda_version;
+  std::string cublas_version;
+
+  bool operator==(const MachineInfo&) const = default;
+};
+
+struct TraceHeader {
+  uint32_t format_version = kFormatVersion;
+  std::string build_id;
+  ModelConfig model;
+  WeightSource weights;
+  uint64_t weights_digest = 0;
+  ExecutorConfig executor;
+  ExecutorOptions executor_options;
+  int32_t top_logits_count = 0;  // (id, logit) pairs per logits row, 0..kTopLogitsCountMax
+  std::string backend;
+  std::string determinism_mode;
+  MachineInfo machine;
+};
+
+struct StepInputRecord {
+  int64_t step = 0;
+  ForwardOp op;
+
+  bool operator==(const StepInputRecord&) const = default;
+};
+
+struct TopLogit {
+  int32_t id = 0;
+  float logit = 0.0f;
+
+  bool operator==(const TopLogit&) const = default;
+};
+
+struct StepOutputRecord {
+  int64_t step = 0;
+  // Everything the step returned except `logits`, which a trace never stores (always empty).
+  StepResult result;
+  std::vector<uint64_t> logits_digests;        // [logits rows] or empty (logits not captured)
+  std::vector<int32_t> valid_cache_lengths;    // [bs] vcl of each op row's pool row after the step
+  std::vector<uint64_t> future_input_digests;  // [bs] XXH3-64 of the row's W future input ids
+  int32_t top_logits_count = 0;                // k: pairs per logits row in top_logits
+  std::vector<TopLogit> top_logits;            // [logits rows, k] or empty
+
+  bool operator==(const StepOutputRecord&) const = default;
+};
+
+enum class EventKind : uint8_t {
+  kArrive = 0,
+  kFinish = 1,
+  kAbort = 2,
+  kRetract = 3,
+  kRecover = 4,
+  kFaultFired = 5,
+  kStepRejected = 6,  // written by the recorder when a recorded op fails validation
+};
+std::string_view to_string(EventKind kind);
+
+struct TraceEvent {
+  EventKind kind = EventKind::kArrive;
+  RequestId request_id = 0;
+  int64_t step = 0;  // the step at which it happened (at most the highest recorded step + 1)
+  std::string detail;  // finish reason, fault site, rejection message
+  std::optional<int32_t> hist_token_length;
+
+  bool operator==(const TraceEvent&) const = default;
+};
+
+struct TraceFooter {
+  int64_t steps_count = 0;    // step input records
+  int64_t outputs_count = 0;  // step output records
+  int64_t events_count = 0;
+  int32_t index_stride = 0;
+  std::vector<uint64_t> step_offsets;  // byte offset of step input record j·index_stride
+
+  bool operator==(const TraceFooter&) const = default;
+};
+
+// What TraceReader::next yields after the header.
+using TraceRecord = std::variant<StepInputRecord, StepOutputRecord, TraceEvent, TraceFooter>;
+
+}  // namespace ls::trace
