@@ -1,0 +1,70 @@
+// The checks a trace must pass, shared by both ends (STYLE.md §10): the recorder runs them before
+// it writes a record (a failure there is a bug, or — for an op — a rejected step), the reader runs
+// them again after it decodes one. Each throws ls::Error naming the field and the limit; callers
+// add the record number and step.
+#pragma once
+
+#include "trace/records.h"
+
+#include <cstdint>
+#include <deque>
+
+namespace ls::trace {
+
+// Header: magic/version are checked by the reader itself; this checks that every limit is in its
+// declared range (ModelConfig/ExecutorConfig::validate) and the recorded options are sane.
+void check_header(const TraceHeader& header);
+
+// Every index of the op against the header's limits, then (when `full`) ls::validate_forward_op.
+void check_step_input(const StepInputRecord& record, const TraceHeader& header, bool full = true);
+
+// The shape of an open step, remembered between its input and output records.
+struct OpenStep {
+  int64_t step = 0;
+  int32_t rows_count = 0;
+  int32_t prefill_rows_count = 0;
+};
+
+// Counts against the open step's op and values against the header's limits.
+void check_step_output(const StepOutputRecord& record, const OpenStep& open,
+                       const TraceHeader& header);
+
+void check_event(const TraceEvent& event, const TraceHeader& header);
+
+// The ordering rules of trace/trace.capnp, as a small state machine over the records.
+class TraceSequence {
+ public:
+  explicit TraceSequence(const TraceHeader& header) : header_(&header) {}
+
+  // Each throws ls::Error when the record breaks an ordering rule; the values are checked by
+  // the check_* functions above, which these call.
+  void on_input(const StepInputRecord& record, bool full_op_check = true);
+  void on_output(const StepOutputRecord& record);
+  // A stepRejected event for the oldest open step closes it.
+  void on_event(const TraceEvent& event);
+  // `step_offsets_expected` is the index the sequence collected (stride from the footer).
+  void on_footer(const TraceFooter& footer, const std::vector<uint64_t>& step_offsets_seen);
+  // Remembers where a step input began, for the footer index check.
+  void note_input_offset(uint64_t offset, int32_t stride);
+
+  int64_t inputs_count() const { return inputs_count_; }
+  int64_t outputs_count() const { return outputs_count_; }
+  int64_t events_count() const { return events_count_; }
+  int64_t complete_steps() const { return complete_steps_; }
+  bool has_open_step() const { return !open_.empty(); }
+  const OpenStep& oldest_open() const { return open_.front(); }
+  int64_t last_input_step() const { return last_input_step_; }
+  bool footer_seen() const { return footer_seen_; }
+
+ private:
+  const TraceHeader* header_;
+  std::deque<OpenStep> open_;
+  int64_t last_input_step_ = -1;
+  int64_t inputs_count_ = 0;
+  int64_t outputs_count_ = 0;
+  int64_t events_count_ = 0;
+  int64_t complete_steps_ = 0;
+  bool footer_seen_ = false;
+};
+
+}  // namespace ls::trace
