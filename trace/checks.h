@@ -42,10 +42,8 @@ class TraceSequence {
   void on_output(const StepOutputRecord& record);
   // A stepRejected event for the oldest open step closes it.
   void on_event(const TraceEvent& event);
-  // `step_offsets_expected` is the index the sequence collected (stride from the footer).
+  // `step_offsets_seen`: the byte offsets of input records 0, stride, 2·stride, … as read.
   void on_footer(const TraceFooter& footer, const std::vector<uint64_t>& step_offsets_seen);
-  // Remembers where a step input began, for the footer index check.
-  void note_input_offset(uint64_t offset, int32_t stride);
 
   int64_t inputs_count() const { return inputs_count_; }
   int64_t outputs_count() const { return outputs_count_; }

@@ -130,6 +130,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setTopLogitsCount(h.top_logits_count);
   out.setBackend(h.backend);
   out.setDeterminismMode(h.determinism_mode);
+  out.setIndexStride(h.index_stride);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -181,6 +182,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.top_logits_count = in.getTopLogitsCount();
   out.backend = text(in.getBackend());
   out.determinism_mode = text(in.getDeterminismMode());
+  out.index_stride = in.getIndexStride();
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());

@@ -49,6 +49,7 @@ struct TraceHeader {
   std::string backend;
   std::string determinism_mode;
   MachineInfo machine;
+  int32_t index_stride = 16;  // the footer indexes step input records 0, stride, 2·stride, …
 };
 
 struct StepInputRecord {

@@ -76,6 +76,7 @@ struct Header {
   backend @9 :Text;
   determinismMode @10 :Text;
   machine @11 :Machine;
+  indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
 }
 
 struct ModelShape {

@@ -1,0 +1,218 @@
+#include "trace/checks.h"
+
+#include "core/check.h"
+
+#include <algorithm>
+
+namespace ls::trace {
+
+void check_header(const TraceHeader& h) {
+  LS_REQUIRE(h.format_version >= 1 && h.format_version <= kFormatVersion,
+             "header: format_version {} is not supported (this reader reads 1..{})",
+             h.format_version, kFormatVersion);
+  h.model.validate();
+  h.executor.validate();
+  LS_REQUIRE(h.model.vocab_size > 1, "header: model.vocab_size must be > 1, got {}",
+             h.model.vocab_size);
+  LS_REQUIRE(h.top_logits_count >= 0 && h.top_logits_count <= kTopLogitsCountMax,
+             "header: top_logits_count {} is outside [0, {}]", h.top_logits_count,
+             kTopLogitsCountMax);
+  LS_REQUIRE(h.index_stride >= 1 && h.index_stride <= (1 << 20),
+             "header: index_stride {} is outside [1, {}]", h.index_stride, 1 << 20);
+  LS_REQUIRE(h.weights.kind == WeightSource::Kind::kSeed ||
+                 h.weights.kind == WeightSource::Kind::kDirectory,
+             "header: weights.kind {} is unknown", static_cast<int>(h.weights.kind));
+}
+
+namespace {
+
+void check_row_indices(const OpRow& row, size_t i, const TraceHeader& h) {
+  const ExecutorConfig& c = h.executor;
+  LS_REQUIRE(row.pool_row >= 1 && row.pool_row <= c.max_batch_rows,
+             "rows[{}].pool_row = {} is outside 1..max_batch_rows = {}", i, row.pool_row,
+             c.max_batch_rows);
+  LS_REQUIRE(row.input_length >= 1 && row.input_length <= std::max(c.prefill_chunk_tokens, c.verify_width),
+             "rows[{}].input_length = {} is outside [1, {}]", i, row.input_length,
+             std::max(c.prefill_chunk_tokens, c.verify_width));
+  LS_REQUIRE(row.prefix_length >= 0 && row.prefix_length <= c.context_length,
+             "rows[{}].prefix_length = {} is outside [0, context_length = {}]", i,
+             row.prefix_length, c.context_length);
+  LS_REQUIRE(row.prompt_length >= 0 && row.prompt_length <= c.context_length,
+             "rows[{}].prompt_length = {} is outside [0, context_length = {}]", i,
+             row.prompt_length, c.context_length);
+  LS_REQUIRE(row.decode_override >= -1 && row.decode_override < h.model.vocab_size,
+             "rows[{}].decode_override = {} is outside [-1, vocab_size = {})", i,
+             row.decode_override, h.model.vocab_size);
+  LS_REQUIRE(row.hist_token_length >= -1 && row.hist_token_length <= c.context_length,
+             "rows[{}].hist_token_length = {} is outside [-1, context_length = {}]", i,
+             row.hist_token_length, c.context_length);
+  LS_REQUIRE(row.refresh.begin >= 0, "rows[{}].refresh.begin = {} is negative", i,
+             row.refresh.begin);
+  for (size_t j = 0; j < row.refresh.pages.size(); ++j) {
+    const int32_t page = row.refresh.pages[j];
+    LS_REQUIRE(page >= 1 && page < c.pages_count,
+               "rows[{}].refresh.pages[{}] = {} is outside [1, pages_count = {})", i, j, page,
+               c.pages_count);
+  }
+}
+
+}  // namespace
+
+void check_step_input(const StepInputRecord& record, const TraceHeader& h, bool full) {
+  const ForwardOp& op = record.op;
+  LS_REQUIRE(record.step >= 0, "step = {} is negative", record.step);
+  LS_REQUIRE(op.rows.size() <= static_cast<size_t>(h.executor.max_batch_rows),
+             "rows: {} rows exceed max_batch_rows = {}", op.rows.size(),
+             h.executor.max_batch_rows);
+  int64_t prefill_tokens = 0;
+  for (size_t i = 0; i < op.rows.size(); ++i) {
+    check_row_indices(op.rows[i], i, h);
+    if (op.rows[i].kind == RowKind::kPrefill) prefill_tokens += op.rows[i].input_length;
+  }
+  LS_REQUIRE(static_cast<int64_t>(op.prefill_token_ids.size()) == prefill_tokens,
+             "prefill_token_ids holds {} ids but the prefill rows' input_length sum to {}",
+             op.prefill_token_ids.size(), prefill_tokens);
+  for (size_t t = 0; t < op.prefill_token_ids.size(); ++t) {
+    const int32_t id = op.prefill_token_ids[t];
+    LS_REQUIRE(id >= 0 && id < h.model.vocab_size,
+               "prefill_token_ids[{}] = {} is outside [0, vocab_size = {})", t, id,
+               h.model.vocab_size);
+  }
+  if (full) validate_forward_op(op, h.executor, h.model.vocab_size);
+}
+
+void check_step_output(const StepOutputRecord& record, const OpenStep& open,
+                       const TraceHeader& h) {
+  const StepResult& r = record.result;
+  const int32_t bs = open.rows_count;
+  const int32_t ne = open.prefill_rows_count;
+  const int32_t width = h.executor.verify_width;
+  const size_t outputs = static_cast<size_t>(ne) + static_cast<size_t>(bs - ne) * width;
+  const int32_t vocab = h.model.vocab_size;
+  LS_REQUIRE(r.mode == forward_mode_of(ne, bs), "mode = {} but the step's op is {}",
+             to_string(r.mode), to_string(forward_mode_of(ne, bs)));
+  LS_REQUIRE(r.prefill_rows_count == ne, "prefill_rows_count = {} but the op has {} prefill rows",
+             r.prefill_rows_count, ne);
+  LS_REQUIRE(r.verify_width == width, "verify_width = {} but the header's is {}", r.verify_width,
+             width);
+  LS_REQUIRE(r.accepted_lengths.size() == static_cast<size_t>(bs),
+             "accepted_lengths holds {} entries for {} rows", r.accepted_lengths.size(), bs);
+  LS_REQUIRE(r.tokens.size() == outputs, "tokens holds {} ids, expected ne + nd·W = {}",
+             r.tokens.size(), outputs);
+  LS_REQUIRE(r.logprobs.empty() || r.logprobs.size() == outputs,
+             "logprobs holds {} values, expected 0 or {}", r.logprobs.size(), outputs);
+  LS_REQUIRE(r.nan_flags.size() == static_cast<size_t>(bs), "nan_flags holds {} for {} rows",
+             r.nan_flags.size(), bs);
+  LS_REQUIRE(r.oov_flags.size() == static_cast<size_t>(bs), "oov_flags holds {} for {} rows",
+             r.oov_flags.size(), bs);
+  LS_REQUIRE(r.logits.empty(), "logits must not be stored in a trace");
+  for (size_t t = 0; t < r.tokens.size(); ++t) {
+    LS_REQUIRE(r.tokens[t] >= 0 && r.tokens[t] < vocab,
+               "tokens[{}] = {} is outside [0, vocab_size = {})", t, r.tokens[t], vocab);
+  }
+  for (int32_t i = 0; i < bs; ++i) {
+    const int32_t a = r.accepted_lengths[i];
+    const int32_t a_max = i < ne ? 1 : width;
+    LS_REQUIRE(a >= (i < ne ? 1 : 0) && a <= a_max,
+               "accepted_lengths[{}] = {} is outside [{}, {}]", i, a, i < ne ? 1 : 0, a_max);
+    LS_REQUIRE(r.nan_flags[i] <= 1, "nan_flags[{}] = {} is not 0 or 1", i, r.nan_flags[i]);
+    LS_REQUIRE(r.oov_flags[i] <= 1, "oov_flags[{}] = {} is not 0 or 1", i, r.oov_flags[i]);
+  }
+  LS_REQUIRE(record.logits_digests.empty() || record.logits_digests.size() == outputs,
+             "logits_digests holds {} digests, expected 0 or {} logits rows",
+             record.logits_digests.size(), outputs);
+  LS_REQUIRE(record.valid_cache_lengths.size() == record.future_input_digests.size(),
+             "valid_cache_lengths ({}) and future_input_digests ({}) differ in length",
+             record.valid_cache_lengths.size(), record.future_input_digests.size());
+  LS_REQUIRE(record.valid_cache_lengths.empty() ||
+                 record.valid_cache_lengths.size() == static_cast<size_t>(bs),
+             "valid_cache_lengths holds {} values for {} rows", record.valid_cache_lengths.size(),
+             bs);
+  for (size_t i = 0; i < record.valid_cache_lengths.size(); ++i) {
+    const int32_t vcl = record.valid_cache_lengths[i];
+    LS_REQUIRE(vcl >= 0 && vcl <= h.executor.context_length,
+               "valid_cache_lengths[{}] = {} is outside [0, context_length = {}]", i, vcl,
+               h.executor.context_length);
+  }
+  const int32_t k = std::min(h.top_logits_count, vocab);
+  LS_REQUIRE(record.top_logits_count == (record.top_logits.empty() ? 0 : k),
+             "top_logits_count = {} but the header records {}", record.top_logits_count, k);
+  LS_REQUIRE(record.top_logits.empty() || record.top_logits.size() == outputs * static_cast<size_t>(k),
+             "top_logits holds {} pairs, expected 0 or {} logits rows × {}",
+             record.top_logits.size(), outputs, k);
+  for (size_t i = 0; i < record.top_logits.size(); ++i) {
+    const int32_t id = record.top_logits[i].id;
+    LS_REQUIRE(id >= 0 && id < vocab, "top_logits[{}].id = {} is outside [0, vocab_size = {})", i,
+               id, vocab);
+  }
+}
+
+void check_event(const TraceEvent& event, const TraceHeader& h) {
+  LS_REQUIRE(event.step >= 0, "event step = {} is negative", event.step);
+  LS_REQUIRE(static_cast<uint8_t>(event.kind) <= static_cast<uint8_t>(EventKind::kStepRejected),
+             "event kind = {} is unknown", static_cast<int>(event.kind));
+  if (event.hist_token_length) {
+    LS_REQUIRE(*event.hist_token_length >= 0 && *event.hist_token_length <= h.executor.context_length,
+               "hist_token_length = {} is outside [0, context_length = {}]",
+               *event.hist_token_length, h.executor.context_length);
+  }
+}
+
+void TraceSequence::on_input(const StepInputRecord& record, bool full_op_check) {
+  LS_REQUIRE(!footer_seen_, "a step input follows the footer");
+  LS_REQUIRE(record.step > last_input_step_,
+             "step = {} does not follow the previous step input {} (steps must increase)",
+             record.step, last_input_step_);
+  LS_REQUIRE(open_.size() < static_cast<size_t>(kOpenStepsMax),
+             "step {} opens while {} earlier steps have no output (at most {} may be open)",
+             record.step, open_.size(), kOpenStepsMax);
+  check_step_input(record, *header_, full_op_check);
+  open_.push_back(OpenStep{record.step, record.op.rows_count(), record.op.prefill_rows_count()});
+  last_input_step_ = record.step;
+  ++inputs_count_;
+}
+
+void TraceSequence::on_output(const StepOutputRecord& record) {
+  LS_REQUIRE(!footer_seen_, "a step output follows the footer");
+  LS_REQUIRE(!open_.empty(), "step output {} has no open step input", record.step);
+  LS_REQUIRE(record.step == open_.front().step,
+             "step output {} does not match the oldest open step input {}", record.step,
+             open_.front().step);
+  check_step_output(record, open_.front(), *header_);
+  open_.pop_front();
+  ++outputs_count_;
+  ++complete_steps_;
+}
+
+void TraceSequence::on_event(const TraceEvent& event) {
+  LS_REQUIRE(!footer_seen_, "an event follows the footer");
+  check_event(event, *header_);
+  LS_REQUIRE(event.step <= last_input_step_ + 1,
+             "event step = {} is beyond the next step ({})", event.step, last_input_step_ + 1);
+  if (event.kind == EventKind::kStepRejected && !open_.empty() &&
+      open_.front().step == event.step) {
+    open_.pop_front();
+    ++complete_steps_;
+  }
+  ++events_count_;
+}
+
+void TraceSequence::on_footer(const TraceFooter& footer,
+                              const std::vector<uint64_t>& step_offsets_seen) {
+  LS_REQUIRE(!footer_seen_, "a second footer");
+  LS_REQUIRE(footer.index_stride == header_->index_stride,
+             "footer index_stride = {} but the header's is {}", footer.index_stride,
+             header_->index_stride);
+  LS_REQUIRE(footer.steps_count == inputs_count_, "footer steps_count = {} but {} were read",
+             footer.steps_count, inputs_count_);
+  LS_REQUIRE(footer.outputs_count == outputs_count_, "footer outputs_count = {} but {} were read",
+             footer.outputs_count, outputs_count_);
+  LS_REQUIRE(footer.events_count == events_count_, "footer events_count = {} but {} were read",
+             footer.events_count, events_count_);
+  LS_REQUIRE(footer.step_offsets == step_offsets_seen,
+             "footer step_offsets ({} entries) do not match the step inputs read ({} entries)",
+             footer.step_offsets.size(), step_offsets_seen.size());
+  footer_seen_ = true;
+}
+
+}  // namespace ls::trace
