@@ -1,5 +1,6 @@
 // `lockstep`: the command line. main builds everything and passes it down (STYLE.md §12).
 #include "cli/generate_command.h"
+#include "cli/sim_command.h"
 #include "core/check.h"
 
 #include <CLI/CLI.hpp>
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<std::function<int()>> commands;
   commands.push_back(ls::cli::add_generate_command(app));
+  commands.push_back(ls::cli::add_sim_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

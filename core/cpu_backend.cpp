@@ -13,12 +13,13 @@ constexpr float kSanitisedMagnitude = 1e30f;
 }  // namespace
 
 CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
-                       std::unique_ptr<Verifier> verifier)
+                       std::unique_ptr<Verifier> verifier, bool stub_model)
     : config_(config),
       vocab_size_(weights.config.vocab_size),
       table_width_(config.table_width()),
       model_(weights, config),
-      verifier_(verifier ? std::move(verifier) : std::make_unique<StandardVerifier>()) {
+      verifier_(verifier ? std::move(verifier) : std::make_unique<StandardVerifier>()),
+      stub_model_(stub_model) {
   const size_t rows = static_cast<size_t>(config.pool_rows_count());
   const size_t tokens = static_cast<size_t>(config.step_tokens_max());
   table_.assign(rows * table_width_, 0);
@@ -89,6 +90,7 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
 
 void CpuBackend::forward(const StepPlan& plan) {
   if (plan.rows_count == 0) return;
+  if (stub_model_) return stub_forward(plan);
   const size_t t = static_cast<size_t>(plan.tokens_count);
   const ForwardTokens tokens{
       .input_ids = std::span<const int32_t>(input_ids_.data(), t),
@@ -98,6 +100,19 @@ void CpuBackend::forward(const StepPlan& plan) {
       .logits_token_index = plan.logits_token_index,
   };
   model_.forward(tokens, table_, logits_);
+}
+
+void CpuBackend::stub_forward(const StepPlan& plan) {
+  for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
+    const int32_t t = plan.logits_token_index[r];
+    const uint32_t key = static_cast<uint32_t>(input_ids_[t]) * 2654435761u ^
+                         static_cast<uint32_t>(positions_[t]) * 40503u;
+    std::span<float> row = logits_row(r);
+    for (int32_t v = 0; v < vocab_size_; ++v) {
+      const uint32_t h = (key ^ static_cast<uint32_t>(v) * 2246822519u) * 3266489917u;
+      row[v] = static_cast<float>(h >> 20) * (1.0f / 256.0f);
+    }
+  }
 }
 
 std::span<float> CpuBackend::logits_row(int32_t r) {
@@ -202,6 +217,7 @@ void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
 // Rules 9 and the OOV flag: any emitted id outside [0, V) flags its row; all ids are clamped.
 void CpuBackend::flag_and_clamp_outputs(const StepPlan& plan, StepResult& result) {
   const int32_t ne = plan.prefill_rows_count;
+  for (const auto& [index, id] : plan.forced_outputs) result.tokens[index] = id;
   for (size_t i = 0; i < result.tokens.size(); ++i) {
     int32_t& token = result.tokens[i];
     if (token >= 0 && token < vocab_size_) continue;

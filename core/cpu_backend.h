@@ -13,8 +13,10 @@ namespace ls {
 class CpuBackend final : public Backend {
  public:
   // `verifier` decides decode rows (tests pass a stub); null means StandardVerifier.
+  // `stub_model` replaces the model arithmetic with cheap deterministic logits (a hash of the
+  // token's id and position) while every state rule still runs: the control plane alone.
   CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
-             std::unique_ptr<Verifier> verifier = nullptr);
+             std::unique_ptr<Verifier> verifier = nullptr, bool stub_model = false);
 
   std::string name() const override { return "cpu"; }
   void apply_table_writes(const StepPlan& plan) override;
@@ -34,12 +36,14 @@ class CpuBackend final : public Backend {
   void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
   void fill_logprobs(const StepPlan& plan, StepResult& result);
   std::span<float> logits_row(int32_t r);
+  void stub_forward(const StepPlan& plan);
 
   ExecutorConfig config_;
   int32_t vocab_size_;
   int32_t table_width_;
   CpuModel model_;
   std::unique_ptr<Verifier> verifier_;
+  bool stub_model_;
   SamplingScratch scratch_;
 
   std::vector<int32_t> table_;           // [pool rows, Wp] req_to_page

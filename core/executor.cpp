@@ -22,6 +22,7 @@ StepResult Executor::step(const ForwardOp& op) {
   plan_step(op);  // may still reject (missing sampling parameters) before anything changes
   const std::vector<int32_t> poisoned = poisoned_logits_rows();
   poison_rows_.clear();
+  plan_forced_outputs();
   commit_sampling(op);
   backend_.apply_table_writes(plan_);  // rule 1
   backend_.reset_lengths(plan_);       // rule 2
@@ -121,6 +122,17 @@ void Executor::commit_sampling(const ForwardOp& op) {
     owned_[rpi] = 1;
     sampling_[rpi] = plan_.sampling[i];
   }
+}
+
+void Executor::plan_forced_outputs() {
+  plan_.forced_outputs.clear();
+  const int32_t ne = plan_.prefill_rows_count;
+  for (const auto& [row, id] : forced_rows_) {
+    LS_REQUIRE(row >= 0 && row < plan_.rows_count, "forced output row {} is outside the step's {} rows",
+               row, plan_.rows_count);
+    plan_.forced_outputs.push_back({row < ne ? row : ne + (row - ne) * plan_.verify_width, id});
+  }
+  forced_rows_.clear();
 }
 
 std::vector<int32_t> Executor::poisoned_logits_rows() const {

@@ -43,6 +43,9 @@ class Executor {
     poison_value_ = value;
   }
   static constexpr float kNaN = __builtin_nanf("");
+  // A fault site: the next step emits `token` (any value, e.g. outside [0, V)) as the first output
+  // of this op row, before the out-of-vocab flag and the clamp see it.
+  void force_next_output(int32_t op_row, int32_t token) { forced_rows_.push_back({op_row, token}); }
 
   const ExecutorConfig& config() const { return config_; }
   const ExecutorStats& stats() const { return stats_; }
@@ -57,6 +60,7 @@ class Executor {
   void plan_sampling(const ForwardOp& op);
   void commit_sampling(const ForwardOp& op);
   std::vector<int32_t> poisoned_logits_rows() const;
+  void plan_forced_outputs();
 
   ExecutorConfig config_;
   int32_t vocab_size_;
@@ -66,6 +70,7 @@ class Executor {
   StepPlan plan_;  // reused every step: its vectors keep their capacity
   std::vector<int32_t> poison_rows_;
   float poison_value_ = kNaN;
+  std::vector<std::pair<int32_t, int32_t>> forced_rows_;  // (op row, id) for the next step
 
   // Per pool row: which request last sat there and its resolved sampling (the seed's "flip").
   std::vector<RequestId> owner_;       // [pool rows]

@@ -20,6 +20,7 @@ struct SamplingParams {
   static constexpr float kGreedyTemperature = 1e-6f;
   static constexpr int32_t kTopKMax = 1 << 20;
 
+  bool operator==(const SamplingParams&) const = default;
   bool is_greedy() const { return temperature < kGreedyTemperature || top_k == 1; }
   // Throws ls::Error naming the parameter, its value and its range; `where` prefixes the message.
   void validate(const std::string& where) const;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/cache_op.h"
+#include "core/config.h"
 #include "core/finish_reason.h"
 #include "core/forward_op.h"
 #include "core/sampling_params.h"
@@ -14,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ls {
@@ -73,6 +75,22 @@ struct RequestOutcome {
   FinishReason reason = FinishReason::kLength;
 };
 
+// The driving loop. With overlap, step k is planned before step k−1's result is applied, so at
+// most one step is in flight when plan() runs (plan() throws otherwise); cache ops of a plan run
+// after the previous step and before the plan's own op:
+//
+//   std::optional<std::pair<ForwardOp, StepResult>> in_flight;
+//   while (!scheduler.done()) {
+//     StepPlanOut plan = scheduler.plan();                                   // step k
+//     if (in_flight) scheduler.apply_result(in_flight->first, in_flight->second);  // step k−1
+//     in_flight.reset();
+//     for (const CacheOp& op : plan.cache_ops) executor.copy_pages(op);
+//     if (plan.op.rows.empty()) continue;  // IDLE: nothing to run, nothing to apply
+//     StepResult result = executor.step(plan.op);
+//     in_flight.emplace(std::move(plan.op), std::move(result));
+//   }
+//
+// Without overlap: plan → copy_pages → step → apply_result, one step at a time.
 class Scheduler {
  public:
   explicit Scheduler(const SchedulerConfig& config);
@@ -97,15 +115,31 @@ class Scheduler {
   int32_t free_pages_count() const;
   int32_t free_host_pages_count() const;
   int32_t cached_pages_count() const;      // pages held only by the prefix cache
+  int32_t held_pages_count() const;        // pages at least one request references
   int32_t free_pool_rows_count() const;
+  int32_t steps_in_flight_count() const;   // planned steps whose result is not applied yet
   std::optional<RequestState> state_of(RequestId id) const;
   // Pages a live request holds, in table order (empty when it holds none).
   std::vector<int32_t> pages_of(RequestId id) const;
+  // Tokens a request has generated so far (its outcome's tokens once finished).
+  std::vector<int32_t> generated_of(RequestId id) const;
+  // Empty when page, host-page and pool-row accounting agree with what the requests hold (free +
+  // held + cached == pages_count − 1, reference counts match, no row or page owned twice); else
+  // a description of the first disagreement. For checkers: it never throws or aborts.
+  std::string check_accounting() const;
   const SchedulerConfig& config() const;
+
+  ~Scheduler();
+  Scheduler(Scheduler&&) noexcept;
+  Scheduler& operator=(Scheduler&&) noexcept;
 
  private:
   struct Impl;
-  std::shared_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;
 };
+
+// The executor limits that match a scheduler: same B, L, P, pages, host pages and W, and a prefill
+// chunk limit equal to the token budget.
+ExecutorConfig executor_config_for(const SchedulerConfig& config);
 
 }  // namespace ls

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace ls {
@@ -47,6 +48,10 @@ struct StepPlan {
   // Logits rows: one per prefill row (its last token), then W per decode row.
   std::vector<int32_t> logits_token_index;  // [ne + nd·W] index into the token buffer
   std::vector<ResolvedSampling> sampling;   // [bs]
+
+  // Fault site: emitted ids replaced after sampling, before the OOV flag and the output clamp —
+  // how the simulator plants an out-of-vocabulary sample. (token index, id)
+  std::vector<std::pair<int32_t, int32_t>> forced_outputs;
 
   bool capture_logits = false;
   bool want_logprobs = false;

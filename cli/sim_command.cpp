@@ -1,0 +1,171 @@
+#include "cli/sim_command.h"
+
+#include "core/check.h"
+#include "core/model/weights.h"
+#include "sim/sweep.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <memory>
+#include <sstream>
+
+namespace ls::cli {
+
+namespace {
+
+struct SimOptions {
+  uint64_t seed = 1;
+  std::string seeds;  // "A..B"
+  int32_t requests = 0;
+  std::string faults;  // "", "none", "all" or a comma list of sites
+  std::string record;
+  bool stub_model = false;
+  bool no_twin = false;
+};
+
+constexpr uint64_t kSimWeightsSeed = 0;
+
+sim::SimOverrides overrides_of(const SimOptions& o) {
+  sim::SimOverrides v;
+  if (o.requests > 0) v.requests_count = o.requests;
+  if (o.faults == "none") {
+    v.faults_enabled = false;
+  } else if (o.faults == "all") {
+    std::vector<sim::FaultSite> all;
+    for (int i = 0; i < sim::kFaultSitesCount; ++i) all.push_back(static_cast<sim::FaultSite>(i));
+    v.faults = all;
+  } else if (!o.faults.empty()) {
+    std::vector<sim::FaultSite> sites;
+    std::stringstream list(o.faults);
+    for (std::string name; std::getline(list, name, ',');) {
+      const auto site = sim::fault_site_named(name);
+      LS_REQUIRE(site.has_value(),
+                 "--faults: unknown fault site '{}'; sites are nan-logits, oov-sample, "
+                 "page-pressure, abort-mid-prefill, context-limit, late-result (or none, all)",
+                 name);
+      sites.push_back(*site);
+    }
+    v.faults = sites;
+  }
+  return v;
+}
+
+std::pair<uint64_t, uint64_t> parse_seed_range(const std::string& text) {
+  const size_t dots = text.find("..");
+  LS_REQUIRE(dots != std::string::npos, "--seeds '{}': expected A..B, e.g. 1..200", text);
+  try {
+    const uint64_t a = std::stoull(text.substr(0, dots));
+    const uint64_t b = std::stoull(text.substr(dots + 2));
+    LS_REQUIRE(a <= b, "--seeds '{}': the first seed is larger than the last", text);
+    return {a, b};
+  } catch (const std::logic_error&) {
+    throw Error(fmt::format("--seeds '{}': expected A..B with two integers", text));
+  }
+}
+
+void print_summary(const sim::SeedVerdict& v) {
+  const sim::SimSummary& s = v.summary;
+  std::vector<std::string> fired;
+  for (int i = 0; i < sim::kFaultSitesCount; ++i) {
+    if (s.faults_fired[i] > 0) {
+      fired.push_back(fmt::format("{} {}", sim::to_string(static_cast<sim::FaultSite>(i)), s.faults_fired[i]));
+    }
+  }
+  fmt::print("summary\n");
+  fmt::print("  requests: {} finished, {} aborted by the client, {} numerical errors\n",
+             s.requests_finished, s.requests_aborted, s.requests_numerical_errors);
+  fmt::print("  steps {}, tokens generated {}, prefix-cache hit tokens {}\n", s.steps_count,
+             s.tokens_generated, s.prefix_hit_tokens);
+  fmt::print("  retractions: {} swap, {} recompute; {} recoveries\n", s.retractions_swap,
+             s.retractions_recompute, s.recoveries);
+  fmt::print("  faults fired: {}\n", fired.empty() ? "none" : fmt::format("{}", fmt::join(fired, ", ")));
+  fmt::print("  checkers: {}\n", s.passed() ? "all passed" : fmt::format("{} FAILED", s.failures.size()));
+  for (const sim::CheckFailure& f : s.failures) {
+    fmt::print("    {} at {}: {}\n", f.checker, f.step < 0 ? "the end" : fmt::format("step {}", f.step), f.detail);
+  }
+  if (v.twin_checked) {
+    fmt::print("  twin run: {}\n", v.twin_ok() ? "same fingerprint"
+                                               : fmt::format("DIFFERENT fingerprint {:016x}", v.twin_fingerprint));
+  }
+  fmt::print("fingerprint {:016x}\n", s.fingerprint);
+}
+
+int run_single(const SimOptions& o, const ModelWeights& weights) {
+  const sim::SimOverrides overrides = overrides_of(o);
+  const sim::SimParams params = sim::derive_params(o.seed, overrides);
+  fmt::print("reproduce: {}\n", sim::reproduce_command(params, overrides));
+  fmt::print("{}\n", params.describe());
+  LS_REQUIRE(o.record.empty(), "--record is not available yet");
+  const sim::WorldOptions world{.stub_model = o.stub_model};
+  const sim::SeedVerdict v = sim::run_seed(params, weights, world, !o.no_twin);
+  print_summary(v);
+  return v.passed() ? 0 : 1;
+}
+
+int run_sweep(const SimOptions& o, const ModelWeights& weights) {
+  const auto [first, last] = parse_seed_range(o.seeds);
+  const sim::SimOverrides overrides = overrides_of(o);
+  const sim::WorldOptions world{.stub_model = o.stub_model};
+  std::vector<std::string> failed;
+  int64_t steps = 0, tokens = 0, retractions = 0, faults = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t total = last - first + 1;
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    const sim::SimParams params = sim::derive_params(seed, overrides);
+    const sim::SeedVerdict v = sim::run_seed(params, weights, world, !o.no_twin);
+    steps += v.summary.steps_count;
+    tokens += v.summary.tokens_generated;
+    retractions += v.summary.retractions_swap + v.summary.retractions_recompute;
+    for (int64_t n : v.summary.faults_fired) faults += n;
+    if (!v.passed()) {
+      const std::string why = v.summary.failures.empty()
+                                  ? "twin run fingerprint differs"
+                                  : fmt::format("{}: {}", v.summary.failures[0].checker, v.summary.failures[0].detail);
+      failed.push_back(fmt::format("seed {}: {}\n    reproduce: {}", seed, why, sim::reproduce_command(params, overrides)));
+    }
+    const uint64_t done = seed - first + 1;
+    fmt::print(stderr, "\rsim: [{:<30}] {}/{} seeds, {} failed", std::string(30 * done / total, '#'), done,
+               total, failed.size());
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  fmt::print(stderr, "\n");
+  fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9}\n", "seeds", "failed", "steps", "tokens",
+             "retractions", "faults", "seconds");
+  fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9.1f}\n", fmt::format("{}..{}", first, last),
+             failed.size(), steps, tokens, retractions, faults, seconds);
+  for (const std::string& f : failed) fmt::print("FAILED {}\n", f);
+  return failed.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+std::function<int()> add_sim_command(CLI::App& app) {
+  auto o = std::make_shared<SimOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "sim", "Run a deterministic simulated serving world (scheduler + executor on the CPU "
+             "reference) from a seed, with checkers after every step and a twin-run check");
+  cmd->add_option("--seed", o->seed, "The seed that derives every parameter of the world")
+      ->capture_default_str();
+  cmd->add_option("--seeds", o->seeds, "A sweep over seeds A..B (inclusive) with a summary table");
+  cmd->add_option("--requests", o->requests, "Requests in the world (default: derived from the seed)")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--faults", o->faults,
+                  "Fault sites: none, all, or a comma list of nan-logits, oov-sample, "
+                  "page-pressure, abort-mid-prefill, context-limit, late-result (default: the "
+                  "seed switches each on with probability 1/2)");
+  cmd->add_option("--record", o->record, "Record the run (single seed) to this trace file");
+  cmd->add_flag("--stub-model", o->stub_model,
+                "Replace the model arithmetic with cheap deterministic logits (control plane only)");
+  cmd->add_flag("--no-twin", o->no_twin, "Skip the twin run that re-runs each seed and compares fingerprints");
+  cmd->footer("Exit status: 0 every checker and twin check passed, 1 a seed failed, 2 bad usage.");
+  return [cmd, o]() {
+    if (!cmd->parsed()) return -1;
+    const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
+    LS_REQUIRE(o->seeds.empty() || o->record.empty(), "--record takes a single --seed, not --seeds");
+    return o->seeds.empty() ? run_single(*o, weights) : run_sweep(*o, weights);
+  };
+}
+
+}  // namespace ls::cli

@@ -1,0 +1,12 @@
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace ls::cli {
+
+// Registers `lockstep sim`; the returned function runs it when parsed and returns the exit status.
+std::function<int()> add_sim_command(CLI::App& app);
+
+}  // namespace ls::cli

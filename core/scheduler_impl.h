@@ -1,0 +1,104 @@
+// The scheduler's private state, shared by scheduler.cpp (requests, results, accounting) and
+// scheduler_plan.cpp (planning, admission, retraction). Not part of the public API.
+#pragma once
+
+#include "core/page_allocator.h"
+#include "core/scheduler.h"
+
+#include <deque>
+#include <set>
+
+namespace ls {
+
+struct SchedRequest {
+  RequestSpec spec;
+  int32_t max_new_tokens = 0;  // spec.max_new_tokens capped at L − prompt length
+  bool capped = false;         // the cap cut spec.max_new_tokens: reaching it reports kContext
+  int32_t prompt_length = 0;
+  RequestState state = RequestState::kWaiting;
+  std::vector<int32_t> tokens;  // prompt + generated, as far as applied results tell
+
+  int32_t pool_row = 0;             // 0 = none
+  std::vector<int32_t> pages;       // device pages in table order
+  int32_t table_synced_count = 0;   // leading pages the device table row already holds
+  bool sampling_sent = false;       // the current pool row has seen the sampling parameters
+  int32_t prefill_length = 0;       // tokens the current (re)prefill covers
+  int32_t scheduled_count = 0;      // of those, already put in a planned chunk
+  int32_t committed_count = 0;      // KV tokens as of applied results (C)
+  std::vector<int32_t> host_pages;  // swap path: the KV of tokens[0, TokenSize − 1)
+  RetractPath retract_path = RetractPath::kSwap;
+  uint32_t epoch = 0;           // bumped on retraction: older in-flight rows are stale
+  int32_t in_flight_count = 0;  // planned steps with a row of this request, result not applied
+  FinishReason finish_reason = FinishReason::kLength;
+
+  int32_t token_size() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t generated_count() const { return token_size() - prompt_length; }
+  bool finished() const { return state == RequestState::kFinished; }
+};
+
+struct InFlightStep {
+  std::vector<RequestId> ids;   // [rows] in op order
+  std::vector<uint32_t> epochs;  // [rows] each request's epoch when planned
+};
+
+// The rows of the op being planned, prefill and decode kept apart so prefill rows come first.
+struct Draft {
+  int32_t budget = 0;
+  std::vector<OpRow> prefill_rows;
+  std::vector<OpRow> decode_rows;
+  std::vector<int32_t> prefill_token_ids;
+
+  int32_t rows_count() const {
+    return static_cast<int32_t>(prefill_rows.size() + decode_rows.size());
+  }
+  bool empty() const { return rows_count() == 0; }
+  ForwardOp take_op();
+};
+
+struct Scheduler::Impl {
+  explicit Impl(const SchedulerConfig& c);
+
+  // scheduler_plan.cpp
+  Draft schedule(StepPlanOut& out, const std::set<RequestId>& retracted_now);
+  std::vector<RequestId> candidates(const std::set<RequestId>& retracted_now) const;
+  void schedule_decode(SchedRequest& r, Draft& d);
+  void schedule_chunk(SchedRequest& r, Draft& d);
+  void admit(SchedRequest& r, Draft& d, StepPlanOut& out);
+  void recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& out);
+  void push_chunk(SchedRequest& r, int32_t chunk, Draft& d);
+  OpRow start_row(SchedRequest& r, RowKind kind);
+  bool grow_pages(SchedRequest& r, int32_t tokens);
+  int32_t pages_for(int32_t tokens) const;
+  bool may_add(const Draft& d, RowKind kind) const;
+  bool should_retract() const;
+  SchedRequest* pick_victim();
+  void retract(SchedRequest& r, StepPlanOut& out);
+  void track(const ForwardOp& op);
+
+  // scheduler.cpp
+  void apply_aborts(std::vector<SchedulerEvent>& events);
+  void apply_row(SchedRequest& r, const OpRow& row, const StepResult& result, int32_t i,
+                 std::vector<SchedulerEvent>& events);
+  void take_tokens(SchedRequest& r, const std::vector<int32_t>& tokens, bool flagged,
+                   std::vector<SchedulerEvent>& events);
+  void rewind(SchedRequest& r);
+  void finish(SchedRequest& r, FinishReason reason, std::vector<SchedulerEvent>& events);
+  void release_if_idle(SchedRequest& r);
+  void cache_kv_pages(const SchedRequest& r, int32_t kv_tokens);
+  void drop_device_pages(SchedRequest& r);
+  std::string check_rows_and_hosts() const;
+
+  SchedulerConfig config;
+  int32_t depth = 0;        // D: 1 with overlap, else 0
+  int32_t table_width = 0;  // Wp of the matching executor
+  PageAllocator pages;
+  std::set<int32_t> free_pool_rows;
+  std::set<int32_t> free_host_pages;
+  std::map<RequestId, SchedRequest> requests;
+  std::map<RequestId, RequestOutcome> outcomes;
+  std::set<RequestId> pending_aborts;
+  std::vector<SchedulerEvent> pending_events;  // arrivals, reported by the next plan
+  std::deque<InFlightStep> in_flight;
+};
+
+}  // namespace ls

@@ -1,0 +1,320 @@
+// Planning one step (seed spec §8): candidates by (priority, id), rows under the token budget and
+// the row cap, chunked prefill with prefix-cache hits, decode page reservation, and retraction when
+// nothing fits.
+#include "core/check.h"
+#include "core/scheduler_impl.h"
+
+#include <algorithm>
+
+namespace ls {
+
+namespace {
+
+// Seed §8 priorities: lower runs first; ties go to the lower request id.
+int32_t priority_of(RequestState state, bool mixed_batches) {
+  switch (state) {
+    case RequestState::kDecoding: return mixed_batches ? 0 : 3;
+    case RequestState::kPrefilling: return 1;
+    case RequestState::kWaiting: return 2;
+    case RequestState::kRetracted: return 4;
+    case RequestState::kFinished: break;
+  }
+  LS_ASSERT(false, "a finished request is no candidate");
+  return 5;
+}
+
+}  // namespace
+
+ForwardOp Draft::take_op() {
+  ForwardOp op;
+  op.rows = std::move(prefill_rows);
+  op.rows.insert(op.rows.end(), decode_rows.begin(), decode_rows.end());
+  op.prefill_token_ids = std::move(prefill_token_ids);
+  return op;
+}
+
+StepPlanOut Scheduler::plan() {
+  Impl& s = *impl_;
+  LS_REQUIRE(static_cast<int32_t>(s.in_flight.size()) <= s.depth,
+             "scheduler plan: {} steps are in flight but overlap allows {}; apply_result first",
+             s.in_flight.size(), s.depth);
+  StepPlanOut out;
+  out.events = std::move(s.pending_events);
+  s.pending_events.clear();
+  s.apply_aborts(out.events);
+  std::set<RequestId> retracted_now;
+  Draft draft = s.schedule(out, retracted_now);
+  while (draft.empty() && s.should_retract()) {
+    SchedRequest* victim = s.pick_victim();
+    LS_ASSERT(victim != nullptr, "retraction without a victim");
+    retracted_now.insert(victim->spec.id);
+    s.retract(*victim, out);
+    draft = s.schedule(out, retracted_now);
+  }
+  LS_ASSERT(!draft.empty() || !s.in_flight.empty() ||
+                std::all_of(s.requests.begin(), s.requests.end(),
+                            [](const auto& kv) { return kv.second.finished(); }),
+            "scheduler: nothing schedulable, nothing in flight, and requests remain");
+  out.op = draft.take_op();
+  s.track(out.op);
+  return out;
+}
+
+std::vector<RequestId> Scheduler::Impl::candidates(const std::set<RequestId>& retracted_now) const {
+  std::vector<std::pair<int32_t, RequestId>> order;
+  for (const auto& [id, r] : requests) {
+    if (r.finished() || retracted_now.contains(id)) continue;
+    order.emplace_back(priority_of(r.state, config.mixed_batches), id);
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<RequestId> ids;
+  for (const auto& [priority, id] : order) ids.push_back(id);
+  return ids;
+}
+
+Draft Scheduler::Impl::schedule(StepPlanOut& out, const std::set<RequestId>& retracted_now) {
+  Draft d{.budget = config.token_budget};
+  for (RequestId id : candidates(retracted_now)) {
+    if (d.budget <= 0 || d.rows_count() >= config.max_batch_rows) break;
+    SchedRequest& r = requests.at(id);
+    switch (r.state) {
+      case RequestState::kDecoding: schedule_decode(r, d); break;
+      case RequestState::kPrefilling: schedule_chunk(r, d); break;
+      case RequestState::kWaiting: admit(r, d, out); break;
+      case RequestState::kRetracted:
+        if (r.retract_path == RetractPath::kSwap) {
+          recover_by_swap(r, d, out);
+        } else {
+          admit(r, d, out);
+        }
+        break;
+      case RequestState::kFinished: LS_ASSERT(false, "finished candidate {}", id);
+    }
+  }
+  return d;
+}
+
+// Without mixed batches a step carries prefill rows or decode rows, never both.
+bool Scheduler::Impl::may_add(const Draft& d, RowKind kind) const {
+  if (config.mixed_batches) return true;
+  return kind == RowKind::kPrefill ? d.decode_rows.empty() : d.prefill_rows.empty();
+}
+
+int32_t Scheduler::Impl::pages_for(int32_t tokens) const {
+  const int32_t p = config.page_size;
+  return std::min((tokens + p - 1) / p, table_width);
+}
+
+// Extends the request's pages to cover `tokens` KV tokens; false (and nothing changes) when the
+// pool cannot supply them even by evicting the cache.
+bool Scheduler::Impl::grow_pages(SchedRequest& r, int32_t tokens) {
+  const int32_t extra = pages_for(tokens) - static_cast<int32_t>(r.pages.size());
+  if (extra <= 0) return true;
+  if (extra > pages.available_count()) return false;
+  const std::vector<int32_t> fresh = pages.allocate(extra);
+  r.pages.insert(r.pages.end(), fresh.begin(), fresh.end());
+  return true;
+}
+
+// A row with the table columns the device row lacks and, on a new pool row, the sampling
+// parameters.
+OpRow Scheduler::Impl::start_row(SchedRequest& r, RowKind kind) {
+  OpRow row{.kind = kind, .request_id = r.spec.id, .pool_row = r.pool_row};
+  const int32_t held = static_cast<int32_t>(r.pages.size());
+  if (r.table_synced_count < held) {
+    row.refresh.begin = r.table_synced_count;
+    row.refresh.pages.assign(r.pages.begin() + r.table_synced_count, r.pages.end());
+    r.table_synced_count = held;
+  }
+  if (!r.sampling_sent) row.sampling = r.spec.sampling;
+  r.sampling_sent = true;
+  return row;
+}
+
+// PR #583: with C committed tokens and D steps possibly in flight, reserve through C + (D+1)·W.
+void Scheduler::Impl::schedule_decode(SchedRequest& r, Draft& d) {
+  if (!may_add(d, RowKind::kDecode)) return;
+  const int32_t w = config.verify_width;
+  if (!grow_pages(r, r.committed_count + (depth + 1) * w)) return;
+  OpRow row = start_row(r, RowKind::kDecode);
+  row.input_length = w;
+  d.decode_rows.push_back(std::move(row));
+  d.budget -= w;
+}
+
+void Scheduler::Impl::schedule_chunk(SchedRequest& r, Draft& d) {
+  if (!may_add(d, RowKind::kPrefill)) return;
+  const int32_t chunk = std::min(d.budget, r.prefill_length - r.scheduled_count);
+  if (!grow_pages(r, r.scheduled_count + chunk + config.verify_width)) return;
+  push_chunk(r, chunk, d);
+}
+
+// Appends the next `chunk` tokens of the request's prefill; the last chunk makes it Decoding (its
+// sampled token is the next token, in flight in the device's future_input_map).
+void Scheduler::Impl::push_chunk(SchedRequest& r, int32_t chunk, Draft& d) {
+  LS_ASSERT(chunk >= 1 && r.scheduled_count + chunk <= r.prefill_length, "chunk {} at {} of {}",
+            chunk, r.scheduled_count, r.prefill_length);
+  OpRow row = start_row(r, RowKind::kPrefill);
+  row.input_length = chunk;
+  row.prefix_length = r.scheduled_count;
+  row.prompt_length = r.prefill_length;
+  const auto begin = r.tokens.begin() + r.scheduled_count;
+  d.prefill_token_ids.insert(d.prefill_token_ids.end(), begin, begin + chunk);
+  d.prefill_rows.push_back(std::move(row));
+  d.budget -= chunk;
+  r.scheduled_count += chunk;
+  if (r.scheduled_count == r.prefill_length) {
+    r.state = RequestState::kDecoding;
+    r.committed_count = r.prefill_length;
+  } else {
+    r.state = RequestState::kPrefilling;
+  }
+}
+
+// First chunk of a new request, or of a retracted request's re-prefill (prompt + generated):
+// a pool row, a prefix match over full pages excluding the last token, pages for the chunk + W.
+void Scheduler::Impl::admit(SchedRequest& r, Draft& d, StepPlanOut& out) {
+  if (!may_add(d, RowKind::kPrefill) || free_pool_rows.empty()) return;
+  const int32_t p = config.page_size;
+  std::vector<int32_t> matched;
+  if (config.prefix_cache) {
+    const std::span<const int32_t> tokens(r.tokens.data(), static_cast<size_t>(r.prefill_length));
+    matched = pages.match(tokens, (r.prefill_length - 1) / p);
+  }
+  for (int32_t page : matched) pages.retain(page);
+  const int32_t matched_tokens = static_cast<int32_t>(matched.size()) * p;
+  const int32_t chunk = std::min(d.budget, r.prefill_length - matched_tokens);
+  const int32_t extra = pages_for(matched_tokens + chunk + config.verify_width) -
+                        static_cast<int32_t>(matched.size());
+  if (extra > pages.available_count()) {
+    for (int32_t page : matched) pages.release(page);  // untouched: the LRU order is unchanged
+    return;
+  }
+  pages.touch(matched);
+  const bool recovering = r.state == RequestState::kRetracted;
+  r.pages = std::move(matched);
+  const std::vector<int32_t> fresh = pages.allocate(extra);
+  r.pages.insert(r.pages.end(), fresh.begin(), fresh.end());
+  r.pool_row = *free_pool_rows.begin();
+  free_pool_rows.erase(free_pool_rows.begin());
+  r.table_synced_count = 0;
+  r.sampling_sent = false;
+  r.scheduled_count = matched_tokens;
+  if (recovering) {
+    out.events.push_back({.kind = SchedulerEvent::Kind::kRecover, .request_id = r.spec.id,
+                          .retract_path = RetractPath::kRecompute});
+  }
+  if (matched_tokens > 0) {
+    out.events.push_back(
+        {.kind = SchedulerEvent::Kind::kPrefixHit, .request_id = r.spec.id, .tokens = matched_tokens});
+  }
+  push_chunk(r, chunk, d);
+}
+
+// Swap recovery (seed invariant 2): fresh device pages, a swap-in of the saved KV, and a decode row
+// that resumes at hist = TokenSize − 1 with the last token as its input, on a new pool row.
+void Scheduler::Impl::recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& out) {
+  if (!may_add(d, RowKind::kDecode) || free_pool_rows.empty()) return;
+  const int32_t hist = r.token_size() - 1;
+  const int32_t needed = pages_for(hist + (depth + 1) * config.verify_width);
+  LS_ASSERT(needed >= static_cast<int32_t>(r.host_pages.size()), "{} pages for {} host pages",
+            needed, r.host_pages.size());
+  if (needed > pages.available_count()) return;
+  r.pages = pages.allocate(needed);
+  if (!r.host_pages.empty()) {
+    CacheOp swap_in{.kind = CacheOpKind::kSwapIn,
+                    .device_pages = {r.pages.begin(), r.pages.begin() + static_cast<std::ptrdiff_t>(r.host_pages.size())},
+                    .host_pages = r.host_pages};
+    out.cache_ops.push_back(std::move(swap_in));
+    free_host_pages.insert(r.host_pages.begin(), r.host_pages.end());
+    r.host_pages.clear();
+  }
+  r.pool_row = *free_pool_rows.begin();
+  free_pool_rows.erase(free_pool_rows.begin());
+  r.table_synced_count = 0;
+  r.sampling_sent = false;
+  r.committed_count = hist;
+  r.state = RequestState::kDecoding;
+  OpRow row = start_row(r, RowKind::kDecode);
+  row.input_length = config.verify_width;
+  row.decode_override = r.tokens.back();
+  row.hist_token_length = hist;
+  d.decode_rows.push_back(std::move(row));
+  d.budget -= config.verify_width;
+  out.events.push_back({.kind = SchedulerEvent::Kind::kRecover, .request_id = r.spec.id,
+                        .retract_path = RetractPath::kSwap, .hist_token_length = hist});
+}
+
+// Retract only when some running request is blocked, and not while a finished request still
+// holds pages that the result in flight will free.
+bool Scheduler::Impl::should_retract() const {
+  bool running = false;
+  for (const auto& [id, r] : requests) {
+    if (r.finished() && (r.pool_row != 0 || !r.pages.empty())) return false;
+    running = running || r.state == RequestState::kDecoding ||
+              r.state == RequestState::kPrefilling;
+  }
+  return running;
+}
+
+// The Decoding request with the most tokens (ties: the higher id, the youngest); with none, the
+// Prefilling request furthest along.
+SchedRequest* Scheduler::Impl::pick_victim() {
+  SchedRequest* best = nullptr;
+  for (RequestState state : {RequestState::kDecoding, RequestState::kPrefilling}) {
+    for (auto& [id, r] : requests) {
+      if (r.state != state) continue;
+      const int32_t size = state == RequestState::kDecoding ? r.token_size() : r.scheduled_count;
+      const int32_t best_size = best == nullptr ? -1
+                                : state == RequestState::kDecoding ? best->token_size()
+                                                                   : best->scheduled_count;
+      if (size >= best_size) best = &r;
+    }
+    if (best != nullptr) return best;
+  }
+  return nullptr;
+}
+
+void Scheduler::Impl::retract(SchedRequest& r, StepPlanOut& out) {
+  const bool decoding = r.state == RequestState::kDecoding;
+  // Tokens whose KV is surely on the device: TokenSize − 1 while decoding (the last token's KV is
+  // written by the next step), the scheduled chunks while prefilling.
+  const int32_t kv_tokens = decoding ? r.token_size() - 1 : r.scheduled_count;
+  cache_kv_pages(r, kv_tokens);
+  const int32_t p = config.page_size;
+  const int32_t kv_pages = (kv_tokens + p - 1) / p;
+  const bool swap = decoding && config.host_pages_count > 0 &&
+                    kv_pages <= static_cast<int32_t>(free_host_pages.size());
+  if (swap && kv_pages > 0) {
+    for (int32_t i = 0; i < kv_pages; ++i) {
+      r.host_pages.push_back(*free_host_pages.begin());
+      free_host_pages.erase(free_host_pages.begin());
+    }
+    out.cache_ops.push_back({.kind = CacheOpKind::kSwapOut,
+                             .device_pages = {r.pages.begin(), r.pages.begin() + kv_pages},
+                             .host_pages = r.host_pages});
+  }
+  drop_device_pages(r);
+  r.state = RequestState::kRetracted;
+  r.retract_path = swap ? RetractPath::kSwap : RetractPath::kRecompute;
+  ++r.epoch;  // the row of this request in the step in flight is stale now
+  r.prefill_length = r.token_size();
+  r.scheduled_count = 0;
+  r.committed_count = 0;
+  out.events.push_back(
+      {.kind = SchedulerEvent::Kind::kRetract, .request_id = r.spec.id, .retract_path = r.retract_path});
+}
+
+void Scheduler::Impl::track(const ForwardOp& op) {
+  if (op.rows.empty()) return;  // an IDLE op has no result to wait for
+  InFlightStep step;
+  for (const OpRow& row : op.rows) {
+    SchedRequest& r = requests.at(row.request_id);
+    step.ids.push_back(row.request_id);
+    step.epochs.push_back(r.epoch);
+    ++r.in_flight_count;
+  }
+  in_flight.push_back(std::move(step));
+}
+
+}  // namespace ls

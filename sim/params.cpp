@@ -1,0 +1,98 @@
+#include "sim/params.h"
+
+#include "sim/random.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+namespace ls::sim {
+
+namespace {
+constexpr uint32_t kParamsStream = 1;
+constexpr FaultSite kAllSites[kFaultSitesCount] = {
+    FaultSite::kNanLogits,       FaultSite::kOovSample,    FaultSite::kPagePressure,
+    FaultSite::kAbortMidPrefill, FaultSite::kContextLimit, FaultSite::kLateResult};
+}  // namespace
+
+std::string_view to_string(FaultSite site) {
+  switch (site) {
+    case FaultSite::kNanLogits: return "nan-logits";
+    case FaultSite::kOovSample: return "oov-sample";
+    case FaultSite::kPagePressure: return "page-pressure";
+    case FaultSite::kAbortMidPrefill: return "abort-mid-prefill";
+    case FaultSite::kContextLimit: return "context-limit";
+    case FaultSite::kLateResult: return "late-result";
+  }
+  return "?";
+}
+
+std::optional<FaultSite> fault_site_named(std::string_view name) {
+  for (FaultSite site : kAllSites) {
+    if (to_string(site) == name) return site;
+  }
+  return std::nullopt;
+}
+
+SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
+  SimRandom r(seed, kParamsStream);
+  SimParams p;
+  p.seed = seed;
+  p.requests_count = overrides.requests_count.value_or(static_cast<int32_t>(r.range(8, 40)));
+  p.max_batch_rows = static_cast<int32_t>(r.range(2, 12));
+  p.page_size = static_cast<int32_t>(std::int64_t{1} << r.range(2, 4));  // 4, 8 or 16
+  p.context_length = static_cast<int32_t>(r.range(48, 160));
+  p.token_budget = static_cast<int32_t>(r.range(16, 96));
+  p.overlap = r.chance(0.75);
+  p.mixed_batches = r.chance(0.6);
+  p.prefix_cache = r.chance(0.8);
+  p.arrivals_per_step = 0.2 + 1.8 * r.uniform();
+  p.prompt_tokens_min = static_cast<int32_t>(r.range(1, 8));
+  p.prompt_tokens_max = static_cast<int32_t>(r.range(p.prompt_tokens_min, p.context_length / 2));
+  p.shared_prefixes_count = static_cast<int32_t>(r.range(1, 3));
+  p.shared_prefix_tokens = static_cast<int32_t>(r.range(p.page_size, 3 * p.page_size));
+  p.shared_prefix_fraction = r.uniform() * 0.6;
+  p.max_new_tokens_min = static_cast<int32_t>(r.range(1, 8));
+  p.max_new_tokens_max = static_cast<int32_t>(r.range(p.max_new_tokens_min, 48));
+  p.greedy_fraction = r.uniform();
+  p.client_abort_fraction = r.uniform() * 0.1;
+  // Enough pages for every row to hold a full context, unless page pressure is planted below.
+  const int32_t pages_per_row = (p.context_length + 2) / p.page_size + 2;
+  p.pages_count = p.max_batch_rows * pages_per_row + 1;
+  p.host_pages_count = r.chance(0.5) ? static_cast<int32_t>(r.range(0, 2)) * pages_per_row * 2 : 0;
+  if (overrides.faults) {
+    p.faults = *overrides.faults;
+  } else if (overrides.faults_enabled) {
+    for (FaultSite site : kAllSites) {
+      if (r.chance(0.5)) p.faults.push_back(site);
+    }
+  }
+  p.fault_rate = p.faults.empty() ? 0.0 : 0.02 + 0.08 * r.uniform();
+  if (std::find(p.faults.begin(), p.faults.end(), FaultSite::kPagePressure) != p.faults.end()) {
+    // Room for about two full contexts: decode growth runs out of pages and must retract.
+    p.pages_count = std::max(2 * pages_per_row, 4) + 1;
+  }
+  return p;
+}
+
+std::string SimParams::describe() const {
+  std::vector<std::string> fault_names;
+  for (FaultSite site : faults) fault_names.emplace_back(to_string(site));
+  return fmt::format(
+      "seed {}\n"
+      "  requests {}, arrivals/step {:.3f}, prompt tokens [{}, {}], max_new_tokens [{}, {}]\n"
+      "  shared prefixes {} x {} tokens for {:.0f}% of requests, greedy {:.0f}%, client aborts "
+      "{:.1f}%\n"
+      "  limits: B {}, L {}, P {}, pages {}, host pages {}, token budget {}\n"
+      "  overlap {}, mixed batches {}, prefix cache {}\n"
+      "  faults: {} (rate {:.3f}/step)",
+      seed, requests_count, arrivals_per_step, prompt_tokens_min, prompt_tokens_max,
+      max_new_tokens_min, max_new_tokens_max, shared_prefixes_count, shared_prefix_tokens,
+      100 * shared_prefix_fraction, 100 * greedy_fraction, 100 * client_abort_fraction,
+      max_batch_rows, context_length, page_size, pages_count, host_pages_count, token_budget,
+      overlap ? "on" : "off", mixed_batches ? "on" : "off", prefix_cache ? "on" : "off",
+      fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate);
+}
+
+}  // namespace ls::sim

@@ -1,0 +1,65 @@
+// Every parameter of a simulated serving world, derived from one seed and printed first, so the
+// seed alone reproduces the run (STYLE.md §17).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ls::sim {
+
+// Named fault sites; each is switched on per seed when faults are enabled.
+enum class FaultSite : uint8_t {
+  kNanLogits,        // a row's logits become NaN → the row is flagged and aborted
+  kOovSample,        // a row emits an id outside [0, V) → flagged, clamped, aborted
+  kPagePressure,     // the device pool is shrunk so that decode growth forces retraction
+  kAbortMidPrefill,  // a client aborts a request while its prompt is still being prefilled
+  kContextLimit,     // a request whose prompt + max_new_tokens runs into L
+  kLateResult,       // a client aborts a request while its step is in flight: the result is late
+};
+constexpr int kFaultSitesCount = 6;
+std::string_view to_string(FaultSite site);
+std::optional<FaultSite> fault_site_named(std::string_view name);
+
+struct SimParams {
+  uint64_t seed = 0;
+  int32_t requests_count = 0;
+  // Limits.
+  int32_t max_batch_rows = 0;
+  int32_t context_length = 0;
+  int32_t page_size = 0;
+  int32_t pages_count = 0;
+  int32_t host_pages_count = 0;
+  int32_t token_budget = 0;
+  bool overlap = true;
+  bool mixed_batches = true;
+  bool prefix_cache = true;
+  // Workload.
+  double arrivals_per_step = 0;   // mean of the Poisson-like arrival process, per step
+  int32_t prompt_tokens_min = 0;
+  int32_t prompt_tokens_max = 0;
+  int32_t shared_prefix_tokens = 0;    // length of the prefixes some prompts share
+  int32_t shared_prefixes_count = 0;   // distinct shared prefixes
+  double shared_prefix_fraction = 0;   // of requests that start with one
+  int32_t max_new_tokens_min = 0;
+  int32_t max_new_tokens_max = 0;
+  double greedy_fraction = 0;          // the rest sample with temperature / top-k / top-p / min-p
+  double client_abort_fraction = 0;    // requests a client aborts at a random later step
+  // Faults.
+  std::vector<FaultSite> faults;       // sites switched on for this seed
+  double fault_rate = 0;               // chance per step that an enabled step-level site fires
+
+  // One line per parameter, for the run's header.
+  std::string describe() const;
+};
+
+struct SimOverrides {
+  std::optional<int32_t> requests_count;
+  bool faults_enabled = true;
+  std::optional<std::vector<FaultSite>> faults;  // replaces the seed's choice when set
+};
+
+SimParams derive_params(uint64_t seed, const SimOverrides& overrides);
+
+}  // namespace ls::sim

@@ -1,0 +1,69 @@
+// One simulated serving world: the seed's workload arrives on a simulated clock (one tick per
+// step), the production scheduler plans forward ops, the executor runs them on the CPU reference
+// (or a stubbed model), faults fire at named sites, and checkers run after every step and at the
+// end. Single-threaded and fully determined by the parameters.
+#pragma once
+
+#include "core/executor.h"
+#include "core/model/weights.h"
+#include "core/scheduler.h"
+#include "sim/params.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ls::sim {
+
+// Sees every step of a run, e.g. to record a trace. All calls happen on the simulator's thread.
+class SimObserver {
+ public:
+  virtual ~SimObserver() = default;
+  // Before the step executes (and after its cache ops were planned).
+  virtual void on_step_input(int64_t step, const ForwardOp& op, const std::vector<CacheOp>& cache_ops) = 0;
+  // After the step completed.
+  virtual void on_step_output(int64_t step, const ForwardOp& op, const StepResult& result,
+                              const StateSnapshot& state) = 0;
+  virtual void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) = 0;
+  virtual void on_fault(int64_t step, FaultSite site, RequestId request, const std::string& detail) = 0;
+};
+
+struct CheckFailure {
+  int64_t step = -1;  // -1: an end-of-run check
+  std::string checker;
+  std::string detail;
+};
+
+struct SimSummary {
+  SimParams params;
+  int64_t steps_count = 0;
+  int64_t requests_finished = 0;  // by length, stop or context
+  int64_t requests_aborted = 0;   // by the client
+  int64_t requests_numerical_errors = 0;  // NaN or out-of-vocab rows: aborted by the guard
+  int64_t tokens_generated = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t retractions_swap = 0;
+  int64_t retractions_recompute = 0;
+  int64_t recoveries = 0;
+  std::array<int64_t, kFaultSitesCount> faults_fired{};
+  std::vector<CheckFailure> failures;
+  uint64_t fingerprint = 0;
+
+  bool passed() const { return failures.empty(); }
+};
+
+struct WorldOptions {
+  bool stub_model = false;     // skip the model arithmetic (control-plane benchmarks)
+  SimObserver* observer = nullptr;
+  int64_t max_steps = 20000;   // a run past this is a liveness failure
+};
+
+// The executor limits a world runs with (also what a recorded trace's header carries).
+ExecutorConfig executor_config_for(const SimParams& params);
+SchedulerConfig scheduler_config_for(const SimParams& params);
+
+SimSummary run_world(const SimParams& params, const ModelWeights& weights,
+                     const WorldOptions& options = {});
+
+}  // namespace ls::sim
