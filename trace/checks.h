@@ -31,6 +31,14 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
 
 void check_event(const TraceEvent& event, const TraceHeader& header);
 
+// The footer's step index, compared in O(1) memory: a count and a running hash of the offsets.
+struct OffsetsDigest {
+  int64_t count = 0;
+  uint64_t hash = 0;
+  void add(uint64_t offset);
+  bool operator==(const OffsetsDigest&) const = default;
+};
+
 // The ordering rules of trace/trace.capnp, as a small state machine over the records.
 class TraceSequence {
  public:
@@ -42,8 +50,8 @@ class TraceSequence {
   void on_output(const StepOutputRecord& record);
   // A stepRejected event for the oldest open step closes it.
   void on_event(const TraceEvent& event);
-  // `step_offsets_seen`: the byte offsets of input records 0, stride, 2·stride, … as read.
-  void on_footer(const TraceFooter& footer, const std::vector<uint64_t>& step_offsets_seen);
+  // `seen`: the byte offsets of step input records 0, stride, 2·stride, … as read.
+  void on_footer(const TraceFooter& footer, const OffsetsDigest& seen);
 
   int64_t inputs_count() const { return inputs_count_; }
   int64_t outputs_count() const { return outputs_count_; }

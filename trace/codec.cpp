@@ -90,6 +90,7 @@ schema::ForwardMode encode_mode(ForwardMode mode) {
     case ForwardMode::kDecode: return schema::ForwardMode::DECODE;
   }
   LS_ASSERT(false, "mode {}", static_cast<int>(mode));
+  return schema::ForwardMode::IDLE;
 }
 
 }  // namespace

@@ -52,11 +52,19 @@ struct TraceHeader {
   int32_t index_stride = 16;  // the footer indexes step input records 0, stride, 2·stride, …
 };
 
+// Field-by-field equality of ops (core's SamplingParams has no operator==, so OpRow's defaulted
+// one is deleted). Floats compare with ==.
+bool same_sampling(const std::optional<SamplingParams>& a, const std::optional<SamplingParams>& b);
+bool same_row(const OpRow& a, const OpRow& b);
+bool same_op(const ForwardOp& a, const ForwardOp& b);
+
 struct StepInputRecord {
   int64_t step = 0;
   ForwardOp op;
 
-  bool operator==(const StepInputRecord&) const = default;
+  friend bool operator==(const StepInputRecord& a, const StepInputRecord& b) {
+    return a.step == b.step && same_op(a.op, b.op);
+  }
 };
 
 struct TopLogit {
@@ -93,7 +101,7 @@ std::string_view to_string(EventKind kind);
 struct TraceEvent {
   EventKind kind = EventKind::kArrive;
   RequestId request_id = 0;
-  int64_t step = 0;  // the step at which it happened (at most the highest recorded step + 1)
+  int64_t step = 0;    // the step at which it happened
   std::string detail;  // finish reason, fault site, rejection message
   std::optional<int32_t> hist_token_length;
 

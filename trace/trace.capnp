@@ -19,7 +19,8 @@
 #     validation is replaced by an event of kind stepRejected and never appears as an input).
 #   - A stepOutput closes the oldest open step: its step index equals that input's. At most 2
 #     steps are open at once (an overlapped executor records input k+1 before output k).
-#   - An event's step is at most (the highest step index seen so far) + 1.
+#   - An event carries the step at which it happened (>= 0); a stepRejected event whose step is
+#     the oldest open step closes that step.
 #   - Nothing follows a footer.
 #   A step is *complete* when its output record has been read. A file whose tail is cut off is
 #   reported as "trace ends inside step S; N complete steps" and its complete prefix is usable.

@@ -1,0 +1,238 @@
+// Round trips of every record kind through the recorder and the reader, compared field by field
+// with values written here by hand, and the digest helpers against XXH3 called directly.
+#include "tests/trace/trace_test_support.h"
+#include "trace/digests.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cmath>
+#include <limits>
+
+namespace ls::trace {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::header_for;
+using testing::TempPath;
+
+ForwardOp mixed_op() {
+  ForwardOp op;
+  OpRow prefill = ls::testing::prefill_row(41, 3, 4, 5, 12);
+  prefill.refresh = {1, {17, 18, 19}};
+  prefill.sampling = SamplingParams{.temperature = 0.7f, .top_k = 40, .top_p = 0.95f,
+                                    .min_p = 0.05f, .seed = 0xfeedfacecafebeefULL};
+  OpRow first_chunk = ls::testing::prefill_row(42, 5, 0, 3, 3);
+  first_chunk.sampling = SamplingParams{};  // greedy, no seed
+  OpRow decode = ls::testing::decode_row(7, 1);
+  decode.decode_override = 99;
+  decode.hist_token_length = 33;
+  op.rows = {prefill, first_chunk, decode};
+  op.prefill_token_ids = {1, 2, 3, 4, 5, 506, 507, 511};
+  return op;
+}
+
+StepOutputRecord mixed_output() {
+  StepOutputRecord out;
+  out.step = 0;
+  out.result.mode = ForwardMode::kMixed;
+  out.result.prefill_rows_count = 2;
+  out.result.verify_width = 1;
+  out.result.tokens = {10, 11, 12};
+  out.result.accepted_lengths = {1, 1, 0};
+  out.result.logprobs = {-0.5f, -1.25f, -3.0f};
+  out.result.nan_flags = {0, 0, 1};
+  out.result.oov_flags = {0, 1, 0};
+  out.logits_digests = {0x1111, 0x2222, 0xffffffffffffffffULL};
+  out.valid_cache_lengths = {9, 3, 33};
+  out.future_input_digests = {0xa, 0xb, 0xc};
+  out.top_logits_count = 8;
+  for (int32_t i = 0; i < 24; ++i) out.top_logits.push_back({i * 3, 1.5f - 0.25f * static_cast<float>(i)});
+  return out;
+}
+
+TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
+  TempPath file("roundtrip");
+  TraceHeader header = header_for(ls::testing::small_config(), {.capture_logits = true,
+                                                                .want_logprobs = true});
+  header.weights = WeightSource{.kind = WeightSource::Kind::kDirectory, .directory = "/models/x"};
+  header.machine = MachineInfo{.cpu_name = "cpu", .gpu_name = "H200", .sm_count = 132,
+                               .driver_version = "580.1", .cuda_version = "13.0",
+                               .cublas_version = "13.1.0"};
+  const TraceEvent arrive{.kind = EventKind::kArrive, .request_id = 41, .step = 0};
+  const TraceEvent retract{.kind = EventKind::kRetract, .request_id = 7, .step = 1,
+                           .detail = "pages exhausted", .hist_token_length = 33};
+  {
+    auto recorder = Recorder::open(file.path(), header);
+    recorder->record_event(arrive);
+    recorder->record_input(0, mixed_op());
+    recorder->record_output(mixed_output());
+    recorder->record_event(retract);
+    recorder->close();
+  }
+  TraceReader reader = TraceReader::open(file.path());
+  const TraceHeader& h = reader.header();
+  EXPECT_EQ(h.format_version, 1u);
+  EXPECT_EQ(h.build_id, "lockstep-test 0.1.0");
+  EXPECT_EQ(h.model.name, "tiny");
+  EXPECT_EQ(h.model.hidden_size, 64);
+  EXPECT_EQ(h.model.layers_count, 2);
+  EXPECT_EQ(h.model.query_heads_count, 4);
+  EXPECT_EQ(h.model.kv_heads_count, 2);
+  EXPECT_EQ(h.model.head_dim, 16);
+  EXPECT_EQ(h.model.ffn_size, 128);
+  EXPECT_EQ(h.model.vocab_size, 512);
+  EXPECT_EQ(h.model.rope_theta, 10000.0f);
+  EXPECT_EQ(h.model.rms_eps, 1e-5f);
+  EXPECT_FALSE(h.model.tied_embeddings);
+  EXPECT_EQ(h.weights.kind, WeightSource::Kind::kDirectory);
+  EXPECT_EQ(h.weights.directory, "/models/x");
+  EXPECT_EQ(h.weights_digest, ls::testing::tiny_weights().digest());
+  EXPECT_EQ(h.executor.max_batch_rows, 8);
+  EXPECT_EQ(h.executor.context_length, 64);
+  EXPECT_EQ(h.executor.page_size, 4);
+  EXPECT_EQ(h.executor.pages_count, 200);
+  EXPECT_EQ(h.executor.verify_width, 1);
+  EXPECT_EQ(h.executor.prefill_chunk_tokens, 64);
+  EXPECT_TRUE(h.executor_options.capture_logits);
+  EXPECT_TRUE(h.executor_options.want_logprobs);
+  EXPECT_EQ(h.top_logits_count, 8);
+  EXPECT_EQ(h.backend, "cpu");
+  EXPECT_EQ(h.determinism_mode, "batch-invariant");
+  EXPECT_EQ(h.machine, header.machine);
+  EXPECT_EQ(h.index_stride, 2);
+
+  TraceRecord record;
+  ASSERT_TRUE(reader.next(record));
+  EXPECT_EQ(std::get<TraceEvent>(record), arrive);
+  ASSERT_TRUE(reader.next(record));
+  const StepInputRecord& in = std::get<StepInputRecord>(record);
+  EXPECT_EQ(in.step, 0);
+  const ForwardOp expected = mixed_op();
+  ASSERT_EQ(in.op.rows.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const OpRow& a = in.op.rows[i];
+    const OpRow& b = expected.rows[i];
+    EXPECT_EQ(a.kind, b.kind) << i;
+    EXPECT_EQ(a.request_id, b.request_id) << i;
+    EXPECT_EQ(a.pool_row, b.pool_row) << i;
+    EXPECT_EQ(a.input_length, b.input_length) << i;
+    EXPECT_EQ(a.prefix_length, b.prefix_length) << i;
+    EXPECT_EQ(a.prompt_length, b.prompt_length) << i;
+    EXPECT_EQ(a.decode_override, b.decode_override) << i;
+    EXPECT_EQ(a.hist_token_length, b.hist_token_length) << i;
+    EXPECT_EQ(a.refresh, b.refresh) << i;
+    ASSERT_EQ(a.sampling.has_value(), b.sampling.has_value()) << i;
+    if (a.sampling) {
+      EXPECT_EQ(a.sampling->temperature, b.sampling->temperature) << i;
+      EXPECT_EQ(a.sampling->top_k, b.sampling->top_k) << i;
+      EXPECT_EQ(a.sampling->top_p, b.sampling->top_p) << i;
+      EXPECT_EQ(a.sampling->min_p, b.sampling->min_p) << i;
+      EXPECT_EQ(a.sampling->seed, b.sampling->seed) << i;
+    }
+  }
+  EXPECT_FALSE(in.op.rows[2].sampling.has_value());
+  EXPECT_EQ(in.op.rows[0].sampling->seed, std::optional<uint64_t>(0xfeedfacecafebeefULL));
+  EXPECT_FALSE(in.op.rows[1].sampling->seed.has_value());
+  EXPECT_THAT(in.op.prefill_token_ids, ElementsAre(1, 2, 3, 4, 5, 506, 507, 511));
+
+  ASSERT_TRUE(reader.next(record));
+  const StepOutputRecord& out = std::get<StepOutputRecord>(record);
+  EXPECT_EQ(out.step, 0);
+  EXPECT_EQ(out.result.mode, ForwardMode::kMixed);
+  EXPECT_EQ(out.result.prefill_rows_count, 2);
+  EXPECT_EQ(out.result.verify_width, 1);
+  EXPECT_THAT(out.result.tokens, ElementsAre(10, 11, 12));
+  EXPECT_THAT(out.result.accepted_lengths, ElementsAre(1, 1, 0));
+  EXPECT_THAT(out.result.logprobs, ElementsAre(-0.5f, -1.25f, -3.0f));
+  EXPECT_THAT(out.result.nan_flags, ElementsAre(0, 0, 1));
+  EXPECT_THAT(out.result.oov_flags, ElementsAre(0, 1, 0));
+  EXPECT_TRUE(out.result.logits.empty());
+  EXPECT_THAT(out.logits_digests, ElementsAre(0x1111u, 0x2222u, 0xffffffffffffffffULL));
+  EXPECT_THAT(out.valid_cache_lengths, ElementsAre(9, 3, 33));
+  EXPECT_THAT(out.future_input_digests, ElementsAre(0xau, 0xbu, 0xcu));
+  EXPECT_EQ(out.top_logits_count, 8);
+  ASSERT_EQ(out.top_logits.size(), 24u);
+  EXPECT_EQ(out.top_logits[5], (TopLogit{15, 0.25f}));
+  EXPECT_EQ(out, mixed_output());
+
+  ASSERT_TRUE(reader.next(record));
+  EXPECT_EQ(std::get<TraceEvent>(record), retract);
+  ASSERT_TRUE(reader.next(record));
+  const TraceFooter& footer = std::get<TraceFooter>(record);
+  EXPECT_EQ(footer.steps_count, 1);
+  EXPECT_EQ(footer.outputs_count, 1);
+  EXPECT_EQ(footer.events_count, 2);
+  EXPECT_EQ(footer.index_stride, 2);
+  ASSERT_EQ(footer.step_offsets.size(), 1u);
+  EXPECT_GT(footer.step_offsets[0], 0u);
+  EXPECT_FALSE(reader.next(record));
+  EXPECT_TRUE(reader.at_end());
+  EXPECT_FALSE(reader.truncation().has_value());
+  EXPECT_EQ(reader.complete_steps(), 1);
+  EXPECT_EQ(reader.records_read(), 6);
+  EXPECT_EQ(reader.offset(), reader.file_bytes());
+}
+
+TEST(TraceDigests, MatchXxh3OverTheLittleEndianBytes) {
+  const std::vector<float> row = {0.5f, -2.0f, 3.25f};
+  unsigned char bytes[12];
+  std::memcpy(bytes, row.data(), 12);
+  EXPECT_EQ(logits_row_digest(row), XXH3_64bits(bytes, 12));
+  EXPECT_NE(logits_row_digest(row), logits_row_digest(std::vector<float>{0.5f, -2.0f, 3.5f}));
+  const int32_t ids[] = {7, 0x01020304};
+  const unsigned char id_bytes[] = {7, 0, 0, 0, 4, 3, 2, 1};
+  EXPECT_EQ(future_inputs_digest(ids), XXH3_64bits(id_bytes, 8));
+}
+
+TEST(TraceDigests, TopLogitsRankByLogitThenIdWithNaNLast) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> row = {1.0f, 5.0f, 5.0f, nan, -inf, 3.0f, inf};
+  std::vector<TopLogit> top;
+  append_top_logits(row, 4, top);
+  EXPECT_THAT(top, ElementsAre(TopLogit{6, inf}, TopLogit{1, 5.0f}, TopLogit{2, 5.0f},
+                               TopLogit{5, 3.0f}));
+  top.clear();
+  append_top_logits(row, 8, top);  // more than the row holds: all 7, NaN last
+  ASSERT_EQ(top.size(), 7u);
+  EXPECT_EQ(top[5], (TopLogit{4, -inf}));
+  EXPECT_EQ(top[6].id, 3);
+  EXPECT_TRUE(std::isnan(top[6].logit));
+}
+
+TEST(TraceDigests, StepOutputDigestsEveryLogitsRowAndTouchedRow) {
+  StepResult result;
+  result.mode = ForwardMode::kMixed;
+  result.prefill_rows_count = 1;
+  result.verify_width = 1;
+  result.tokens = {2, 0};
+  result.accepted_lengths = {1, 1};
+  result.nan_flags = {0, 0};
+  result.oov_flags = {0, 0};
+  result.logits = {0.0f, 1.0f, 3.0f, 2.0f,   // row 0: top-2 is (2, 3), (3, 2)
+                   9.0f, 1.0f, 1.0f, -1.0f};  // row 1: top-2 is (0, 9), (1, 1)
+  StateSnapshot touched;
+  touched.pool_rows = {4, 2};
+  touched.valid_cache_length = {6, 11};
+  touched.future_inputs = {2, 0};
+  const StepOutputRecord out = make_step_output(5, result, touched, 2);
+  EXPECT_EQ(out.step, 5);
+  EXPECT_TRUE(out.result.logits.empty());
+  EXPECT_EQ(out.result.tokens, result.tokens);
+  const float row0[] = {0.0f, 1.0f, 3.0f, 2.0f};
+  const float row1[] = {9.0f, 1.0f, 1.0f, -1.0f};
+  EXPECT_THAT(out.logits_digests, ElementsAre(XXH3_64bits(row0, 16), XXH3_64bits(row1, 16)));
+  EXPECT_THAT(out.valid_cache_lengths, ElementsAre(6, 11));
+  const int32_t f0 = 2, f1 = 0;
+  EXPECT_THAT(out.future_input_digests, ElementsAre(XXH3_64bits(&f0, 4), XXH3_64bits(&f1, 4)));
+  EXPECT_EQ(out.top_logits_count, 2);
+  EXPECT_THAT(out.top_logits, ElementsAre(TopLogit{2, 3.0f}, TopLogit{3, 2.0f},
+                                          TopLogit{0, 9.0f}, TopLogit{1, 1.0f}));
+  StepResult moved = result;
+  EXPECT_EQ(make_step_output(5, std::move(moved), touched, 2), out);
+}
+
+}  // namespace
+}  // namespace ls::trace
