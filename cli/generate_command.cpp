@@ -5,7 +5,7 @@
 #include "core/cpu_backend.h"
 #include "core/executor.h"
 #include "core/prompts.h"
-#include "core/simple_batcher.h"
+#include "core/serving_loop.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -26,7 +26,7 @@ struct GenerateOptions {
   bool quiet = false;
 };
 
-std::vector<GenerationRequest> read_prompts(const GenerateOptions& o, const ModelConfig& model) {
+std::vector<RequestSpec> read_prompts(const GenerateOptions& o, const ModelConfig& model) {
   const int32_t context = o.model.executor.context_length;
   if (o.prompts == "-") return parse_prompts_jsonl(std::cin, "<stdin>", model.vocab_size, context);
   std::ifstream in(o.prompts);
@@ -34,43 +34,59 @@ std::vector<GenerationRequest> read_prompts(const GenerateOptions& o, const Mode
   return parse_prompts_jsonl(in, o.prompts, model.vocab_size, context);
 }
 
-void write_outputs(std::ostream& out, const std::vector<GenerationOutput>& outputs) {
-  for (const GenerationOutput& g : outputs) {
-    nlohmann::json line = {{"id", g.id},
-                           {"prompt_tokens", g.prompt_tokens},
-                           {"tokens", g.tokens},
-                           {"finish_reason", std::string(to_string(g.finish_reason))}};
+// One line per request, in the prompt file's order.
+void write_outputs(std::ostream& out, const std::vector<RequestSpec>& requests,
+                   const Scheduler& scheduler) {
+  for (const RequestSpec& r : requests) {
+    const RequestOutcome& outcome = scheduler.outcomes().at(r.id);
+    nlohmann::json line = {{"id", r.id},
+                           {"prompt_tokens", r.prompt.size()},
+                           {"tokens", outcome.tokens},
+                           {"finish_reason", std::string(to_string(outcome.reason))}};
     out << line.dump() << '\n';
   }
+}
+
+SchedulerConfig scheduler_config(const ExecutorConfig& e) {
+  return SchedulerConfig{.max_batch_rows = e.max_batch_rows,
+                         .token_budget = e.prefill_chunk_tokens,
+                         .page_size = e.page_size,
+                         .pages_count = e.pages_count,
+                         .host_pages_count = e.host_pages_count,
+                         .verify_width = e.verify_width,
+                         .context_length = e.context_length};
 }
 
 int run_generate(GenerateOptions& o) {
   WeightSource source;
   const ModelWeights weights = load_model(o.model, source);
-  const std::vector<GenerationRequest> requests = read_prompts(o, weights.config);
-  CpuBackend backend(weights, o.model.executor);
-  Executor executor(o.model.executor, weights.config.vocab_size, backend);
+  const std::vector<RequestSpec> requests = read_prompts(o, weights.config);
+  const SchedulerConfig scheduler_limits = scheduler_config(o.model.executor);
+  const ExecutorConfig limits = executor_config_for(scheduler_limits);
+  Scheduler scheduler(scheduler_limits);
+  for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
+  CpuBackend backend(weights, limits);
+  Executor executor(limits, weights.config.vocab_size, backend);
   const auto start = std::chrono::steady_clock::now();
-  const auto on_step = [&](const BatcherProgress& p) {
+  ServingLoopOptions loop;
+  loop.on_step = [&](const ServingProgress& p) {
     if (o.quiet || p.steps_count % 64 != 0) return;
     fmt::print(stderr, "\rgenerate: step {}, {}/{} requests finished, {} tokens", p.steps_count,
-               p.finished_count, p.requests_count, p.tokens_generated);
+               p.finished_count, requests.size(), p.tokens_generated);
   };
-  const std::vector<GenerationOutput> outputs = run_simple_batcher(executor, requests, on_step);
+  const ServingProgress done = run_serving_loop(scheduler, executor, loop);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (o.output == "-") {
-    write_outputs(std::cout, outputs);
+    write_outputs(std::cout, requests, scheduler);
   } else {
     std::ofstream out(o.output);
     LS_REQUIRE(out.good(), "cannot write output file '{}'", o.output);
-    write_outputs(out, outputs);
+    write_outputs(out, requests, scheduler);
   }
-  int64_t tokens = 0;
-  for (const GenerationOutput& g : outputs) tokens += static_cast<int64_t>(g.tokens.size());
   if (!o.quiet) {
     fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}, {:.3f} s)\n",
-               outputs.size(), tokens, executor.stats().steps_count, backend.name(),
+               requests.size(), done.tokens_generated, done.steps_count, backend.name(),
                weights.config.name, seconds);
   }
   return 0;

@@ -3,6 +3,7 @@
 #include "core/check.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace ls {
 
@@ -18,17 +19,17 @@ Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& ba
 }
 
 StepResult Executor::step(const ForwardOp& op) {
+  const StepFaults faults = std::exchange(faults_, StepFaults{});  // this step's, even if rejected
   validate_forward_op(op, config_, vocab_size_);
   plan_step(op);  // may still reject (missing sampling parameters) before anything changes
-  const std::vector<int32_t> poisoned = poisoned_logits_rows();
-  poison_rows_.clear();
-  plan_forced_outputs();
+  const std::vector<int32_t> poisoned = poisoned_logits_rows(faults);
+  plan_forced_outputs(faults);
   commit_sampling(op);
   backend_.apply_table_writes(plan_);  // rule 1
   backend_.reset_lengths(plan_);       // rule 2
   backend_.fill_inputs(plan_);         // rule 3
   backend_.forward(plan_);             // rule 4
-  if (!poisoned.empty()) backend_.poison_logits(poisoned, poison_value_);
+  if (!poisoned.empty()) backend_.poison_logits(poisoned, faults.poison_value);
   StepResult result = backend_.finish_step(plan_);  // rules 5–9
   ++stats_.steps_count;
   return result;
@@ -124,21 +125,20 @@ void Executor::commit_sampling(const ForwardOp& op) {
   }
 }
 
-void Executor::plan_forced_outputs() {
+void Executor::plan_forced_outputs(const StepFaults& faults) {
   plan_.forced_outputs.clear();
   const int32_t ne = plan_.prefill_rows_count;
-  for (const auto& [row, id] : forced_rows_) {
+  for (const auto& [row, id] : faults.forced_outputs) {
     LS_REQUIRE(row >= 0 && row < plan_.rows_count, "forced output row {} is outside the step's {} rows",
                row, plan_.rows_count);
     plan_.forced_outputs.push_back({row < ne ? row : ne + (row - ne) * plan_.verify_width, id});
   }
-  forced_rows_.clear();
 }
 
-std::vector<int32_t> Executor::poisoned_logits_rows() const {
+std::vector<int32_t> Executor::poisoned_logits_rows(const StepFaults& faults) const {
   std::vector<int32_t> logits_rows;
   const int32_t ne = plan_.prefill_rows_count;
-  for (int32_t row : poison_rows_) {
+  for (int32_t row : faults.poisoned_rows) {
     LS_REQUIRE(row >= 0 && row < plan_.rows_count, "poisoned row {} is outside the step's {} rows",
                row, plan_.rows_count);
     if (row < ne) {

@@ -19,6 +19,21 @@ struct ExecutorOptions {
   bool want_logprobs = false;
 };
 
+// Faults planted into one step. Rows are op rows.
+struct StepFaults {
+  static constexpr float kNaN = __builtin_nanf("");
+  std::vector<int32_t> poisoned_rows;  // every logits row of these rows becomes poison_value
+  float poison_value = kNaN;           // NaN (flagged) or ±inf (sanitised, not flagged)
+  std::vector<std::pair<int32_t, int32_t>> forced_outputs;  // (row, id) emitted before the clamp
+
+  bool empty() const { return poisoned_rows.empty() && forced_outputs.empty(); }
+  bool operator==(const StepFaults& o) const {
+    // NaN != NaN: compare the poison value's bits.
+    return poisoned_rows == o.poisoned_rows && forced_outputs == o.forced_outputs &&
+           __builtin_memcmp(&poison_value, &o.poison_value, sizeof(float)) == 0;
+  }
+};
+
 struct ExecutorStats {
   int64_t steps_count = 0;
   int64_t table_slices_clamped = 0;  // refresh slices cut at the table width (past-context rows)
@@ -36,16 +51,17 @@ class Executor {
   // Executes KV page copies (retraction by swap). Throws ls::Error on an index out of range.
   void copy_pages(const CacheOp& op);
 
-  // A fault site: every logits row of these op rows in the next step becomes `value` (NaN by
-  // default) before the NaN guard runs.
-  void poison_next_step(std::vector<int32_t> op_rows, float value = kNaN) {
-    poison_rows_ = std::move(op_rows);
-    poison_value_ = value;
+  // Fault sites (simulator, tests, replay): what the next step injects. Cleared by each step;
+  // recorded with the step's input so a replay injects the same.
+  void poison_next_step(std::vector<int32_t> op_rows, float value = StepFaults::kNaN) {
+    faults_.poisoned_rows = std::move(op_rows);
+    faults_.poison_value = value;
   }
-  static constexpr float kNaN = __builtin_nanf("");
-  // A fault site: the next step emits `token` (any value, e.g. outside [0, V)) as the first output
-  // of this op row, before the out-of-vocab flag and the clamp see it.
-  void force_next_output(int32_t op_row, int32_t token) { forced_rows_.push_back({op_row, token}); }
+  void force_next_output(int32_t op_row, int32_t token) {
+    faults_.forced_outputs.push_back({op_row, token});
+  }
+  void inject_next_step(StepFaults faults) { faults_ = std::move(faults); }
+  const StepFaults& pending_faults() const { return faults_; }
 
   const ExecutorConfig& config() const { return config_; }
   const ExecutorStats& stats() const { return stats_; }
@@ -59,8 +75,8 @@ class Executor {
   void plan_rows(const ForwardOp& op);
   void plan_sampling(const ForwardOp& op);
   void commit_sampling(const ForwardOp& op);
-  std::vector<int32_t> poisoned_logits_rows() const;
-  void plan_forced_outputs();
+  std::vector<int32_t> poisoned_logits_rows(const StepFaults& faults) const;
+  void plan_forced_outputs(const StepFaults& faults);
 
   ExecutorConfig config_;
   int32_t vocab_size_;
@@ -68,9 +84,7 @@ class Executor {
   ExecutorOptions options_;
   ExecutorStats stats_;
   StepPlan plan_;  // reused every step: its vectors keep their capacity
-  std::vector<int32_t> poison_rows_;
-  float poison_value_ = kNaN;
-  std::vector<std::pair<int32_t, int32_t>> forced_rows_;  // (op row, id) for the next step
+  StepFaults faults_;  // for the next step
 
   // Per pool row: which request last sat there and its resolved sampling (the seed's "flip").
   std::vector<RequestId> owner_;       // [pool rows]

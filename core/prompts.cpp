@@ -44,14 +44,14 @@ std::vector<int32_t> token_list(const json& object, const char* key, const std::
   return ids;
 }
 
-GenerationRequest parse_line(const json& object, const std::string& where, int64_t line_number,
+RequestSpec parse_line(const json& object, const std::string& where, int64_t line_number,
                              int32_t vocab_size, int32_t context_length) {
   LS_REQUIRE(object.is_object(), "{}: each line must be a JSON object", where);
   for (const auto& item : object.items()) {
     LS_REQUIRE(known_fields().count(item.key()), "{}: unknown field '{}'", where, item.key());
   }
   LS_REQUIRE(object.contains("prompt"), "{}: field 'prompt' is required", where);
-  GenerationRequest r;
+  RequestSpec r;
   r.id = object.contains("id") ? field_as<RequestId>(object, "id", where)
                                : static_cast<RequestId>(line_number);
   r.prompt = token_list(object, "prompt", where, vocab_size);
@@ -76,9 +76,9 @@ GenerationRequest parse_line(const json& object, const std::string& where, int64
 
 }  // namespace
 
-std::vector<GenerationRequest> parse_prompts_jsonl(std::istream& in, const std::string& source,
+std::vector<RequestSpec> parse_prompts_jsonl(std::istream& in, const std::string& source,
                                                    int32_t vocab_size, int32_t context_length) {
-  std::vector<GenerationRequest> requests;
+  std::vector<RequestSpec> requests;
   std::set<RequestId> ids;
   std::string text;
   for (int64_t line_number = 1; std::getline(in, text); ++line_number) {
@@ -90,7 +90,7 @@ std::vector<GenerationRequest> parse_prompts_jsonl(std::istream& in, const std::
     } catch (const json::parse_error& e) {
       throw Error(fmt::format("{}: not valid JSON: {}", where, e.what()));
     }
-    GenerationRequest r = parse_line(object, where, line_number, vocab_size, context_length);
+    RequestSpec r = parse_line(object, where, line_number, vocab_size, context_length);
     LS_REQUIRE(ids.insert(r.id).second, "{}: request id {} was already used", where, r.id);
     requests.push_back(std::move(r));
   }

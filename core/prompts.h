@@ -4,7 +4,7 @@
 // Only "prompt" is required. Errors name the source, the line and the field.
 #pragma once
 
-#include "core/sampling_params.h"
+#include "core/scheduler.h"
 
 #include <cstdint>
 #include <istream>
@@ -13,17 +13,9 @@
 
 namespace ls {
 
-struct GenerationRequest {
-  RequestId id = 0;
-  std::vector<int32_t> prompt;
-  int32_t max_new_tokens = 16;  // capped at L − prompt length by the batcher
-  SamplingParams sampling;
-  std::vector<int32_t> stop_ids;
-};
-
 // `vocab_size` bounds prompt and stop ids; `context_length` bounds the prompt. Ids default to the
 // line number (1-based) when absent; duplicate ids are rejected.
-std::vector<GenerationRequest> parse_prompts_jsonl(std::istream& in, const std::string& source,
+std::vector<RequestSpec> parse_prompts_jsonl(std::istream& in, const std::string& source,
                                                    int32_t vocab_size, int32_t context_length);
 
 }  // namespace ls

@@ -14,7 +14,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::vector<GenerationRequest> parse(const std::string& text) {
+std::vector<RequestSpec> parse(const std::string& text) {
   std::istringstream in(text);
   return parse_prompts_jsonl(in, "p.jsonl", 512, 64);
 }
