@@ -51,7 +51,7 @@ class World {
         options_(options),
         config_(executor_config_for(p)),
         backend_(weights, config_, nullptr, options.stub_model),
-        executor_(config_, weights.config.vocab_size, backend_),
+        executor_(config_, weights.config.vocab_size, backend_, options.executor_options),
         scheduler_(scheduler_config_for(p)),
         workload_(generate_workload(p, weights.config.vocab_size)),
         faults_(p.seed, kFaultStream) {
@@ -111,7 +111,9 @@ class World {
   void execute(const StepPlanOut& plan) {
     const std::vector<int32_t> rows = pool_rows_of(plan.op);
     const StateSnapshot before = backend_.read_state(rows);
-    if (options_.observer) options_.observer->on_step_input(step_, plan.op, plan.cache_ops);
+    if (options_.observer) {
+      options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
+    }
     StepResult result = executor_.step(plan.op);
     const StateSnapshot after = backend_.read_state(rows);
     const InputSnapshot inputs = backend_.read_inputs();

@@ -7,6 +7,7 @@
 #include "core/executor.h"
 #include "core/model/weights.h"
 #include "core/scheduler.h"
+#include "core/step_observer.h"
 #include "sim/params.h"
 
 #include <array>
@@ -16,16 +17,9 @@
 
 namespace ls::sim {
 
-// Sees every step of a run, e.g. to record a trace. All calls happen on the simulator's thread.
-class SimObserver {
+// Sees every step of a run (e.g. to record a trace) and every fault that fires.
+class SimObserver : public StepObserver {
  public:
-  virtual ~SimObserver() = default;
-  // Before the step executes (and after its cache ops were planned).
-  virtual void on_step_input(int64_t step, const ForwardOp& op, const std::vector<CacheOp>& cache_ops) = 0;
-  // After the step completed.
-  virtual void on_step_output(int64_t step, const ForwardOp& op, const StepResult& result,
-                              const StateSnapshot& state) = 0;
-  virtual void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) = 0;
   virtual void on_fault(int64_t step, FaultSite site, RequestId request, const std::string& detail) = 0;
 };
 
@@ -57,6 +51,7 @@ struct WorldOptions {
   bool stub_model = false;     // skip the model arithmetic (control-plane benchmarks)
   SimObserver* observer = nullptr;
   int64_t max_steps = 20000;   // a run past this is a liveness failure
+  ExecutorOptions executor_options;  // recording captures logits for their digests
 };
 
 // The executor limits a world runs with (also what a recorded trace's header carries).

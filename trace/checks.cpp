@@ -58,6 +58,20 @@ void check_row_indices(const OpRow& row, size_t i, const TraceHeader& h) {
   }
 }
 
+void check_cache_op(const CacheOp& c, size_t k, const TraceHeader& h) {
+  LS_REQUIRE(c.device_pages.size() == c.host_pages.size(),
+             "cache_ops[{}]: {} device pages but {} host pages", k, c.device_pages.size(),
+             c.host_pages.size());
+  for (size_t i = 0; i < c.device_pages.size(); ++i) {
+    LS_REQUIRE(c.device_pages[i] >= 1 && c.device_pages[i] < h.executor.pages_count,
+               "cache_ops[{}].device_pages[{}] = {} is outside [1, pages_count = {})", k, i,
+               c.device_pages[i], h.executor.pages_count);
+    LS_REQUIRE(c.host_pages[i] >= 0 && c.host_pages[i] < h.executor.host_pages_count,
+               "cache_ops[{}].host_pages[{}] = {} is outside [0, host_pages_count = {})", k, i,
+               c.host_pages[i], h.executor.host_pages_count);
+  }
+}
+
 }  // namespace
 
 void check_step_input(const StepInputRecord& record, const TraceHeader& h, bool full) {
@@ -79,6 +93,15 @@ void check_step_input(const StepInputRecord& record, const TraceHeader& h, bool 
     LS_REQUIRE(id >= 0 && id < h.model.vocab_size,
                "prefill_token_ids[{}] = {} is outside [0, vocab_size = {})", t, id,
                h.model.vocab_size);
+  }
+  for (size_t k = 0; k < record.cache_ops.size(); ++k) check_cache_op(record.cache_ops[k], k, h);
+  for (int32_t row : record.faults.poisoned_rows) {
+    LS_REQUIRE(row >= 0 && static_cast<size_t>(row) < op.rows.size(),
+               "faults.poisoned_rows holds row {} of a {}-row op", row, op.rows.size());
+  }
+  for (const auto& [row, id] : record.faults.forced_outputs) {
+    LS_REQUIRE(row >= 0 && static_cast<size_t>(row) < op.rows.size(),
+               "faults.forced_rows holds row {} of a {}-row op", row, op.rows.size());
   }
   if (full) validate_forward_op(op, h.executor, h.model.vocab_size);
 }

@@ -199,6 +199,25 @@ void encode(const StepInputRecord& record, schema::StepInput::Builder out) {
   for (unsigned i = 0; i < rows.size(); ++i) encode_row(record.op.rows[i], rows[i]);
   fill_list(out.initPrefillTokenIds(static_cast<unsigned>(record.op.prefill_token_ids.size())),
             record.op.prefill_token_ids);
+  auto cache_ops = out.initCacheOps(static_cast<unsigned>(record.cache_ops.size()));
+  for (unsigned i = 0; i < cache_ops.size(); ++i) {
+    const CacheOp& c = record.cache_ops[i];
+    cache_ops[i].setKind(c.kind == CacheOpKind::kSwapOut ? schema::CacheOpKind::SWAP_OUT
+                                                         : schema::CacheOpKind::SWAP_IN);
+    fill_list(cache_ops[i].initDevicePages(static_cast<unsigned>(c.device_pages.size())), c.device_pages);
+    fill_list(cache_ops[i].initHostPages(static_cast<unsigned>(c.host_pages.size())), c.host_pages);
+  }
+  const StepFaults& f = record.faults;
+  if (f.empty()) return;
+  auto faults = out.initFaults();
+  fill_list(faults.initPoisonedRows(static_cast<unsigned>(f.poisoned_rows.size())), f.poisoned_rows);
+  faults.setPoisonValue(f.poison_value);
+  auto forced_rows = faults.initForcedRows(static_cast<unsigned>(f.forced_outputs.size()));
+  auto forced_ids = faults.initForcedIds(static_cast<unsigned>(f.forced_outputs.size()));
+  for (unsigned i = 0; i < forced_rows.size(); ++i) {
+    forced_rows.set(i, f.forced_outputs[i].first);
+    forced_ids.set(i, f.forced_outputs[i].second);
+  }
 }
 
 void decode(schema::StepInput::Reader in, StepInputRecord& out) {
@@ -207,6 +226,27 @@ void decode(schema::StepInput::Reader in, StepInputRecord& out) {
   out.op.rows.resize(rows.size());
   for (unsigned i = 0; i < rows.size(); ++i) decode_row(rows[i], i, out.op.rows[i]);
   copy_list(in.getPrefillTokenIds(), out.op.prefill_token_ids);
+  const auto cache_ops = in.getCacheOps();
+  out.cache_ops.resize(cache_ops.size());
+  for (unsigned i = 0; i < cache_ops.size(); ++i) {
+    CacheOp& c = out.cache_ops[i];
+    c.kind = cache_ops[i].getKind() == schema::CacheOpKind::SWAP_OUT ? CacheOpKind::kSwapOut
+                                                                      : CacheOpKind::kSwapIn;
+    copy_list(cache_ops[i].getDevicePages(), c.device_pages);
+    copy_list(cache_ops[i].getHostPages(), c.host_pages);
+  }
+  out.faults = StepFaults{};
+  if (!in.hasFaults()) return;
+  const auto f = in.getFaults();
+  copy_list(f.getPoisonedRows(), out.faults.poisoned_rows);
+  out.faults.poison_value = f.getPoisonValue();
+  const auto forced_rows = f.getForcedRows();
+  const auto forced_ids = f.getForcedIds();
+  LS_REQUIRE(forced_rows.size() == forced_ids.size(), "faults: {} forced rows but {} forced ids",
+             forced_rows.size(), forced_ids.size());
+  for (unsigned i = 0; i < forced_rows.size(); ++i) {
+    out.faults.forced_outputs.emplace_back(forced_rows[i], forced_ids[i]);
+  }
 }
 
 void encode(const StepOutputRecord& record, schema::StepOutput::Builder out) {

@@ -322,11 +322,19 @@ Recorder::~Recorder() {
 }
 
 void Recorder::record_input(int64_t step, const ForwardOp& op) {
+  record_input(step, op, {}, StepFaults{});
+}
+
+void Recorder::record_input(int64_t step, const ForwardOp& op, const std::vector<CacheOp>& cache_ops,
+                            const StepFaults& faults) {
   std::unique_ptr<Item> item = state_->take_item();
   item->kind = Item::Kind::kInput;
   item->input.step = step;
   item->input.op = op;  // copy-assignment reuses the recycled vectors' capacity
+  item->input.cache_ops = cache_ops;
+  item->input.faults = faults;
   item->bytes = kItemOverheadBytes + bytes_of(op);
+  for (const CacheOp& c : cache_ops) item->bytes += 8 * c.device_pages.size();
   state_->push(std::move(item));
 }
 

@@ -56,6 +56,9 @@ class Recorder {
   // An op that fails ls::validate_forward_op is not written as an input: the writer records a
   // stepRejected event with the error instead (the executor will reject it the same way).
   void record_input(int64_t step, const ForwardOp& op);
+  // The same with the cache ops that ran just before the step and the faults planted into it.
+  void record_input(int64_t step, const ForwardOp& op, const std::vector<CacheOp>& cache_ops,
+                    const StepFaults& faults);
   void record_input(StepInputRecord&& record);
   // After the step completed. `touched` is read_state() of the op's pool rows in op row order, or
   // empty. Digests and top-k pairs (header.top_logits_count) are computed on the writer thread.

@@ -52,19 +52,13 @@ struct TraceHeader {
   int32_t index_stride = 16;  // the footer indexes step input records 0, stride, 2·stride, …
 };
 
-// Field-by-field equality of ops (core's SamplingParams has no operator==, so OpRow's defaulted
-// one is deleted). Floats compare with ==.
-bool same_sampling(const std::optional<SamplingParams>& a, const std::optional<SamplingParams>& b);
-bool same_row(const OpRow& a, const OpRow& b);
-bool same_op(const ForwardOp& a, const ForwardOp& b);
-
 struct StepInputRecord {
   int64_t step = 0;
   ForwardOp op;
+  std::vector<CacheOp> cache_ops;  // ran just before the step, in order
+  StepFaults faults;               // planted into the step; a replay plants the same
 
-  friend bool operator==(const StepInputRecord& a, const StepInputRecord& b) {
-    return a.step == b.step && same_op(a.op, b.op);
-  }
+  bool operator==(const StepInputRecord&) const = default;
 };
 
 struct TopLogit {

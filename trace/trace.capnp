@@ -156,6 +156,26 @@ struct StepInput {
   step @0 :Int64;
   rows @1 :List(OpRow);               # prefill rows first
   prefillTokenIds @2 :List(Int32);    # Σ prefill inputLength, row by row
+  cacheOps @3 :List(CacheOp);         # KV page copies that ran just before the step, in order
+  faults @4 :StepFaults;              # faults planted into the step (simulator, tests); replayed
+}
+
+enum CacheOpKind {
+  swapOut @0;
+  swapIn @1;
+}
+
+struct CacheOp {
+  kind @0 :CacheOpKind;
+  devicePages @1 :List(Int32);        # in [1, pagesCount)
+  hostPages @2 :List(Int32);          # in [0, hostPagesCount), pairwise with devicePages
+}
+
+struct StepFaults {
+  poisonedRows @0 :List(Int32);       # op rows whose logits rows all become poisonValue
+  poisonValue @1 :Float32;            # NaN or ±inf
+  forcedRows @2 :List(Int32);         # op rows whose first output is replaced by forcedIds[i]
+  forcedIds @3 :List(Int32);
 }
 
 enum ForwardMode {

@@ -1,0 +1,237 @@
+#include "replay/replay.h"
+
+#include "core/check.h"
+#include "core/cpu_backend.h"
+#include "core/executor.h"
+#include "core/serving_loop.h"
+#include "trace/digests.h"
+
+#include <cmath>
+#include <deque>
+#include <map>
+
+namespace ls::replay {
+
+ModelWeights weights_for(const trace::TraceHeader& h,
+                         const std::optional<std::filesystem::path>& directory_override) {
+  ModelWeights weights;
+  std::string origin;
+  if (h.weights.kind == WeightSource::Kind::kSeed) {
+    weights = weights_from_seed(h.model, h.weights.seed);
+    origin = fmt::format("random weights from seed {}", h.weights.seed);
+  } else {
+    const std::filesystem::path dir = directory_override.value_or(h.weights.directory);
+    weights = load_hf_directory(dir);
+    origin = fmt::format("weights in {}", dir.string());
+  }
+  const uint64_t digest = weights.digest();
+  LS_REQUIRE(digest == h.weights_digest,
+             "the {} have digest {:016x} but the trace was recorded with weights of digest {:016x}; "
+             "refusing to replay against different weights",
+             origin, digest, h.weights_digest);
+  return weights;
+}
+
+namespace {
+
+struct Executed {
+  int64_t step = 0;
+  ForwardOp op;
+  trace::StepOutputRecord output;
+  int32_t recorded_row = -1;  // --isolate: the request's row in the recorded op
+};
+
+// What teacher forcing feeds back: a request's last recorded token and its recorded KV length.
+struct Recorded {
+  int32_t last_token = 0;
+  int32_t valid_cache_length = 0;
+};
+
+class Replayer {
+ public:
+  Replayer(const std::filesystem::path& path, const ReplayOptions& options)
+      : options_(options),
+        reader_(trace::TraceReader::open(path)),
+        weights_(weights_for(reader_.header(), options.weights_directory)),
+        backend_(weights_, reader_.header().executor),
+        executor_(reader_.header().executor, weights_.config.vocab_size, backend_,
+                  ExecutorOptions{.capture_logits = true,
+                                  .want_logprobs = reader_.header().executor_options.want_logprobs}) {
+    report_.header = reader_.header();
+    report_.backend = backend_.name();
+  }
+
+  ReplayReport run() {
+    trace::TraceRecord record;
+    while (!report_.divergence && reader_.next(record)) {
+      if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
+        if (options_.until_step && in->step > *options_.until_step) break;
+        execute(*in);
+      } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
+        compare(*out);
+      }
+      if (options_.on_progress && reader_.records_read() % 4096 == 0) {
+        options_.on_progress(report_.steps_replayed, reader_.offset(), reader_.file_bytes());
+      }
+    }
+    report_.truncation = reader_.truncation();
+    return std::move(report_);
+  }
+
+ private:
+  void execute(trace::StepInputRecord& in) {
+    ForwardOp op = std::move(in.op);
+    StepFaults faults = std::move(in.faults);
+    int32_t recorded_row = -1;
+    if (options_.isolate) {
+      recorded_row = isolate(op, faults);
+      if (recorded_row < 0) return;
+    }
+    if (options_.mode == ReplayMode::kTeacherForced) force_recorded_inputs(op);
+    for (const CacheOp& c : in.cache_ops) executor_.copy_pages(c);
+    executor_.inject_next_step(std::move(faults));
+    const StepResult result = executor_.step(op);
+    Executed done{in.step, op, {}, recorded_row};
+    done.output = trace::make_step_output(in.step, result, backend_.read_state(pool_rows_of(op)),
+                                          reader_.header().top_logits_count);
+    if (options_.mode == ReplayMode::kTeacherForced) keep_logits(in.step, result);
+    executed_.push_back(std::move(done));
+    ++report_.steps_replayed;
+  }
+
+  // Keeps only the isolated request's row; returns its recorded row, or -1 when the step does not
+  // contain the request.
+  int32_t isolate(ForwardOp& op, StepFaults& faults) {
+    int32_t kept = -1;
+    int32_t token_offset = 0, kept_offset = 0;
+    for (int32_t i = 0; i < op.rows_count(); ++i) {
+      if (op.rows[i].request_id == *options_.isolate) kept = i, kept_offset = token_offset;
+      if (op.rows[i].kind == RowKind::kPrefill) token_offset += op.rows[i].input_length;
+    }
+    if (kept < 0) return -1;
+    const OpRow row = op.rows[kept];
+    std::vector<int32_t> tokens;
+    if (row.kind == RowKind::kPrefill) {
+      tokens.assign(op.prefill_token_ids.begin() + kept_offset,
+                    op.prefill_token_ids.begin() + kept_offset + row.input_length);
+    }
+    op.rows = {row};
+    op.prefill_token_ids = std::move(tokens);
+    StepFaults only;
+    only.poison_value = faults.poison_value;
+    for (int32_t r : faults.poisoned_rows) if (r == kept) only.poisoned_rows.push_back(0);
+    for (const auto& [r, id] : faults.forced_outputs) if (r == kept) only.forced_outputs.push_back({0, id});
+    faults = std::move(only);
+    return kept;
+  }
+
+  // Teacher forcing: a decode row reads the token the recording emitted last, at the recorded KV
+  // length, so one divergence does not cascade into every later step.
+  void force_recorded_inputs(ForwardOp& op) {
+    for (OpRow& row : op.rows) {
+      if (row.kind != RowKind::kDecode || row.hist_token_length != -1) continue;
+      const auto it = recorded_.find(row.request_id);
+      if (it == recorded_.end()) continue;
+      row.decode_override = it->second.last_token;
+      row.hist_token_length = it->second.valid_cache_length;
+    }
+  }
+
+  void keep_logits(int64_t step, const StepResult& result) { logits_[step] = result.logits; }
+
+  void compare(const trace::StepOutputRecord& recorded_full) {
+    // Steps not executed (--isolate skipped them) have no replayed output to compare.
+    if (executed_.empty() || executed_.front().step != recorded_full.step) return;
+    Executed done = std::move(executed_.front());
+    executed_.pop_front();
+    const trace::StepOutputRecord recorded =
+        options_.isolate ? isolated(recorded_full, done.op, done.recorded_row) : recorded_full;
+    ++report_.steps_compared;
+    remember(done.op, recorded);
+    if (options_.mode == ReplayMode::kExact) {
+      report_.divergence = first_divergence(done.op, recorded, done.output);
+    } else {
+      agree(done, recorded);
+    }
+  }
+
+  // The recorded output reduced to the isolated row.
+  trace::StepOutputRecord isolated(const trace::StepOutputRecord& r, const ForwardOp& op,
+                                   int32_t row) {
+    trace::StepOutputRecord out = r;
+    const int32_t ne = r.result.prefill_rows_count;
+    const int32_t w = r.result.verify_width;
+    const int32_t begin = row < ne ? row : ne + (row - ne) * w;
+    const int32_t count = row < ne ? 1 : w;
+    auto cut = [&](auto& v, int32_t b, int32_t n) {
+      if (v.empty()) return;
+      v.assign(v.begin() + b, v.begin() + b + n);
+    };
+    cut(out.result.tokens, begin, count);
+    cut(out.result.logprobs, begin, count);
+    cut(out.logits_digests, begin, count);
+    cut(out.result.accepted_lengths, row, 1);
+    cut(out.result.nan_flags, row, 1);
+    cut(out.result.oov_flags, row, 1);
+    cut(out.valid_cache_lengths, row, 1);
+    cut(out.future_input_digests, row, 1);
+    cut(out.top_logits, begin * r.top_logits_count, count * r.top_logits_count);
+    out.result.mode = op.mode();
+    out.result.prefill_rows_count = op.prefill_rows_count();
+    return out;
+  }
+
+  void remember(const ForwardOp& op, const trace::StepOutputRecord& recorded) {
+    for (int32_t row = 0; row < op.rows_count(); ++row) {
+      const std::vector<int32_t> tokens = recorded.result.row_tokens(row);
+      Recorded& r = recorded_[op.rows[row].request_id];
+      if (!tokens.empty()) r.last_token = tokens.back();
+      if (!recorded.valid_cache_lengths.empty()) r.valid_cache_length = recorded.valid_cache_lengths[row];
+    }
+  }
+
+  void agree(const Executed& done, const trace::StepOutputRecord& recorded) {
+    StepAgreement a{.step = done.step};
+    const std::vector<int32_t>& expected = recorded.result.tokens;
+    const std::vector<int32_t>& actual = done.output.result.tokens;
+    for (size_t i = 0; i < expected.size() && i < actual.size(); ++i) {
+      a.tokens_count += 1;
+      a.tokens_equal += expected[i] == actual[i] ? 1 : 0;
+    }
+    const std::vector<float>& logits = logits_[done.step];
+    const int32_t v = weights_.config.vocab_size;
+    const int32_t k = recorded.top_logits_count;
+    for (size_t r = 0; r < recorded.logits_digests.size() && r < done.output.logits_digests.size(); ++r) {
+      if (recorded.logits_digests[r] == done.output.logits_digests[r] || k == 0) continue;
+      for (int32_t j = 0; j < k; ++j) {
+        const trace::TopLogit& t = recorded.top_logits[r * k + j];
+        const float delta = std::fabs(logits[r * v + t.id] - t.logit);
+        a.logit_delta_max = std::max(a.logit_delta_max, delta);
+      }
+    }
+    logits_.erase(done.step);
+    report_.tokens_equal += a.tokens_equal;
+    report_.tokens_count += a.tokens_count;
+    report_.logit_delta_max = std::max(report_.logit_delta_max, a.logit_delta_max);
+    report_.agreement.push_back(a);
+  }
+
+  ReplayOptions options_;
+  trace::TraceReader reader_;
+  ModelWeights weights_;
+  CpuBackend backend_;
+  Executor executor_;
+  ReplayReport report_;
+  std::deque<Executed> executed_;
+  std::map<RequestId, Recorded> recorded_;
+  std::map<int64_t, std::vector<float>> logits_;
+};
+
+}  // namespace
+
+ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions& options) {
+  Replayer replayer(path, options);
+  return replayer.run();
+}
+
+}  // namespace ls::replay

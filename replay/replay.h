@@ -1,0 +1,62 @@
+// The replay driver (DESIGN.md "Replay"): rebuilds the executor a trace's header describes,
+// re-executes every recorded step and compares what it produces with what was recorded.
+#pragma once
+
+#include "replay/compare.h"
+#include "trace/reader.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ls::replay {
+
+enum class ReplayMode : uint8_t {
+  kExact,          // compare every output and digest bit for bit; stop at the first divergence
+  kTeacherForced,  // feed the recorded tokens back; report agreement per step and overall
+};
+
+struct ReplayOptions {
+  ReplayMode mode = ReplayMode::kExact;
+  std::optional<int64_t> until_step;      // stop after this step
+  std::optional<RequestId> isolate;       // replay this request alone (needs batch invariance)
+  std::optional<std::filesystem::path> weights_directory;  // where a directory model lives now
+  std::function<void(int64_t steps_done, uint64_t bytes_done, uint64_t bytes_total)> on_progress;
+};
+
+struct StepAgreement {
+  int64_t step = 0;
+  int32_t tokens_equal = 0;
+  int32_t tokens_count = 0;
+  float logit_delta_max = 0;  // max |Δlogit| over the recorded top-k where logits digests differ
+};
+
+struct ReplayReport {
+  trace::TraceHeader header;
+  std::string backend;                      // what replayed it
+  int64_t steps_replayed = 0;
+  int64_t steps_compared = 0;               // steps whose output record was compared
+  std::optional<Divergence> divergence;     // exact mode: the first one
+  std::optional<trace::TraceTruncation> truncation;
+  std::vector<StepAgreement> agreement;     // teacher-forced mode: per step
+  int64_t tokens_equal = 0;
+  int64_t tokens_count = 0;
+  float logit_delta_max = 0;
+  bool isolate_invariance_guaranteed = true;  // false when the replay backend is not batch-invariant
+
+  bool identical() const { return !divergence && tokens_equal == tokens_count; }
+};
+
+// Throws ls::Error when the trace is unusable (bad header, corrupt record, weights that do not
+// match the recorded digest); a truncated tail is not an error (see the report's truncation).
+ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions& options);
+
+// The weights a trace's header names, regenerated from the seed or loaded from the directory,
+// checked against the recorded digest.
+ModelWeights weights_for(const trace::TraceHeader& header,
+                         const std::optional<std::filesystem::path>& directory_override);
+
+}  // namespace ls::replay

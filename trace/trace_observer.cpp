@@ -1,0 +1,102 @@
+#include "trace/trace_observer.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+
+namespace ls::trace {
+
+namespace {
+
+TraceEvent event_of(int64_t step, const SchedulerEvent& e) {
+  TraceEvent t{.request_id = e.request_id, .step = step};
+  switch (e.kind) {
+    case SchedulerEvent::Kind::kArrive: t.kind = EventKind::kArrive; break;
+    case SchedulerEvent::Kind::kFinish:
+      t.kind = EventKind::kFinish;
+      t.detail = std::string(to_string(e.finish_reason));
+      break;
+    case SchedulerEvent::Kind::kAbort:
+      t.kind = EventKind::kAbort;
+      t.detail = std::string(to_string(e.finish_reason));
+      break;
+    case SchedulerEvent::Kind::kRetract:
+      t.kind = EventKind::kRetract;
+      t.detail = e.retract_path == RetractPath::kSwap ? "swap" : "recompute";
+      break;
+    case SchedulerEvent::Kind::kRecover:
+      t.kind = EventKind::kRecover;
+      t.detail = e.retract_path == RetractPath::kSwap ? "swap" : "recompute";
+      if (e.hist_token_length >= 0) t.hist_token_length = e.hist_token_length;
+      break;
+    case SchedulerEvent::Kind::kPrefixHit:
+      t.kind = EventKind::kArrive;  // never reached: prefix hits are not recorded as events
+      break;
+  }
+  return t;
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(colon + 2);
+    }
+  }
+  return "unknown cpu";
+}
+
+}  // namespace
+
+void TraceObserver::on_step_input(int64_t step, const ForwardOp& op,
+                                  const std::vector<CacheOp>& cache_ops, const StepFaults& faults) {
+  recorder_.record_input(step, op, cache_ops, faults);
+}
+
+void TraceObserver::on_step_output(int64_t step, const ForwardOp&, const StepResult& result,
+                                   const StateSnapshot& state) {
+  recorder_.record_output(step, result, state);
+}
+
+void TraceObserver::on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) {
+  for (const SchedulerEvent& e : events) {
+    if (e.kind == SchedulerEvent::Kind::kPrefixHit) continue;
+    recorder_.record_event(event_of(step, e));
+  }
+}
+
+void TraceObserver::record_fault(int64_t step, RequestId request, const std::string& detail) {
+  recorder_.record_event(
+      TraceEvent{.kind = EventKind::kFaultFired, .request_id = request, .step = step, .detail = detail});
+}
+
+ExecutorOptions recording_executor_options() {
+  return ExecutorOptions{.capture_logits = true, .want_logprobs = false};
+}
+
+std::string build_id() {
+#ifdef LOCKSTEP_BUILD_ID
+  return LOCKSTEP_BUILD_ID;
+#else
+  return "lockstep (unknown build)";
+#endif
+}
+
+TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
+                              const ExecutorConfig& config, const std::string& backend) {
+  TraceHeader h;
+  h.build_id = build_id();
+  h.model = weights.config;
+  h.weights = source;
+  h.weights_digest = weights.digest();
+  h.executor = config;
+  h.executor_options = recording_executor_options();
+  h.top_logits_count = kTopLogitsCountMax;
+  h.backend = backend;
+  h.determinism_mode = backend == "cpu" ? "batch-invariant" : "default";
+  h.machine.cpu_name = cpu_name();
+  return h;
+}
+
+}  // namespace ls::trace

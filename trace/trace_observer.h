@@ -1,0 +1,36 @@
+// Connects a serving loop (or the simulator) to a Recorder: every step's input before it runs,
+// its output after, and scheduler events and faults as event records.
+#pragma once
+
+#include "core/step_observer.h"
+#include "trace/recorder.h"
+
+#include <string>
+
+namespace ls::trace {
+
+class TraceObserver : public StepObserver {
+ public:
+  explicit TraceObserver(Recorder& recorder) : recorder_(recorder) {}
+
+  void on_step_input(int64_t step, const ForwardOp& op, const std::vector<CacheOp>& cache_ops,
+                     const StepFaults& faults) override;
+  void on_step_output(int64_t step, const ForwardOp& op, const StepResult& result,
+                      const StateSnapshot& state) override;
+  void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) override;
+  void record_fault(int64_t step, RequestId request, const std::string& detail);
+
+ private:
+  Recorder& recorder_;
+};
+
+// The header of a trace recorded from this executor. Recording always captures logits so that
+// the output records carry logits digests and the top-8 (id, logit) pairs replay compares.
+TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
+                              const ExecutorConfig& config, const std::string& backend);
+ExecutorOptions recording_executor_options();
+
+// "lockstep 0.1.0 (git abc1234)", fixed at configure time.
+std::string build_id();
+
+}  // namespace ls::trace
