@@ -6,6 +6,7 @@
 #include "core/executor.h"
 #include "core/prompts.h"
 #include "core/serving_loop.h"
+#include "trace/trace_observer.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@ struct GenerateOptions {
   ModelOptions model;
   std::string prompts;
   std::string output = "-";
+  std::string record;
   bool quiet = false;
 };
 
@@ -66,9 +68,18 @@ int run_generate(GenerateOptions& o) {
   Scheduler scheduler(scheduler_limits);
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   CpuBackend backend(weights, limits);
-  Executor executor(limits, weights.config.vocab_size, backend);
+  const bool recording = !o.record.empty();
+  Executor executor(limits, weights.config.vocab_size, backend,
+                    recording ? trace::recording_executor_options() : ExecutorOptions{});
+  std::unique_ptr<trace::Recorder> recorder;
+  std::unique_ptr<trace::TraceObserver> observer;
+  if (recording) {
+    recorder = trace::Recorder::open(o.record, trace::make_trace_header(weights, source, limits, backend.name()));
+    observer = std::make_unique<trace::TraceObserver>(*recorder);
+  }
   const auto start = std::chrono::steady_clock::now();
   ServingLoopOptions loop;
+  loop.observer = observer.get();
   loop.on_step = [&](const ServingProgress& p) {
     if (o.quiet || p.steps_count % 64 != 0) return;
     fmt::print(stderr, "\rgenerate: step {}, {}/{} requests finished, {} tokens", p.steps_count,
@@ -83,6 +94,10 @@ int run_generate(GenerateOptions& o) {
     std::ofstream out(o.output);
     LS_REQUIRE(out.good(), "cannot write output file '{}'", o.output);
     write_outputs(out, requests, scheduler);
+  }
+  if (recorder) {
+    recorder->close();
+    if (!o.quiet) fmt::print(stderr, "\rgenerate: recorded {} steps to {}\n", done.steps_count, o.record);
   }
   if (!o.quiet) {
     fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}, {:.3f} s)\n",
@@ -107,6 +122,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
       ->required();
   cmd->add_option("--output,-o", options->output, "Where to write the JSONL outputs ('-' = stdout)")
       ->capture_default_str();
+  cmd->add_option("--record", options->record,
+                  "Record every step to this trace file (replay it with `lockstep replay`)");
   cmd->add_flag("--quiet,-q", options->quiet, "No progress or summary on stderr");
   add_model_options(*cmd, options->model);
   return [cmd, options]() { return cmd->parsed() ? run_generate(*options) : -1; };

@@ -1,6 +1,8 @@
 // `lockstep`: the command line. main builds everything and passes it down (STYLE.md §12).
 #include "cli/generate_command.h"
+#include "cli/replay_command.h"
 #include "cli/sim_command.h"
+#include "cli/trace_command.h"
 #include "core/check.h"
 
 #include <CLI/CLI.hpp>
@@ -16,6 +18,8 @@ int main(int argc, char** argv) {
   std::vector<std::function<int()>> commands;
   commands.push_back(ls::cli::add_generate_command(app));
   commands.push_back(ls::cli::add_sim_command(app));
+  commands.push_back(ls::cli::add_replay_command(app));
+  commands.push_back(ls::cli::add_trace_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/model/weights.h"
 #include "sim/sweep.h"
+#include "sim/trace_recording.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -97,9 +98,24 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
   const sim::SimParams params = sim::derive_params(o.seed, overrides);
   fmt::print("reproduce: {}\n", sim::reproduce_command(params, overrides));
   fmt::print("{}\n", params.describe());
-  LS_REQUIRE(o.record.empty(), "--record is not available yet");
-  const sim::WorldOptions world{.stub_model = o.stub_model};
+  sim::WorldOptions world{.stub_model = o.stub_model};
+  std::unique_ptr<trace::Recorder> recorder;
+  std::unique_ptr<sim::SimTraceObserver> observer;
+  if (!o.record.empty()) {
+    LS_REQUIRE(!o.stub_model, "--record replays the real model: drop --stub-model");
+    const WeightSource source{WeightSource::Kind::kSeed, kSimWeightsSeed, ""};
+    recorder = trace::Recorder::open(
+        o.record, trace::make_trace_header(weights, source, sim::executor_config_for(params), "cpu"));
+    observer = std::make_unique<sim::SimTraceObserver>(*recorder);
+    world.observer = observer.get();
+    world.executor_options = trace::recording_executor_options();
+  }
   const sim::SeedVerdict v = sim::run_seed(params, weights, world, !o.no_twin);
+  if (recorder) {
+    recorder->close();
+    fmt::print("recorded {} step records to {} (replay: lockstep replay {})\n",
+               recorder->stats().records_written, o.record, o.record);
+  }
   print_summary(v);
   return v.passed() ? 0 : 1;
 }

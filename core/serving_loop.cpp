@@ -49,7 +49,13 @@ class ServingLoop {
     if (options_.observer) {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
     }
-    StepResult result = executor_.step(plan.op);
+    StepResult result;
+    try {
+      result = executor_.step(plan.op);
+    } catch (const Error& e) {
+      if (options_.observer) options_.observer->on_step_rejected(step_, e.what());
+      throw;
+    }
     if (options_.observer) {
       options_.observer->on_step_output(step_, plan.op, result,
                                         executor_.backend().read_state(pool_rows_of(plan.op)));

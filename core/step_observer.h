@@ -10,6 +10,7 @@
 #include "core/step_result.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace ls {
@@ -24,6 +25,8 @@ class StepObserver {
   virtual void on_step_output(int64_t step, const ForwardOp& op, const StepResult& result,
                               const StateSnapshot& state) = 0;
   virtual void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) = 0;
+  // The executor rejected the step's op (ls::Error); nothing of it ran.
+  virtual void on_step_rejected(int64_t /*step*/, const std::string& /*message*/) {}
 };
 
 }  // namespace ls

@@ -22,6 +22,9 @@ class SimTraceObserver final : public SimObserver {
   void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) override {
     trace_.on_scheduler_events(step, events);
   }
+  void on_step_rejected(int64_t step, const std::string& message) override {
+    trace_.on_step_rejected(step, message);
+  }
   void on_fault(int64_t step, FaultSite site, RequestId request, const std::string& detail) override {
     trace_.record_fault(step, request, std::string(to_string(site)) + ": " + detail);
   }

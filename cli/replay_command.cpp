@@ -1,0 +1,122 @@
+#include "cli/replay_command.h"
+
+#include "core/check.h"
+#include "replay/replay.h"
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <unistd.h>
+
+namespace ls::cli {
+
+namespace {
+
+struct ReplayCliOptions {
+  std::string trace;
+  std::string mode = "exact";
+  int64_t until = -1;
+  int64_t isolate = -1;
+  std::string weights_dir;
+  bool quiet = false;
+};
+
+std::string replay_command_until(const ReplayCliOptions& o, int64_t step) {
+  return fmt::format("lockstep replay {} --until {}", o.trace, step);
+}
+
+void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
+  const trace::TraceHeader& h = r.header;
+  fmt::print("trace {}: {}, recorded on {} ({}) by {}\n", o.trace, h.model.name, h.backend,
+             h.machine.gpu_name.empty() ? h.machine.cpu_name : h.machine.gpu_name, h.build_id);
+  fmt::print("replayed on {} in {} mode: {} steps, {} compared\n", r.backend, o.mode,
+             r.steps_replayed, r.steps_compared);
+  if (o.isolate >= 0 && h.backend != "cpu") {
+    fmt::print("note: --isolate assumes batch invariance, which the {} backend that recorded this "
+               "trace does not guarantee\n", h.backend);
+  }
+}
+
+int report_exact(const replay::ReplayReport& r, const ReplayCliOptions& o) {
+  if (r.divergence) {
+    const replay::Divergence& d = *r.divergence;
+    fmt::print("DIVERGED at step {}\n  request  {} (op row {})\n  field    {}\n  expected {}\n  actual   {}\n",
+               d.step, d.request_id, d.row, d.field, d.expected, d.actual);
+    fmt::print("replay up to it: {}\n", replay_command_until(o, d.step));
+    return 1;
+  }
+  fmt::print("IDENTICAL: every compared output and digest matches bit for bit\n");
+  return 0;
+}
+
+int report_teacher_forced(const replay::ReplayReport& r) {
+  int64_t steps_all_equal = 0;
+  for (const replay::StepAgreement& a : r.agreement) steps_all_equal += a.tokens_equal == a.tokens_count;
+  const double fraction = r.tokens_count ? double(r.tokens_equal) / double(r.tokens_count) : 1.0;
+  fmt::print("agreement: {}/{} tokens ({:.2f}%), {}/{} steps with every token equal, max |Δlogit| "
+             "over recorded top-k {:.6g}\n",
+             r.tokens_equal, r.tokens_count, 100 * fraction, steps_all_equal, r.agreement.size(),
+             r.logit_delta_max);
+  int printed = 0;
+  for (const replay::StepAgreement& a : r.agreement) {
+    if (a.tokens_equal == a.tokens_count || printed++ >= 10) continue;
+    fmt::print("  step {}: {}/{} tokens equal, max |Δlogit| {:.6g}\n", a.step, a.tokens_equal,
+               a.tokens_count, a.logit_delta_max);
+  }
+  return r.identical() ? 0 : 1;
+}
+
+int run_replay(const ReplayCliOptions& o) {
+  replay::ReplayOptions options;
+  options.mode = o.mode == "exact" ? replay::ReplayMode::kExact : replay::ReplayMode::kTeacherForced;
+  if (o.until >= 0) options.until_step = o.until;
+  if (o.isolate >= 0) options.isolate = static_cast<RequestId>(o.isolate);
+  if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  if (!o.quiet) {
+    options.on_progress = [tty](int64_t steps, uint64_t bytes, uint64_t total) {
+      fmt::print(stderr, "{}replay: {} steps, {:.0f}% of the trace{}", tty ? "\r" : "", steps,
+                 total ? 100.0 * double(bytes) / double(total) : 100.0, tty ? "" : "\n");
+    };
+  }
+  replay::ReplayReport report;
+  try {
+    report = replay::replay_trace(o.trace, options);
+  } catch (const Error& e) {
+    fmt::print(stderr, "{}lockstep replay: unusable trace: {}\n", tty && !o.quiet ? "\n" : "", e.what());
+    return 2;
+  }
+  if (!o.quiet && tty) fmt::print(stderr, "\r\033[K");
+  print_header(report, o);
+  if (report.truncation) fmt::print("note: {} (the complete prefix was replayed)\n", report.truncation->describe());
+  return options.mode == replay::ReplayMode::kExact ? report_exact(report, o)
+                                                    : report_teacher_forced(report);
+}
+
+}  // namespace
+
+std::function<int()> add_replay_command(CLI::App& app) {
+  auto o = std::make_shared<ReplayCliOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "replay", "Re-execute a recorded trace on the CPU reference and report the first divergence "
+                "(exact) or the agreement (teacher-forced)");
+  cmd->add_option("trace", o->trace, "The trace file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--mode", o->mode,
+                  "exact: compare every output and digest bit for bit and stop at the first "
+                  "divergence; teacher-forced: feed the recorded tokens back and report agreement")
+      ->check(CLI::IsMember({"exact", "teacher-forced"}))
+      ->capture_default_str();
+  cmd->add_option("--until", o->until, "Stop after this step")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--isolate", o->isolate,
+                  "Replay one request alone (valid where batch invariance holds: the CPU reference)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--weights-dir", o->weights_dir,
+                  "Where the trace's model directory is on this machine (checked against the "
+                  "recorded weight digest)");
+  cmd->add_flag("--quiet,-q", o->quiet, "No progress line");
+  cmd->footer("Exit status: 0 identical, 1 diverged, 2 unusable trace (corrupt, or weights that do "
+              "not match the recorded digest).");
+  return [cmd, o]() { return cmd->parsed() ? run_replay(*o) : -1; };
+}
+
+}  // namespace ls::cli

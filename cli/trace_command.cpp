@@ -1,0 +1,221 @@
+#include "cli/trace_command.h"
+
+#include "core/check.h"
+#include "replay/compare.h"
+#include "trace/reader.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <map>
+#include <memory>
+
+namespace ls::cli {
+
+namespace {
+
+struct InspectOptions {
+  std::string trace;
+  std::string steps;  // "A:B"
+  int64_t request = -1;
+};
+
+struct DiffOptions {
+  std::string a, b;
+};
+
+std::pair<int64_t, int64_t> parse_steps(const std::string& text) {
+  const size_t colon = text.find(':');
+  LS_REQUIRE(colon != std::string::npos, "--steps '{}': expected A:B, e.g. 0:20", text);
+  try {
+    return {std::stoll(text.substr(0, colon)), std::stoll(text.substr(colon + 1))};
+  } catch (const std::logic_error&) {
+    throw Error(fmt::format("--steps '{}': expected A:B with two integers", text));
+  }
+}
+
+void print_header(const trace::TraceHeader& h) {
+  const ModelConfig& m = h.model;
+  const ExecutorConfig& e = h.executor;
+  fmt::print("format v{}, written by {}\n", h.format_version, h.build_id);
+  fmt::print("model {}: hidden {}, layers {}, heads {}/{} x {}, ffn {}, vocab {}, rope theta {}, "
+             "rms eps {}, tied {}\n", m.name, m.hidden_size, m.layers_count, m.query_heads_count,
+             m.kv_heads_count, m.head_dim, m.ffn_size, m.vocab_size, m.rope_theta, m.rms_eps,
+             m.tied_embeddings);
+  fmt::print("weights {} (digest {:016x})\n",
+             h.weights.kind == WeightSource::Kind::kSeed ? fmt::format("from seed {}", h.weights.seed)
+                                                         : fmt::format("from {}", h.weights.directory),
+             h.weights_digest);
+  fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}\n",
+             e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
+             e.verify_width, e.prefill_chunk_tokens);
+  fmt::print("backend {} ({}), machine: {}{}\n", h.backend, h.determinism_mode, h.machine.cpu_name,
+             h.machine.gpu_name.empty() ? "" : fmt::format(", {} ({} SMs, driver {}, CUDA {}, cuBLAS {})",
+                                                           h.machine.gpu_name, h.machine.sm_count,
+                                                           h.machine.driver_version, h.machine.cuda_version,
+                                                           h.machine.cublas_version));
+}
+
+std::string row_summary(const OpRow& r) {
+  std::string s = fmt::format("{}:{}@{}", r.request_id, r.kind == RowKind::kPrefill ? "P" : "D", r.pool_row);
+  if (r.kind == RowKind::kPrefill) s += fmt::format("[{}+{}/{}]", r.prefix_length, r.input_length, r.prompt_length);
+  if (r.decode_override != -1) s += fmt::format(" override {}", r.decode_override);
+  if (r.hist_token_length != -1) s += fmt::format(" hist {}", r.hist_token_length);
+  return s;
+}
+
+// One line per step in the range: the op, then its output.
+void print_step_table(const trace::StepInputRecord& in, bool in_range) {
+  if (!in_range) return;
+  std::vector<std::string> rows;
+  for (const OpRow& r : in.op.rows) rows.push_back(row_summary(r));
+  fmt::print("step {:>6} {:<6} {:>2} rows  {}{}{}\n", in.step, to_string(in.op.mode()), in.op.rows_count(),
+             fmt::join(rows, "  "), in.cache_ops.empty() ? "" : fmt::format("  +{} cache ops", in.cache_ops.size()),
+             in.faults.empty() ? "" : "  +faults");
+}
+
+void print_request_step(const trace::StepInputRecord& in, RequestId id) {
+  for (const OpRow& r : in.op.rows) {
+    if (r.request_id == id) fmt::print("step {:>6}  {}\n", in.step, row_summary(r));
+  }
+}
+
+void print_request_output(const trace::StepOutputRecord& out, const trace::StepInputRecord& in, RequestId id) {
+  for (int32_t row = 0; row < in.op.rows_count(); ++row) {
+    if (in.op.rows[row].request_id != id) continue;
+    fmt::print("             -> tokens [{}], vcl {}{}{}\n", fmt::join(out.result.row_tokens(row), ", "),
+               out.valid_cache_lengths.empty() ? -1 : out.valid_cache_lengths[row],
+               out.result.nan_flags[row] ? ", NaN flagged" : "", out.result.oov_flags[row] ? ", OOV flagged" : "");
+  }
+}
+
+void print_event(const trace::TraceEvent& e) {
+  fmt::print("step {:>6}  event {} request {}{}{}\n", e.step, trace::to_string(e.kind), e.request_id,
+             e.detail.empty() ? "" : fmt::format(" ({})", e.detail),
+             e.hist_token_length ? fmt::format(" hist_token_length {}", *e.hist_token_length) : "");
+}
+
+int run_inspect(const InspectOptions& o) {
+  trace::TraceReader reader = trace::TraceReader::open(o.trace);
+  print_header(reader.header());
+  const bool table = !o.steps.empty();
+  const auto [first, last] = table ? parse_steps(o.steps) : std::pair<int64_t, int64_t>{0, -1};
+  const bool timeline = o.request >= 0;
+  const RequestId id = static_cast<RequestId>(o.request);
+  std::map<std::string, int64_t> event_counts;
+  std::map<int64_t, trace::StepInputRecord> open_inputs;  // for the timeline's outputs
+  trace::TraceRecord record;
+  while (reader.next(record)) {
+    if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
+      print_step_table(*in, table && in->step >= first && in->step <= last);
+      if (timeline) {
+        print_request_step(*in, id);
+        open_inputs[in->step] = *in;
+      }
+    } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
+      if (timeline && open_inputs.count(out->step)) {
+        print_request_output(*out, open_inputs[out->step], id);
+        open_inputs.erase(out->step);
+      }
+    } else if (auto* e = std::get_if<trace::TraceEvent>(&record)) {
+      ++event_counts[std::string(trace::to_string(e->kind))];
+      const bool in_table = table && e->step >= first && e->step <= last;
+      if ((timeline && e->request_id == id) || in_table) print_event(*e);
+    }
+  }
+  std::vector<std::string> events;
+  for (const auto& [kind, n] : event_counts) events.push_back(fmt::format("{} {}", kind, n));
+  fmt::print("records {}: {} step inputs, {} step outputs, {} events ({}); {} complete steps; {}\n",
+             reader.records_read(), reader.step_inputs_read(), reader.step_outputs_read(),
+             reader.events_read(), events.empty() ? "none" : fmt::format("{}", fmt::join(events, ", ")),
+             reader.complete_steps(), reader.footer() ? "closed cleanly (footer present)" : "no footer");
+  if (reader.truncation()) fmt::print("truncated: {}\n", reader.truncation()->describe());
+  return 0;
+}
+
+// The first field where two ops differ, or empty.
+std::string op_difference(const ForwardOp& a, const ForwardOp& b) {
+  if (a.rows.size() != b.rows.size()) return fmt::format("rows: {} vs {}", a.rows.size(), b.rows.size());
+  for (size_t i = 0; i < a.rows.size(); ++i) {
+    if (!(a.rows[i] == b.rows[i])) {
+      return fmt::format("row {}: {} vs {}", i, row_summary(a.rows[i]), row_summary(b.rows[i]));
+    }
+  }
+  if (a.prefill_token_ids != b.prefill_token_ids) return "prefill_token_ids differ";
+  return "";
+}
+
+std::string record_difference(const trace::TraceRecord& a, const trace::TraceRecord& b,
+                              const ForwardOp& last_op) {
+  if (a.index() != b.index()) return "record kinds differ";
+  if (auto* x = std::get_if<trace::StepInputRecord>(&a)) {
+    const auto& y = std::get<trace::StepInputRecord>(b);
+    if (x->step != y.step) return fmt::format("step {} vs {}", x->step, y.step);
+    const std::string d = op_difference(x->op, y.op);
+    if (!d.empty()) return "input " + d;
+    if (!(x->cache_ops == y.cache_ops)) return "input cache_ops differ";
+    if (!(x->faults == y.faults)) return "input faults differ";
+    return "";
+  }
+  if (auto* x = std::get_if<trace::StepOutputRecord>(&a)) {
+    const auto d = replay::first_divergence(last_op, *x, std::get<trace::StepOutputRecord>(b));
+    return d ? "output: " + d->describe() : "";
+  }
+  if (auto* x = std::get_if<trace::TraceEvent>(&a)) {
+    return *x == std::get<trace::TraceEvent>(b) ? "" : "events differ";
+  }
+  return "";
+}
+
+int run_diff(const DiffOptions& o) {
+  trace::TraceReader a = trace::TraceReader::open(o.a);
+  trace::TraceReader b = trace::TraceReader::open(o.b);
+  if (a.header().weights_digest != b.header().weights_digest) fmt::print("headers: weight digests differ\n");
+  if (!(a.header().executor.context_length == b.header().executor.context_length &&
+        a.header().executor.max_batch_rows == b.header().executor.max_batch_rows)) {
+    fmt::print("headers: executor limits differ\n");
+  }
+  trace::TraceRecord ra, rb;
+  ForwardOp last_op;
+  for (int64_t n = 1;; ++n) {
+    const bool more_a = a.next(ra);
+    const bool more_b = b.next(rb);
+    if (!more_a || !more_b) {
+      if (more_a == more_b) break;
+      fmt::print("{} ends after {} records; the other goes on\n", more_a ? o.b : o.a, n);
+      return 1;
+    }
+    const std::string d = record_difference(ra, rb, last_op);
+    if (auto* in = std::get_if<trace::StepInputRecord>(&ra)) last_op = in->op;
+    if (!d.empty()) {
+      fmt::print("first difference at record {}: {}\n", n, d);
+      return 1;
+    }
+  }
+  fmt::print("no difference in {} and {}\n", o.a, o.b);
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_trace_command(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("trace", "Look inside traces: inspect one, diff two");
+  cmd->require_subcommand(1);
+  auto inspect = std::make_shared<InspectOptions>();
+  CLI::App* i = cmd->add_subcommand("inspect", "Header, counts, a per-step table, a per-request timeline");
+  i->add_option("trace", inspect->trace, "The trace file")->required()->check(CLI::ExistingFile);
+  i->add_option("--steps", inspect->steps, "Print a table of steps A:B (inclusive)");
+  i->add_option("--request", inspect->request, "Print the timeline of one request id")
+      ->check(CLI::NonNegativeNumber);
+  auto diff = std::make_shared<DiffOptions>();
+  CLI::App* d = cmd->add_subcommand("diff", "The first record and field where two traces differ");
+  d->add_option("a", diff->a, "First trace")->required()->check(CLI::ExistingFile);
+  d->add_option("b", diff->b, "Second trace")->required()->check(CLI::ExistingFile);
+  d->footer("Exit status: 0 no difference, 1 they differ, 2 a trace is unusable.");
+  return [cmd, i, d, inspect, diff]() {
+    if (!cmd->parsed()) return -1;
+    return i->parsed() ? run_inspect(*inspect) : run_diff(*diff);
+  };
+}
+
+}  // namespace ls::cli
