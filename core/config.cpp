@@ -15,16 +15,19 @@ int64_t ModelConfig::parameters_count() const {
 }
 
 void ModelConfig::validate() const {
-  auto positive = [&](int64_t value, const char* field) {
-    LS_REQUIRE(value > 0, "model config '{}': {} must be > 0, got {}", name, field, value);
+  // Upper bounds far above any real Llama keep every size product inside int64 and stop a
+  // corrupt header from asking for absurd allocations.
+  auto in_range = [&](int64_t value, int64_t max, const char* field) {
+    LS_REQUIRE(value > 0 && value <= max, "model config '{}': {} must be in [1, {}], got {}", name,
+               field, max, value);
   };
-  positive(hidden_size, "hidden_size");
-  positive(layers_count, "layers_count");
-  positive(query_heads_count, "query_heads_count");
-  positive(kv_heads_count, "kv_heads_count");
-  positive(head_dim, "head_dim");
-  positive(ffn_size, "ffn_size");
-  positive(vocab_size, "vocab_size");
+  in_range(hidden_size, 1 << 17, "hidden_size");
+  in_range(layers_count, 1 << 12, "layers_count");
+  in_range(query_heads_count, 1 << 12, "query_heads_count");
+  in_range(kv_heads_count, 1 << 12, "kv_heads_count");
+  in_range(head_dim, 1 << 12, "head_dim");
+  in_range(ffn_size, 1 << 20, "ffn_size");
+  in_range(vocab_size, 1 << 22, "vocab_size");
   LS_REQUIRE(head_dim % 2 == 0, "model config '{}': head_dim must be even for RoPE, got {}", name,
              head_dim);
   LS_REQUIRE(query_heads_count % kv_heads_count == 0,

@@ -1,6 +1,7 @@
 #include "core/cpu_model.h"
 
 #include "core/check.h"
+#include "core/host_memory.h"
 #include "core/step_plan.h"
 
 #include <cmath>
@@ -45,6 +46,11 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config)
   model_.validate();
   config.validate();
   kv_slots_count_ = int64_t{config.pages_count} * config.page_size;
+  const uint64_t slot_bytes = uint64_t{sizeof(float)} * model_.layers_count * 2 * model_.kv_size();
+  require_host_memory(slot_bytes * static_cast<uint64_t>(kv_slots_count_ +
+                                                         int64_t{config.host_pages_count} * config.page_size),
+                      fmt::format("the CPU KV pools ({} device + {} host pages of {} tokens)",
+                                  config.pages_count, config.host_pages_count, config.page_size));
   const size_t tokens = static_cast<size_t>(config.step_tokens_max());
   kv_.assign(static_cast<size_t>(kv_slots_count_) * model_.layers_count * 2 * model_.kv_size(),
              0.0f);

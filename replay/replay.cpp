@@ -24,12 +24,17 @@ ModelWeights weights_for(const trace::TraceHeader& h,
     weights = load_hf_directory(dir);
     origin = fmt::format("weights in {}", dir.string());
   }
+  require_recorded_weights(h, weights, origin);
+  return weights;
+}
+
+void require_recorded_weights(const trace::TraceHeader& h, const ModelWeights& weights,
+                              const std::string& origin) {
   const uint64_t digest = weights.digest();
   LS_REQUIRE(digest == h.weights_digest,
              "the {} have digest {:016x} but the trace was recorded with weights of digest {:016x}; "
              "refusing to replay against different weights",
              origin, digest, h.weights_digest);
-  return weights;
 }
 
 namespace {
@@ -47,12 +52,23 @@ struct Recorded {
   int32_t valid_cache_length = 0;
 };
 
+// The caller's weights (checked against the trace's digest before anything is built on them), or
+// the ones weights_for() loaded.
+const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights& owned,
+                                   const trace::TraceHeader& header) {
+  if (!given) return owned;
+  require_recorded_weights(header, *given, "weights given");
+  return *given;
+}
+
 class Replayer {
  public:
-  Replayer(const std::filesystem::path& path, const ReplayOptions& options)
+  Replayer(trace::TraceReader reader, const ReplayOptions& options)
       : options_(options),
-        reader_(trace::TraceReader::open(path)),
-        weights_(weights_for(reader_.header(), options.weights_directory)),
+        reader_(std::move(reader)),
+        owned_weights_(options.weights ? ModelWeights{}
+                                       : weights_for(reader_.header(), options.weights_directory)),
+        weights_(given_or_owned(options.weights, owned_weights_, reader_.header())),
         backend_(weights_, reader_.header().executor),
         executor_(reader_.header().executor, weights_.config.vocab_size, backend_,
                   ExecutorOptions{.capture_logits = true,
@@ -218,7 +234,8 @@ class Replayer {
 
   ReplayOptions options_;
   trace::TraceReader reader_;
-  ModelWeights weights_;
+  ModelWeights owned_weights_;
+  const ModelWeights& weights_;
   CpuBackend backend_;
   Executor executor_;
   ReplayReport report_;
@@ -230,7 +247,11 @@ class Replayer {
 }  // namespace
 
 ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions& options) {
-  Replayer replayer(path, options);
+  return replay_trace(trace::TraceReader::open(path), options);
+}
+
+ReplayReport replay_trace(trace::TraceReader reader, const ReplayOptions& options) {
+  Replayer replayer(std::move(reader), options);
   return replayer.run();
 }
 

@@ -24,6 +24,9 @@ struct ReplayOptions {
   std::optional<int64_t> until_step;      // stop after this step
   std::optional<RequestId> isolate;       // replay this request alone (needs batch invariance)
   std::optional<std::filesystem::path> weights_directory;  // where a directory model lives now
+  // Weights already in memory (tools replaying many traces of one model); still checked against
+  // the recorded digest. Borrowed: must outlive the replay.
+  const ModelWeights* weights = nullptr;
   std::function<void(int64_t steps_done, uint64_t bytes_done, uint64_t bytes_total)> on_progress;
 };
 
@@ -53,10 +56,15 @@ struct ReplayReport {
 // Throws ls::Error when the trace is unusable (bad header, corrupt record, weights that do not
 // match the recorded digest); a truncated tail is not an error (see the report's truncation).
 ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions& options);
+// The same over an opened reader (e.g. TraceReader::from_bytes).
+ReplayReport replay_trace(trace::TraceReader reader, const ReplayOptions& options);
 
 // The weights a trace's header names, regenerated from the seed or loaded from the directory,
 // checked against the recorded digest.
 ModelWeights weights_for(const trace::TraceHeader& header,
                          const std::optional<std::filesystem::path>& directory_override);
+// Throws ls::Error naming both digests when `weights` are not the ones the header recorded.
+void require_recorded_weights(const trace::TraceHeader& header, const ModelWeights& weights,
+                              const std::string& origin);
 
 }  // namespace ls::replay

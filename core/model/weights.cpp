@@ -1,6 +1,7 @@
 #include "core/model/weights.h"
 
 #include "core/check.h"
+#include "core/host_memory.h"
 #include "core/model/safetensors.h"
 #include "core/sampling.h"
 
@@ -303,6 +304,9 @@ ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed) {
   const auto layers_count = static_cast<uint32_t>(config.layers_count);  // > 0 after validate()
   LS_REQUIRE(layers_count <= (std::numeric_limits<uint32_t>::max() - 2) / kLayerTensorsCount,
              "weights_from_seed: layers_count {} is too large", layers_count);
+  require_host_memory(static_cast<uint64_t>(config.parameters_count()) * sizeof(float),
+                      fmt::format("the fp32 weights of model '{}' ({} parameters)", config.name,
+                                  config.parameters_count()));
   const int64_t hidden = config.hidden_size;
   const int64_t vocab = config.vocab_size;
   ModelWeights weights;

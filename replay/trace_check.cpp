@@ -1,0 +1,230 @@
+#include "replay/trace_check.h"
+
+#include "core/check.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <map>
+
+namespace ls::replay {
+
+std::string TraceViolation::describe() const {
+  const std::string where =
+      row >= 0 ? fmt::format("step {} row {} (request {})", step, row, request_id) : fmt::format("step {}", step);
+  return fmt::format("{}: {} ({}): {}", where, invariant, field, detail);
+}
+
+namespace {
+
+struct PoolRowState {
+  bool owned = false;
+  RequestId owner = 0;
+  std::optional<int32_t> vcl;  // as of the last output record that showed this row
+};
+
+struct OpenInput {
+  trace::StepInputRecord input;
+  std::vector<std::optional<int32_t>> vcl_before;  // [bs] the model's vcl of each row's pool row
+};
+
+class Checker {
+ public:
+  explicit Checker(const std::filesystem::path& path)
+      : reader_(trace::TraceReader::open(path, trace::TraceReaderOptions{.validate_ops = false})),
+        h_(reader_.header()) {
+    report_.header = h_;
+    rows_.resize(static_cast<size_t>(h_.executor.pool_rows_count()));
+  }
+
+  CheckReport run() {
+    trace::TraceRecord record;
+    while (!report_.violation) {
+      try {
+        if (!reader_.next(record)) break;
+      } catch (const Error& e) {
+        violate(last_step_, -1, 0, "record", "record", e.what());
+        break;
+      }
+      if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
+        on_input(std::move(*in));
+      } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
+        on_output(*out);
+      } else if (auto* ev = std::get_if<trace::TraceEvent>(&record)) {
+        on_event(*ev);
+      }
+    }
+    report_.truncation = reader_.truncation();
+    return std::move(report_);
+  }
+
+ private:
+  void violate(int64_t step, int32_t row, RequestId id, const std::string& invariant,
+               const std::string& field, const std::string& detail) {
+    if (report_.violation) return;
+    report_.violation = TraceViolation{step, row, id, invariant, field, detail};
+  }
+
+  void on_input(trace::StepInputRecord&& in) {
+    last_step_ = in.step;
+    const ForwardOp& op = in.op;
+    try {
+      validate_forward_op(op, h_.executor, h_.model.vocab_size);
+    } catch (const Error& e) {
+      return violate(in.step, -1, 0, "forward_op", "op", e.what());
+    }
+    OpenInput open{.input = std::move(in)};
+    const ForwardOp& o = open.input.op;
+    for (int32_t i = 0; i < o.rows_count(); ++i) {
+      const OpRow& row = o.rows[i];
+      PoolRowState& pr = rows_[row.pool_row];
+      const bool fresh = !pr.owned || pr.owner != row.request_id;
+      if (fresh && !row.sampling) {
+        return violate(open.input.step, i, row.request_id, "sampling", fmt::format("rows[{}].sampling", i),
+                       fmt::format("the request is new to pool row {} but carries no sampling parameters", row.pool_row));
+      }
+      const auto seat = seat_.find(row.request_id);
+      if (seat != seat_.end() && seat->second != row.pool_row) {
+        const PoolRowState& old = rows_[seat->second];
+        if (old.owned && old.owner == row.request_id) {
+          return violate(open.input.step, i, row.request_id, "pool_row", fmt::format("rows[{}].pool_row", i),
+                         fmt::format("the request moves to pool row {} while pool row {} still holds it "
+                                     "(no retract, finish or abort in between)", row.pool_row, seat->second));
+        }
+      }
+      if (row.kind == RowKind::kDecode && fresh && row.hist_token_length == -1) {
+        return violate(open.input.step, i, row.request_id, "decode_without_kv",
+                       fmt::format("rows[{}].hist_token_length", i),
+                       fmt::format("a decode row on pool row {}, which holds no KV of this request, is not "
+                                   "a recovery (hist_token_length = -1)", row.pool_row));
+      }
+      if (row.kind == RowKind::kDecode && fresh && row.hist_token_length != -1) {
+        pr.vcl = std::nullopt;  // resumes from hist
+      }
+      // The vcl this row starts from, as the model of device state says.
+      open.vcl_before.push_back(fresh ? std::nullopt : pr.vcl);
+      if (fresh) {
+        // A previous owner loses the row; it is seated elsewhere or gone.
+        if (pr.owned) seat_.erase(pr.owner);
+        pr.vcl = std::nullopt;
+      }
+      pr.owned = true;
+      pr.owner = row.request_id;
+      seat_[row.request_id] = row.pool_row;
+    }
+    open_.push_back(std::move(open));
+  }
+
+  void on_output(const trace::StepOutputRecord& out) {
+    if (open_.empty() || open_.front().input.step != out.step) {
+      return violate(out.step, -1, 0, "record", "step", "an output record with no matching open input");
+    }
+    const OpenInput open = std::move(open_.front());
+    open_.pop_front();
+    const ForwardOp& op = open.input.op;
+    const StepResult& r = out.result;
+    const int32_t bs = op.rows_count();
+    const int32_t ne = op.prefill_rows_count();
+    const int32_t w = h_.executor.verify_width;
+    const int32_t l_max = h_.executor.context_length;
+    const int32_t v = h_.model.vocab_size;
+    const size_t tokens_expected = static_cast<size_t>(ne + (bs - ne) * w);
+    if (r.tokens.size() != tokens_expected || r.accepted_lengths.size() != static_cast<size_t>(bs)) {
+      return violate(out.step, -1, 0, "output_shape", "result",
+                     fmt::format("{} tokens and {} accepted lengths for {} rows ({} prefill)",
+                                 r.tokens.size(), r.accepted_lengths.size(), bs, ne));
+    }
+    for (size_t t = 0; t < r.tokens.size(); ++t) {
+      if (r.tokens[t] < 0 || r.tokens[t] >= v) {
+        const int32_t index = static_cast<int32_t>(t);
+        const int32_t row = index < ne ? index : ne + (index - ne) / w;
+        return violate(out.step, row, op.rows[row].request_id, "tokens", fmt::format("tokens[{}]", t),
+                       fmt::format("id {} outside [0, V = {})", r.tokens[t], v));
+      }
+    }
+    const bool nan_poison = std::isnan(open.input.faults.poison_value);
+    for (int32_t i = 0; i < bs; ++i) {
+      const OpRow& row = op.rows[i];
+      const int32_t a = r.accepted_lengths[i];
+      const std::string acc_field = fmt::format("accepted_lengths[{}]", i);
+      if (i < ne && a != 1) return violate(out.step, i, row.request_id, "accepted_length", acc_field, fmt::format("a prefill row accepted {}, not 1", a));
+      if (a < 0 || a > w) return violate(out.step, i, row.request_id, "accepted_length", acc_field, fmt::format("{} outside [0, W = {}]", a, w));
+      std::optional<int32_t> base;
+      if (i < ne) {
+        base = row.prefix_length;
+      } else if (row.hist_token_length != -1) {
+        base = row.hist_token_length;
+      } else {
+        base = open.vcl_before[i];
+      }
+      if (i >= ne && base && a > std::max(0, l_max - *base)) {
+        return violate(out.step, i, row.request_id, "context_clamp", acc_field,
+                       fmt::format("accepted {} from vcl {} runs past L = {}", a, *base, l_max));
+      }
+      const bool poisoned = nan_poison && std::find(open.input.faults.poisoned_rows.begin(),
+                                                    open.input.faults.poisoned_rows.end(), i) !=
+                                              open.input.faults.poisoned_rows.end();
+      if (!r.nan_flags.empty() && (r.nan_flags[i] != 0) != poisoned) {
+        return violate(out.step, i, row.request_id, "nan_flags", fmt::format("nan_flags[{}]", i),
+                       fmt::format("flag {} but the recorded faults {} this row with NaN", r.nan_flags[i],
+                                   poisoned ? "poisoned" : "did not poison"));
+      }
+      PoolRowState& pr = rows_[row.pool_row];
+      if (out.valid_cache_lengths.empty()) {
+        pr.vcl = std::nullopt;
+        continue;
+      }
+      const int32_t vcl = out.valid_cache_lengths[i];
+      const std::string field = fmt::format("valid_cache_lengths[{}]", i);
+      if (vcl > l_max) return violate(out.step, i, row.request_id, "valid_cache_length", field, fmt::format("{} exceeds L = {}", vcl, l_max));
+      if (base) {
+        const int32_t expected = *base + (i < ne ? row.input_length : a);
+        if (vcl != expected) {
+          return violate(out.step, i, row.request_id, "valid_cache_length", field,
+                         i < ne ? fmt::format("{}, expected prefix {} + input {} = {}", vcl, *base, row.input_length, expected)
+                                : fmt::format("{}, expected {} {} + accepted {} = {}", vcl,
+                                              row.hist_token_length != -1 ? "hist_token_length" : "previous vcl",
+                                              *base, a, expected));
+        }
+      }
+      pr.vcl = vcl;
+      ++report_.rows_checked;
+    }
+    ++report_.steps_checked;
+  }
+
+  void on_event(const trace::TraceEvent& e) {
+    using trace::EventKind;
+    if (e.kind == EventKind::kStepRejected) {
+      if (!open_.empty()) open_.pop_front();
+      return;
+    }
+    if (e.kind == EventKind::kRetract || e.kind == EventKind::kFinish || e.kind == EventKind::kAbort) {
+      const auto seat = seat_.find(e.request_id);
+      if (seat == seat_.end()) return;
+      PoolRowState& pr = rows_[seat->second];
+      if (pr.owned && pr.owner == e.request_id) pr.owned = false, pr.vcl = std::nullopt;
+      seat_.erase(seat);
+    }
+  }
+
+  trace::TraceReader reader_;
+  const trace::TraceHeader& h_;
+  CheckReport report_;
+  std::vector<PoolRowState> rows_;          // [pool rows]
+  std::map<RequestId, int32_t> seat_;       // request → its pool row while seated
+  std::deque<OpenInput> open_;
+  int64_t last_step_ = 0;
+};
+
+}  // namespace
+
+CheckReport check_trace(const std::filesystem::path& path) {
+  Checker checker(path);
+  return checker.run();
+}
+
+}  // namespace ls::replay
