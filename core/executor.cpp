@@ -66,13 +66,14 @@ void Executor::plan_rows(const ForwardOp& op) {
   const int32_t w = config_.verify_width;
   const int32_t width = config_.table_width();
   StepPlan& p = plan_;
-  p.pool_rows.clear(), p.input_lengths.clear(), p.token_offsets.clear();
+  p.pool_rows.clear(), p.request_ids.clear(), p.input_lengths.clear(), p.token_offsets.clear();
   p.prefill_prefix.clear(), p.decode_overrides.clear(), p.force_single.clear();
   p.table_writes.clear(), p.table_pages.clear(), p.length_resets.clear();
   p.logits_token_index.clear();
   int32_t offset = 0;
   for (const OpRow& row : op.rows) {
     p.pool_rows.push_back(row.pool_row);
+    p.request_ids.push_back(row.request_id);
     p.input_lengths.push_back(row.input_length);
     p.token_offsets.push_back(offset);
     // Rule 1: size := min(size, max(0, Wp − begin)); only past-context rows are ever cut.

@@ -34,6 +34,7 @@ struct StepPlan {
   int32_t verify_width = 1;        // W
 
   std::vector<int32_t> pool_rows;       // [bs]
+  std::vector<RequestId> request_ids;   // [bs] (drafters key their proposals by request)
   std::vector<int32_t> input_lengths;   // [bs]
   std::vector<int32_t> token_offsets;   // [bs] first token of each row in the token buffer
   std::vector<int32_t> prefill_prefix;  // [ne] start position of each prefill row

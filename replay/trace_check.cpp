@@ -202,12 +202,10 @@ class Checker {
       if (!open_.empty()) open_.pop_front();
       return;
     }
+    // A retracted or ended request leaves its seat; its pool row keeps the executor's ownership
+    // (with overlap, a step planned before the finish was known may still carry it).
     if (e.kind == EventKind::kRetract || e.kind == EventKind::kFinish || e.kind == EventKind::kAbort) {
-      const auto seat = seat_.find(e.request_id);
-      if (seat == seat_.end()) return;
-      PoolRowState& pr = rows_[seat->second];
-      if (pr.owned && pr.owner == e.request_id) pr.owned = false, pr.vcl = std::nullopt;
-      seat_.erase(seat);
+      seat_.erase(e.request_id);
     }
   }
 

@@ -1,0 +1,902 @@
+#include "kernels/cuda_backend.h"
+
+#include "core/check.h"
+#include "core/model/rope.h"
+#include "kernels/attention.h"
+#include "kernels/cuda_check.h"
+#include "kernels/device_memory.h"
+#include "kernels/gemm.h"
+#include "kernels/layer_ops.h"
+#include "kernels/sampling_ops.h"
+#include "kernels/state_ops.h"
+#include "kernels/step_layout.h"
+#include "kernels/weight_init.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+namespace ls {
+
+namespace {
+
+using kernels::bf16;
+
+constexpr int32_t kHeaderWords = sizeof(kernels::StepHeader) / sizeof(int32_t);
+constexpr int32_t kSamplingWords = sizeof(kernels::SamplingRow) / sizeof(int32_t);
+static_assert(sizeof(kernels::SamplingRow) % sizeof(int32_t) == 0);
+
+// Word offsets of each array in the staged step (host pinned and device alike). Every array is
+// sized from the limits; the step copies [0, prefill_ids + its prefill tokens) and then the used
+// part of table_pages.
+struct StagingLayout {
+  size_t pool_rows, input_lengths, token_offsets, prefill_prefix, decode_overrides, force_single;
+  size_t logits_token_index, sampling, table_writes, length_resets, forced, prefill_ids;
+  size_t table_pages, words;
+
+  StagingLayout(int32_t rows_max, int32_t logits_rows_max, int32_t prefill_tokens_max,
+                int32_t table_width) {
+    size_t at = kHeaderWords;
+    auto take = [&at](size_t count) { return std::exchange(at, at + count); };
+    const size_t b = static_cast<size_t>(rows_max);
+    const size_t r = static_cast<size_t>(logits_rows_max);
+    pool_rows = take(b), input_lengths = take(b), token_offsets = take(b);
+    prefill_prefix = take(b), decode_overrides = take(b), force_single = take(b);
+    logits_token_index = take(r), sampling = take(b * kSamplingWords);
+    table_writes = take(4 * b), length_resets = take(2 * b), forced = take(2 * r);
+    prefill_ids = take(static_cast<size_t>(prefill_tokens_max));
+    table_pages = take(b * static_cast<size_t>(table_width));
+    words = at;
+  }
+
+  kernels::StepInputs inputs(const int32_t* base) const {
+    return kernels::StepInputs{
+        .header = reinterpret_cast<const kernels::StepHeader*>(base),
+        .pool_rows = base + pool_rows,
+        .input_lengths = base + input_lengths,
+        .token_offsets = base + token_offsets,
+        .prefill_prefix = base + prefill_prefix,
+        .decode_overrides = base + decode_overrides,
+        .force_single = base + force_single,
+        .logits_token_index = base + logits_token_index,
+        .sampling = reinterpret_cast<const kernels::SamplingRow*>(base + sampling),
+        .table_writes = base + table_writes,
+        .length_resets = base + length_resets,
+        .forced_outputs = base + forced,
+        .prefill_ids = base + prefill_ids,
+        .table_pages = base + table_pages,
+    };
+  }
+};
+
+// fp32 → bf16 bits, round to nearest even (NaN stays a quiet NaN).
+uint16_t bf16_bits(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof(u));
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// Batch sizes that decode steps are padded to (and graphs captured at): 1, 2, 4, 8, then
+// multiples of 8, and max_batch_rows itself.
+std::vector<int32_t> decode_buckets(int32_t rows_max) {
+  std::vector<int32_t> sizes;
+  for (int32_t s : {1, 2, 4}) {
+    if (s < rows_max) sizes.push_back(s);
+  }
+  for (int32_t s = 8; s < rows_max; s += 8) sizes.push_back(s);
+  sizes.push_back(rows_max);
+  return sizes;
+}
+
+std::string version_string(int32_t v) {
+  return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
+}
+
+}  // namespace
+
+struct CudaBackend::Impl {
+  Impl(const ModelConfig& model_config, const ExecutorConfig& executor_config,
+       const CudaBackendOptions& backend_options);
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void upload_weights(const ModelWeights& weights);
+  void generate_weights(uint64_t seed);
+  void upload_tensor(bf16* dst, std::span<const float> src);
+  void capture_graphs();
+
+  int32_t rows_grid_for(const StepPlan& plan) const;
+  void stage(const StepPlan& plan);
+  int32_t pack(const StepPlan& plan, int32_t rows_grid, int32_t* words, size_t* pages_count) const;
+  void enqueue_table_writes(int32_t rows_grid);
+  void enqueue_resets();
+  void enqueue_fill(int32_t rows_grid);
+  void enqueue_forward(int32_t tokens, int32_t logits_rows);
+  void enqueue_layer(int32_t layer, int32_t tokens);
+  void enqueue_tail(const StepPlan& plan);
+  bool graph_step() const { return graph_index_ >= 0; }
+  void check_step_launches() const;
+  StepResult unpack(const StepPlan& plan);
+
+  kernels::DeviceState device_state() const;
+  kernels::TokenBuffers token_buffers() const;
+  kernels::ResultBuffers result_buffers() const;
+  kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
+
+  ModelConfig model;
+  ExecutorConfig config;
+  CudaBackendOptions options;
+  int32_t hidden, q_size, kv_size, ffn, vocab, layers, table_width, positions_count;
+  int32_t tokens_max, rows_max, logits_rows_max;
+  int64_t slots_count;
+  kernels::AttentionShape attention_shape;
+  StagingLayout layout;
+  MemoryLedger ledger;
+
+  CudaStream stream;
+  CublasHandle cublas;
+
+  // Weights. Linear layers of all layers in one slab each: [layers, out, in] bf16.
+  DeviceArray<bf16> embedding;     // [vocab, hidden]
+  DeviceArray<bf16> lm_head;       // [vocab, hidden]; empty when tied
+  DeviceArray<bf16> w_qkv;         // [layers, q + 2·kv, hidden]
+  DeviceArray<bf16> w_o;           // [layers, hidden, q]
+  DeviceArray<bf16> w_gate_up;     // [layers, 2·ffn, hidden]
+  DeviceArray<bf16> w_down;        // [layers, hidden, ffn]
+  DeviceArray<float> attn_norm;    // [layers, hidden]
+  DeviceArray<float> ffn_norm;     // [layers, hidden]
+  DeviceArray<float> final_norm;   // [hidden]
+  // KV and RoPE.
+  DeviceArray<bf16> k_cache;       // [layers, slots, kv]
+  DeviceArray<bf16> v_cache;       // [layers, slots, kv]
+  PinnedArray<bf16> host_kv;       // [host pages, 2, layers, P, kv]
+  DeviceArray<float> rope_cos;     // [positions, head_dim/2]
+  DeviceArray<float> rope_sin;
+  // Activations.
+  DeviceArray<float> residual;     // [tokens_max, hidden]
+  DeviceArray<bf16> normed;        // [tokens_max, hidden]
+  DeviceArray<float> qkv;          // [tokens_max, q + 2·kv]
+  DeviceArray<float> q;            // [tokens_max, q]
+  DeviceArray<bf16> attn_out;      // [tokens_max, q]
+  DeviceArray<float> gate_up;      // [tokens_max, 2·ffn]
+  DeviceArray<bf16> act;           // [tokens_max, ffn]
+  DeviceArray<float> attention_workspace;
+  DeviceArray<bf16> final_normed;  // [logits_rows_max, hidden]
+  DeviceArray<float> logits;       // [logits_rows_max, vocab]
+  DeviceArray<uint8_t> cublas_workspace;
+  // Guard and sampler.
+  DeviceArray<int32_t> argmax;         // [logits_rows_max]
+  DeviceArray<int32_t> row_nan_flags;  // [logits_rows_max]
+  DeviceArray<float> row_max;          // [logits_rows_max]
+  DeviceArray<float> row_sum;          // [logits_rows_max]
+  DeviceArray<uint64_t> keys;          // [logits_rows_max, vocab]
+  DeviceArray<uint64_t> sorted_keys;   // [logits_rows_max, vocab]
+  DeviceArray<int32_t> segment_offsets;  // [logits_rows_max + 1]
+  DeviceArray<uint8_t> sort_temp;
+  // State and the step's token buffers.
+  DeviceArray<int32_t> table;          // [pool rows, table_width]
+  DeviceArray<int32_t> vcl;            // [pool rows]
+  DeviceArray<int32_t> future_inputs;  // [pool rows, W]
+  DeviceArray<int32_t> vcl_before;     // [rows_max]
+  DeviceArray<int32_t> input_ids;      // [tokens_max]
+  DeviceArray<int32_t> positions;      // [tokens_max]
+  DeviceArray<int64_t> slots;          // [tokens_max]
+  DeviceArray<int32_t> token_pool_rows;  // [tokens_max]
+  // Staging and results.
+  DeviceArray<int32_t> staging;                    // [layout.words]
+  std::array<PinnedArray<int32_t>, 2> host_staging;  // by step parity
+  std::array<CudaEvent, 2> upload_done;
+  DeviceArray<int32_t> results;                    // packed ResultBuffers
+  PinnedArray<int32_t> host_results;
+  CudaEvent step_done;
+
+  std::vector<int32_t> buckets;
+  std::vector<CudaGraph> graphs;  // [buckets], when options.graphs
+  int64_t steps_count = 0;
+  int64_t graph_replays = 0;
+  int64_t last_wait_ns = 0;
+  bool staged = false;
+  int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
+  int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
+};
+
+CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& executor_config,
+                        const CudaBackendOptions& backend_options)
+    : model(model_config),
+      config(executor_config),
+      options(backend_options),
+      hidden(model.hidden_size),
+      q_size(model.q_size()),
+      kv_size(model.kv_size()),
+      ffn(model.ffn_size),
+      vocab(model.vocab_size),
+      layers(model.layers_count),
+      table_width(config.table_width()),
+      positions_count(config.table_width() * config.page_size),
+      tokens_max(config.step_tokens_max()),
+      rows_max(config.max_batch_rows),
+      logits_rows_max(config.logits_rows_max()),
+      slots_count(int64_t{config.pages_count} * config.page_size),
+      attention_shape{model.query_heads_count, model.kv_heads_count, model.head_dim,
+                      config.table_width(), config.page_size,
+                      config.table_width() * config.page_size},
+      layout(config.max_batch_rows, config.logits_rows_max(), config.prefill_chunk_tokens,
+             config.table_width()) {
+  model.validate();
+  config.validate();
+  LS_REQUIRE(int64_t{logits_rows_max} * vocab < (int64_t{1} << 31),
+             "cuda backend: logits rows ({}) × vocab ({}) exceed 2^31", logits_rows_max, vocab);
+  int devices = 0;
+  LS_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > options.device,
+             "cuda backend: no CUDA device {} (found {})", options.device, devices);
+  LS_CUDA(cudaSetDevice(options.device));
+  stream = CudaStream::create();
+  cublas = CublasHandle::create(stream.get());
+
+  const auto t = static_cast<size_t>(tokens_max);
+  const auto h = static_cast<size_t>(hidden);
+  const auto l = static_cast<size_t>(layers);
+  const auto v = static_cast<size_t>(vocab);
+  const auto r = static_cast<size_t>(logits_rows_max);
+  const auto pool = static_cast<size_t>(config.pool_rows_count());
+  auto& w = ledger.weights;
+  embedding = DeviceArray<bf16>(v * h, w);
+  if (!model.tied_embeddings) lm_head = DeviceArray<bf16>(v * h, w);
+  w_qkv = DeviceArray<bf16>(l * (q_size + 2 * kv_size) * h, w);
+  w_o = DeviceArray<bf16>(l * h * q_size, w);
+  w_gate_up = DeviceArray<bf16>(l * 2 * ffn * h, w);
+  w_down = DeviceArray<bf16>(l * h * ffn, w);
+  attn_norm = DeviceArray<float>(l * h, w);
+  ffn_norm = DeviceArray<float>(l * h, w);
+  final_norm = DeviceArray<float>(h, w);
+
+  const size_t kv_elems = l * static_cast<size_t>(slots_count) * kv_size;
+  k_cache = DeviceArray<bf16>(kv_elems, ledger.kv);
+  v_cache = DeviceArray<bf16>(kv_elems, ledger.kv);
+  LS_CUDA(cudaMemsetAsync(k_cache.get(), 0, k_cache.bytes(), stream.get()));
+  LS_CUDA(cudaMemsetAsync(v_cache.get(), 0, v_cache.bytes(), stream.get()));
+  host_kv = PinnedArray<bf16>(static_cast<size_t>(config.host_pages_count) * 2 * l *
+                              config.page_size * kv_size);
+  const RopeTable rope = build_rope_table(model.head_dim, model.rope_theta, positions_count);
+  auto& ws = ledger.workspace;
+  rope_cos = DeviceArray<float>(rope.cos.size(), ws);
+  rope_sin = DeviceArray<float>(rope.sin.size(), ws);
+  LS_CUDA(cudaMemcpy(rope_cos.get(), rope.cos.data(), rope_cos.bytes(), cudaMemcpyHostToDevice));
+  LS_CUDA(cudaMemcpy(rope_sin.get(), rope.sin.data(), rope_sin.bytes(), cudaMemcpyHostToDevice));
+
+  residual = DeviceArray<float>(t * h, ws);
+  normed = DeviceArray<bf16>(t * h, ws);
+  qkv = DeviceArray<float>(t * (q_size + 2 * kv_size), ws);
+  q = DeviceArray<float>(t * q_size, ws);
+  attn_out = DeviceArray<bf16>(t * q_size, ws);
+  gate_up = DeviceArray<float>(t * 2 * ffn, ws);
+  act = DeviceArray<bf16>(t * ffn, ws);
+  // Decode steps (rows_max · W tokens) must fit in one attention launch (graphs); prefill may
+  // be chunked under the cap.
+  const size_t decode_floats = kernels::attention_workspace_floats(
+      attention_shape, rows_max * config.verify_width);
+  const size_t all_floats = kernels::attention_workspace_floats(attention_shape, tokens_max);
+  const size_t cap_floats = static_cast<size_t>(options.attention_workspace_bytes_max) / 4;
+  attention_workspace =
+      DeviceArray<float>(std::max(decode_floats, std::min(all_floats, cap_floats)), ws);
+  final_normed = DeviceArray<bf16>(r * h, ws);
+  logits = DeviceArray<float>(r * v, ws);
+  cublas_workspace = DeviceArray<uint8_t>(static_cast<size_t>(options.cublas_workspace_bytes), ws);
+  LS_CUBLAS(cublasSetWorkspace(cublas.get(), cublas_workspace.get(), cublas_workspace.bytes()));
+
+  argmax = DeviceArray<int32_t>(r, ws);
+  row_nan_flags = DeviceArray<int32_t>(r, ws);
+  row_max = DeviceArray<float>(r, ws);
+  row_sum = DeviceArray<float>(r, ws);
+  keys = DeviceArray<uint64_t>(r * v, ws);
+  sorted_keys = DeviceArray<uint64_t>(r * v, ws);
+  std::vector<int32_t> offsets(r + 1);
+  for (size_t i = 0; i <= r; ++i) offsets[i] = static_cast<int32_t>(i * v);
+  segment_offsets = DeviceArray<int32_t>(r + 1, ws);
+  LS_CUDA(cudaMemcpy(segment_offsets.get(), offsets.data(), segment_offsets.bytes(),
+                     cudaMemcpyHostToDevice));
+  const size_t sort_bytes = kernels::sort_sampling_keys_temp_bytes(logits_rows_max, vocab);
+  LS_REQUIRE(sort_bytes > 0, "cuda backend: the sampler's sort reported no workspace size");
+  sort_temp = DeviceArray<uint8_t>(sort_bytes, ws);
+
+  table = DeviceArray<int32_t>(pool * table_width, ws);
+  vcl = DeviceArray<int32_t>(pool, ws);
+  future_inputs = DeviceArray<int32_t>(pool * config.verify_width, ws);
+  vcl_before = DeviceArray<int32_t>(static_cast<size_t>(rows_max), ws);
+  input_ids = DeviceArray<int32_t>(t, ws);
+  positions = DeviceArray<int32_t>(t, ws);
+  slots = DeviceArray<int64_t>(t, ws);
+  token_pool_rows = DeviceArray<int32_t>(t, ws);
+  for (DeviceArray<int32_t>* a : {&table, &vcl, &future_inputs, &vcl_before, &positions}) {
+    LS_CUDA(cudaMemsetAsync(a->get(), 0, a->bytes(), stream.get()));
+  }
+  LS_CUDA(cudaMemsetAsync(slots.get(), 0, slots.bytes(), stream.get()));
+  std::vector<int32_t> pads(t, kernels::kPadInputId);
+  LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
+
+  staging = DeviceArray<int32_t>(layout.words, ws);
+  LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), stream.get()));
+  for (auto& buffer : host_staging) buffer = PinnedArray<int32_t>(layout.words);
+  for (auto& event : upload_done) event = CudaEvent::create();
+  results = DeviceArray<int32_t>(2 * r + 3 * static_cast<size_t>(rows_max), ws);
+  host_results = PinnedArray<int32_t>(results.count());
+  step_done = CudaEvent::create();
+  buckets = decode_buckets(rows_max);
+  LS_CUDA(cudaStreamSynchronize(stream.get()));
+}
+
+CudaBackend::Impl::~Impl() {
+  // Nothing may still read a buffer when the members free it.
+  if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
+}
+
+void CudaBackend::Impl::upload_tensor(bf16* dst, std::span<const float> src) {
+  constexpr size_t kChunk = size_t{1} << 22;
+  std::vector<uint16_t> bits(std::min(src.size(), kChunk));
+  for (size_t begin = 0; begin < src.size(); begin += kChunk) {
+    const size_t n = std::min(kChunk, src.size() - begin);
+    for (size_t i = 0; i < n; ++i) bits[i] = bf16_bits(src[begin + i]);
+    LS_CUDA(cudaMemcpy(dst + begin, bits.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+  }
+}
+
+void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
+  LS_REQUIRE(weights.config.hidden_size == hidden && weights.config.layers_count == layers &&
+                 weights.config.vocab_size == vocab && weights.config.ffn_size == ffn,
+             "cuda backend: the weights' shape does not match the model config");
+  LS_REQUIRE(static_cast<int32_t>(weights.layers.size()) == layers,
+             "cuda backend: {} layers of weights for {} layers", weights.layers.size(), layers);
+  const size_t h = static_cast<size_t>(hidden);
+  upload_tensor(embedding.get(), weights.embedding);
+  if (!model.tied_embeddings) upload_tensor(lm_head.get(), weights.lm_head);
+  const size_t qkv_rows = static_cast<size_t>(q_size + 2 * kv_size);
+  for (int32_t i = 0; i < layers; ++i) {
+    const LayerWeights& w = weights.layers[i];
+    const size_t li = static_cast<size_t>(i);
+    bf16* qkv_w = w_qkv.get() + li * qkv_rows * h;
+    upload_tensor(qkv_w, w.wq);
+    upload_tensor(qkv_w + static_cast<size_t>(q_size) * h, w.wk);
+    upload_tensor(qkv_w + static_cast<size_t>(q_size + kv_size) * h, w.wv);
+    upload_tensor(w_o.get() + li * h * q_size, w.wo);
+    bf16* gu = w_gate_up.get() + li * 2 * ffn * h;
+    upload_tensor(gu, w.w_gate);
+    upload_tensor(gu + static_cast<size_t>(ffn) * h, w.w_up);
+    upload_tensor(w_down.get() + li * h * ffn, w.w_down);
+    LS_CUDA(cudaMemcpy(attn_norm.get() + li * h, w.attn_norm.data(), h * 4, cudaMemcpyHostToDevice));
+    LS_CUDA(cudaMemcpy(ffn_norm.get() + li * h, w.ffn_norm.data(), h * 4, cudaMemcpyHostToDevice));
+  }
+  LS_CUDA(cudaMemcpy(final_norm.get(), weights.final_norm.data(), h * 4, cudaMemcpyHostToDevice));
+}
+
+void CudaBackend::Impl::generate_weights(uint64_t seed) {
+  const int64_t h = hidden;
+  const cudaStream_t s = stream.get();
+  auto bound = [](int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
+  LS_CUDA(kernels::launch_seeded_bf16(embedding.get(), vocab * h, seed, 0, 0.0f, 1.0f, s));
+  const int64_t qkv_rows = q_size + 2 * kv_size;
+  for (int32_t i = 0; i < layers; ++i) {
+    const uint32_t base = 1 + 9 * static_cast<uint32_t>(i);
+    bf16* qkv_w = w_qkv.get() + i * qkv_rows * h;
+    LS_CUDA(kernels::launch_seeded_f32(attn_norm.get() + i * h, h, seed, base, 1.0f, 0.125f, s));
+    LS_CUDA(kernels::launch_seeded_bf16(qkv_w, q_size * h, seed, base + 1, 0.0f, bound(h), s));
+    LS_CUDA(kernels::launch_seeded_bf16(qkv_w + q_size * h, kv_size * h, seed, base + 2, 0.0f,
+                                        bound(h), s));
+    LS_CUDA(kernels::launch_seeded_bf16(qkv_w + (q_size + kv_size) * h, kv_size * h, seed,
+                                        base + 3, 0.0f, bound(h), s));
+    LS_CUDA(kernels::launch_seeded_bf16(w_o.get() + i * h * q_size, h * q_size, seed, base + 4,
+                                        0.0f, bound(q_size), s));
+    LS_CUDA(kernels::launch_seeded_f32(ffn_norm.get() + i * h, h, seed, base + 5, 1.0f, 0.125f, s));
+    bf16* gu = w_gate_up.get() + i * 2 * ffn * h;
+    LS_CUDA(kernels::launch_seeded_bf16(gu, ffn * h, seed, base + 6, 0.0f, bound(h), s));
+    LS_CUDA(kernels::launch_seeded_bf16(gu + ffn * h, ffn * h, seed, base + 7, 0.0f, bound(h), s));
+    LS_CUDA(kernels::launch_seeded_bf16(w_down.get() + i * h * ffn, h * ffn, seed, base + 8, 0.0f,
+                                        bound(ffn), s));
+  }
+  const uint32_t tail = 1 + 9 * static_cast<uint32_t>(layers);
+  LS_CUDA(kernels::launch_seeded_f32(final_norm.get(), h, seed, tail, 1.0f, 0.125f, s));
+  if (!model.tied_embeddings) {
+    LS_CUDA(kernels::launch_seeded_bf16(lm_head.get(), vocab * h, seed, tail + 1, 0.0f, bound(h), s));
+  }
+  LS_CUDA(cudaStreamSynchronize(s));
+}
+
+kernels::DeviceState CudaBackend::Impl::device_state() const {
+  return kernels::DeviceState{
+      .table = table.get(),
+      .vcl = vcl.get(),
+      .future_inputs = future_inputs.get(),
+      .vcl_before = vcl_before.get(),
+      .table_width = table_width,
+      .page_size = config.page_size,
+      .verify_width = config.verify_width,
+      .vocab_size = vocab,
+      .context_length = config.context_length,
+      .sentinel_pool_row = config.sentinel_pool_row(),
+  };
+}
+
+kernels::TokenBuffers CudaBackend::Impl::token_buffers() const {
+  return kernels::TokenBuffers{input_ids.get(), positions.get(), slots.get(),
+                               token_pool_rows.get(), tokens_max};
+}
+
+kernels::ResultBuffers CudaBackend::Impl::result_buffers() const {
+  int32_t* base = results.get();
+  const size_t r = static_cast<size_t>(logits_rows_max);
+  const size_t b = static_cast<size_t>(rows_max);
+  return kernels::ResultBuffers{base, base + r, base + r + b, base + r + 2 * b,
+                                reinterpret_cast<float*>(base + r + 3 * b)};
+}
+
+// Decode steps run at their bucket's batch size (eager and graph alike, so the two give the same
+// bits); other steps at their own size.
+int32_t CudaBackend::Impl::rows_grid_for(const StepPlan& plan) const {
+  if (plan.mode != ForwardMode::kDecode) return plan.rows_count;
+  return *std::lower_bound(buckets.begin(), buckets.end(), plan.rows_count);
+}
+
+// Packs the plan into `words`; rows [bs, rows_grid) are padding: the sentinel pool row, its
+// tokens and logits rows past the real ones. Returns the words to copy before table_pages.
+int32_t CudaBackend::Impl::pack(const StepPlan& plan, int32_t grid, int32_t* words,
+                               size_t* pages_count) const {
+  const int32_t bs = plan.rows_count;
+  const int32_t ne = plan.prefill_rows_count;
+  const int32_t w = plan.verify_width;
+  LS_ASSERT(bs <= grid && grid <= rows_max, "rows {} grid {} max {}", bs, grid, rows_max);
+  LS_ASSERT(plan.logits_rows_count() <= logits_rows_max, "{} logits rows", plan.logits_rows_count());
+  LS_ASSERT(static_cast<int32_t>(plan.table_writes.size()) <= rows_max, "{} table writes",
+            plan.table_writes.size());
+  LS_ASSERT(static_cast<int32_t>(plan.length_resets.size()) <= rows_max, "{} resets",
+            plan.length_resets.size());
+  LS_ASSERT(plan.table_pages.size() <= static_cast<size_t>(rows_max) * table_width, "{} pages",
+            plan.table_pages.size());
+  LS_ASSERT(plan.prefill_token_ids.size() <= static_cast<size_t>(config.prefill_chunk_tokens),
+            "{} prefill tokens", plan.prefill_token_ids.size());
+  LS_REQUIRE(static_cast<int32_t>(plan.forced_outputs.size()) <= logits_rows_max,
+             "cuda backend: {} forced outputs exceed logits_rows_max = {}",
+             plan.forced_outputs.size(), logits_rows_max);
+  auto& header = *reinterpret_cast<kernels::StepHeader*>(words);
+  header = kernels::StepHeader{};
+  header.rows_count = bs;
+  header.prefill_rows_count = ne;
+  header.tokens_count = plan.tokens_count;
+  header.verify_width = w;
+  header.logits_rows_count = plan.logits_rows_count();
+  header.table_writes_count = static_cast<int32_t>(plan.table_writes.size());
+  header.length_resets_count = static_cast<int32_t>(plan.length_resets.size());
+  header.forced_count = static_cast<int32_t>(plan.forced_outputs.size());
+  header.want_logprobs = plan.want_logprobs ? 1 : 0;
+  const StagingLayout& o = layout;
+  const int32_t nd = bs - ne;
+  for (int32_t row = 0; row < grid; ++row) {
+    const bool real = row < bs;
+    words[o.pool_rows + row] = real ? plan.pool_rows[row] : config.sentinel_pool_row();
+    words[o.input_lengths + row] = real ? plan.input_lengths[row] : w;
+    words[o.token_offsets + row] = real ? plan.token_offsets[row] : plan.tokens_count + (row - bs) * w;
+    words[o.prefill_prefix + row] = row < ne ? plan.prefill_prefix[row] : 0;
+    words[o.decode_overrides + row] = row < nd ? plan.decode_overrides[row] : -1;
+    words[o.force_single + row] = row < nd ? plan.force_single[row] : 0;
+    kernels::SamplingRow s{};
+    if (real) {
+      const ResolvedSampling& rs = plan.sampling[row];
+      s = kernels::SamplingRow{static_cast<uint32_t>(rs.seed), static_cast<uint32_t>(rs.seed >> 32),
+                               rs.temperature, rs.top_k, rs.top_p, rs.min_p};
+    }
+    std::memcpy(words + o.sampling + static_cast<size_t>(row) * kSamplingWords, &s, sizeof(s));
+  }
+  const int32_t logits_grid = ne + (grid - ne) * w;
+  for (int32_t r = 0; r < logits_grid; ++r) {
+    words[o.logits_token_index + r] =
+        r < plan.logits_rows_count() ? plan.logits_token_index[r]
+                                     : plan.tokens_count + (r - plan.logits_rows_count());
+  }
+  for (size_t i = 0; i < plan.table_writes.size(); ++i) {
+    const TableWrite& tw = plan.table_writes[i];
+    LS_ASSERT(tw.begin + tw.pages_count <= table_width, "unclamped table write");
+    int32_t* out = words + o.table_writes + 4 * i;
+    out[0] = tw.pool_row, out[1] = tw.begin, out[2] = tw.pages_offset, out[3] = tw.pages_count;
+  }
+  for (size_t i = 0; i < plan.length_resets.size(); ++i) {
+    words[o.length_resets + 2 * i] = plan.length_resets[i].pool_row;
+    words[o.length_resets + 2 * i + 1] = plan.length_resets[i].length;
+  }
+  for (size_t i = 0; i < plan.forced_outputs.size(); ++i) {
+    words[o.forced + 2 * i] = plan.forced_outputs[i].first;
+    words[o.forced + 2 * i + 1] = plan.forced_outputs[i].second;
+  }
+  std::copy(plan.prefill_token_ids.begin(), plan.prefill_token_ids.end(), words + o.prefill_ids);
+  std::copy(plan.table_pages.begin(), plan.table_pages.end(), words + o.table_pages);
+  *pages_count = plan.table_pages.size();
+  return static_cast<int32_t>(o.prefill_ids + plan.prefill_token_ids.size());
+}
+
+// One packed host-to-device copy of the step (two when table pages are written). The pinned
+// buffer is double-buffered by step parity and never rewritten before its last copy completed.
+void CudaBackend::Impl::stage(const StepPlan& plan) {
+  if (staged) return;
+  const size_t parity = static_cast<size_t>(steps_count & 1);
+  LS_CUDA(cudaEventSynchronize(upload_done[parity].get()));
+  rows_grid = rows_grid_for(plan);
+  const size_t bucket =
+      static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), rows_grid) - buckets.begin());
+  graph_index_ = plan.mode == ForwardMode::kDecode && !graphs.empty() ? static_cast<int32_t>(bucket) : -1;
+  int32_t* words = host_staging[parity].get();
+  size_t pages = 0;
+  const int32_t head_words = pack(plan, rows_grid, words, &pages);
+  const cudaStream_t s = stream.get();
+  LS_CUDA(cudaMemcpyAsync(staging.get(), words, static_cast<size_t>(head_words) * 4,
+                          cudaMemcpyHostToDevice, s));
+  if (pages > 0) {
+    LS_CUDA(cudaMemcpyAsync(staging.get() + layout.table_pages, words + layout.table_pages,
+                            pages * 4, cudaMemcpyHostToDevice, s));
+  }
+  LS_CUDA(cudaEventRecord(upload_done[parity].get(), s));
+  staged = true;
+}
+
+void CudaBackend::Impl::enqueue_table_writes(int32_t grid) {
+  LS_CUDA(kernels::launch_apply_table_writes(step_inputs(), device_state(), grid, stream.get()));
+}
+
+void CudaBackend::Impl::enqueue_resets() {
+  LS_CUDA(kernels::launch_reset_lengths(step_inputs(), device_state(), stream.get()));
+}
+
+void CudaBackend::Impl::enqueue_fill(int32_t grid) {
+  LS_CUDA(kernels::launch_fill_inputs(step_inputs(), device_state(), token_buffers(), grid,
+                                      stream.get()));
+}
+
+void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
+  const cudaStream_t s = stream.get();
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  const int32_t qkv_rows = q_size + 2 * kv_size;
+  const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
+  bf16* k_layer = k_cache.get() + li * kv_layer;
+  bf16* v_layer = v_cache.get() + li * kv_layer;
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                   attn_norm.get() + li * h, model.rms_eps, normed.get(), s));
+  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), normed.get(),
+                                        w_qkv.get() + li * qkv_rows * h, qkv.get(), tokens,
+                                        qkv_rows, hidden, 0.0f));
+  LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
+                                   model.query_heads_count, model.kv_heads_count, model.head_dim,
+                                   rope_cos.get(), rope_sin.get(), positions_count, q.get(),
+                                   k_layer, v_layer, s));
+  LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
+                                          positions.get(), token_pool_rows.get(), table.get(),
+                                          tokens, attention_workspace.get(),
+                                          attention_workspace.count(), attn_out.get(), s));
+  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), attn_out.get(), w_o.get() + li * h * q_size,
+                                        residual.get(), tokens, hidden, q_size, 1.0f));
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                   ffn_norm.get() + li * h, model.rms_eps, normed.get(), s));
+  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), normed.get(),
+                                        w_gate_up.get() + li * 2 * ffn * h, gate_up.get(), tokens,
+                                        2 * ffn, hidden, 0.0f));
+  LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, act.get(), s));
+  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), act.get(), w_down.get() + li * h * ffn,
+                                        residual.get(), tokens, hidden, ffn, 1.0f));
+}
+
+void CudaBackend::Impl::enqueue_forward(int32_t tokens, int32_t logits_rows) {
+  const cudaStream_t s = stream.get();
+  LS_CUDA(kernels::launch_embedding(embedding.get(), input_ids.get(), tokens, hidden,
+                                    residual.get(), s));
+  for (int32_t i = 0; i < layers; ++i) enqueue_layer(i, tokens);
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
+                                   hidden, final_norm.get(), model.rms_eps, final_normed.get(), s));
+  const bf16* head = model.tied_embeddings ? embedding.get() : lm_head.get();
+  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), final_normed.get(), head, logits.get(),
+                                        logits_rows, vocab, hidden, 0.0f));
+}
+
+// Rules 5–9: guard, (stochastic rows: weights and sort), finish, one packed copy back.
+void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
+  const cudaStream_t s = stream.get();
+  const int32_t r = plan.logits_rows_count();
+  const bool logprobs = plan.want_logprobs;
+  LS_CUDA(kernels::launch_guard_logits(logits.get(), r, vocab, row_nan_flags.get(), argmax.get(),
+                                       logprobs ? row_max.get() : nullptr,
+                                       logprobs ? row_sum.get() : nullptr, s));
+  const bool stochastic = std::any_of(plan.sampling.begin(), plan.sampling.end(),
+                                      [](const ResolvedSampling& x) { return x.top_k != 1; });
+  const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
+  if (stochastic) {
+    LS_CUDA(kernels::launch_sampling_weights(step_inputs(), logits.get(), r, vocab, sampler, s));
+    LS_CUDA(kernels::launch_sort_sampling_keys(sort_temp.get(), sort_temp.bytes(), sampler, r,
+                                               vocab, segment_offsets.get(), s));
+  }
+  const kernels::FinishArgs args{
+      .in = step_inputs(),
+      .state = device_state(),
+      .out = result_buffers(),
+      .logits = logits.get(),
+      .vocab = vocab,
+      .argmax = argmax.get(),
+      .row_nan_flags = row_nan_flags.get(),
+      .row_max = row_max.get(),
+      .row_sum = row_sum.get(),
+      .keys = sampler,
+      .input_ids = input_ids.get(),
+  };
+  LS_CUDA(kernels::launch_finish_rows(args, plan.rows_count, s));
+  LS_CUDA(cudaMemcpyAsync(host_results.get(), results.get(), results.bytes(),
+                          cudaMemcpyDeviceToHost, s));
+  LS_CUDA(cudaEventRecord(step_done.get(), s));
+}
+
+void CudaBackend::Impl::check_step_launches() const { LS_CUDA(cudaGetLastError()); }
+
+StepResult CudaBackend::Impl::unpack(const StepPlan& plan) {
+  const int32_t bs = plan.rows_count;
+  const int32_t r = plan.logits_rows_count();
+  StepResult result;
+  result.mode = plan.mode;
+  result.prefill_rows_count = plan.prefill_rows_count;
+  result.verify_width = plan.verify_width;
+  const kernels::ResultBuffers device = result_buffers();
+  const int32_t* base = host_results.get();
+  auto host = [&](const void* p) { return base + (static_cast<const int32_t*>(p) - results.get()); };
+  const int32_t* tokens_h = host(device.tokens);
+  const int32_t* accepted_h = host(device.accepted_lengths);
+  const int32_t* nan_h = host(device.nan_flags);
+  const int32_t* oov_h = host(device.oov_flags);
+  result.tokens.assign(tokens_h, tokens_h + r);
+  result.accepted_lengths.assign(accepted_h, accepted_h + bs);
+  result.nan_flags.resize(static_cast<size_t>(bs));
+  result.oov_flags.resize(static_cast<size_t>(bs));
+  for (int32_t i = 0; i < bs; ++i) {
+    result.nan_flags[i] = static_cast<uint8_t>(nan_h[i] != 0);
+    result.oov_flags[i] = static_cast<uint8_t>(oov_h[i] != 0);
+  }
+  if (plan.want_logprobs) {
+    result.logprobs.resize(static_cast<size_t>(r));
+    std::memcpy(result.logprobs.data(), host(device.logprobs), static_cast<size_t>(r) * 4);
+  }
+  return result;
+}
+
+CudaBackend::CudaBackend(const ModelWeights& weights, const ExecutorConfig& config,
+                         const CudaBackendOptions& options)
+    : impl_(std::make_unique<Impl>(weights.config, config, options)) {
+  impl_->upload_weights(weights);
+  if (options.graphs) impl_->capture_graphs();
+}
+
+CudaBackend::CudaBackend(const DeviceSeededWeights& weights, const ExecutorConfig& config,
+                         const CudaBackendOptions& options)
+    : impl_(std::make_unique<Impl>(weights.config, config, options)) {
+  impl_->generate_weights(weights.seed);
+  if (options.graphs) impl_->capture_graphs();
+}
+
+CudaBackend::~CudaBackend() = default;
+
+// Warm-up eagerly at every bucket (module loading and cuBLAS's first calls stay out of capture),
+// then capture rules 1–4 of a decode step per bucket. The staged header is all zeros here: no
+// real rows, so the fill scrubs every token and the forward writes only the dummy page 0.
+void CudaBackend::Impl::capture_graphs() {
+  const cudaStream_t s = stream.get();
+  LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
+  graphs.clear();
+  for (const int32_t grid : buckets) {
+    const int32_t tokens = grid * config.verify_width;
+    auto enqueue = [&] {
+      enqueue_table_writes(grid);
+      enqueue_resets();
+      enqueue_fill(grid);
+      enqueue_forward(tokens, tokens);
+    };
+    enqueue();
+    LS_CUDA(cudaStreamSynchronize(s));
+    graphs.push_back(CudaGraph::capture(s, enqueue));
+  }
+  LS_CUDA(cudaStreamSynchronize(s));
+}
+
+void CudaBackend::apply_table_writes(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  if (m.graph_step()) return;
+  if (!plan.table_writes.empty()) m.enqueue_table_writes(m.rows_grid);
+}
+
+void CudaBackend::reset_lengths(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  if (m.graph_step()) return;
+  if (!plan.length_resets.empty()) m.enqueue_resets();
+}
+
+void CudaBackend::fill_inputs(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  if (m.graph_step()) return;
+  m.enqueue_fill(m.rows_grid);
+}
+
+void CudaBackend::forward(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  if (plan.rows_count == 0) return;
+  if (m.graph_step()) {
+    LS_CUDA(cudaGraphLaunch(m.graphs[static_cast<size_t>(m.graph_index_)].get(), m.stream.get()));
+    ++m.graph_replays;
+    return;
+  }
+  const int32_t tokens = plan.mode == ForwardMode::kDecode ? m.rows_grid * plan.verify_width
+                                                           : plan.tokens_count;
+  const int32_t logits_rows = plan.mode == ForwardMode::kDecode ? tokens : plan.logits_rows_count();
+  m.enqueue_forward(tokens, logits_rows);
+}
+
+void CudaBackend::poison_logits(std::span<const int32_t> logits_rows, float value) {
+  Impl& m = *impl_;
+  for (const int32_t r : logits_rows) {
+    LS_ASSERT(r >= 0 && r < m.logits_rows_max, "logits row {}", r);
+    LS_CUDA(kernels::launch_fill_float(m.logits.get() + static_cast<int64_t>(r) * m.vocab, m.vocab,
+                                       value, m.stream.get()));
+  }
+}
+
+StepResult CudaBackend::finish_step(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  StepResult result;
+  if (plan.rows_count == 0) {
+    result.mode = plan.mode;
+    result.verify_width = plan.verify_width;
+    LS_CUDA(cudaStreamSynchronize(m.stream.get()));
+  } else {
+    m.enqueue_tail(plan);
+    m.check_step_launches();
+    if (plan.capture_logits) {
+      result.logits.resize(static_cast<size_t>(plan.logits_rows_count()) * m.vocab);
+      LS_CUDA(cudaMemcpyAsync(result.logits.data(), m.logits.get(), result.logits.size() * 4,
+                              cudaMemcpyDeviceToHost, m.stream.get()));
+    }
+    const auto wait_begin = std::chrono::steady_clock::now();
+    if (plan.capture_logits) {
+      LS_CUDA(cudaStreamSynchronize(m.stream.get()));  // the logits copy follows the event
+    } else {
+      LS_CUDA(cudaEventSynchronize(m.step_done.get()));
+    }
+    m.last_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::steady_clock::now() - wait_begin)
+                         .count();
+    std::vector<float> logits = std::move(result.logits);
+    result = m.unpack(plan);
+    result.logits = std::move(logits);
+  }
+  m.staged = false;
+  ++m.steps_count;
+  return result;
+}
+
+void CudaBackend::copy_pages(const CacheOp& op) {
+  Impl& m = *impl_;
+  LS_ASSERT(op.device_pages.size() == op.host_pages.size(), "unpaired page copy");
+  const size_t p = static_cast<size_t>(m.config.page_size);
+  const size_t kv = static_cast<size_t>(m.kv_size);
+  const size_t l = static_cast<size_t>(m.layers);
+  const size_t page_bytes = p * kv * sizeof(bf16);
+  const size_t layer_pitch = static_cast<size_t>(m.slots_count) * kv * sizeof(bf16);
+  for (size_t i = 0; i < op.device_pages.size(); ++i) {
+    LS_ASSERT(op.device_pages[i] >= 1 && op.device_pages[i] < m.config.pages_count,
+              "device page {}", op.device_pages[i]);
+    LS_ASSERT(op.host_pages[i] >= 0 && op.host_pages[i] < m.config.host_pages_count,
+              "host page {}", op.host_pages[i]);
+    const size_t first_slot = static_cast<size_t>(op.device_pages[i]) * p;
+    bf16* host_page = m.host_kv.get() + static_cast<size_t>(op.host_pages[i]) * 2 * l * p * kv;
+    for (int which = 0; which < 2; ++which) {
+      bf16* device = (which == 0 ? m.k_cache.get() : m.v_cache.get()) + first_slot * kv;
+      bf16* host = host_page + static_cast<size_t>(which) * l * p * kv;
+      if (op.kind == CacheOpKind::kSwapOut) {
+        LS_CUDA(cudaMemcpy2DAsync(host, page_bytes, device, layer_pitch, page_bytes, l,
+                                  cudaMemcpyDeviceToHost, m.stream.get()));
+      } else {
+        LS_CUDA(cudaMemcpy2DAsync(device, layer_pitch, host, page_bytes, page_bytes, l,
+                                  cudaMemcpyHostToDevice, m.stream.get()));
+      }
+    }
+  }
+}
+
+StateSnapshot CudaBackend::read_state(std::span<const int32_t> pool_rows) const {
+  const Impl& m = *impl_;
+  LS_CUDA(cudaStreamSynchronize(m.stream.get()));
+  const std::vector<int32_t> table = download(m.table);
+  const std::vector<int32_t> vcl = download(m.vcl);
+  const std::vector<int32_t> fim = download(m.future_inputs);
+  const size_t w = static_cast<size_t>(m.config.verify_width);
+  const size_t width = static_cast<size_t>(m.table_width);
+  StateSnapshot s;
+  for (const int32_t rpi : pool_rows) {
+    LS_ASSERT(rpi >= 0 && rpi < m.config.pool_rows_count(), "pool row {}", rpi);
+    const size_t row = static_cast<size_t>(rpi);
+    s.pool_rows.push_back(rpi);
+    s.valid_cache_length.push_back(vcl[row]);
+    s.future_inputs.insert(s.future_inputs.end(), fim.begin() + row * w, fim.begin() + (row + 1) * w);
+    s.table.insert(s.table.end(), table.begin() + row * width, table.begin() + (row + 1) * width);
+  }
+  return s;
+}
+
+InputSnapshot CudaBackend::read_inputs() const {
+  const Impl& m = *impl_;
+  LS_CUDA(cudaStreamSynchronize(m.stream.get()));
+  return {download(m.input_ids), download(m.positions), download(m.slots)};
+}
+
+CudaMemoryReport CudaBackend::memory_report() const {
+  const Impl& m = *impl_;
+  return {m.ledger.weights, m.ledger.kv, m.ledger.workspace};
+}
+
+int64_t CudaBackend::graph_replays_count() const { return impl_->graph_replays; }
+
+int64_t CudaBackend::last_wait_ns() const { return impl_->last_wait_ns; }
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& weights,
+                                           const ExecutorConfig& config) {
+  return std::make_unique<CudaBackend>(weights, config);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& weights,
+                                           const ExecutorConfig& config,
+                                           const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackend>(weights, config, options);
+}
+
+bool cuda_device_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+CudaMachineInfo cuda_machine_info(int32_t device) {
+  LS_REQUIRE(cuda_device_available(), "no CUDA device is available");
+  cudaDeviceProp props{};
+  LS_CUDA(cudaGetDeviceProperties(&props, device));
+  int driver = 0;
+  int runtime = 0;
+  LS_CUDA(cudaDriverGetVersion(&driver));
+  LS_CUDA(cudaRuntimeGetVersion(&runtime));
+  int major = 0, minor = 0, patch = 0;
+  LS_CUBLAS(cublasGetProperty(MAJOR_VERSION, &major));
+  LS_CUBLAS(cublasGetProperty(MINOR_VERSION, &minor));
+  LS_CUBLAS(cublasGetProperty(PATCH_LEVEL, &patch));
+  // The kernel module's version, when the proc file is there (Linux): "NVRM version: ... 580.x".
+  std::string kernel_driver;
+  std::ifstream proc("/proc/driver/nvidia/version");
+  std::string line;
+  if (proc && std::getline(proc, line)) {
+    const size_t kernel_module = line.find("Kernel Module");
+    if (kernel_module != std::string::npos) {
+      const size_t begin = line.find_first_of("0123456789", kernel_module);
+      const size_t end = line.find_first_of(" \t", begin);
+      if (begin != std::string::npos) kernel_driver = line.substr(begin, end - begin);
+    }
+  }
+  CudaMachineInfo info;
+  info.gpu_name = props.name;
+  info.sm_count = std::to_string(props.multiProcessorCount);
+  info.driver_version = (kernel_driver.empty() ? std::string("unknown") : kernel_driver) +
+                        " (CUDA " + version_string(driver) + ")";
+  info.runtime_version = version_string(runtime);
+  info.cublas_version = fmt::format("{}.{}.{}", major, minor, patch);
+  return info;
+}
+
+}  // namespace ls

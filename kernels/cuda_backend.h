@@ -1,0 +1,96 @@
+// The CUDA production backend (DESIGN.md "Backends"): bf16 weights and KV on the device, fp32
+// accumulation, cuBLAS GEMMs, own kernels for everything else, one execution stream, every buffer
+// allocated once at construction from the ExecutorConfig's limits.
+//
+// This header includes no CUDA header, so cli/ can include it; everything CUDA lives in Impl.
+#pragma once
+
+#include "core/backend.h"
+#include "core/config.h"
+#include "core/model/weights.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ls {
+
+struct CudaBackendOptions {
+  int32_t device = 0;
+  // Decode steps replay CUDA graphs captured at batch sizes 1, 2, 4, 8, 16, ... (multiples of 8)
+  // up to max_batch_rows, padded with the sentinel pool row. Off: every step runs eagerly.
+  bool graphs = false;
+  // The attention split workspace's cap; prefill attention is launched in token chunks that fit.
+  int64_t attention_workspace_bytes_max = int64_t{256} << 20;
+  int64_t cublas_workspace_bytes = int64_t{32} << 20;
+};
+
+// What a trace header and a benchmark record about the machine.
+struct CudaMachineInfo {
+  std::string gpu_name;
+  std::string sm_count;
+  std::string driver_version;   // the kernel driver's version, and the CUDA version it supports
+  std::string runtime_version;  // CUDA runtime linked in
+  std::string cublas_version;
+};
+
+// Device memory the backend holds, by kind, for reports.
+struct CudaMemoryReport {
+  int64_t weight_bytes = 0;
+  int64_t kv_bytes = 0;
+  int64_t workspace_bytes = 0;  // activations, logits, sampler, attention and cuBLAS workspaces
+};
+
+// Random weights made on the device (benchmarks): equal to weights_from_seed(config, seed)
+// rounded to bf16, without ever holding fp32 host weights.
+struct DeviceSeededWeights {
+  ModelConfig config;
+  uint64_t seed = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // Uploads the weights as bf16 (norm weights stay fp32) and allocates every buffer. Throws
+  // ls::Error when there is no device, memory runs out, or a limit cannot be met.
+  CudaBackend(const ModelWeights& weights, const ExecutorConfig& config,
+              const CudaBackendOptions& options = {});
+  CudaBackend(const DeviceSeededWeights& weights, const ExecutorConfig& config,
+              const CudaBackendOptions& options = {});
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda"; }
+  void apply_table_writes(const StepPlan& plan) override;
+  void reset_lengths(const StepPlan& plan) override;
+  void fill_inputs(const StepPlan& plan) override;
+  void forward(const StepPlan& plan) override;
+  void poison_logits(std::span<const int32_t> logits_rows, float value) override;
+  StepResult finish_step(const StepPlan& plan) override;
+  void copy_pages(const CacheOp& op) override;
+  StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
+  InputSnapshot read_inputs() const override;
+
+  CudaMemoryReport memory_report() const;
+  int64_t graph_replays_count() const;
+  // Nanoseconds the last finish_step spent blocked on the step's completion (a statistic for the
+  // benchmark's host-time figure: step wall time minus this is the host's own work).
+  int64_t last_wait_ns() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& weights,
+                                           const ExecutorConfig& config);
+std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& weights,
+                                           const ExecutorConfig& config,
+                                           const CudaBackendOptions& options);
+
+// Throws ls::Error when no CUDA device is usable.
+CudaMachineInfo cuda_machine_info(int32_t device = 0);
+
+// True when a CUDA device is present and usable (tests skip otherwise).
+bool cuda_device_available();
+
+}  // namespace ls

@@ -1,0 +1,258 @@
+// Compiled with --fmad=false: core/sampling.cpp's definition is IEEE fp32 without contraction.
+#include "kernels/sampling_ops.h"
+
+#include "kernels/reduce.cuh"
+
+namespace ls::kernels {
+
+namespace {
+
+constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
+constexpr uint32_t kDrawSample = 0;
+constexpr uint32_t kDrawCoin = 1;
+constexpr uint32_t kDrawCorrection = 2;
+constexpr int32_t kNoToken = -1;
+
+// Word 0 of Philox4x32-10 with key = seed and counter = (position lo, position hi, draw, 0).
+__device__ uint32_t philox_word0(uint64_t seed, uint64_t position, uint32_t draw) {
+  uint32_t c0 = static_cast<uint32_t>(position), c1 = static_cast<uint32_t>(position >> 32);
+  uint32_t c2 = draw, c3 = 0;
+  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) k0 += kPhiloxW0, k1 += kPhiloxW1;
+    const uint32_t hi0 = __umulhi(kPhiloxM0, c0), lo0 = kPhiloxM0 * c0;
+    const uint32_t hi1 = __umulhi(kPhiloxM1, c2), lo1 = kPhiloxM1 * c2;
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
+  }
+  return c0;
+}
+
+__device__ float draw_uniform(const SamplingRow& s, int64_t position, uint32_t draw) {
+  const uint64_t seed = (uint64_t{s.seed_hi} << 32) | s.seed_lo;
+  return static_cast<float>(philox_word0(seed, static_cast<uint64_t>(position), draw) >> 8) *
+         0x1p-24f;
+}
+
+__device__ __forceinline__ uint64_t key_of(float w, int32_t id) {
+  return (uint64_t{__float_as_uint(w)} << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
+}
+__device__ __forceinline__ float weight_of(uint64_t key) {
+  return __uint_as_float(static_cast<uint32_t>(key >> 32));
+}
+__device__ __forceinline__ int32_t id_of(uint64_t key) {
+  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
+}
+
+__device__ int32_t op_row_of(const StepHeader& h, int32_t logits_row) {
+  const int32_t ne = h.prefill_rows_count;
+  return logits_row < ne ? logits_row : ne + (logits_row - ne) / h.verify_width;
+}
+
+constexpr int32_t kWeightThreads = 1024;
+
+__global__ void __launch_bounds__(kWeightThreads)
+sampling_weights_kernel(StepInputs in, const float* logits, int32_t vocab, SamplingKeys keys) {
+  __shared__ float scratch[32];
+  const StepHeader& h = *in.header;
+  const int32_t r = blockIdx.x;
+  if (r >= h.logits_rows_count) return;
+  const SamplingRow s = in.sampling[op_row_of(h, r)];
+  if (s.top_k == 1) return;
+  const float* row = logits + int64_t{r} * vocab;
+  float m = -INFINITY;
+  for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, row[i] / s.temperature);
+  m = block_max(m, scratch);
+  uint64_t* out = keys.keys + int64_t{r} * vocab;
+  for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+    out[i] = key_of(expf(row[i] / s.temperature - m), i);
+  }
+}
+
+// Steps 5–8 on one sorted row: the kept prefix and its sum S.
+struct Filtered {
+  const uint64_t* by_id;   // [vocab] keys by id
+  const uint64_t* sorted;  // [vocab] keys in step 4's order
+  int32_t kept;            // n >= 1
+  float kept_sum;          // S
+
+  __device__ bool contains(int32_t token) const {
+    return by_id[token] >= sorted[kept - 1];  // keys are distinct: the kept set is a key prefix
+  }
+  __device__ float probability(int32_t token) const {
+    return contains(token) ? weight_of(by_id[token]) / kept_sum : 0.0f;
+  }
+};
+
+__device__ Filtered filter(const FinishArgs& a, int32_t logits_row, const SamplingRow& s) {
+  const int64_t base = int64_t{logits_row} * a.vocab;
+  Filtered q{a.keys.keys + base, a.keys.sorted_keys + base, 0, 0.0f};
+  const int32_t k = min(s.top_k, a.vocab);
+  int32_t n = k;
+  if (s.top_p < 1.0f) {
+    float total = 0.0f;
+    for (int32_t j = 0; j < k; ++j) total += weight_of(q.sorted[j]);
+    float cumulative = 0.0f;
+    for (int32_t j = 0; j < k; ++j) {
+      cumulative += weight_of(q.sorted[j]) / total;
+      if (cumulative >= s.top_p) {
+        n = j + 1;
+        break;
+      }
+    }
+  }
+  const float threshold = s.min_p * weight_of(q.sorted[0]);
+  int32_t count = 1;
+  while (count < n && weight_of(q.sorted[count]) >= threshold) ++count;
+  q.kept = count;
+  for (int32_t j = 0; j < count; ++j) q.kept_sum += weight_of(q.sorted[j]);
+  return q;
+}
+
+__device__ int32_t invert_cdf(const Filtered& q, float u, int32_t skipped) {
+  float total = q.kept_sum;
+  if (skipped != kNoToken) {
+    total = 0.0f;
+    for (int32_t j = 0; j < q.kept; ++j) {
+      if (id_of(q.sorted[j]) != skipped) total += weight_of(q.sorted[j]);
+    }
+  }
+  const float target = u * total;
+  float cumulative = 0.0f;
+  int32_t last = kNoToken;
+  for (int32_t j = 0; j < q.kept; ++j) {
+    const int32_t token = id_of(q.sorted[j]);
+    if (token == skipped) continue;
+    cumulative += weight_of(q.sorted[j]);
+    if (cumulative > target) return token;
+    last = token;
+  }
+  return last;
+}
+
+__device__ int32_t sample_token(const FinishArgs& a, int32_t logits_row, const SamplingRow& s,
+                                int64_t position) {
+  if (s.top_k == 1) return a.argmax[logits_row];
+  const Filtered q = filter(a, logits_row, s);
+  return invert_cdf(q, draw_uniform(s, position, kDrawSample), kNoToken);
+}
+
+// Returns a in [1, W]; writes out[0 .. a-1]. inputs = [t0, d1 .. d_{W-1}].
+__device__ int32_t verify_row(const FinishArgs& a, int32_t first_logits, const int32_t* inputs,
+                              int32_t w, const SamplingRow& s, int64_t first_position,
+                              bool force_single, int32_t* out) {
+  if (force_single || w == 1) {
+    out[0] = sample_token(a, first_logits, s, first_position);
+    return 1;
+  }
+  if (s.top_k == 1) {
+    int32_t i = 0;
+    out[0] = a.argmax[first_logits];
+    while (i + 1 < w && inputs[i + 1] == out[i]) {
+      ++i;
+      out[i] = a.argmax[first_logits + i];
+    }
+    return i + 1;
+  }
+  for (int32_t i = 1; i < w; ++i) {
+    const int32_t draft = inputs[i];
+    const int64_t position = first_position + i - 1;
+    const Filtered q = filter(a, first_logits + i - 1, s);
+    const float probability = q.probability(draft);
+    if (probability > 0.0f && draw_uniform(s, position, kDrawCoin) <= probability) {
+      out[i - 1] = draft;
+      continue;
+    }
+    out[i - 1] = invert_cdf(q, draw_uniform(s, position, kDrawCorrection), draft);
+    return i;
+  }
+  out[w - 1] = sample_token(a, first_logits + w - 1, s, first_position + w - 1);
+  return w;
+}
+
+// Rules 6–9 for one op row, on one thread: its work is sequential by definition.
+__global__ void finish_rows_kernel(FinishArgs a) {
+  if (threadIdx.x != 0) return;
+  const StepHeader& h = *a.in.header;
+  const int32_t row = blockIdx.x;
+  if (row >= h.rows_count) return;
+  const int32_t ne = h.prefill_rows_count;
+  const int32_t w = h.verify_width;
+  const int32_t p = a.in.pool_rows[row];
+  const SamplingRow s = a.in.sampling[row];
+  const DeviceState& st = a.state;
+  int32_t first = row;
+  int32_t count = 1;
+  if (row < ne) {
+    const int32_t length = a.in.input_lengths[row];
+    const int64_t position = int64_t{a.in.prefill_prefix[row]} + length;
+    const int32_t token = sample_token(a, row, s, position);
+    a.out.tokens[row] = token;
+    a.out.accepted_lengths[row] = 1;
+    st.future_inputs[int64_t{p} * w] = token;
+    st.vcl[p] += length;
+  } else {
+    first = ne + (row - ne) * w;
+    count = w;
+    const int32_t vcl_old = st.vcl_before[row];
+    int32_t* out = a.out.tokens + first;
+    const int32_t accepted =
+        verify_row(a, first, a.input_ids + a.in.token_offsets[row], w, s, int64_t{vcl_old} + 1,
+                   a.in.force_single[row - ne] != 0, out);
+    // Rule 7, the context clamp: a' = min(a, max(0, L − vcl_old)).
+    const int32_t clamped = min(accepted, max(0, st.context_length - vcl_old));
+    for (int32_t i = clamped; i < w; ++i) out[i] = 0;
+    a.out.accepted_lengths[row] = clamped;
+    const int32_t last = min(max(out[max(clamped, 1) - 1], 0), st.vocab_size - 1);
+    for (int32_t i = 0; i < w; ++i) st.future_inputs[int64_t{p} * w + i] = last;
+    st.vcl[p] += clamped;
+  }
+  // The fault site's forced ids, then the OOV flag and the output clamp (rule 9).
+  for (int32_t f = 0; f < h.forced_count; ++f) {
+    const int32_t index = a.in.forced_outputs[2 * f];
+    if (index >= first && index < first + count) a.out.tokens[index] = a.in.forced_outputs[2 * f + 1];
+  }
+  int32_t oov = 0;
+  int32_t nan = 0;
+  for (int32_t i = first; i < first + count; ++i) {
+    const int32_t token = a.out.tokens[i];
+    if (token < 0 || token >= a.vocab) {
+      oov = 1;
+      a.out.tokens[i] = min(max(token, 0), a.vocab - 1);
+    }
+    nan |= a.row_nan_flags[i];
+    if (h.want_logprobs) {
+      a.out.logprobs[i] = a.logits[int64_t{i} * a.vocab + a.out.tokens[i]] - a.row_max[i] -
+                          logf(a.row_sum[i]);
+    }
+  }
+  a.out.oov_flags[row] = oov;
+  a.out.nan_flags[row] = nan;
+}
+
+}  // namespace
+
+cudaError_t launch_sampling_weights(StepInputs in, const float* logits, int32_t rows_grid,
+                                    int32_t vocab, SamplingKeys keys, cudaStream_t stream) {
+  if (rows_grid < 0 || vocab < 1 || logits == nullptr || keys.keys == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows_grid == 0) return cudaSuccess;
+  sampling_weights_kernel<<<rows_grid, kWeightThreads, 0, stream>>>(in, logits, vocab, keys);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_finish_rows(const FinishArgs& args, int32_t rows_grid, cudaStream_t stream) {
+  if (rows_grid < 0 || args.vocab < 1 || args.logits == nullptr || args.argmax == nullptr ||
+      args.row_nan_flags == nullptr || args.input_ids == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows_grid == 0) return cudaSuccess;
+  finish_rows_kernel<<<rows_grid, 32, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace ls::kernels

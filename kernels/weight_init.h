@@ -1,0 +1,23 @@
+// Seeded random weights generated directly on the device as bf16 — for benchmarks of shapes whose
+// fp32 host weights would not fit in host memory (llama-8b needs ~32 GB). Element i of tensor t is
+// center + half_width·(2u − 1), u = uniform_from_bits(Philox4x32-10(seed, i, t)[0]) — the formula
+// of ls::weights_from_seed, so the result equals its weights rounded to bf16.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace ls::kernels {
+
+cudaError_t launch_seeded_bf16(__nv_bfloat16* out, int64_t count, uint64_t seed,
+                               uint32_t tensor_index, float center, float half_width,
+                               cudaStream_t stream);
+cudaError_t launch_seeded_f32(float* out, int64_t count, uint64_t seed, uint32_t tensor_index,
+                              float center, float half_width, cudaStream_t stream);
+
+// Streaming copy for the bandwidth probe: dst[i] = src[i], 16 bytes per thread per step.
+cudaError_t launch_copy_bytes(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
+
+}  // namespace ls::kernels

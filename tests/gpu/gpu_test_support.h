@@ -1,0 +1,116 @@
+// Helpers for the GPU tests: device buffers, bf16 rounding as the device does it, seeded inputs,
+// and the relative-error measure the tolerances are stated in (METHOD.md: ‖out − ref‖ / ‖ref‖).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace ls::gpu_test {
+
+inline bool have_device() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define LS_SKIP_WITHOUT_DEVICE() \
+  if (!::ls::gpu_test::have_device()) GTEST_SKIP() << "no CUDA device"
+
+template <typename T>
+struct DeviceBuffer {
+  explicit DeviceBuffer(size_t n) : count(n) {
+    EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+    // Poison: every element a kernel must write is checked, so unwritten ones show up.
+    EXPECT_EQ(cudaMemset(ptr, 0xff, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess);
+  }
+  explicit DeviceBuffer(const std::vector<T>& v) : DeviceBuffer(v.size()) { upload(v); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void upload(const std::vector<T>& v) {
+    EXPECT_EQ(cudaMemcpy(ptr, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  std::vector<T> download() const {
+    std::vector<T> v(count);
+    EXPECT_EQ(cudaMemcpy(v.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return v;
+  }
+  T* ptr = nullptr;
+  size_t count;
+};
+
+// Round to bf16 (nearest even) and back, as __float2bfloat16_rn does.
+inline uint16_t to_bf16_bits(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+inline float from_bf16_bits(uint16_t b) {
+  const uint32_t u = uint32_t{b} << 16;
+  float x = 0;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+inline float round_bf16(float x) { return from_bf16_bits(to_bf16_bits(x)); }
+
+inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<__nv_bfloat16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    __nv_bfloat16_raw raw;
+    raw.x = to_bf16_bits(v[i]);
+    out[i] = __nv_bfloat16(raw);
+  }
+  return out;
+}
+inline std::vector<float> from_bf16(const std::vector<__nv_bfloat16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const __nv_bfloat16_raw raw = v[i];
+    out[i] = from_bf16_bits(raw.x);
+  }
+  return out;
+}
+
+// Uniform in [lo, hi) from a seeded engine, with our own conversion (platform-stable).
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo, float hi) {
+  std::mt19937 engine(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = lo + (hi - lo) * static_cast<float>(engine() >> 8) * 0x1p-24f;
+  return v;
+}
+
+// Values already representable in bf16, so CPU and GPU start from identical inputs.
+inline std::vector<float> random_bf16_values(size_t n, uint32_t seed, float lo, float hi) {
+  std::vector<float> v = random_floats(n, seed, lo, hi);
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+inline double norm(std::span<const float> v) {
+  double s = 0;
+  for (float x : v) s += double{x} * x;
+  return std::sqrt(s);
+}
+
+// ‖out − ref‖ / ‖ref‖; NaN anywhere in out gives +inf.
+inline double relative_error(std::span<const float> out, std::span<const float> ref) {
+  double diff = 0, base = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(out[i])) return INFINITY;
+    diff += (double{out[i]} - ref[i]) * (double{out[i]} - ref[i]);
+    base += double{ref[i]} * ref[i];
+  }
+  return std::sqrt(diff) / std::sqrt(base);
+}
+
+}  // namespace ls::gpu_test

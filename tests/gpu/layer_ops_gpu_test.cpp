@@ -1,0 +1,249 @@
+// The per-token layer kernels against their CPU reference loops (core/cpu_model.cpp), on odd
+// token counts (1, 7, 129, 2048). Inputs are bf16-representable, so the only differences are the
+// device's accumulation order and its bf16 output rounding; tolerances are stated per test.
+#include "core/model/rope.h"
+#include "kernels/gemm.h"
+#include "kernels/layer_ops.h"
+#include "tests/gpu/gpu_test_support.h"
+
+#include <gtest/gtest.h>
+
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ls {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::random_bf16_values;
+using gpu_test::random_floats;
+using gpu_test::relative_error;
+using kernels::bf16;
+
+constexpr double kBf16Output = 8e-3;  // one bf16 rounding of the output: ≤ 2^-8 relative
+constexpr double kFp32 = 1e-5;
+
+class TokenCounts : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(TokenCounts, EmbeddingGathersRows) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), vocab = 517, hidden = 200;
+  const std::vector<float> table = random_bf16_values(size_t(vocab) * hidden, 1, -1, 1);
+  std::vector<int32_t> ids(tokens);
+  for (int32_t t = 0; t < tokens; ++t) ids[t] = (t * 131 + 7) % vocab;
+  DeviceBuffer<bf16> d_table(gpu_test::to_bf16(table));
+  DeviceBuffer<int32_t> d_ids(ids);
+  DeviceBuffer<float> d_out(size_t(tokens) * hidden);
+  ASSERT_EQ(kernels::launch_embedding(d_table.ptr, d_ids.ptr, tokens, hidden, d_out.ptr, nullptr),
+            cudaSuccess);
+  const std::vector<float> out = d_out.download();
+  for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t i = 0; i < hidden; ++i) {
+      ASSERT_EQ(out[size_t(t) * hidden + i], table[size_t(ids[t]) * hidden + i]) << t << "," << i;
+    }
+  }
+}
+
+// CPU reference: core/cpu_model.cpp rms_norm.
+std::vector<float> rms_norm_ref(const std::vector<float>& x, const std::vector<int32_t>& rows,
+                                const std::vector<float>& w, int32_t n, float eps) {
+  std::vector<float> y(rows.size() * n);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const float* xr = x.data() + size_t(static_cast<uint32_t>(rows[r])) * n;
+    double ms = 0;
+    for (int32_t i = 0; i < n; ++i) ms += double{xr[i]} * xr[i];
+    const float scale = static_cast<float>(1.0 / std::sqrt(ms / n + eps));
+    for (int32_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * scale * w[i];
+  }
+  return y;
+}
+
+TEST_P(TokenCounts, RmsNormMatchesTheReference) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), n = 2051;  // odd width
+  const float eps = 1e-5f;
+  const std::vector<float> x = random_floats(size_t(tokens) * n, 2, -3, 3);
+  const std::vector<float> w = random_floats(n, 3, 0.5f, 1.5f);
+  // Gathered rows (the final norm's logits rows) in reverse order, and the plain form.
+  std::vector<int32_t> rows(tokens), identity(tokens);
+  for (int32_t r = 0; r < tokens; ++r) rows[r] = tokens - 1 - r, identity[r] = r;
+  DeviceBuffer<float> d_x(x), d_w(w);
+  DeviceBuffer<int32_t> d_rows(rows);
+  DeviceBuffer<bf16> d_out(size_t(tokens) * n);
+  for (const bool gathered : {false, true}) {
+    ASSERT_EQ(kernels::launch_rms_norm(d_x.ptr, gathered ? d_rows.ptr : nullptr, tokens, n,
+                                       d_w.ptr, eps, d_out.ptr, nullptr),
+              cudaSuccess);
+    const std::vector<float> out = gpu_test::from_bf16(d_out.download());
+    const std::vector<float> ref = rms_norm_ref(x, gathered ? rows : identity, w, n, eps);
+    EXPECT_LT(relative_error(out, ref), kBf16Output) << "tokens " << tokens << " gathered " << gathered;
+    EXPECT_GT(gpu_test::norm(ref), 0);
+  }
+}
+
+TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), qh = 4, kvh = 2, d = 16, positions_count = 3000;
+  const int32_t q_size = qh * d, kv_size = kvh * d, width = q_size + 2 * kv_size;
+  const int64_t slots_count = 5000;
+  const RopeTable rope = build_rope_table(d, 500000.0f, positions_count);
+  const std::vector<float> qkv = random_floats(size_t(tokens) * width, 4, -2, 2);
+  std::vector<int32_t> positions(tokens);
+  std::vector<int64_t> slots(tokens);
+  for (int32_t t = 0; t < tokens; ++t) {
+    positions[t] = t == 0 ? positions_count + 10 : (t * 37) % positions_count;  // one past the table
+    slots[t] = (t * 7 + 3) % slots_count;  // distinct for tokens ≤ 2048
+  }
+  DeviceBuffer<float> d_qkv(qkv), d_cos(rope.cos), d_sin(rope.sin), d_q(size_t(tokens) * q_size);
+  DeviceBuffer<int32_t> d_pos(positions);
+  DeviceBuffer<int64_t> d_slots(slots);
+  DeviceBuffer<bf16> d_k(size_t(slots_count) * kv_size), d_v(size_t(slots_count) * kv_size);
+  ASSERT_EQ(kernels::launch_rope_qkv(d_qkv.ptr, d_pos.ptr, d_slots.ptr, tokens, qh, kvh, d,
+                                     d_cos.ptr, d_sin.ptr, positions_count, d_q.ptr, d_k.ptr,
+                                     d_v.ptr, nullptr),
+            cudaSuccess);
+  const std::vector<float> q = d_q.download();
+  const std::vector<float> k = gpu_test::from_bf16(d_k.download());
+  const std::vector<float> v = gpu_test::from_bf16(d_v.download());
+  std::vector<float> q_ref(size_t(tokens) * q_size), q_out(q_ref.size());
+  std::vector<float> k_ref, k_out, v_ref, v_out;
+  for (int32_t t = 0; t < tokens; ++t) {
+    std::vector<float> row(qkv.begin() + size_t(t) * width, qkv.begin() + size_t(t + 1) * width);
+    const int32_t p = std::min(positions[t], positions_count - 1);
+    for (int32_t h = 0; h < qh + kvh; ++h) apply_rope(rope, p, row.data() + h * d);
+    std::copy(row.begin(), row.begin() + q_size, q_ref.begin() + size_t(t) * q_size);
+    std::copy(q.begin() + size_t(t) * q_size, q.begin() + size_t(t + 1) * q_size,
+              q_out.begin() + size_t(t) * q_size);
+    const size_t s = static_cast<size_t>(slots[t]) * kv_size;
+    k_ref.insert(k_ref.end(), row.begin() + q_size, row.begin() + q_size + kv_size);
+    k_out.insert(k_out.end(), k.begin() + s, k.begin() + s + kv_size);
+    v_ref.insert(v_ref.end(), row.begin() + q_size + kv_size, row.end());
+    v_out.insert(v_out.end(), v.begin() + s, v.begin() + s + kv_size);
+  }
+  EXPECT_LT(relative_error(q_out, q_ref), kFp32);
+  EXPECT_LT(relative_error(k_out, k_ref), kBf16Output);
+  EXPECT_LT(relative_error(v_out, v_ref), kBf16Output);
+}
+
+TEST_P(TokenCounts, SwigluMatchesTheReference) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), ffn = 301;
+  const std::vector<float> gu = random_floats(size_t(tokens) * 2 * ffn, 5, -4, 4);
+  DeviceBuffer<float> d_gu(gu);
+  DeviceBuffer<bf16> d_out(size_t(tokens) * ffn);
+  ASSERT_EQ(kernels::launch_swiglu(d_gu.ptr, tokens, ffn, d_out.ptr, nullptr), cudaSuccess);
+  const std::vector<float> out = gpu_test::from_bf16(d_out.download());
+  std::vector<float> ref(out.size());
+  for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t i = 0; i < ffn; ++i) {
+      const float g = gu[size_t(t) * 2 * ffn + i], u = gu[size_t(t) * 2 * ffn + ffn + i];
+      ref[size_t(t) * ffn + i] = g / (1.0f + std::exp(-g)) * u;
+    }
+  }
+  EXPECT_LT(relative_error(out, ref), kBf16Output);
+}
+
+TEST_P(TokenCounts, ResidualAddIsExact) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int64_t n = int64_t{GetParam()} * 333;
+  const std::vector<float> a = random_floats(size_t(n), 6, -1, 1), b = random_floats(size_t(n), 7, -1, 1);
+  DeviceBuffer<float> d_a(a), d_b(b);
+  ASSERT_EQ(kernels::launch_residual_add(d_a.ptr, d_b.ptr, n, nullptr), cudaSuccess);
+  const std::vector<float> out = d_a.download();
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], a[i] + b[i]) << i;
+}
+
+// y = x·wᵀ + beta·y through cuBLAS (bf16 in, fp32 accumulate), against fp64 on the same bf16
+// values; beta = 1 is the fused residual add.
+TEST_P(TokenCounts, GemmMatchesFp64AndIsDeterministic) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), out_dim = 333, in_dim = 264;
+  const std::vector<float> x = random_bf16_values(size_t(tokens) * in_dim, 8, -1, 1);
+  const std::vector<float> w = random_bf16_values(size_t(out_dim) * in_dim, 9, -0.1f, 0.1f);
+  const std::vector<float> y0 = random_floats(size_t(tokens) * out_dim, 10, -1, 1);
+  DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x)), d_w(gpu_test::to_bf16(w));
+  DeviceBuffer<float> d_y(y0);
+  cublasHandle_t handle = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  DeviceBuffer<uint8_t> workspace(size_t(32) << 20);
+  ASSERT_EQ(cublasSetWorkspace(handle, workspace.ptr, workspace.count), CUBLAS_STATUS_SUCCESS);
+  for (const float beta : {0.0f, 1.0f}) {
+    d_y.upload(y0);
+    ASSERT_EQ(kernels::gemm_bf16_rowmajor(handle, d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim,
+                                          in_dim, beta),
+              CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> y = d_y.download();
+    std::vector<float> ref(y.size());
+    for (int32_t t = 0; t < tokens; ++t) {
+      for (int32_t o = 0; o < out_dim; ++o) {
+        double s = beta * double{y0[size_t(t) * out_dim + o]};
+        for (int32_t i = 0; i < in_dim; ++i) {
+          s += double{x[size_t(t) * in_dim + i]} * w[size_t(o) * in_dim + i];
+        }
+        ref[size_t(t) * out_dim + o] = static_cast<float>(s);
+      }
+    }
+    EXPECT_LT(relative_error(y, ref), kFp32) << "beta " << beta;
+    d_y.upload(y0);
+    ASSERT_EQ(kernels::gemm_bf16_rowmajor(handle, d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim,
+                                          in_dim, beta),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(d_y.download(), y) << "run to run";
+  }
+  cublasDestroy(handle);
+}
+
+INSTANTIATE_TEST_SUITE_P(OddSizes, TokenCounts, ::testing::Values(1, 7, 129, 2048));
+
+class LogitsRows : public ::testing::TestWithParam<int32_t> {};
+
+// Rule 5 against CpuBackend::guard_logits and argmax_token: flags, sanitised values, argmax with
+// the lowest id on ties, and the logprob pieces.
+TEST_P(LogitsRows, GuardSanitisesFlagsAndFindsTheArgmax) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t rows = GetParam(), vocab = 128256;
+  std::vector<float> logits = random_floats(size_t(rows) * vocab, 11, -5, 5);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int32_t r = 0; r < rows; ++r) {
+    float* row = logits.data() + size_t(r) * vocab;
+    if (r % 3 == 0) row[(r * 17) % vocab] = nan;
+    if (r % 4 == 1) row[(r * 29 + 5) % vocab] = inf, row[(r * 31 + 6) % vocab] = inf;
+    if (r % 5 == 2) row[(r * 13 + 1) % vocab] = -inf;
+    if (r % 2 == 0) row[vocab - 1] = 7.0f, row[(r * 101 + 3) % (vocab - 1)] = 7.0f;  // a tie
+  }
+  DeviceBuffer<float> d_logits(logits), d_max(rows), d_sum(rows);
+  DeviceBuffer<int32_t> d_nan(rows), d_argmax(rows);
+  ASSERT_EQ(kernels::launch_guard_logits(d_logits.ptr, rows, vocab, d_nan.ptr, d_argmax.ptr,
+                                         d_max.ptr, d_sum.ptr, nullptr),
+            cudaSuccess);
+  const std::vector<float> out = d_logits.download(), row_max = d_max.download(),
+                           row_sum = d_sum.download();
+  const std::vector<int32_t> flags = d_nan.download(), argmax = d_argmax.download();
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* in = logits.data() + size_t(r) * vocab;
+    const float* o = out.data() + size_t(r) * vocab;
+    int32_t flag = 0, best = 0;
+    std::vector<float> sanitised(in, in + vocab);
+    for (float& x : sanitised) {
+      if (std::isnan(x)) flag = 1, x = -1e30f;
+      else if (std::isinf(x)) x = x > 0 ? 1e30f : -1e30f;
+    }
+    for (int32_t i = 1; i < vocab; ++i) if (sanitised[i] > sanitised[best]) best = i;
+    double sum = 0;
+    for (float x : sanitised) sum += std::exp(double{x} - sanitised[best]);
+    ASSERT_EQ(flags[r], flag) << "row " << r;
+    ASSERT_EQ(argmax[r], best) << "row " << r;
+    ASSERT_EQ(0, std::memcmp(o, sanitised.data(), size_t(vocab) * 4)) << "row " << r;
+    EXPECT_EQ(row_max[r], sanitised[best]);
+    EXPECT_NEAR(row_sum[r], sum, 1e-5 * sum);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(OddBatches, LogitsRows, ::testing::Values(1, 3, 17, 64));
+
+}  // namespace
+}  // namespace ls
