@@ -1,9 +1,12 @@
 // The GPU benchmark (GPU.md "How to spend GPU time", STYLE.md §24): in one run, the streaming
-// bandwidth of this GPU (a plain copy kernel), then decode step time of the CUDA backend for the
-// llama-1b and llama-8b shapes (random bf16 weights made on the device from a seed) at several
-// batch sizes and contexts, eager and with CUDA graphs, each with the bytes it must move (weights
-// + KV read) and the fraction of the measured bandwidth it reached; prefill tokens/s at a
-// 2048-token prompt; host time per step. Writes JSON (date, GPU, driver, commit, figures).
+// bandwidth of this GPU (a plain copy kernel, read + write, and a plain read kernel), then decode
+// step time of the CUDA backend for the llama-1b and llama-8b shapes (random bf16 weights made on
+// the device from a seed) at batch 1, 16, 64 and context 192, 1024 with CUDA graphs (and batch 1
+// eagerly), each with the bytes it must move (weights + KV read) and the fraction of the measured
+// bandwidths it reached; prefill tokens/s at a 2048-token prompt; host time per step; and a
+// per-phase profile of the batch-1 decode step (CUDA events between phases, inside the graph),
+// with lockstep's GEMV and with cuBLAS for the linear layers. Writes JSON (date, GPU, driver,
+// commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
 //
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b]
 #include "core/check.h"
@@ -46,31 +49,46 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Device-to-device copy through a plain kernel; bytes counted as read + write.
-double measure_copy_bandwidth(int64_t bytes, int32_t repeats) {
+struct Bandwidth {
+  double copy = 0;  // bytes/s, read + write counted
+  double read = 0;  // bytes/s
+};
+
+// Device-to-device copy and a plain streaming read, each through its own kernel.
+Bandwidth measure_bandwidth(int64_t bytes, int32_t repeats) {
   void* a = nullptr;
   void* b = nullptr;
   LS_CUDA(cudaMalloc(&a, static_cast<size_t>(bytes)));
   LS_CUDA(cudaMalloc(&b, static_cast<size_t>(bytes)));
   LS_CUDA(cudaMemset(a, 1, static_cast<size_t>(bytes)));
+  LS_CUDA(cudaMemset(b, 2, static_cast<size_t>(bytes)));
   cudaEvent_t start = nullptr, stop = nullptr;
   LS_CUDA(cudaEventCreate(&start));
   LS_CUDA(cudaEventCreate(&stop));
-  std::vector<double> rates;
-  for (int32_t i = 0; i < repeats + 3; ++i) {
-    LS_CUDA(cudaEventRecord(start));
-    LS_CUDA(kernels::launch_copy_bytes(i % 2 ? a : b, i % 2 ? b : a, bytes, nullptr));
-    LS_CUDA(cudaEventRecord(stop));
-    LS_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3) rates.push_back(2.0 * static_cast<double>(bytes) / (ms * 1e-3));
-  }
+  auto time = [&](auto launch) {
+    std::vector<double> ms_all;
+    for (int32_t i = 0; i < repeats + 3; ++i) {
+      LS_CUDA(cudaEventRecord(start));
+      launch(i);
+      LS_CUDA(cudaEventRecord(stop));
+      LS_CUDA(cudaEventSynchronize(stop));
+      float ms = 0;
+      LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+      if (i >= 3) ms_all.push_back(ms * 1e-3);
+    }
+    return median(ms_all);
+  };
+  Bandwidth out;
+  out.copy = 2.0 * static_cast<double>(bytes) /
+             time([&](int32_t i) { LS_CUDA(kernels::launch_copy_bytes(i % 2 ? a : b, i % 2 ? b : a, bytes, nullptr)); });
+  // The sink is never written (see launch_read_bytes); b is big enough for it anyway.
+  out.read = static_cast<double>(bytes) /
+             time([&](int32_t i) { LS_CUDA(kernels::launch_read_bytes(i % 2 ? a : b, bytes, i % 2 ? b : a, nullptr)); });
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
   cudaFree(a);
   cudaFree(b);
-  return median(rates);
+  return out;
 }
 
 ExecutorConfig bench_config(int32_t context_max) {
@@ -180,61 +198,145 @@ struct Options {
   std::vector<std::string> shapes = {"llama-1b", "llama-8b"};
 };
 
-json bench_shape(const std::string& shape, bool graphs, const Options& o, double bandwidth) {
+constexpr int32_t kWarmupSteps = 5;
+
+json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& model, int32_t rows,
+                    int32_t context, int32_t steps, const Bandwidth& bandwidth, const char* label) {
+  driver.prefill(rows, context);
+  std::vector<double> host;
+  driver.decode(rows, kWarmupSteps, backend, &host);
+  host.clear();
+  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host);
+  const double step_s = median(seconds);
+  const int32_t mean_context = context + kWarmupSteps + steps / 2;
+  const int64_t bytes = decode_bytes(model, rows, mean_context);
+  const double of_copy = static_cast<double>(bytes) / step_s / bandwidth.copy;
+  const double of_read = static_cast<double>(bytes) / step_s / bandwidth.read;
+  std::printf("  %s decode batch %2d context %4d: %.3f ms/step, host %.1f us, %.2f GB moved, "
+              "%.1f%% of copy BW, %.1f%% of read BW\n",
+              label, rows, context, step_s * 1e3, median(host) * 1e6,
+              static_cast<double>(bytes) * 1e-9, of_copy * 100, of_read * 100);
+  return {{"batch", rows},
+          {"context", context},
+          {"mean_context", mean_context},
+          {"step_ms_median", step_s * 1e3},
+          {"host_us_median", median(host) * 1e6},
+          {"bytes_moved", bytes},
+          {"bandwidth_fraction", of_copy},
+          {"read_bandwidth_fraction", of_read},
+          {"steps", steps}};
+}
+
+json bench_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   const std::vector<int32_t> contexts = o.quick ? std::vector<int32_t>{192} : std::vector<int32_t>{192, 1024};
   const std::vector<int32_t> batches = o.quick ? std::vector<int32_t>{1, 64} : std::vector<int32_t>{1, 16, 64};
-  const int32_t warmup = 5;
-  const int32_t steps = o.quick ? 10 : 30;
+  const int32_t steps = o.quick ? 10 : 20;
   const ExecutorConfig config = bench_config(*std::max_element(contexts.begin(), contexts.end()));
   CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
-                      CudaBackendOptions{.graphs = graphs});
+                      CudaBackendOptions{.graphs = true});
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   const CudaMemoryReport memory = backend.memory_report();
   json result = {{"shape", shape},
-                 {"graphs", graphs},
+                 {"graphs", true},
                  {"weight_bytes", memory.weight_bytes},
                  {"kv_bytes", memory.kv_bytes},
                  {"workspace_bytes", memory.workspace_bytes},
                  {"kv_tokens_capacity", int64_t{config.pages_count} * config.page_size},
                  {"decode", json::array()}};
-  std::printf("%s, %s: weights %.2f GB, KV %.2f GB, workspace %.2f GB\n", shape.c_str(),
-              graphs ? "graphs" : "eager", static_cast<double>(memory.weight_bytes) * 1e-9,
+  // KV capacity if KV took a stated fraction of what is left after weights and workspaces (the
+  // issue's memory line): the free memory now plus this run's own KV, over one token's KV.
+  size_t free_bytes = 0, total_bytes = 0;
+  LS_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  constexpr double kKvFraction = 0.9;
+  const int64_t token_kv_bytes = int64_t{2} * model.layers_count * 2 * model.kv_size();
+  const int64_t kv_capacity = static_cast<int64_t>(
+      kKvFraction * static_cast<double>(static_cast<int64_t>(free_bytes) + memory.kv_bytes) /
+      static_cast<double>(token_kv_bytes));
+  result["kv_fraction"] = kKvFraction;
+  result["kv_tokens_capacity_at_fraction"] = kv_capacity;
+  result["device_memory_bytes"] = static_cast<int64_t>(total_bytes);
+  std::printf("%s: weights %.2f GB, KV %.2f GB, workspace %.2f GB; KV at %.0f%% of the memory left "
+              "after weights and workspaces: %ld tokens\n",
+              shape.c_str(), static_cast<double>(memory.weight_bytes) * 1e-9,
               static_cast<double>(memory.kv_bytes) * 1e-9,
-              static_cast<double>(memory.workspace_bytes) * 1e-9);
+              static_cast<double>(memory.workspace_bytes) * 1e-9, kKvFraction * 100,
+              static_cast<long>(kv_capacity));
   // Prefill of one 2048-token prompt (one chunk), after a warm-up prefill.
   driver.prefill(1, kPrefillChunk);
   const double prefill_s = driver.prefill(1, kPrefillChunk);
   result["prefill_2048_tokens_per_s"] = kPrefillChunk / prefill_s;
+  result["prefill_2048_ms"] = prefill_s * 1e3;
   std::printf("  prefill 2048 tokens: %.1f ms, %.0f tokens/s\n", prefill_s * 1e3, kPrefillChunk / prefill_s);
   for (const int32_t context : contexts) {
     for (const int32_t rows : batches) {
-      driver.prefill(rows, context);
-      std::vector<double> host;
-      driver.decode(rows, warmup, backend, &host);
-      host.clear();
-      const std::vector<double> seconds = driver.decode(rows, steps, backend, &host);
-      const double step_s = median(seconds);
-      const int32_t mean_context = context + warmup + steps / 2;
-      const int64_t bytes = decode_bytes(model, rows, mean_context);
-      const double fraction = static_cast<double>(bytes) / step_s / bandwidth;
-      std::printf("  decode batch %2d context %4d: %.3f ms/step, host %.1f us, %.2f GB moved, "
-                  "%.1f%% of %.2f TB/s\n",
-                  rows, context, step_s * 1e3, median(host) * 1e6, static_cast<double>(bytes) * 1e-9,
-                  fraction * 100, bandwidth * 1e-12);
-      result["decode"].push_back({{"batch", rows},
-                                  {"context", context},
-                                  {"mean_context", mean_context},
-                                  {"step_ms_median", step_s * 1e3},
-                                  {"host_us_median", median(host) * 1e6},
-                                  {"bytes_moved", bytes},
-                                  {"bandwidth_fraction", fraction},
-                                  {"steps", steps}});
+      result["decode"].push_back(
+          decode_figures(driver, backend, model, rows, context, steps, bandwidth, "graphs"));
     }
   }
   result["graph_replays"] = backend.graph_replays_count();
   return result;
+}
+
+// Batch 1 at context 192, eagerly (no graphs): the host-bound reference.
+json bench_eager(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const ModelConfig model = model_config_named(shape);
+  const ExecutorConfig config = bench_config(192);
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, CudaBackendOptions{});
+  Executor executor(config, model.vocab_size, backend);
+  Driver driver(executor, config, model.vocab_size);
+  json out = decode_figures(driver, backend, model, 1, 192, o.quick ? 10 : 20, bandwidth, "eager ");
+  out["shape"] = shape;
+  return out;
+}
+
+// Where a batch-1 decode step's device time goes: CUDA events between phases, recorded inside the
+// graph, summed per phase over the timed steps. With lockstep's GEMV (the default for steps of at
+// most 8 tokens) and with cuBLAS for every linear layer.
+json profile_shape(const std::string& shape, bool gemv, const Options& o) {
+  const ModelConfig model = model_config_named(shape);
+  ExecutorConfig config = bench_config(192);
+  config.max_batch_rows = 1;
+  config.pages_count = (config.context_length + kPageSize - 1) / kPageSize + 2;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
+                      CudaBackendOptions{.graphs = true, .gemv_tokens_max = gemv ? 8 : 0,
+                                         .profile = true});
+  Executor executor(config, model.vocab_size, backend);
+  Driver driver(executor, config, model.vocab_size);
+  driver.prefill(1, 192);
+  std::vector<double> host;
+  driver.decode(1, kWarmupSteps, backend, &host);
+  backend.reset_phase_times();
+  const int32_t steps = o.quick ? 10 : 20;
+  const std::vector<double> seconds = driver.decode(1, steps, backend, &host);
+  const CudaPhaseTimes t = backend.phase_times();
+  json phases = json::object();
+  double total = 0;
+  std::printf("  profile %s batch 1 context 192, linear layers by %s: %.3f ms/step wall (marks "
+              "included)%s\n",
+              shape.c_str(), gemv ? "lockstep GEMV" : "cuBLAS", median(seconds) * 1e3,
+              t.available ? "" : ": phase timing unavailable on this device");
+  for (size_t p = 0; p < t.ms.size() && t.available && t.steps > 0; ++p) {
+    const double ms = t.ms[p] / static_cast<double>(t.steps);
+    total += ms;
+    phases[std::string(to_string(static_cast<CudaPhase>(p)))] = ms;
+  }
+  for (size_t p = 0; p < t.ms.size() && t.available && t.steps > 0; ++p) {
+    const double ms = t.ms[p] / static_cast<double>(t.steps);
+    std::printf("    %-16s %7.3f ms  %5.1f%%\n", std::string(to_string(static_cast<CudaPhase>(p))).c_str(),
+                ms, total > 0 ? 100 * ms / total : 0.0);
+  }
+  if (t.available) std::printf("    %-16s %7.3f ms\n", "sum", total);
+  return {{"shape", shape},
+          {"linear", gemv ? "lockstep_gemv" : "cublas"},
+          {"batch", 1},
+          {"context", 192},
+          {"step_ms_median_with_marks", median(seconds) * 1e3},
+          {"available", t.available},
+          {"steps", t.steps},
+          {"phase_ms_per_step", phases},
+          {"phase_ms_sum", total}};
 }
 
 std::string utc_now() {
@@ -270,8 +372,9 @@ int run(int argc, char** argv) {
   std::printf("%s, %s SMs, driver %s, CUDA runtime %s, cuBLAS %s, commit %s\n",
               machine.gpu_name.c_str(), machine.sm_count.c_str(), machine.driver_version.c_str(),
               machine.runtime_version.c_str(), machine.cublas_version.c_str(), LOCKSTEP_GIT_COMMIT);
-  const double bandwidth = measure_copy_bandwidth(int64_t{2} << 30, o.quick ? 10 : 30);
-  std::printf("copy bandwidth (read + write): %.2f TB/s\n", bandwidth * 1e-12);
+  const Bandwidth bandwidth = measure_bandwidth(int64_t{2} << 30, o.quick ? 10 : 30);
+  std::printf("bandwidth: copy (read + write) %.2f TB/s, read %.2f TB/s\n", bandwidth.copy * 1e-12,
+              bandwidth.read * 1e-12);
   json out = {{"date", utc_now()},
               {"gpu", machine.gpu_name},
               {"sm_count", machine.sm_count},
@@ -280,15 +383,21 @@ int run(int argc, char** argv) {
               {"cublas", machine.cublas_version},
               {"commit", LOCKSTEP_GIT_COMMIT},
               {"command", "lockstep_gpu_bench"},
-              {"copy_bandwidth_bytes_per_s", bandwidth},
-              {"shapes", json::array()}};
+              {"copy_bandwidth_bytes_per_s", bandwidth.copy},
+              {"read_bandwidth_bytes_per_s", bandwidth.read},
+              {"shapes", json::array()},
+              {"eager", json::array()},
+              {"profile", json::array()}};
+  auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
   for (const std::string& shape : o.shapes) {
-    for (const bool graphs : {false, true}) {
-      out["shapes"].push_back(bench_shape(shape, graphs, o, bandwidth));
-      std::ofstream(o.out_path) << out.dump(2) << "\n";  // keep what is done if a later one fails
-    }
+    out["profile"].push_back(profile_shape(shape, true, o));
+    out["profile"].push_back(profile_shape(shape, false, o));
+    save();  // keep what is done if a later one fails
+    out["shapes"].push_back(bench_shape(shape, o, bandwidth));
+    save();
+    out["eager"].push_back(bench_eager(shape, o, bandwidth));
+    save();
   }
-  std::ofstream(o.out_path) << out.dump(2) << "\n";
   return 0;
 }
 

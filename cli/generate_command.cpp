@@ -1,8 +1,8 @@
 #include "cli/generate_command.h"
 
+#include "cli/backend_factory.h"
 #include "cli/model_options.h"
 #include "core/check.h"
-#include "core/cpu_backend.h"
 #include "core/executor.h"
 #include "core/prompts.h"
 #include "core/serving_loop.h"
@@ -67,14 +67,16 @@ int run_generate(GenerateOptions& o) {
   const ExecutorConfig limits = executor_config_for(scheduler_limits);
   Scheduler scheduler(scheduler_limits);
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
-  CpuBackend backend(weights, limits);
+  const std::unique_ptr<Backend> backend = make_backend(o.model.backend, weights, limits);
   const bool recording = !o.record.empty();
-  Executor executor(limits, weights.config.vocab_size, backend,
+  Executor executor(limits, weights.config.vocab_size, *backend,
                     recording ? trace::recording_executor_options() : ExecutorOptions{});
   std::unique_ptr<trace::Recorder> recorder;
   std::unique_ptr<trace::TraceObserver> observer;
   if (recording) {
-    recorder = trace::Recorder::open(o.record, trace::make_trace_header(weights, source, limits, backend.name()));
+    recorder = trace::Recorder::open(
+        o.record, trace::make_trace_header(weights, source, limits, backend->name(),
+                                           machine_info_for(backend->name())));
     observer = std::make_unique<trace::TraceObserver>(*recorder);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -101,7 +103,7 @@ int run_generate(GenerateOptions& o) {
   }
   if (!o.quiet) {
     fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}, {:.3f} s)\n",
-               requests.size(), done.tokens_generated, done.steps_count, backend.name(),
+               requests.size(), done.tokens_generated, done.steps_count, backend->name(),
                weights.config.name, seconds);
   }
   return 0;

@@ -1,4 +1,5 @@
 // `lockstep`: the command line. main builds everything and passes it down (STYLE.md §12).
+#include "cli/check_command.h"
 #include "cli/generate_command.h"
 #include "cli/replay_command.h"
 #include "cli/sim_command.h"
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   commands.push_back(ls::cli::add_sim_command(app));
   commands.push_back(ls::cli::add_replay_command(app));
   commands.push_back(ls::cli::add_trace_command(app));
+  commands.push_back(ls::cli::add_check_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,5 +1,6 @@
 #include "cli/model_options.h"
 
+#include "cli/backend_factory.h"
 #include "core/check.h"
 
 #include <fmt/ranges.h>
@@ -7,6 +8,11 @@
 #include <filesystem>
 
 namespace ls::cli {
+
+CLI::Validator backend_validator() {
+  return CLI::Validator([](std::string& name) { return backend_name_error(name); }, "BACKEND",
+                        "backend");
+}
 
 void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--model", o.model,
@@ -17,8 +23,9 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--weights-seed", o.weights_seed,
                  "Seed of the random weights of a named shape (platform-stable)")
       ->capture_default_str();
-  app.add_option("--backend", o.backend, "Backend that runs the model")
-      ->check(CLI::IsMember({"cpu"}))
+  app.add_option("--backend", o.backend,
+                 fmt::format("Backend that runs the model ({})", fmt::join(backend_names(), ", ")))
+      ->check(backend_validator())
       ->capture_default_str();
   app.add_option("--max-batch-rows", o.executor.max_batch_rows, "B: rows in one forward op")
       ->check(CLI::Range(1, 4096))

@@ -20,6 +20,9 @@ struct ModelOptions {
 
 void add_model_options(CLI::App& app, ModelOptions& options);
 
+// Accepts the backends of this build (cli/backend_factory.h); its message says why another is not.
+CLI::Validator backend_validator();
+
 // Loads or generates the weights; fills executor.pages_count when it was left at 0.
 ModelWeights load_model(ModelOptions& options, WeightSource& source);
 

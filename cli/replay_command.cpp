@@ -1,9 +1,12 @@
 #include "cli/replay_command.h"
 
+#include "cli/backend_factory.h"
+#include "cli/model_options.h"
 #include "core/check.h"
 #include "replay/replay.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <memory>
 #include <unistd.h>
@@ -18,6 +21,7 @@ struct ReplayCliOptions {
   int64_t until = -1;
   int64_t isolate = -1;
   std::string weights_dir;
+  std::string backend = "cpu";
   bool quiet = false;
 };
 
@@ -72,6 +76,11 @@ int run_replay(const ReplayCliOptions& o) {
   if (o.until >= 0) options.until_step = o.until;
   if (o.isolate >= 0) options.isolate = static_cast<RequestId>(o.isolate);
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
+  if (o.backend != "cpu") {
+    options.make_backend = [name = o.backend](const ModelWeights& weights, const ExecutorConfig& limits) {
+      return make_backend(name, weights, limits);
+    };
+  }
   const bool tty = isatty(STDERR_FILENO) != 0;
   if (!o.quiet) {
     options.on_progress = [tty](int64_t steps, uint64_t bytes, uint64_t total) {
@@ -98,8 +107,8 @@ int run_replay(const ReplayCliOptions& o) {
 std::function<int()> add_replay_command(CLI::App& app) {
   auto o = std::make_shared<ReplayCliOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "replay", "Re-execute a recorded trace on the CPU reference and report the first divergence "
-                "(exact) or the agreement (teacher-forced)");
+      "replay", "Re-execute a recorded trace (on the CPU reference, or --backend) and report the "
+                "first divergence (exact) or the agreement (teacher-forced)");
   cmd->add_option("trace", o->trace, "The trace file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--mode", o->mode,
                   "exact: compare every output and digest bit for bit and stop at the first "
@@ -113,6 +122,12 @@ std::function<int()> add_replay_command(CLI::App& app) {
   cmd->add_option("--weights-dir", o->weights_dir,
                   "Where the trace's model directory is on this machine (checked against the "
                   "recorded weight digest)");
+  cmd->add_option("--backend", o->backend,
+                  fmt::format("Backend to replay on ({}); exact mode expects the one that "
+                              "recorded the trace",
+                              fmt::join(backend_names(), ", ")))
+      ->check(backend_validator())
+      ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No progress line");
   cmd->footer("Exit status: 0 identical, 1 diverged, 2 unusable trace (corrupt, or weights that do "
               "not match the recorded digest).");

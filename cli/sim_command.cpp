@@ -24,6 +24,7 @@ struct SimOptions {
   std::string record;
   bool stub_model = false;
   bool no_twin = false;
+  bool spec = false;
 };
 
 constexpr uint64_t kSimWeightsSeed = 0;
@@ -31,6 +32,7 @@ constexpr uint64_t kSimWeightsSeed = 0;
 sim::SimOverrides overrides_of(const SimOptions& o) {
   sim::SimOverrides v;
   if (o.requests > 0) v.requests_count = o.requests;
+  v.speculative = o.spec;
   if (o.faults == "none") {
     v.faults_enabled = false;
   } else if (o.faults == "all") {
@@ -104,8 +106,10 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
   if (!o.record.empty()) {
     LS_REQUIRE(!o.stub_model, "--record replays the real model: drop --stub-model");
     const WeightSource source{WeightSource::Kind::kSeed, kSimWeightsSeed, ""};
-    recorder = trace::Recorder::open(
-        o.record, trace::make_trace_header(weights, source, sim::executor_config_for(params), "cpu"));
+    trace::TraceHeader header =
+        trace::make_trace_header(weights, source, sim::executor_config_for(params), "cpu");
+    header.drafter = params.drafter_name();
+    recorder = trace::Recorder::open(o.record, header);
     observer = std::make_unique<sim::SimTraceObserver>(*recorder);
     world.observer = observer.get();
     world.executor_options = trace::recording_executor_options();
@@ -175,6 +179,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_flag("--stub-model", o->stub_model,
                 "Replace the model arithmetic with cheap deterministic logits (control plane only)");
   cmd->add_flag("--no-twin", o->no_twin, "Skip the twin run that re-runs each seed and compares fingerprints");
+  cmd->add_flag("--spec", o->spec,
+                "Speculative decoding: the seed draws W in 2..8 and a drafter (n-gram or oracle-mix)");
   cmd->footer("Exit status: 0 every checker and twin check passed, 1 a seed failed, 2 bad usage.");
   return [cmd, o]() {
     if (!cmd->parsed()) return -1;

@@ -13,13 +13,16 @@ constexpr float kSanitisedMagnitude = 1e30f;
 }  // namespace
 
 CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
-                       std::unique_ptr<Verifier> verifier, bool stub_model)
+                       std::unique_ptr<Verifier> verifier, bool stub_model,
+                       std::unique_ptr<Drafter> drafter)
     : config_(config),
       vocab_size_(weights.config.vocab_size),
       table_width_(config.table_width()),
       model_(weights, config),
       verifier_(verifier ? std::move(verifier) : std::make_unique<StandardVerifier>()),
-      stub_model_(stub_model) {
+      stub_model_(stub_model),
+      drafter_(std::move(drafter)),
+      history_capacity_(config.context_length + config.verify_width) {
   const size_t rows = static_cast<size_t>(config.pool_rows_count());
   const size_t tokens = static_cast<size_t>(config.step_tokens_max());
   table_.assign(rows * table_width_, 0);
@@ -31,11 +34,20 @@ CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config
   token_pool_rows_.assign(tokens, 0);
   logits_.assign(static_cast<size_t>(config.logits_rows_max()) * vocab_size_, 0.0f);
   vcl_before_.assign(static_cast<size_t>(config.max_batch_rows), 0);
+  history_.assign(rows * static_cast<size_t>(history_capacity_), 0);
+  history_begin_.assign(rows, 0);
+  new_owner_.assign(rows, 0);
+}
+
+std::string CpuBackend::drafter_name() const {
+  return drafter_ ? drafter_->name() : std::string(kNoDrafterName);
 }
 
 void CpuBackend::apply_table_writes(const StepPlan& plan) {
   for (const TableWrite& w : plan.table_writes) {
     LS_ASSERT(w.begin + w.pages_count <= table_width_, "unclamped table write");
+    // A refresh from column 0 is a new owner of the row (a fresh prefill, or a recovery).
+    if (w.begin == 0) new_owner_[w.pool_row] = 1;
     const std::span<const int32_t> pages = plan.pages_of(w);
     std::copy(pages.begin(), pages.end(),
               table_.begin() + static_cast<size_t>(w.pool_row) * table_width_ + w.begin);
@@ -43,7 +55,13 @@ void CpuBackend::apply_table_writes(const StepPlan& plan) {
 }
 
 void CpuBackend::reset_lengths(const StepPlan& plan) {
-  for (const LengthReset& r : plan.length_resets) vcl_[r.pool_row] = r.length;
+  for (const LengthReset& r : plan.length_resets) {
+    vcl_[r.pool_row] = r.length;
+    // A new owner's ids before its reset length (a prefix-cache hit, a swap-in) never passed
+    // through this row: its history starts there.
+    if (new_owner_[r.pool_row]) history_begin_[r.pool_row] = r.length;
+  }
+  std::fill(new_owner_.begin(), new_owner_.end(), 0);
 }
 
 void CpuBackend::fill_inputs(const StepPlan& plan) {
@@ -86,6 +104,26 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
   std::fill(positions_.begin() + plan.tokens_count, positions_.end(), 0);
   std::fill(slots_.begin() + plan.tokens_count, slots_.end(), 0);
   std::fill(token_pool_rows_.begin() + plan.tokens_count, token_pool_rows_.end(), 0);
+  record_input_history(plan);
+}
+
+// Every (clamped) input id enters its row's history at its position: prefill tokens and the
+// decode inputs (drafts past the accepted ones are overwritten once tokens are emitted there).
+void CpuBackend::record_input_history(const StepPlan& plan) {
+  for (int32_t row = 0; row < plan.rows_count; ++row) {
+    const int32_t offset = plan.token_offsets[row];
+    for (int32_t t = 0; t < plan.input_lengths[row]; ++t) {
+      write_history(plan.pool_rows[row], positions_[offset + t], input_ids_[offset + t]);
+    }
+  }
+}
+
+// Positions past L + W − 1 only occur when vcl has run past L (a bug the checkers report); they are
+// dropped like past-table KV writes, never written out of bounds.
+void CpuBackend::write_history(int32_t rpi, int32_t position, int32_t token) {
+  if (position < 0 || position >= history_capacity_) return;
+  history_[static_cast<size_t>(rpi) * history_capacity_ + position] =
+      std::clamp(token, 0, vocab_size_ - 1);
 }
 
 void CpuBackend::forward(const StepPlan& plan) {
@@ -176,20 +214,36 @@ void CpuBackend::sample_prefill_rows(const StepPlan& plan, StepResult& result) {
     const SampleOutcome outcome = sample_token(logits_row(row), plan.sampling[row], position, scratch_);
     result.tokens[row] = outcome.token;
     result.accepted_lengths[row] = 1;
-    future_inputs_[static_cast<size_t>(rpi) * plan.verify_width] = outcome.token;
     vcl_[rpi] += plan.input_lengths[row];
+    // The sampled token follows the chunk; a mid-prompt chunk's is overwritten by the next chunk.
+    const int32_t bonus = std::clamp(outcome.token, 0, vocab_size_ - 1);
+    const int32_t bonus_position = static_cast<int32_t>(position);
+    write_history(rpi, bonus_position, bonus);
+    if (drafter_) {
+      write_next_inputs(rpi, plan.request_ids[row], bonus, bonus_position, /*draft=*/true);
+    } else {
+      // Without a drafter a prefill row sets column 0 only, as the CUDA backend does.
+      future_inputs_[static_cast<size_t>(rpi) * plan.verify_width] = bonus;
+    }
   }
 }
 
-// Rules 6–8 for decode rows: verify, context clamp a' = min(a, max(0, L − vcl_old)), then one a'
-// feeds vcl, the next inputs and the step result, so the scheduler and vcl never disagree.
+// Rules 6–8 for decode rows: verify, then the context clamp a' = min(a, max(0, L − vcl_old)) at
+// its two sites (seed spec §4 invariant 1), both from the same vcl_old so applying both is
+// idempotent:
+//   1. inside the step (the seed's _cap_accept_to_context_len): the device commit — the emitted
+//      tokens enter the row's history, vcl advances by a', and the drafter's next block starts at
+//      vcl_old + a', so it never starts past L (nor its block past the table);
+//   2. the step result (the seed's _clamp_committed_to_context_len, a fresh value): the accepted
+//      lengths and emitted tokens the host reads, which drive the scheduler's page reservation.
+// Were one site to miss the clamp, the device and the host would disagree about what was
+// committed (tests/spec_clamp_properties.h plants exactly that).
 void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
   const int32_t ne = plan.prefill_rows_count;
   const int32_t w = plan.verify_width;
   for (int32_t row = ne; row < plan.rows_count; ++row) {
-    const int32_t rpi = plan.pool_rows[row];
     const int32_t first_logits = ne + (row - ne) * w;
-    const int32_t vcl_old = vcl_before_[row] ;
+    const int32_t vcl_old = vcl_before_[row];
     const VerifyRow verify_row{
         .logits = std::span<const float>(logits_.data() + static_cast<size_t>(first_logits) * vocab_size_,
                                          static_cast<size_t>(w) * vocab_size_),
@@ -202,16 +256,58 @@ void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
     std::span<int32_t> out(result.tokens.data() + first_logits, w);
     const int32_t accepted = verifier_->verify(verify_row, out, scratch_);
     LS_ASSERT(accepted >= 1 && accepted <= w, "verifier accepted {} of W = {}", accepted, w);
-    const int32_t room = std::max(0, config_.context_length - vcl_old);
-    const int32_t clamped = std::min(accepted, room);
-    std::fill(out.begin() + clamped, out.end(), 0);
-    result.accepted_lengths[row] = clamped;
-    // Next round's column 0 is the last emitted token; with a' = 0 the dummy index 1 is used
-    // (seed: clamp(a, 1, N)). Without a drafter the other columns repeat it.
-    const int32_t last = std::clamp(out[std::max(clamped, 1) - 1], 0, vocab_size_ - 1);
-    std::fill_n(future_inputs_.begin() + static_cast<size_t>(rpi) * w, w, last);
-    vcl_[rpi] += clamped;
+#ifdef LOCKSTEP_PLANTED_BUG_CLAMP_ONE_SITE
+    // Planted bug (test-only library): site 1 forgets the clamp; only the step result clamps.
+    const int32_t in_step = accepted;
+#else
+    const int32_t in_step = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
+#endif
+    commit_decode_row(plan, row, out, in_step);
+    const int32_t reported = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
+    std::fill(out.begin() + reported, out.end(), 0);
+    result.accepted_lengths[row] = reported;
   }
+}
+
+// Site 1's commit for one decode row: the emitted tokens enter the history at vcl_old + 1 …, the
+// next round's inputs start from the last of them (with a' = 0 the seed's dummy index 1:
+// clamp(a, 1, N)), and vcl advances by a'.
+void CpuBackend::commit_decode_row(const StepPlan& plan, int32_t row, std::span<const int32_t> out,
+                                   int32_t accepted) {
+  const int32_t rpi = plan.pool_rows[row];
+  const int32_t vcl_old = vcl_before_[row];
+  for (int32_t i = 0; i < accepted; ++i) write_history(rpi, vcl_old + 1 + i, out[i]);
+  const int32_t bonus = std::clamp(out[std::max(accepted, 1) - 1], 0, vocab_size_ - 1);
+  write_next_inputs(rpi, plan.request_ids[row], bonus, vcl_old + accepted, /*draft=*/accepted > 0);
+  vcl_[rpi] += accepted;
+}
+
+// future_input_map[rpi] ← [bonus, d1 … d_{W−1}]: the drafter's proposals from the row's history
+// (ending with the bonus at `position`), or the bonus repeated without a drafter — and whenever the
+// history cannot end with the bonus (a' = 0, or a position past the history).
+void CpuBackend::write_next_inputs(int32_t rpi, RequestId request_id, int32_t bonus,
+                                   int32_t position, bool draft) {
+  const int32_t w = config_.verify_width;
+  int32_t* next = future_inputs_.data() + static_cast<size_t>(rpi) * w;
+  next[0] = bonus;
+  std::fill(next + 1, next + w, bonus);
+  const int32_t begin = history_begin_[rpi];
+  if (w == 1 || !drafter_ || !draft || position >= history_capacity_ || position < begin) return;
+  const int32_t* history = history_.data() + static_cast<size_t>(rpi) * history_capacity_;
+  LS_ASSERT(history[position] == bonus, "history[{}] = {} but the bonus is {}", position,
+            history[position], bonus);
+  const DraftContext context{
+      .request_id = request_id,
+      .history = std::span<const int32_t>(history + begin, static_cast<size_t>(position - begin + 1)),
+      .history_begin = begin,
+      .bonus = bonus,
+      .position = position,
+      .verify_width = w,
+      .vocab_size = vocab_size_,
+  };
+  const std::span<int32_t> drafts(next + 1, static_cast<size_t>(w - 1));
+  drafter_->draft(context, drafts);
+  for (int32_t& d : drafts) d = std::clamp(d, 0, vocab_size_ - 1);
 }
 
 // Rules 9 and the OOV flag: any emitted id outside [0, V) flags its row; all ids are clamped.

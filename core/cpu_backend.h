@@ -4,6 +4,7 @@
 
 #include "core/backend.h"
 #include "core/cpu_model.h"
+#include "core/drafter.h"
 #include "core/sampling.h"
 
 #include <memory>
@@ -15,10 +16,15 @@ class CpuBackend final : public Backend {
   // `verifier` decides decode rows (tests pass a stub); null means StandardVerifier.
   // `stub_model` replaces the model arithmetic with cheap deterministic logits (a hash of the
   // token's id and position) while every state rule still runs: the control plane alone.
+  // `drafter` proposes the next round's drafts inside each step; null (or W = 1) means none: the
+  // next round's columns all repeat the last emitted token.
   CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
-             std::unique_ptr<Verifier> verifier = nullptr, bool stub_model = false);
+             std::unique_ptr<Verifier> verifier = nullptr, bool stub_model = false,
+             std::unique_ptr<Drafter> drafter = nullptr);
 
   std::string name() const override { return "cpu"; }
+  // What a trace header records: the drafter's name, or "none".
+  std::string drafter_name() const;
   void apply_table_writes(const StepPlan& plan) override;
   void reset_lengths(const StepPlan& plan) override;
   void fill_inputs(const StepPlan& plan) override;
@@ -33,6 +39,12 @@ class CpuBackend final : public Backend {
   void guard_logits(const StepPlan& plan, StepResult& result);
   void sample_prefill_rows(const StepPlan& plan, StepResult& result);
   void verify_decode_rows(const StepPlan& plan, StepResult& result);
+  void commit_decode_row(const StepPlan& plan, int32_t row, std::span<const int32_t> out,
+                         int32_t accepted);
+  void write_next_inputs(int32_t rpi, RequestId request_id, int32_t bonus, int32_t position,
+                         bool draft);
+  void record_input_history(const StepPlan& plan);
+  void write_history(int32_t rpi, int32_t position, int32_t token);
   void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
   void fill_logprobs(const StepPlan& plan, StepResult& result);
   std::span<float> logits_row(int32_t r);
@@ -44,6 +56,7 @@ class CpuBackend final : public Backend {
   CpuModel model_;
   std::unique_ptr<Verifier> verifier_;
   bool stub_model_;
+  std::unique_ptr<Drafter> drafter_;
   SamplingScratch scratch_;
 
   std::vector<int32_t> table_;           // [pool rows, Wp] req_to_page
@@ -55,6 +68,12 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> token_pool_rows_; // [step_tokens_max]
   std::vector<float> logits_;            // [logits_rows_max, V]
   std::vector<int32_t> vcl_before_;      // [max_batch_rows] vcl of each row before commit
+  // The ids each pool row's owner holds, by position: every input id at its position, then the
+  // emitted tokens; what a drafter reads. Positions reach L + W − 1 (a decode row at vcl = L).
+  int32_t history_capacity_;             // L + W
+  std::vector<int32_t> history_;         // [pool rows, L + W] int32
+  std::vector<int32_t> history_begin_;   // [pool rows] first position the row's owner wrote
+  std::vector<uint8_t> new_owner_;       // [pool rows] 1: this step refreshed the table from 0
 };
 
 }  // namespace ls

@@ -39,6 +39,10 @@ SchedulerConfig validated(const SchedulerConfig& c) {
                field, lo, hi, value);
   };
   in_range(c.token_budget, 1, 1 << 20, "token_budget");
+  LS_REQUIRE(c.token_budget >= c.verify_width,
+             "scheduler config: token_budget {} is below the verify width W = {}: no decode row "
+             "would ever fit",
+             c.token_budget, c.verify_width);
   executor_config_for(c).validate();  // B, L, P, pages, host pages, W
   return c;
 }

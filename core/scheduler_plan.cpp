@@ -135,6 +135,7 @@ OpRow Scheduler::Impl::start_row(SchedRequest& r, RowKind kind) {
 void Scheduler::Impl::schedule_decode(SchedRequest& r, Draft& d) {
   if (!may_add(d, RowKind::kDecode)) return;
   const int32_t w = config.verify_width;
+  if (d.budget < w) return;  // a decode row costs W tokens: never overshoot the step's budget
   if (!grow_pages(r, r.committed_count + (depth + 1) * w)) return;
   OpRow row = start_row(r, RowKind::kDecode);
   row.input_length = w;

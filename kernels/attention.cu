@@ -1,6 +1,7 @@
 #include "kernels/attention.h"
 
 #include "kernels/reduce.cuh"
+#include "kernels/storage.cuh"
 
 #include <algorithm>
 
@@ -15,6 +16,8 @@ constexpr int32_t kWarps = kThreads / 32;
 constexpr int32_t kSplitLanesMax = 16;  // blocks per (token, kv head); each walks splits x, x+16..
 constexpr int32_t kGroupMax = 16;       // query heads per KV head
 constexpr int32_t kHeadDimMax = 256;
+constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's queries
+static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split scores it");
 
 int32_t splits_max(const AttentionShape& s) {
   return (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
@@ -27,25 +30,60 @@ __device__ __forceinline__ float* partial_at(float* workspace, int32_t token, in
   return workspace + ((int64_t{token} * query_heads + head) * splits + split) * (head_dim + 2);
 }
 
+template <typename T>
 struct AttentionArgs {
   AttentionShape shape;
   const float* q;
-  const bf16* k_cache;
-  const bf16* v_cache;
+  const T* k_cache;
+  const T* v_cache;
   const int32_t* positions;
   const int32_t* token_pool_rows;
   const int32_t* table;
   int32_t token_begin;
   float* workspace;
-  bf16* out;
+  T* out;
 };
 
+// Eight consecutive elements of a key row as floats (one 16-byte load for bf16, two for float).
+__device__ __forceinline__ void load8(const bf16* p, float* out) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int32_t k = 0; k < 4; ++k) {
+    const float2 f = __bfloat1622float2(pairs[k]);
+    out[2 * k] = f.x;
+    out[2 * k + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+// Two consecutive elements of a value row as floats.
+__device__ __forceinline__ float2 load2(const bf16* p) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+__device__ __forceinline__ float2 load2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+
+__device__ __forceinline__ void store(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
+__device__ __forceinline__ void store(float* p, float x) { *p = x; }
+
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
-// that share one KV head, for the splits split_lane, split_lane + lanes, ...
-__global__ void __launch_bounds__(kThreads)
-attention_split_kernel(AttentionArgs a) {
-  __shared__ float q_s[kGroupMax * kHeadDimMax];
+// that share one KV head, for the splits split_lane, split_lane + lanes, ... Per split: thread j
+// scores key j against every head of the group (the whole key row in its registers); one warp
+// per head takes the softmax pieces; then warp w sums the values of keys w, w + 4, ... with
+// lanes across dimension pairs, and the four warps' sums are added in warp order. Every order is
+// fixed by the token's position alone, so a token's output does not depend on the batch.
+template <typename T>
+__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs<T> a) {
+  __shared__ float q_s[kGroupDimMax];
   __shared__ float scores[kGroupMax * kAttentionSplitKeys];
+  __shared__ float acc_s[kWarps * kGroupDimMax];
   __shared__ int64_t slot_s[kAttentionSplitKeys];
   __shared__ float m_s[kGroupMax];
   __shared__ float l_s[kGroupMax];
@@ -65,6 +103,7 @@ attention_split_kernel(AttentionArgs a) {
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const int32_t warp = threadIdx.x / 32;
   const int32_t lane = threadIdx.x % 32;
+  const int32_t j = threadIdx.x;  // this thread's key within a split
 
   for (int32_t i = threadIdx.x; i < group * d; i += kThreads) {
     q_s[i] = a.q[int64_t{token} * q_size + (kv_head * group) * d + i];
@@ -72,20 +111,29 @@ attention_split_kernel(AttentionArgs a) {
   for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
     const int32_t first = split * kAttentionSplitKeys;
     const int32_t count = min(kAttentionSplitKeys, keys - first);
-    __syncthreads();  // q_s loaded; the previous split's scores and slots consumed
-    for (int32_t j = threadIdx.x; j < count; j += kThreads) {
+    __syncthreads();  // q_s loaded; the previous split's scores and sums consumed
+    if (j < count) {
       const int32_t p = first + j;
-      slot_s[j] = int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
-    }
-    __syncthreads();
-    // Scores: one warp per key, lanes across the head dimension, a fixed butterfly sum.
-    for (int32_t j = warp; j < count; j += kWarps) {
-      const bf16* k = a.k_cache + slot_s[j] * kv_size + kv_head * d;
-      for (int32_t h = 0; h < group; ++h) {
-        float partial = 0.0f;
-        for (int32_t i = lane; i < d; i += 32) partial += q_s[h * d + i] * __bfloat162float(k[i]);
-        partial = warp_sum(partial);
-        if (lane == 0) scores[h * kAttentionSplitKeys + j] = partial * scale;
+      const int64_t slot = int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
+      slot_s[j] = slot;
+      const T* k = a.k_cache + slot * kv_size + kv_head * d;
+      float dots[kGroupMax];
+#pragma unroll
+      for (int32_t h = 0; h < kGroupMax; ++h) dots[h] = 0.0f;
+      for (int32_t i = 0; i < d; i += 8) {
+        float kv[8];
+        load8(k + i, kv);
+#pragma unroll
+        for (int32_t h = 0; h < kGroupMax; ++h) {
+          if (h < group) {
+#pragma unroll
+            for (int32_t e = 0; e < 8; ++e) dots[h] += q_s[h * d + i + e] * kv[e];
+          }
+        }
+      }
+#pragma unroll
+      for (int32_t h = 0; h < kGroupMax; ++h) {
+        if (h < group) scores[h * kAttentionSplitKeys + j] = dots[h] * scale;
       }
     }
     __syncthreads();
@@ -93,30 +141,53 @@ attention_split_kernel(AttentionArgs a) {
     for (int32_t h = warp; h < group; h += kWarps) {
       float* sc = scores + h * kAttentionSplitKeys;
       float m = -INFINITY;
-      for (int32_t j = lane; j < count; j += 32) m = fmaxf(m, sc[j]);
+      for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
       m = warp_max(m);
       float l = 0.0f;
-      for (int32_t j = lane; j < count; j += 32) {
-        const float e = expf(sc[j] - m);
-        sc[j] = e;
+      for (int32_t x = lane; x < count; x += 32) {
+        const float e = expf(sc[x] - m);
+        sc[x] = e;
         l += e;
       }
       l = warp_sum(l);
       if (lane == 0) m_s[h] = m, l_s[h] = l;
     }
     __syncthreads();
-    // Weighted values: one thread per (head, dimension), keys in ascending order.
+    // Weighted values: warp w takes keys w, w + 4, ...; lane takes dimension pairs lane, lane + 32.
+    for (int32_t pair = lane; pair < d / 2; pair += 32) {
+      float2 acc[kGroupMax];
+#pragma unroll
+      for (int32_t h = 0; h < kGroupMax; ++h) acc[h] = make_float2(0.0f, 0.0f);
+#pragma unroll 4
+      for (int32_t x = warp; x < count; x += kWarps) {
+        const float2 v = load2(a.v_cache + slot_s[x] * kv_size + kv_head * d + 2 * pair);
+#pragma unroll
+        for (int32_t h = 0; h < kGroupMax; ++h) {
+          if (h < group) {
+            const float e = scores[h * kAttentionSplitKeys + x];
+            acc[h].x += e * v.x;
+            acc[h].y += e * v.y;
+          }
+        }
+      }
+#pragma unroll
+      for (int32_t h = 0; h < kGroupMax; ++h) {
+        if (h < group) {
+          acc_s[warp * kGroupDimMax + h * d + 2 * pair] = acc[h].x;
+          acc_s[warp * kGroupDimMax + h * d + 2 * pair + 1] = acc[h].y;
+        }
+      }
+    }
+    __syncthreads();
     for (int32_t idx = threadIdx.x; idx < group * d; idx += kThreads) {
       const int32_t h = idx / d;
       const int32_t i = idx % d;
-      const float* sc = scores + h * kAttentionSplitKeys;
-      float acc = 0.0f;
-      for (int32_t j = 0; j < count; ++j) {
-        acc += sc[j] * __bfloat162float(a.v_cache[slot_s[j] * kv_size + kv_head * d + i]);
-      }
+      float acc = acc_s[idx];
+#pragma unroll
+      for (int32_t w = 1; w < kWarps; ++w) acc += acc_s[w * kGroupDimMax + idx];
       const int32_t head = kv_head * group + h;
       if (splits == 1) {
-        a.out[int64_t{token} * q_size + head * d + i] = __float2bfloat16_rn(acc / l_s[h]);
+        store(a.out + int64_t{token} * q_size + head * d + i, acc / l_s[h]);
       } else {
         float* part = partial_at(a.workspace, local_token, head, split, s.query_heads,
                                  total_splits, d);
@@ -128,7 +199,8 @@ attention_split_kernel(AttentionArgs a) {
 }
 
 // grid: (query heads, tokens of the chunk). Merges a token's partials in split order.
-__global__ void attention_combine_kernel(AttentionArgs a) {
+template <typename T>
+__global__ void attention_combine_kernel(AttentionArgs<T> a) {
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.y;
   const int32_t token = a.token_begin + local_token;
@@ -154,7 +226,7 @@ __global__ void attention_combine_kernel(AttentionArgs a) {
           partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
       acc += part[2 + i] * expf(part[0] - m);
     }
-    a.out[int64_t{token} * s.query_heads * d + head * d + i] = __float2bfloat16_rn(acc / l);
+    store(a.out + int64_t{token} * s.query_heads * d + head * d + i, acc / l);
   }
 }
 
@@ -165,16 +237,18 @@ size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
          (shape.head_dim + 2);
 }
 
-cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q,
-                                   const bf16* k_cache, const bf16* v_cache,
-                                   const int32_t* positions, const int32_t* token_pool_rows,
-                                   const int32_t* table, int32_t tokens_count, float* workspace,
-                                   size_t workspace_floats, bf16* out, cudaStream_t stream) {
+template <typename T>
+cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
+                                   const T* v_cache, const int32_t* positions,
+                                   const int32_t* token_pool_rows, const int32_t* table,
+                                   int32_t tokens_count, float* workspace,
+                                   size_t workspace_floats, T* out, cudaStream_t stream) {
   const AttentionShape& s = shape;
   if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
       s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
-      s.head_dim < 1 || s.head_dim > kHeadDimMax || s.table_width < 1 || s.page_size < 1 ||
-      s.positions_count != s.table_width * s.page_size) {
+      s.head_dim < 8 || s.head_dim % 8 != 0 || s.head_dim > kHeadDimMax ||
+      (s.query_heads / s.kv_heads) * s.head_dim > kGroupDimMax || s.table_width < 1 ||
+      s.page_size < 1 || s.positions_count != s.table_width * s.page_size) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
@@ -186,16 +260,25 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q,
   const int32_t lanes = std::min(splits_max(s), kSplitLanesMax);
   for (int32_t begin = 0; begin < tokens_count; begin += chunk) {
     const int32_t n = std::min(chunk, tokens_count - begin);
-    const AttentionArgs args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
-                             workspace, out};
-    attention_split_kernel<<<dim3(lanes, s.kv_heads, n), kThreads, 0, stream>>>(args);
+    const AttentionArgs<T> args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
+                                workspace, out};
+    attention_split_kernel<T><<<dim3(lanes, s.kv_heads, n), kThreads, 0, stream>>>(args);
     if (splits_max(s) > 1) {
-      attention_combine_kernel<<<dim3(s.query_heads, n), 64, 0, stream>>>(args);
+      attention_combine_kernel<T><<<dim3(s.query_heads, n), 64, 0, stream>>>(args);
     }
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
   }
   return cudaSuccess;
 }
+
+template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
+                                                  const bf16*, const int32_t*, const int32_t*,
+                                                  const int32_t*, int32_t, float*, size_t, bf16*,
+                                                  cudaStream_t);
+template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
+                                                   const float*, const float*, const int32_t*,
+                                                   const int32_t*, const int32_t*, int32_t, float*,
+                                                   size_t, float*, cudaStream_t);
 
 }  // namespace ls::kernels

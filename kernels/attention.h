@@ -30,14 +30,16 @@ struct AttentionShape {
 // Floats of workspace that `tokens` tokens need in one launch.
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens);
 
-// q [tokens, query_heads·head_dim] fp32 (already rotated); k_cache/v_cache [slots, kv_size] bf16
-// of one layer; positions/token_pool_rows [tokens]; table [pool rows, table_width].
-// out [tokens, query_heads·head_dim] bf16. Tokens are processed in chunks that fit `workspace`.
-cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q,
-                                   const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,
-                                   const int32_t* positions, const int32_t* token_pool_rows,
-                                   const int32_t* table, int32_t tokens_count, float* workspace,
-                                   size_t workspace_floats, __nv_bfloat16* out,
-                                   cudaStream_t stream);
+// q [tokens, query_heads·head_dim] fp32 (already rotated); k_cache/v_cache [slots, kv_size] T
+// (bf16, or float in the fp32 mode) of one layer; positions/token_pool_rows [tokens]; table
+// [pool rows, table_width]. out [tokens, query_heads·head_dim] T. Tokens are processed in chunks
+// that fit `workspace`. Needs head_dim % 8 == 0 (vector loads of key rows) and
+// (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
+template <typename T>
+cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
+                                   const T* v_cache, const int32_t* positions,
+                                   const int32_t* token_pool_rows, const int32_t* table,
+                                   int32_t tokens_count, float* workspace,
+                                   size_t workspace_floats, T* out, cudaStream_t stream);
 
 }  // namespace ls::kernels

@@ -22,6 +22,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <regex>
+#include <type_traits>
 
 namespace ls {
 
@@ -112,8 +114,20 @@ struct CudaBackend::Impl {
 
   void upload_weights(const ModelWeights& weights);
   void generate_weights(uint64_t seed);
-  void upload_tensor(bf16* dst, std::span<const float> src);
+  // Writes elements [offset, offset + src.size()) of a typed-by-precision buffer.
+  void upload_tensor(const DeviceArray<uint8_t>& dst, size_t offset, std::span<const float> src);
+  void seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count, uint64_t seed,
+                   uint32_t tensor_index, float center, float half_width);
+  DeviceArray<uint8_t> elements(size_t count, int64_t& account) const {
+    return DeviceArray<uint8_t>(count * elem_bytes, account);
+  }
+  template <typename T>
+  static T* as(const DeviceArray<uint8_t>& a) {
+    return reinterpret_cast<T*>(a.get());
+  }
   void capture_graphs();
+  void mark(CudaPhase phase);
+  void collect_marks();
 
   int32_t rows_grid_for(const StepPlan& plan) const;
   void stage(const StepPlan& plan);
@@ -122,7 +136,13 @@ struct CudaBackend::Impl {
   void enqueue_resets();
   void enqueue_fill(int32_t rows_grid);
   void enqueue_forward(int32_t tokens, int32_t logits_rows);
+  template <typename T>
+  void enqueue_forward_as(int32_t tokens, int32_t logits_rows);
+  template <typename T>
   void enqueue_layer(int32_t layer, int32_t tokens);
+  template <typename T>
+  void linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out, int32_t in,
+              float beta);
   void enqueue_tail(const StepPlan& plan);
   bool graph_step() const { return graph_index_ >= 0; }
   void check_step_launches() const;
@@ -136,6 +156,7 @@ struct CudaBackend::Impl {
   ModelConfig model;
   ExecutorConfig config;
   CudaBackendOptions options;
+  size_t elem_bytes;  // of weights, KV and GEMM inputs: 2 (bf16) or 4 (fp32)
   int32_t hidden, q_size, kv_size, ffn, vocab, layers, table_width, positions_count;
   int32_t tokens_max, rows_max, logits_rows_max;
   int64_t slots_count;
@@ -146,35 +167,37 @@ struct CudaBackend::Impl {
   CudaStream stream;
   CublasHandle cublas;
 
-  // Weights. Linear layers of all layers in one slab each: [layers, out, in] bf16.
-  DeviceArray<bf16> embedding;     // [vocab, hidden]
-  DeviceArray<bf16> lm_head;       // [vocab, hidden]; empty when tied
-  DeviceArray<bf16> w_qkv;         // [layers, q + 2·kv, hidden]
-  DeviceArray<bf16> w_o;           // [layers, hidden, q]
-  DeviceArray<bf16> w_gate_up;     // [layers, 2·ffn, hidden]
-  DeviceArray<bf16> w_down;        // [layers, hidden, ffn]
+  // Weights, "E" = elements of the precision's storage type (bf16 or fp32). Linear layers of all
+  // layers in one slab each: [layers, out, in] E.
+  DeviceArray<uint8_t> embedding;  // [vocab, hidden] E
+  DeviceArray<uint8_t> lm_head;    // [vocab, hidden] E; empty when tied
+  DeviceArray<uint8_t> w_qkv;      // [layers, q + 2·kv, hidden] E
+  DeviceArray<uint8_t> w_o;        // [layers, hidden, q] E
+  DeviceArray<uint8_t> w_gate_up;  // [layers, 2·ffn, hidden] E
+  DeviceArray<uint8_t> w_down;     // [layers, hidden, ffn] E
   DeviceArray<float> attn_norm;    // [layers, hidden]
   DeviceArray<float> ffn_norm;     // [layers, hidden]
   DeviceArray<float> final_norm;   // [hidden]
   // KV and RoPE.
-  DeviceArray<bf16> k_cache;       // [layers, slots, kv]
-  DeviceArray<bf16> v_cache;       // [layers, slots, kv]
-  PinnedArray<bf16> host_kv;       // [host pages, 2, layers, P, kv]
+  DeviceArray<uint8_t> k_cache;    // [layers, slots, kv] E
+  DeviceArray<uint8_t> v_cache;    // [layers, slots, kv] E
+  PinnedArray<uint8_t> host_kv;    // [host pages, 2, layers, P, kv] E
   DeviceArray<float> rope_cos;     // [positions, head_dim/2]
   DeviceArray<float> rope_sin;
   // Activations.
   DeviceArray<float> residual;     // [tokens_max, hidden]
-  DeviceArray<bf16> normed;        // [tokens_max, hidden]
+  DeviceArray<uint8_t> normed;     // [tokens_max, hidden] E
   DeviceArray<float> qkv;          // [tokens_max, q + 2·kv]
   DeviceArray<float> q;            // [tokens_max, q]
-  DeviceArray<bf16> attn_out;      // [tokens_max, q]
+  DeviceArray<uint8_t> attn_out;   // [tokens_max, q] E
   DeviceArray<float> gate_up;      // [tokens_max, 2·ffn]
-  DeviceArray<bf16> act;           // [tokens_max, ffn]
+  DeviceArray<uint8_t> act;        // [tokens_max, ffn] E
   DeviceArray<float> attention_workspace;
-  DeviceArray<bf16> final_normed;  // [logits_rows_max, hidden]
+  DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]
   DeviceArray<uint8_t> cublas_workspace;
   // Guard and sampler.
+  DeviceArray<float> guard_partials;   // [logits_rows_max, ⌈vocab / kGuardChunk⌉, 4]
   DeviceArray<int32_t> argmax;         // [logits_rows_max]
   DeviceArray<int32_t> row_nan_flags;  // [logits_rows_max]
   DeviceArray<float> row_max;          // [logits_rows_max]
@@ -208,6 +231,14 @@ struct CudaBackend::Impl {
   bool staged = false;
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
+  // Phase profile (options.profile): timing events recorded between phases, captured into the
+  // graphs as external event nodes. Mark 0 opens the step; mark k closes phase mark_phases[k].
+  std::vector<CudaEvent> mark_events;   // [marks_max]
+  std::vector<CudaPhase> mark_phases;   // [marks_max]
+  int32_t marks_count = 0;
+  int32_t graph_marks_end = 0;          // marks_count after a graph's forward
+  bool capturing = false;
+  CudaPhaseTimes phase_totals;
 };
 
 CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& executor_config,
@@ -215,6 +246,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
     : model(model_config),
       config(executor_config),
       options(backend_options),
+      elem_bytes(backend_options.precision == CudaPrecision::kFp32 ? sizeof(float) : sizeof(bf16)),
       hidden(model.hidden_size),
       q_size(model.q_size()),
       kv_size(model.kv_size()),
@@ -236,6 +268,14 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   config.validate();
   LS_REQUIRE(int64_t{logits_rows_max} * vocab < (int64_t{1} << 31),
              "cuda backend: logits rows ({}) × vocab ({}) exceed 2^31", logits_rows_max, vocab);
+  LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
+             "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
+             kernels::kGemvTokensMax);
+  LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
+             "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
+  LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,
+             "cuda backend: (query heads / KV heads) · head_dim = {} exceeds 1024",
+             (model.query_heads_count / model.kv_heads_count) * model.head_dim);
   int devices = 0;
   LS_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > options.device,
              "cuda backend: no CUDA device {} (found {})", options.device, devices);
@@ -250,23 +290,23 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   const auto r = static_cast<size_t>(logits_rows_max);
   const auto pool = static_cast<size_t>(config.pool_rows_count());
   auto& w = ledger.weights;
-  embedding = DeviceArray<bf16>(v * h, w);
-  if (!model.tied_embeddings) lm_head = DeviceArray<bf16>(v * h, w);
-  w_qkv = DeviceArray<bf16>(l * (q_size + 2 * kv_size) * h, w);
-  w_o = DeviceArray<bf16>(l * h * q_size, w);
-  w_gate_up = DeviceArray<bf16>(l * 2 * ffn * h, w);
-  w_down = DeviceArray<bf16>(l * h * ffn, w);
+  embedding = elements(v * h, w);
+  if (!model.tied_embeddings) lm_head = elements(v * h, w);
+  w_qkv = elements(l * (q_size + 2 * kv_size) * h, w);
+  w_o = elements(l * h * q_size, w);
+  w_gate_up = elements(l * 2 * ffn * h, w);
+  w_down = elements(l * h * ffn, w);
   attn_norm = DeviceArray<float>(l * h, w);
   ffn_norm = DeviceArray<float>(l * h, w);
   final_norm = DeviceArray<float>(h, w);
 
   const size_t kv_elems = l * static_cast<size_t>(slots_count) * kv_size;
-  k_cache = DeviceArray<bf16>(kv_elems, ledger.kv);
-  v_cache = DeviceArray<bf16>(kv_elems, ledger.kv);
+  k_cache = elements(kv_elems, ledger.kv);
+  v_cache = elements(kv_elems, ledger.kv);
   LS_CUDA(cudaMemsetAsync(k_cache.get(), 0, k_cache.bytes(), stream.get()));
   LS_CUDA(cudaMemsetAsync(v_cache.get(), 0, v_cache.bytes(), stream.get()));
-  host_kv = PinnedArray<bf16>(static_cast<size_t>(config.host_pages_count) * 2 * l *
-                              config.page_size * kv_size);
+  host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * l *
+                                 config.page_size * kv_size * elem_bytes);
   const RopeTable rope = build_rope_table(model.head_dim, model.rope_theta, positions_count);
   auto& ws = ledger.workspace;
   rope_cos = DeviceArray<float>(rope.cos.size(), ws);
@@ -275,12 +315,12 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_CUDA(cudaMemcpy(rope_sin.get(), rope.sin.data(), rope_sin.bytes(), cudaMemcpyHostToDevice));
 
   residual = DeviceArray<float>(t * h, ws);
-  normed = DeviceArray<bf16>(t * h, ws);
+  normed = elements(t * h, ws);
   qkv = DeviceArray<float>(t * (q_size + 2 * kv_size), ws);
   q = DeviceArray<float>(t * q_size, ws);
-  attn_out = DeviceArray<bf16>(t * q_size, ws);
+  attn_out = elements(t * q_size, ws);
   gate_up = DeviceArray<float>(t * 2 * ffn, ws);
-  act = DeviceArray<bf16>(t * ffn, ws);
+  act = elements(t * ffn, ws);
   // Decode steps (rows_max · W tokens) must fit in one attention launch (graphs); prefill may
   // be chunked under the cap.
   const size_t decode_floats = kernels::attention_workspace_floats(
@@ -289,11 +329,12 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   const size_t cap_floats = static_cast<size_t>(options.attention_workspace_bytes_max) / 4;
   attention_workspace =
       DeviceArray<float>(std::max(decode_floats, std::min(all_floats, cap_floats)), ws);
-  final_normed = DeviceArray<bf16>(r * h, ws);
+  final_normed = elements(r * h, ws);
   logits = DeviceArray<float>(r * v, ws);
   cublas_workspace = DeviceArray<uint8_t>(static_cast<size_t>(options.cublas_workspace_bytes), ws);
   LS_CUBLAS(cublasSetWorkspace(cublas.get(), cublas_workspace.get(), cublas_workspace.bytes()));
 
+  guard_partials = DeviceArray<float>(kernels::guard_partials_floats(logits_rows_max, vocab), ws);
   argmax = DeviceArray<int32_t>(r, ws);
   row_nan_flags = DeviceArray<int32_t>(r, ws);
   row_max = DeviceArray<float>(r, ws);
@@ -332,6 +373,11 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   host_results = PinnedArray<int32_t>(results.count());
   step_done = CudaEvent::create();
   buckets = decode_buckets(rows_max);
+  if (options.profile) {
+    const size_t marks_max = 16 + 9 * l;  // start, state ops, embedding, 9 per layer, head, tail
+    for (size_t i = 0; i < marks_max; ++i) mark_events.push_back(CudaEvent::create(true));
+    mark_phases.assign(marks_max, CudaPhase::kCount);
+  }
   LS_CUDA(cudaStreamSynchronize(stream.get()));
 }
 
@@ -340,13 +386,34 @@ CudaBackend::Impl::~Impl() {
   if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
 }
 
-void CudaBackend::Impl::upload_tensor(bf16* dst, std::span<const float> src) {
+void CudaBackend::Impl::upload_tensor(const DeviceArray<uint8_t>& dst, size_t offset,
+                                      std::span<const float> src) {
+  LS_ASSERT((offset + src.size()) * elem_bytes <= dst.bytes(), "upload past the buffer");
+  if (options.precision == CudaPrecision::kFp32) {
+    LS_CUDA(cudaMemcpy(as<float>(dst) + offset, src.data(), src.size_bytes(),
+                       cudaMemcpyHostToDevice));
+    return;
+  }
   constexpr size_t kChunk = size_t{1} << 22;
   std::vector<uint16_t> bits(std::min(src.size(), kChunk));
   for (size_t begin = 0; begin < src.size(); begin += kChunk) {
     const size_t n = std::min(kChunk, src.size() - begin);
     for (size_t i = 0; i < n; ++i) bits[i] = bf16_bits(src[begin + i]);
-    LS_CUDA(cudaMemcpy(dst + begin, bits.data(), n * sizeof(uint16_t), cudaMemcpyHostToDevice));
+    LS_CUDA(cudaMemcpy(as<bf16>(dst) + offset + begin, bits.data(), n * sizeof(uint16_t),
+                       cudaMemcpyHostToDevice));
+  }
+}
+
+void CudaBackend::Impl::seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count,
+                                    uint64_t seed, uint32_t tensor_index, float center,
+                                    float half_width) {
+  LS_ASSERT((offset + static_cast<size_t>(count)) * elem_bytes <= dst.bytes(), "seed past the buffer");
+  if (options.precision == CudaPrecision::kFp32) {
+    LS_CUDA(kernels::launch_seeded_f32(as<float>(dst) + offset, count, seed, tensor_index, center,
+                                       half_width, stream.get()));
+  } else {
+    LS_CUDA(kernels::launch_seeded_bf16(as<bf16>(dst) + offset, count, seed, tensor_index, center,
+                                        half_width, stream.get()));
   }
 }
 
@@ -357,21 +424,21 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
   LS_REQUIRE(static_cast<int32_t>(weights.layers.size()) == layers,
              "cuda backend: {} layers of weights for {} layers", weights.layers.size(), layers);
   const size_t h = static_cast<size_t>(hidden);
-  upload_tensor(embedding.get(), weights.embedding);
-  if (!model.tied_embeddings) upload_tensor(lm_head.get(), weights.lm_head);
+  upload_tensor(embedding, 0, weights.embedding);
+  if (!model.tied_embeddings) upload_tensor(lm_head, 0, weights.lm_head);
   const size_t qkv_rows = static_cast<size_t>(q_size + 2 * kv_size);
   for (int32_t i = 0; i < layers; ++i) {
     const LayerWeights& w = weights.layers[i];
     const size_t li = static_cast<size_t>(i);
-    bf16* qkv_w = w_qkv.get() + li * qkv_rows * h;
-    upload_tensor(qkv_w, w.wq);
-    upload_tensor(qkv_w + static_cast<size_t>(q_size) * h, w.wk);
-    upload_tensor(qkv_w + static_cast<size_t>(q_size + kv_size) * h, w.wv);
-    upload_tensor(w_o.get() + li * h * q_size, w.wo);
-    bf16* gu = w_gate_up.get() + li * 2 * ffn * h;
-    upload_tensor(gu, w.w_gate);
-    upload_tensor(gu + static_cast<size_t>(ffn) * h, w.w_up);
-    upload_tensor(w_down.get() + li * h * ffn, w.w_down);
+    const size_t qkv_at = li * qkv_rows * h;
+    upload_tensor(w_qkv, qkv_at, w.wq);
+    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size) * h, w.wk);
+    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size + kv_size) * h, w.wv);
+    upload_tensor(w_o, li * h * q_size, w.wo);
+    const size_t gu_at = li * 2 * ffn * h;
+    upload_tensor(w_gate_up, gu_at, w.w_gate);
+    upload_tensor(w_gate_up, gu_at + static_cast<size_t>(ffn) * h, w.w_up);
+    upload_tensor(w_down, li * h * ffn, w.w_down);
     LS_CUDA(cudaMemcpy(attn_norm.get() + li * h, w.attn_norm.data(), h * 4, cudaMemcpyHostToDevice));
     LS_CUDA(cudaMemcpy(ffn_norm.get() + li * h, w.ffn_norm.data(), h * 4, cudaMemcpyHostToDevice));
   }
@@ -382,31 +449,27 @@ void CudaBackend::Impl::generate_weights(uint64_t seed) {
   const int64_t h = hidden;
   const cudaStream_t s = stream.get();
   auto bound = [](int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
-  LS_CUDA(kernels::launch_seeded_bf16(embedding.get(), vocab * h, seed, 0, 0.0f, 1.0f, s));
+  auto at = [](int64_t elements) { return static_cast<size_t>(elements); };
+  seed_tensor(embedding, 0, vocab * h, seed, 0, 0.0f, 1.0f);
   const int64_t qkv_rows = q_size + 2 * kv_size;
   for (int32_t i = 0; i < layers; ++i) {
     const uint32_t base = 1 + 9 * static_cast<uint32_t>(i);
-    bf16* qkv_w = w_qkv.get() + i * qkv_rows * h;
+    const int64_t qkv_at = i * qkv_rows * h;
     LS_CUDA(kernels::launch_seeded_f32(attn_norm.get() + i * h, h, seed, base, 1.0f, 0.125f, s));
-    LS_CUDA(kernels::launch_seeded_bf16(qkv_w, q_size * h, seed, base + 1, 0.0f, bound(h), s));
-    LS_CUDA(kernels::launch_seeded_bf16(qkv_w + q_size * h, kv_size * h, seed, base + 2, 0.0f,
-                                        bound(h), s));
-    LS_CUDA(kernels::launch_seeded_bf16(qkv_w + (q_size + kv_size) * h, kv_size * h, seed,
-                                        base + 3, 0.0f, bound(h), s));
-    LS_CUDA(kernels::launch_seeded_bf16(w_o.get() + i * h * q_size, h * q_size, seed, base + 4,
-                                        0.0f, bound(q_size), s));
+    seed_tensor(w_qkv, at(qkv_at), q_size * h, seed, base + 1, 0.0f, bound(h));
+    seed_tensor(w_qkv, at(qkv_at + q_size * h), kv_size * h, seed, base + 2, 0.0f, bound(h));
+    seed_tensor(w_qkv, at(qkv_at + (q_size + kv_size) * h), kv_size * h, seed, base + 3, 0.0f,
+                bound(h));
+    seed_tensor(w_o, at(i * h * q_size), h * q_size, seed, base + 4, 0.0f, bound(q_size));
     LS_CUDA(kernels::launch_seeded_f32(ffn_norm.get() + i * h, h, seed, base + 5, 1.0f, 0.125f, s));
-    bf16* gu = w_gate_up.get() + i * 2 * ffn * h;
-    LS_CUDA(kernels::launch_seeded_bf16(gu, ffn * h, seed, base + 6, 0.0f, bound(h), s));
-    LS_CUDA(kernels::launch_seeded_bf16(gu + ffn * h, ffn * h, seed, base + 7, 0.0f, bound(h), s));
-    LS_CUDA(kernels::launch_seeded_bf16(w_down.get() + i * h * ffn, h * ffn, seed, base + 8, 0.0f,
-                                        bound(ffn), s));
+    const int64_t gu_at = i * 2 * ffn * h;
+    seed_tensor(w_gate_up, at(gu_at), ffn * h, seed, base + 6, 0.0f, bound(h));
+    seed_tensor(w_gate_up, at(gu_at + ffn * h), ffn * h, seed, base + 7, 0.0f, bound(h));
+    seed_tensor(w_down, at(i * h * ffn), h * ffn, seed, base + 8, 0.0f, bound(ffn));
   }
   const uint32_t tail = 1 + 9 * static_cast<uint32_t>(layers);
   LS_CUDA(kernels::launch_seeded_f32(final_norm.get(), h, seed, tail, 1.0f, 0.125f, s));
-  if (!model.tied_embeddings) {
-    LS_CUDA(kernels::launch_seeded_bf16(lm_head.get(), vocab * h, seed, tail + 1, 0.0f, bound(h), s));
-  }
+  if (!model.tied_embeddings) seed_tensor(lm_head, 0, vocab * h, seed, tail + 1, 0.0f, bound(h));
   LS_CUDA(cudaStreamSynchronize(s));
 }
 
@@ -542,6 +605,8 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   }
   LS_CUDA(cudaEventRecord(upload_done[parity].get(), s));
   staged = true;
+  marks_count = 0;
+  mark(CudaPhase::kCount);  // opens the step
 }
 
 void CudaBackend::Impl::enqueue_table_writes(int32_t grid) {
@@ -557,49 +622,108 @@ void CudaBackend::Impl::enqueue_fill(int32_t grid) {
                                       stream.get()));
 }
 
+template <typename T>
+void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out,
+                               int32_t in, float beta) {
+  if constexpr (std::is_same_v<T, float>) {
+    LS_CUBLAS(kernels::gemm_f32_rowmajor(cublas.get(), x, w, y, tokens, out, in, beta));
+  } else {
+    if (tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0) {
+      LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, stream.get()));
+    } else {
+      LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), x, w, y, tokens, out, in, beta));
+    }
+  }
+}
+
+template <typename T>
 void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   const cudaStream_t s = stream.get();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
   const int32_t qkv_rows = q_size + 2 * kv_size;
   const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
-  bf16* k_layer = k_cache.get() + li * kv_layer;
-  bf16* v_layer = v_cache.get() + li * kv_layer;
+  T* k_layer = as<T>(k_cache) + li * kv_layer;
+  T* v_layer = as<T>(v_cache) + li * kv_layer;
+  T* x = as<T>(normed);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
-                                   attn_norm.get() + li * h, model.rms_eps, normed.get(), s));
-  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), normed.get(),
-                                        w_qkv.get() + li * qkv_rows * h, qkv.get(), tokens,
-                                        qkv_rows, hidden, 0.0f));
+                                   attn_norm.get() + li * h, model.rms_eps, x, s));
+  mark(CudaPhase::kNorms);
+  linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, qkv_rows, hidden, 0.0f);
+  mark(CudaPhase::kGemmQkv);
   LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
                                    model.query_heads_count, model.kv_heads_count, model.head_dim,
                                    rope_cos.get(), rope_sin.get(), positions_count, q.get(),
                                    k_layer, v_layer, s));
+  mark(CudaPhase::kRope);
   LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
                                           positions.get(), token_pool_rows.get(), table.get(),
                                           tokens, attention_workspace.get(),
-                                          attention_workspace.count(), attn_out.get(), s));
-  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), attn_out.get(), w_o.get() + li * h * q_size,
-                                        residual.get(), tokens, hidden, q_size, 1.0f));
+                                          attention_workspace.count(), as<T>(attn_out), s));
+  mark(CudaPhase::kAttention);
+  linear(as<T>(attn_out), as<T>(w_o) + li * h * q_size, residual.get(), tokens, hidden, q_size,
+         1.0f);
+  mark(CudaPhase::kGemmO);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
-                                   ffn_norm.get() + li * h, model.rms_eps, normed.get(), s));
-  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), normed.get(),
-                                        w_gate_up.get() + li * 2 * ffn * h, gate_up.get(), tokens,
-                                        2 * ffn, hidden, 0.0f));
-  LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, act.get(), s));
-  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), act.get(), w_down.get() + li * h * ffn,
-                                        residual.get(), tokens, hidden, ffn, 1.0f));
+                                   ffn_norm.get() + li * h, model.rms_eps, x, s));
+  mark(CudaPhase::kNorms);
+  linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, 2 * ffn, hidden, 0.0f);
+  mark(CudaPhase::kGemmGateUp);
+  LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
+  mark(CudaPhase::kSwiglu);
+  linear(as<T>(act), as<T>(w_down) + li * h * ffn, residual.get(), tokens, hidden, ffn, 1.0f);
+  mark(CudaPhase::kGemmDown);
+}
+
+template <typename T>
+void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) {
+  const cudaStream_t s = stream.get();
+  LS_CUDA(kernels::launch_embedding(as<T>(embedding), input_ids.get(), tokens, hidden,
+                                    residual.get(), s));
+  mark(CudaPhase::kEmbedding);
+  for (int32_t i = 0; i < layers; ++i) enqueue_layer<T>(i, tokens);
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
+                                   hidden, final_norm.get(), model.rms_eps, as<T>(final_normed),
+                                   s));
+  const T* head = as<T>(model.tied_embeddings ? embedding : lm_head);
+  linear(as<T>(final_normed), head, logits.get(), logits_rows, vocab, hidden, 0.0f);
+  mark(CudaPhase::kLmHead);
 }
 
 void CudaBackend::Impl::enqueue_forward(int32_t tokens, int32_t logits_rows) {
-  const cudaStream_t s = stream.get();
-  LS_CUDA(kernels::launch_embedding(embedding.get(), input_ids.get(), tokens, hidden,
-                                    residual.get(), s));
-  for (int32_t i = 0; i < layers; ++i) enqueue_layer(i, tokens);
-  LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
-                                   hidden, final_norm.get(), model.rms_eps, final_normed.get(), s));
-  const bf16* head = model.tied_embeddings ? embedding.get() : lm_head.get();
-  LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), final_normed.get(), head, logits.get(),
-                                        logits_rows, vocab, hidden, 0.0f));
+  if (options.precision == CudaPrecision::kFp32) {
+    enqueue_forward_as<float>(tokens, logits_rows);
+  } else {
+    enqueue_forward_as<bf16>(tokens, logits_rows);
+  }
+}
+
+// A timing event between two phases (options.profile); inside a capture, an external event node.
+void CudaBackend::Impl::mark(CudaPhase phase) {
+  if (!options.profile) return;
+  LS_ASSERT(marks_count < static_cast<int32_t>(mark_events.size()), "{} phase marks",
+            marks_count);
+  const size_t k = static_cast<size_t>(marks_count++);
+  mark_phases[k] = phase;
+  LS_CUDA(cudaEventRecordWithFlags(mark_events[k].get(), stream.get(),
+                                   capturing ? cudaEventRecordExternal : cudaEventRecordDefault));
+}
+
+// After the step completed: the time between consecutive marks, summed per phase.
+void CudaBackend::Impl::collect_marks() {
+  if (!options.profile || !phase_totals.available || marks_count < 2) return;
+  for (int32_t k = 1; k < marks_count; ++k) {
+    float ms = 0.0f;
+    const cudaError_t status = cudaEventElapsedTime(&ms, mark_events[k - 1].get(),
+                                                    mark_events[k].get());
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: the profile is given up, the step is fine
+      phase_totals.available = false;
+      return;
+    }
+    phase_totals.ms[static_cast<size_t>(mark_phases[static_cast<size_t>(k)])] += ms;
+  }
+  ++phase_totals.steps;
 }
 
 // Rules 5–9: guard, (stochastic rows: weights and sort), finish, one packed copy back.
@@ -607,9 +731,13 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
   const cudaStream_t s = stream.get();
   const int32_t r = plan.logits_rows_count();
   const bool logprobs = plan.want_logprobs;
-  LS_CUDA(kernels::launch_guard_logits(logits.get(), r, vocab, row_nan_flags.get(), argmax.get(),
+  LS_CUDA(kernels::launch_guard_logits(logits.get(), r, vocab, guard_partials.get(),
+                                       row_nan_flags.get(), argmax.get(),
                                        logprobs ? row_max.get() : nullptr,
                                        logprobs ? row_sum.get() : nullptr, s));
+  mark(CudaPhase::kGuard);
+  // Greedy rows read the guard's argmax: the sampler's weights and sort run only when a row
+  // samples (top_k != 1).
   const bool stochastic = std::any_of(plan.sampling.begin(), plan.sampling.end(),
                                       [](const ResolvedSampling& x) { return x.top_k != 1; });
   const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
@@ -632,8 +760,10 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
       .input_ids = input_ids.get(),
   };
   LS_CUDA(kernels::launch_finish_rows(args, plan.rows_count, s));
+  mark(CudaPhase::kSampling);
   LS_CUDA(cudaMemcpyAsync(host_results.get(), results.get(), results.bytes(),
                           cudaMemcpyDeviceToHost, s));
+  mark(CudaPhase::kCopyBack);
   LS_CUDA(cudaEventRecord(step_done.get(), s));
 }
 
@@ -694,16 +824,27 @@ void CudaBackend::Impl::capture_graphs() {
   for (const int32_t grid : buckets) {
     const int32_t tokens = grid * config.verify_width;
     auto enqueue = [&] {
+      marks_count = 1;  // after the step's opening mark, which stage() records eagerly
       enqueue_table_writes(grid);
       enqueue_resets();
       enqueue_fill(grid);
+      mark(CudaPhase::kStateOps);
       enqueue_forward(tokens, tokens);
     };
     enqueue();
     LS_CUDA(cudaStreamSynchronize(s));
-    graphs.push_back(CudaGraph::capture(s, enqueue));
+    capturing = true;
+    try {
+      graphs.push_back(CudaGraph::capture(s, enqueue));
+    } catch (...) {
+      capturing = false;
+      throw;
+    }
+    capturing = false;
+    graph_marks_end = marks_count;
   }
   LS_CUDA(cudaStreamSynchronize(s));
+  marks_count = 0;
 }
 
 void CudaBackend::apply_table_writes(const StepPlan& plan) {
@@ -725,6 +866,7 @@ void CudaBackend::fill_inputs(const StepPlan& plan) {
   m.stage(plan);
   if (m.graph_step()) return;
   m.enqueue_fill(m.rows_grid);
+  m.mark(CudaPhase::kStateOps);
 }
 
 void CudaBackend::forward(const StepPlan& plan) {
@@ -734,6 +876,7 @@ void CudaBackend::forward(const StepPlan& plan) {
   if (m.graph_step()) {
     LS_CUDA(cudaGraphLaunch(m.graphs[static_cast<size_t>(m.graph_index_)].get(), m.stream.get()));
     ++m.graph_replays;
+    if (m.options.profile) m.marks_count = m.graph_marks_end;  // the graph recorded them
     return;
   }
   const int32_t tokens = plan.mode == ForwardMode::kDecode ? m.rows_grid * plan.verify_width
@@ -779,6 +922,7 @@ StepResult CudaBackend::finish_step(const StepPlan& plan) {
     std::vector<float> logits = std::move(result.logits);
     result = m.unpack(plan);
     result.logits = std::move(logits);
+    m.collect_marks();
   }
   m.staged = false;
   ++m.steps_count;
@@ -791,18 +935,19 @@ void CudaBackend::copy_pages(const CacheOp& op) {
   const size_t p = static_cast<size_t>(m.config.page_size);
   const size_t kv = static_cast<size_t>(m.kv_size);
   const size_t l = static_cast<size_t>(m.layers);
-  const size_t page_bytes = p * kv * sizeof(bf16);
-  const size_t layer_pitch = static_cast<size_t>(m.slots_count) * kv * sizeof(bf16);
+  const size_t e = m.elem_bytes;
+  const size_t page_bytes = p * kv * e;
+  const size_t layer_pitch = static_cast<size_t>(m.slots_count) * kv * e;
   for (size_t i = 0; i < op.device_pages.size(); ++i) {
     LS_ASSERT(op.device_pages[i] >= 1 && op.device_pages[i] < m.config.pages_count,
               "device page {}", op.device_pages[i]);
     LS_ASSERT(op.host_pages[i] >= 0 && op.host_pages[i] < m.config.host_pages_count,
               "host page {}", op.host_pages[i]);
     const size_t first_slot = static_cast<size_t>(op.device_pages[i]) * p;
-    bf16* host_page = m.host_kv.get() + static_cast<size_t>(op.host_pages[i]) * 2 * l * p * kv;
+    uint8_t* host_page = m.host_kv.get() + static_cast<size_t>(op.host_pages[i]) * 2 * l * page_bytes;
     for (int which = 0; which < 2; ++which) {
-      bf16* device = (which == 0 ? m.k_cache.get() : m.v_cache.get()) + first_slot * kv;
-      bf16* host = host_page + static_cast<size_t>(which) * l * p * kv;
+      uint8_t* device = (which == 0 ? m.k_cache.get() : m.v_cache.get()) + first_slot * kv * e;
+      uint8_t* host = host_page + static_cast<size_t>(which) * l * page_bytes;
       if (op.kind == CacheOpKind::kSwapOut) {
         LS_CUDA(cudaMemcpy2DAsync(host, page_bytes, device, layer_pitch, page_bytes, l,
                                   cudaMemcpyDeviceToHost, m.stream.get()));
@@ -849,6 +994,39 @@ int64_t CudaBackend::graph_replays_count() const { return impl_->graph_replays; 
 
 int64_t CudaBackend::last_wait_ns() const { return impl_->last_wait_ns; }
 
+CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_totals; }
+
+void CudaBackend::reset_phase_times() {
+  const bool available = impl_->phase_totals.available;
+  impl_->phase_totals = CudaPhaseTimes{};
+  impl_->phase_totals.available = available;
+}
+
+std::string_view to_string(CudaPrecision precision) {
+  return precision == CudaPrecision::kFp32 ? "fp32" : "bf16";
+}
+
+std::string_view to_string(CudaPhase phase) {
+  switch (phase) {
+    case CudaPhase::kStateOps: return "state_ops";
+    case CudaPhase::kEmbedding: return "embedding";
+    case CudaPhase::kNorms: return "norms";
+    case CudaPhase::kGemmQkv: return "gemm_qkv";
+    case CudaPhase::kRope: return "rope_kv_write";
+    case CudaPhase::kAttention: return "attention";
+    case CudaPhase::kGemmO: return "gemm_o";
+    case CudaPhase::kGemmGateUp: return "gemm_gate_up";
+    case CudaPhase::kSwiglu: return "swiglu";
+    case CudaPhase::kGemmDown: return "gemm_down";
+    case CudaPhase::kLmHead: return "lm_head";
+    case CudaPhase::kGuard: return "guard_argmax";
+    case CudaPhase::kSampling: return "sampling_commit";
+    case CudaPhase::kCopyBack: return "copy_back";
+    case CudaPhase::kCount: break;
+  }
+  return "?";
+}
+
 std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& weights,
                                            const ExecutorConfig& config) {
   return std::make_unique<CudaBackend>(weights, config);
@@ -877,16 +1055,17 @@ CudaMachineInfo cuda_machine_info(int32_t device) {
   LS_CUBLAS(cublasGetProperty(MAJOR_VERSION, &major));
   LS_CUBLAS(cublasGetProperty(MINOR_VERSION, &minor));
   LS_CUBLAS(cublasGetProperty(PATCH_LEVEL, &patch));
-  // The kernel module's version, when the proc file is there (Linux): "NVRM version: ... 580.x".
+  // The kernel module's version, when the proc file is there (Linux): the first dotted number
+  // after "Kernel Module" ("... Open Kernel Module for x86_64  580.159.04  Release Build ...").
   std::string kernel_driver;
   std::ifstream proc("/proc/driver/nvidia/version");
   std::string line;
   if (proc && std::getline(proc, line)) {
     const size_t kernel_module = line.find("Kernel Module");
-    if (kernel_module != std::string::npos) {
-      const size_t begin = line.find_first_of("0123456789", kernel_module);
-      const size_t end = line.find_first_of(" \t", begin);
-      if (begin != std::string::npos) kernel_driver = line.substr(begin, end - begin);
+    const std::string rest = kernel_module == std::string::npos ? line : line.substr(kernel_module);
+    std::smatch match;
+    if (std::regex_search(rest, match, std::regex(R"(\b\d+\.\d+(\.\d+)?\b)"))) {
+      kernel_driver = match.str();
     }
   }
   CudaMachineInfo info;

@@ -1,6 +1,8 @@
 // The CUDA production backend (DESIGN.md "Backends"): bf16 weights and KV on the device, fp32
-// accumulation, cuBLAS GEMMs, own kernels for everything else, one execution stream, every buffer
-// allocated once at construction from the ExecutorConfig's limits.
+// accumulation, cuBLAS GEMMs (lockstep's GEMV for steps of a few tokens), own kernels for
+// everything else, one execution stream, every buffer allocated once at construction from the
+// ExecutorConfig's limits. An fp32 mode (weights, KV and GEMM inputs in fp32, pedantic fp32
+// cuBLAS) differs from the CPU reference only in the order of sums: the correctness oracle.
 //
 // This header includes no CUDA header, so cli/ can include it; everything CUDA lives in Impl.
 #pragma once
@@ -9,20 +11,63 @@
 #include "core/config.h"
 #include "core/model/weights.h"
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace ls {
 
+// What weights, KV and the inputs of the linear layers are stored in. Accumulation, the residual
+// stream, norms, softmax and logits are fp32 in both.
+enum class CudaPrecision : uint8_t {
+  kBf16 = 0,  // production
+  kFp32 = 1,  // the oracle mode: only the order of sums differs from the CPU reference
+};
+std::string_view to_string(CudaPrecision precision);
+
+// Where a step's device time goes, for the benchmark's profile (CudaBackendOptions::profile).
+enum class CudaPhase : uint8_t {
+  kStateOps = 0,  // table writes, vcl resets, input fill
+  kEmbedding,
+  kNorms,
+  kGemmQkv,
+  kRope,          // RoPE and the KV write
+  kAttention,
+  kGemmO,
+  kGemmGateUp,
+  kSwiglu,
+  kGemmDown,
+  kLmHead,        // final norm and the LM head
+  kGuard,         // NaN guard and argmax
+  kSampling,      // sampling weights and sort (stochastic rows), verification and commit
+  kCopyBack,      // the packed device-to-host copy of the results
+  kCount,
+};
+std::string_view to_string(CudaPhase phase);
+
+struct CudaPhaseTimes {
+  std::array<double, static_cast<size_t>(CudaPhase::kCount)> ms{};  // summed over `steps`
+  int64_t steps = 0;
+  bool available = true;  // false when the device could not time the marks
+};
+
 struct CudaBackendOptions {
   int32_t device = 0;
+  CudaPrecision precision = CudaPrecision::kBf16;
   // Decode steps replay CUDA graphs captured at batch sizes 1, 2, 4, 8, 16, ... (multiples of 8)
   // up to max_batch_rows, padded with the sentinel pool row. Off: every step runs eagerly.
   bool graphs = false;
   // The attention split workspace's cap; prefill attention is launched in token chunks that fit.
   int64_t attention_workspace_bytes_max = int64_t{256} << 20;
   int64_t cublas_workspace_bytes = int64_t{32} << 20;
+  // Steps of at most this many tokens (≤ 8) run their linear layers through lockstep's GEMV
+  // kernel (bf16 only); larger ones through cuBLAS. 0: always cuBLAS.
+  int32_t gemv_tokens_max = 8;
+  // Record timing events between the phases of every step (graphs included) and sum them per
+  // phase (phase_times()). The marks themselves cost a little: benchmarks report both.
+  bool profile = false;
 };
 
 // What a trace header and a benchmark record about the machine.
@@ -74,6 +119,9 @@ class CudaBackend final : public Backend {
   // Nanoseconds the last finish_step spent blocked on the step's completion (a statistic for the
   // benchmark's host-time figure: step wall time minus this is the host's own work).
   int64_t last_wait_ns() const;
+  // Per-phase device time summed since construction or the last reset (options.profile).
+  CudaPhaseTimes phase_times() const;
+  void reset_phase_times();
 
   struct Impl;
 

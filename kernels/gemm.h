@@ -1,5 +1,13 @@
-// Linear layers through cuBLAS: bf16 operands, fp32 accumulation and fp32 output, row-major
-// y[tokens, out] = x[tokens, in] · w[out, in]ᵀ + beta · y (beta = 1 fuses the residual add).
+// Linear layers, row-major y[tokens, out] = x[tokens, in] · w[out, in]ᵀ + beta · y (beta = 1 fuses
+// the residual add), fp32 accumulation and fp32 output:
+//   - gemm_bf16_rowmajor: cuBLAS, bf16 operands (production, steps with many tokens);
+//   - gemm_f32_rowmajor: cuBLAS, fp32 operands with CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no
+//     reduced-precision paths): the fp32 mode, whose only difference from the CPU reference's
+//     dot products is the order of the sums;
+//   - launch_gemv_bf16: lockstep's own kernel for steps of at most kGemvTokensMax tokens (decode
+//     at small batch), where a GEMM's tiles leave most of the GPU idle and the step is a stream
+//     of the weights: one warp per output row, 16-byte streaming loads, a fixed summation order
+//     that depends only on `in` (so a token's result does not depend on the other tokens).
 //
 // Determinism: cuBLAS gives bit-identical results run to run for one shape on one GPU model and
 // SM count when the handle has a fixed workspace (cublasSetWorkspace) and atomics are not allowed
@@ -8,6 +16,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
@@ -16,5 +25,15 @@ namespace ls::kernels {
 cublasStatus_t gemm_bf16_rowmajor(cublasHandle_t handle, const __nv_bfloat16* x,
                                   const __nv_bfloat16* w, float* y, int32_t tokens, int32_t out,
                                   int32_t in, float beta);
+
+cublasStatus_t gemm_f32_rowmajor(cublasHandle_t handle, const float* x, const float* w, float* y,
+                                 int32_t tokens, int32_t out, int32_t in, float beta);
+
+constexpr int32_t kGemvTokensMax = 8;
+
+// Needs 1 <= tokens <= kGemvTokensMax, in % 8 == 0, and x, w 16-byte aligned.
+cudaError_t launch_gemv_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
+                             int32_t tokens, int32_t out, int32_t in, float beta,
+                             cudaStream_t stream);
 
 }  // namespace ls::kernels

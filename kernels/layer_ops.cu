@@ -1,21 +1,23 @@
 #include "kernels/layer_ops.h"
 #include "kernels/reduce.cuh"
 #include "kernels/step_layout.h"
+#include "kernels/storage.cuh"
 
 namespace ls::kernels {
 
 namespace {
 
-__global__ void embedding_kernel(const bf16* table, const int32_t* ids, int32_t hidden,
-                                 float* out) {
+template <typename T>
+__global__ void embedding_kernel(const T* table, const int32_t* ids, int32_t hidden, float* out) {
   const int32_t t = blockIdx.x;
-  const bf16* row = table + int64_t{ids[t]} * hidden;
+  const T* row = table + int64_t{ids[t]} * hidden;
   float* o = out + int64_t{t} * hidden;
-  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = __bfloat162float(row[i]);
+  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = to_float(row[i]);
 }
 
+template <typename T>
 __global__ void rms_norm_kernel(const float* x, const int32_t* row_index, int32_t n,
-                                const float* weight, float eps, bf16* out) {
+                                const float* weight, float eps, T* out) {
   __shared__ float scratch[32];
   const int32_t r = blockIdx.x;
   const int64_t source = row_index ? row_index[r] : r;
@@ -24,17 +26,17 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* row_index, int32_
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
   const float mean_square = block_sum(sum, scratch) / static_cast<float>(n);
   const float scale = 1.0f / sqrtf(mean_square + eps);
-  bf16* o = out + int64_t{r} * n;
+  T* o = out + int64_t{r} * n;
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    o[i] = __float2bfloat16_rn(xr[i] * scale * weight[i]);
+    o[i] = from_float<T>(xr[i] * scale * weight[i]);
   }
 }
 
+template <typename T>
 __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, const int64_t* slots,
                                 int32_t query_heads, int32_t kv_heads, int32_t head_dim,
                                 const float* cos_table, const float* sin_table,
-                                int32_t positions_count, float* q_out, bf16* k_cache,
-                                bf16* v_cache) {
+                                int32_t positions_count, float* q_out, T* k_cache, T* v_cache) {
   const int32_t t = blockIdx.x;
   const int32_t half = head_dim / 2;
   const int32_t q_size = query_heads * head_dim;
@@ -57,25 +59,26 @@ __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, cons
       q[i] = y1;
       q[i + half] = y2;
     } else {
-      bf16* k = k_cache + slot * kv_size + (head - query_heads) * head_dim;
-      k[i] = __float2bfloat16_rn(y1);
-      k[i + half] = __float2bfloat16_rn(y2);
+      T* k = k_cache + slot * kv_size + (head - query_heads) * head_dim;
+      k[i] = from_float<T>(y1);
+      k[i + half] = from_float<T>(y2);
     }
   }
   const float* v = row + q_size + kv_size;
   for (int32_t i = threadIdx.x; i < kv_size; i += blockDim.x) {
-    v_cache[slot * kv_size + i] = __float2bfloat16_rn(v[i]);
+    v_cache[slot * kv_size + i] = from_float<T>(v[i]);
   }
 }
 
-__global__ void swiglu_kernel(const float* gate_up, int32_t ffn, int64_t count, bf16* out) {
+template <typename T>
+__global__ void swiglu_kernel(const float* gate_up, int32_t ffn, int64_t count, T* out) {
   const int64_t index = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (index >= count) return;
   const int64_t t = index / ffn;
   const int64_t i = index % ffn;
   const float g = gate_up[t * 2 * ffn + i];
   const float u = gate_up[t * 2 * ffn + ffn + i];
-  out[index] = __float2bfloat16_rn(g / (1.0f + expf(-g)) * u);
+  out[index] = from_float<T>(g / (1.0f + expf(-g)) * u);
 }
 
 __global__ void residual_add_kernel(float* residual, const float* delta, int64_t count) {
@@ -83,44 +86,92 @@ __global__ void residual_add_kernel(float* residual, const float* delta, int64_t
   if (i < count) residual[i] += delta[i];
 }
 
-constexpr int32_t kGuardThreads = 1024;
+constexpr int32_t kGuardThreads = 256;
+constexpr int32_t kGuardPerThread = kGuardChunk / kGuardThreads;
+constexpr int32_t kGuardPartialFloats = 4;  // max, argmax (int bits), NaN seen, Σ exp(x − max)
+static_assert(kGuardChunk % kGuardThreads == 0);
 
+int32_t guard_chunks(int32_t vocab) { return (vocab + kGuardChunk - 1) / kGuardChunk; }
+
+// grid: (chunks, rows). Sanitises one chunk of one row in place and writes its partial.
 __global__ void __launch_bounds__(kGuardThreads)
-guard_logits_kernel(float* logits, int32_t vocab, int32_t* nan_flags, int32_t* argmax,
-                    float* row_max, float* row_sum) {
+guard_chunk_kernel(float* logits, int32_t vocab, bool want_sum, float* partials) {
   __shared__ float values[32];
   __shared__ int32_t indices[32];
-  __shared__ int32_t any_nan;
-  if (threadIdx.x == 0) any_nan = 0;
-  __syncthreads();
-  float* row = logits + int64_t{blockIdx.x} * vocab;
+  const int32_t chunk = blockIdx.x;
+  const int32_t begin = chunk * kGuardChunk;
+  float* row = logits + int64_t{blockIdx.y} * vocab;
+  float x[kGuardPerThread];
   ArgMax best{-INFINITY, 0x7fffffff};
   int32_t saw_nan = 0;
-  for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    float x = row[i];
-    if (isnan(x)) {
-      saw_nan = 1;
-      x = -kSanitisedMagnitude;
-      row[i] = x;
-    } else if (isinf(x)) {
-      x = x > 0.0f ? kSanitisedMagnitude : -kSanitisedMagnitude;
-      row[i] = x;
-    }
-    if (x > best.value) best = ArgMax{x, i};  // ascending i: the first keeps a tie
+#pragma unroll
+  for (int32_t k = 0; k < kGuardPerThread; ++k) {
+    const int32_t i = begin + k * kGuardThreads + static_cast<int32_t>(threadIdx.x);
+    x[k] = i < vocab ? row[i] : -INFINITY;
   }
-  if (saw_nan) atomicOr(&any_nan, 1);
+#pragma unroll
+  for (int32_t k = 0; k < kGuardPerThread; ++k) {
+    const int32_t i = begin + k * kGuardThreads + static_cast<int32_t>(threadIdx.x);
+    if (i >= vocab) continue;
+    if (isnan(x[k])) {
+      saw_nan = 1;
+      x[k] = -kSanitisedMagnitude;
+      row[i] = x[k];
+    } else if (isinf(x[k])) {
+      x[k] = x[k] > 0.0f ? kSanitisedMagnitude : -kSanitisedMagnitude;
+      row[i] = x[k];
+    }
+    if (x[k] > best.value) best = ArgMax{x[k], i};  // ascending i: the first keeps a tie
+  }
+  const int32_t any_nan = __syncthreads_or(saw_nan);
   best = block_argmax(best, values, indices);
+  float sum = 0.0f;
+  if (want_sum) {
+#pragma unroll
+    for (int32_t k = 0; k < kGuardPerThread; ++k) {
+      const int32_t i = begin + k * kGuardThreads + static_cast<int32_t>(threadIdx.x);
+      if (i < vocab) sum += expf(x[k] - best.value);
+    }
+    sum = block_sum(sum, values);
+  }
   if (threadIdx.x == 0) {
-    nan_flags[blockIdx.x] = any_nan;
-    argmax[blockIdx.x] = best.index;
+    float* p = partials + (int64_t{blockIdx.y} * gridDim.x + chunk) * kGuardPartialFloats;
+    p[0] = best.value;
+    p[1] = __int_as_float(best.index);
+    p[2] = static_cast<float>(any_nan);
+    p[3] = sum;
+  }
+}
+
+// One warp per row: the chunk partials combined in a fixed order (lane-strided, then butterfly).
+__global__ void guard_combine_kernel(const float* partials, int32_t chunks, int32_t* nan_flags,
+                                     int32_t* argmax, float* row_max, float* row_sum) {
+  const int32_t r = blockIdx.x;
+  const int32_t lane = threadIdx.x;
+  const float* p = partials + int64_t{r} * chunks * kGuardPartialFloats;
+  ArgMax best{-INFINITY, 0x7fffffff};
+  int32_t nan = 0;
+  for (int32_t c = lane; c < chunks; c += 32) {
+    const float* q = p + c * kGuardPartialFloats;
+    best = better(best, ArgMax{q[0], __float_as_int(q[1])});
+    nan |= q[2] != 0.0f ? 1 : 0;
+  }
+  best = warp_argmax(best);
+  nan = __any_sync(0xffffffffu, nan) ? 1 : 0;
+  if (lane == 0) {
+    nan_flags[r] = nan;
+    argmax[r] = best.index;
   }
   if (row_max == nullptr || row_sum == nullptr) return;
   float sum = 0.0f;
-  for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) sum += expf(row[i] - best.value);
-  sum = block_sum(sum, values);
-  if (threadIdx.x == 0) {
-    row_max[blockIdx.x] = best.value;
-    row_sum[blockIdx.x] = sum;
+  for (int32_t c = lane; c < chunks; c += 32) {
+    const float* q = p + c * kGuardPartialFloats;
+    sum += q[3] * expf(q[0] - best.value);
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) {
+    row_max[r] = best.value;
+    row_sum[r] = sum;
   }
 }
 
@@ -135,7 +186,8 @@ int32_t blocks_for(int64_t count, int32_t threads) {
 
 }  // namespace
 
-cudaError_t launch_embedding(const bf16* table, const int32_t* ids, int32_t tokens_count,
+template <typename T>
+cudaError_t launch_embedding(const T* table, const int32_t* ids, int32_t tokens_count,
                              int32_t hidden, float* out, cudaStream_t stream) {
   if (tokens_count < 0 || hidden < 1 || table == nullptr || out == nullptr) {
     return cudaErrorInvalidValue;
@@ -145,8 +197,9 @@ cudaError_t launch_embedding(const bf16* table, const int32_t* ids, int32_t toke
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t rows_count,
-                            int32_t n, const float* weight, float eps, bf16* out,
+                            int32_t n, const float* weight, float eps, T* out,
                             cudaStream_t stream) {
   if (rows_count < 0 || n < 1 || !(eps > 0.0f) || x == nullptr || weight == nullptr) {
     return cudaErrorInvalidValue;
@@ -156,10 +209,11 @@ cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t ro
   return cudaGetLastError();
 }
 
+template <typename T>
 cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const int64_t* slots,
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
                             int32_t head_dim, const float* cos, const float* sin,
-                            int32_t positions_count, float* q_out, bf16* k_cache, bf16* v_cache,
+                            int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
                             cudaStream_t stream) {
   if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 2 || head_dim % 2 != 0 ||
       positions_count < 1) {
@@ -172,7 +226,8 @@ cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const in
   return cudaGetLastError();
 }
 
-cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ffn, bf16* out,
+template <typename T>
+cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ffn, T* out,
                           cudaStream_t stream) {
   if (tokens_count < 0 || ffn < 1) return cudaErrorInvalidValue;
   const int64_t count = int64_t{tokens_count} * ffn;
@@ -180,6 +235,19 @@ cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ff
   swiglu_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(gate_up, ffn, count, out);
   return cudaGetLastError();
 }
+
+#define LS_INSTANTIATE_LAYER_OPS(T)                                                               \
+  template cudaError_t launch_embedding<T>(const T*, const int32_t*, int32_t, int32_t, float*,    \
+                                           cudaStream_t);                                         \
+  template cudaError_t launch_rms_norm<T>(const float*, const int32_t*, int32_t, int32_t,         \
+                                          const float*, float, T*, cudaStream_t);                 \
+  template cudaError_t launch_rope_qkv<T>(const float*, const int32_t*, const int64_t*, int32_t,  \
+                                          int32_t, int32_t, int32_t, const float*, const float*,  \
+                                          int32_t, float*, T*, T*, cudaStream_t);                 \
+  template cudaError_t launch_swiglu<T>(const float*, int32_t, int32_t, T*, cudaStream_t);
+LS_INSTANTIATE_LAYER_OPS(bf16)
+LS_INSTANTIATE_LAYER_OPS(float)
+#undef LS_INSTANTIATE_LAYER_OPS
 
 cudaError_t launch_residual_add(float* residual, const float* delta, int64_t count,
                                 cudaStream_t stream) {
@@ -189,16 +257,25 @@ cudaError_t launch_residual_add(float* residual, const float* delta, int64_t cou
   return cudaGetLastError();
 }
 
+size_t guard_partials_floats(int32_t rows_count, int32_t vocab) {
+  return static_cast<size_t>(rows_count) * static_cast<size_t>(guard_chunks(vocab)) *
+         kGuardPartialFloats;
+}
+
 cudaError_t launch_guard_logits(float* logits, int32_t rows_count, int32_t vocab,
-                                int32_t* nan_flags, int32_t* argmax, float* row_max,
-                                float* row_sum, cudaStream_t stream) {
-  if (rows_count < 0 || vocab < 1 || logits == nullptr || nan_flags == nullptr ||
-      argmax == nullptr) {
+                                float* partials, int32_t* nan_flags, int32_t* argmax,
+                                float* row_max, float* row_sum, cudaStream_t stream) {
+  if (rows_count < 0 || rows_count > 65535 || vocab < 1 || logits == nullptr ||
+      partials == nullptr || nan_flags == nullptr || argmax == nullptr) {
     return cudaErrorInvalidValue;
   }
   if (rows_count == 0) return cudaSuccess;
-  guard_logits_kernel<<<rows_count, kGuardThreads, 0, stream>>>(logits, vocab, nan_flags, argmax,
-                                                                row_max, row_sum);
+  const bool want_sum = row_max != nullptr && row_sum != nullptr;
+  const int32_t chunks = guard_chunks(vocab);
+  guard_chunk_kernel<<<dim3(chunks, rows_count), kGuardThreads, 0, stream>>>(logits, vocab,
+                                                                            want_sum, partials);
+  guard_combine_kernel<<<rows_count, 32, 0, stream>>>(partials, chunks, nan_flags, argmax,
+                                                      row_max, row_sum);
   return cudaGetLastError();
 }
 

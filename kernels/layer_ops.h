@@ -14,29 +14,36 @@ namespace ls::kernels {
 
 using bf16 = __nv_bfloat16;
 
-// out[t, :] = table[ids[t], :] as fp32. table [vocab, hidden] bf16, out [tokens, hidden].
-cudaError_t launch_embedding(const bf16* table, const int32_t* ids, int32_t tokens_count,
+// Storage type T of weights, KV and GEMM inputs: bf16 (production) or float (the fp32 mode, whose
+// only difference from the CPU reference is the order of sums). Both are instantiated.
+
+// out[t, :] = table[ids[t], :] as fp32. table [vocab, hidden] T, out [tokens, hidden].
+template <typename T>
+cudaError_t launch_embedding(const T* table, const int32_t* ids, int32_t tokens_count,
                              int32_t hidden, float* out, cudaStream_t stream);
 
 // out[r, :] = x[s, :] · rsqrt(mean(x[s, :]²) + eps) · weight, s = row_index ? row_index[r] : r.
-// x [*, n] fp32, weight [n] fp32, out [rows, n] bf16 (the next GEMM's input).
+// x [*, n] fp32, weight [n] fp32, out [rows, n] T (the next GEMM's input).
+template <typename T>
 cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t rows_count,
-                            int32_t n, const float* weight, float eps, bf16* out,
+                            int32_t n, const float* weight, float eps, T* out,
                             cudaStream_t stream);
 
 // The QKV epilogue: qkv [tokens, q_size + 2·kv_size] fp32 (Q, K, V of each token side by side).
 // Rotates Q and K by the RoPE table at min(position, positions_count − 1) (HF rotate-half), writes
-// Q to q_out [tokens, q_size] fp32 and K, V as bf16 to k_cache/v_cache [slots, kv_size] at each
+// Q to q_out [tokens, q_size] fp32 and K, V as T to k_cache/v_cache [slots, kv_size] at each
 // token's slot. cos/sin [positions_count, head_dim/2] fp32.
+template <typename T>
 cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const int64_t* slots,
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
                             int32_t head_dim, const float* cos, const float* sin,
-                            int32_t positions_count, float* q_out, bf16* k_cache, bf16* v_cache,
+                            int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
                             cudaStream_t stream);
 
 // out[t, i] = silu(g) · u with g = gate_up[t, i], u = gate_up[t, ffn + i]; silu(g) = g/(1+e^−g).
-// gate_up [tokens, 2·ffn] fp32, out [tokens, ffn] bf16.
-cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ffn, bf16* out,
+// gate_up [tokens, 2·ffn] fp32, out [tokens, ffn] T.
+template <typename T>
+cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ffn, T* out,
                           cudaStream_t stream);
 
 // residual[i] += delta[i] for i < count (fp32). The backend fuses this add into its GEMMs
@@ -44,12 +51,17 @@ cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ff
 cudaError_t launch_residual_add(float* residual, const float* delta, int64_t count,
                                 cudaStream_t stream);
 
-// Rule 5 on logits [rows, vocab] fp32, one block per row: NaN → −1e30 (nan_flags[r] = 1), ±inf →
-// ±1e30. Also writes argmax[r] (lowest id on ties, of the sanitised row) and, when row_max and
-// row_sum are not null, max_r and Σ exp(x − max_r) for logprobs.
+// Rule 5 on logits [rows, vocab] fp32: NaN → −1e30 (nan_flags[r] = 1), ±inf → ±1e30. Also writes
+// argmax[r] (lowest id on ties, of the sanitised row) and, when row_max and row_sum are not null,
+// max_r and Σ exp(x − max_r) for logprobs. Each row is cut into fixed chunks of kGuardChunk ids
+// that blocks scan in parallel (a batch-1 row is 128k logits); a second kernel combines a row's
+// chunk partials in chunk order, so the result depends only on the row. `partials` holds
+// guard_partials_floats(rows, vocab) floats.
+constexpr int32_t kGuardChunk = 4096;
+size_t guard_partials_floats(int32_t rows_count, int32_t vocab);
 cudaError_t launch_guard_logits(float* logits, int32_t rows_count, int32_t vocab,
-                                int32_t* nan_flags, int32_t* argmax, float* row_max,
-                                float* row_sum, cudaStream_t stream);
+                                float* partials, int32_t* nan_flags, int32_t* argmax,
+                                float* row_max, float* row_sum, cudaStream_t stream);
 
 // Fills count floats with value (the poison fault site; NaN and ±inf included).
 cudaError_t launch_fill_float(float* out, int64_t count, float value, cudaStream_t stream);

@@ -20,4 +20,10 @@ cudaError_t launch_seeded_f32(float* out, int64_t count, uint64_t seed, uint32_t
 // Streaming copy for the bandwidth probe: dst[i] = src[i], 16 bytes per thread per step.
 cudaError_t launch_copy_bytes(void* dst, const void* src, int64_t bytes, cudaStream_t stream);
 
+// Streaming read for the bandwidth probe (what a decode step does to its weights): XORs every
+// 16-byte word of src; sink [kReadBlocks] 16-byte words is written only in a case that never
+// happens, which keeps the loads.
+constexpr int32_t kReadBlocks = 132 * 16;
+cudaError_t launch_read_bytes(const void* src, int64_t bytes, void* sink, cudaStream_t stream);
+
 }  // namespace ls::kernels

@@ -77,6 +77,10 @@ std::optional<Divergence> first_divergence(const ForwardOp& op, const trace::Ste
     if (!e.valid_cache_lengths.empty() && !same_bits(e.valid_cache_lengths, a.valid_cache_lengths, one)) {
       return diverged("valid_cache_length", slice(e.valid_cache_lengths, one), slice(a.valid_cache_lengths, one));
     }
+    const RowSpan drafts{static_cast<size_t>(row) * static_cast<size_t>(width), static_cast<size_t>(width)};
+    if (!e.drafts.empty() && !same_bits(e.drafts, a.drafts, drafts)) {
+      return diverged("drafts", slice(e.drafts, drafts), slice(a.drafts, drafts));
+    }
     if (!e.future_input_digests.empty() && !same_bits(e.future_input_digests, a.future_input_digests, one)) {
       return diverged("future_input_digest", hex_slice(e.future_input_digests, one),
                       hex_slice(a.future_input_digests, one));

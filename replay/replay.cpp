@@ -9,6 +9,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <memory>
 
 namespace ls::replay {
 
@@ -61,6 +62,16 @@ const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights
   return *given;
 }
 
+// The caller's backend (options.make_backend), or the CPU reference with the drafter the header
+// names (make_drafter says clearly which ones it cannot rebuild).
+std::unique_ptr<Backend> make_replay_backend(const ReplayOptions& options,
+                                             const ModelWeights& weights,
+                                             const trace::TraceHeader& header) {
+  if (options.make_backend) return options.make_backend(weights, header.executor);
+  return std::make_unique<CpuBackend>(weights, header.executor, nullptr, false,
+                                      make_drafter(header.drafter));
+}
+
 class Replayer {
  public:
   Replayer(trace::TraceReader reader, const ReplayOptions& options)
@@ -69,12 +80,12 @@ class Replayer {
         owned_weights_(options.weights ? ModelWeights{}
                                        : weights_for(reader_.header(), options.weights_directory)),
         weights_(given_or_owned(options.weights, owned_weights_, reader_.header())),
-        backend_(weights_, reader_.header().executor),
-        executor_(reader_.header().executor, weights_.config.vocab_size, backend_,
+        backend_(make_replay_backend(options, weights_, reader_.header())),
+        executor_(reader_.header().executor, weights_.config.vocab_size, *backend_,
                   ExecutorOptions{.capture_logits = true,
                                   .want_logprobs = reader_.header().executor_options.want_logprobs}) {
     report_.header = reader_.header();
-    report_.backend = backend_.name();
+    report_.backend = backend_->name();
   }
 
   ReplayReport run() {
@@ -108,7 +119,7 @@ class Replayer {
     executor_.inject_next_step(std::move(faults));
     const StepResult result = executor_.step(op);
     Executed done{in.step, op, {}, recorded_row};
-    done.output = trace::make_step_output(in.step, result, backend_.read_state(pool_rows_of(op)),
+    done.output = trace::make_step_output(in.step, result, backend_->read_state(pool_rows_of(op)),
                                           reader_.header().top_logits_count);
     if (options_.mode == ReplayMode::kTeacherForced) keep_logits(in.step, result);
     executed_.push_back(std::move(done));
@@ -191,6 +202,7 @@ class Replayer {
     cut(out.result.oov_flags, row, 1);
     cut(out.valid_cache_lengths, row, 1);
     cut(out.future_input_digests, row, 1);
+    cut(out.drafts, row * w, w);
     cut(out.top_logits, begin * r.top_logits_count, count * r.top_logits_count);
     out.result.mode = op.mode();
     out.result.prefill_rows_count = op.prefill_rows_count();
@@ -236,7 +248,7 @@ class Replayer {
   trace::TraceReader reader_;
   ModelWeights owned_weights_;
   const ModelWeights& weights_;
-  CpuBackend backend_;
+  std::unique_ptr<Backend> backend_;
   Executor executor_;
   ReplayReport report_;
   std::deque<Executed> executed_;

@@ -2,12 +2,14 @@
 // re-executes every recorded step and compares what it produces with what was recorded.
 #pragma once
 
+#include "core/backend.h"
 #include "replay/compare.h"
 #include "trace/reader.h"
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -27,6 +29,9 @@ struct ReplayOptions {
   // Weights already in memory (tools replaying many traces of one model); still checked against
   // the recorded digest. Borrowed: must outlive the replay.
   const ModelWeights* weights = nullptr;
+  // The backend to replay on, built from the (checked) weights and the recorded executor limits;
+  // null: the CPU reference. (replay/ links no backend but the CPU one; the CLI passes CUDA's.)
+  std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&)> make_backend;
   std::function<void(int64_t steps_done, uint64_t bytes_done, uint64_t bytes_total)> on_progress;
 };
 

@@ -9,12 +9,14 @@
 #   env.txt            nvidia-smi, ldd of each binary, versions
 #   gpu_tests.log/json GoogleTest output of lockstep_gpu_tests (every kernel and backend test)
 #   sanitizer.log      compute-sanitizer memcheck on a subset (when the tool is there)
-#   hf_oracle.log/json the independent oracle (HF transformers vs lockstep), when built
-#   gpu_bench.json     the benchmark's figures (its log is in gpu_bench.json's sibling .log)
+#   hf_oracle.log/json the independent oracle (HF transformers vs lockstep)
+#   gpu_bench.log/json the benchmark's figures, with the PyTorch peer's (bench/torch_peer.py)
+#                      merged in under "peer" and a side-by-side table at the end of the log
+# The parts' time limits add up to under the device tool's 600 s per command.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=build-gpu/dist
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 package() {
@@ -28,14 +30,15 @@ package() {
   # shellcheck disable=SC2086
   ninja -C build-gpu -j2 $GPU_TARGETS
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
-  cp build-gpu/tests/lockstep_gpu_tests build-gpu/bench/lockstep_gpu_bench "$DIST/bin/"
+  cp build-gpu/tests/lockstep_gpu_tests build-gpu/bench/lockstep_gpu_bench build-gpu/lockstep "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi
   strip "$DIST"/bin/*
-  # Shared libraries the H200 host lacks (GPU.md): fmt and xxHash (no static archives here), and
-  # this toolchain's libstdc++/libgcc_s for libfmt. cuBLAS comes from the host (13.1).
-  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1; do
+  # Shared libraries the H200 host lacks (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the trace
+  # replayed by the determinism test), and this toolchain's libstdc++/libgcc_s for libfmt. cuBLAS
+  # comes from the host (13.1).
+  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so; do
     cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"
   done
   git rev-parse --short=12 HEAD > "$DIST/commit.txt" 2>/dev/null || echo unknown > "$DIST/commit.txt"
@@ -63,15 +66,31 @@ run() {
   } > "$OUT/env.txt" 2>&1
 
   echo "== GPU tests"
-  timeout 240 "$DIST/bin/lockstep_gpu_tests" --gtest_output="json:$OUT/gpu_tests.json" \
-      > "$OUT/gpu_tests.log" 2>&1 || status=1
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|tiny greedy' "$OUT/gpu_tests.log" | tail -40
+  # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
+  timeout 90 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='-CudaLlama1b.*' \
+      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  timeout 100 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='CudaLlama1b.*' \
+      >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism' "$OUT/gpu_tests.log" | tail -40
+
+  echo "== CLI on CUDA: generate --backend cuda --record, replay --backend cuda (exact), inspect"
+  {
+    echo "== CLI on CUDA"
+    timeout 30 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
+        --record /tmp/cli_cuda.trace -o /tmp/cli_cuda.jsonl &&
+    timeout 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda.trace --backend cuda -q
+  } >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  {
+    timeout 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda.trace --mode teacher-forced -q
+    "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda.trace | head -5
+  } >> "$OUT/gpu_tests.log" 2>&1
+  grep -E "IDENTICAL|DIVERGED|agreement|SMs|error" "$OUT/gpu_tests.log" | tail -6
 
   if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     echo "== compute-sanitizer memcheck (subset)"
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-    timeout 100 "$SAN" --tool memcheck --print-limit 20 "$DIST/bin/lockstep_gpu_tests" \
-        --gtest_filter='CudaStateOps.*:OddSizes/PrefillChunk.*/1:OddBatches/DecodeBatch.*/2:OddBatches/SampleRows.*/2:OddBatches/VerifyRows.*/2:OddBatches/FillDecodeInputs.*' \
+    timeout 45 "$SAN" --tool memcheck --print-limit 20 "$DIST/bin/lockstep_gpu_tests" \
+        --gtest_filter='CudaStateOps.VerifyWidthThreeLikeTheCpu:OddSizes/PrefillChunk.*/1:OddBatches/DecodeBatch.*/1:AttentionFp32.*:OddBatches/GemvTokens.*/1:OddBatches/LogitsRows.*/1:OddBatches/SampleRows.*/2:OddBatches/VerifyRows.*/2' \
         > "$OUT/sanitizer.log" 2>&1 || echo "(sanitizer exit $?: informational; it may not work under gVisor)"
     tail -5 "$OUT/sanitizer.log"
   fi
@@ -79,16 +98,47 @@ run() {
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ] && [ -f tests/hf_oracle.py ]; then
     echo "== HF oracle"
     {
-      PYTHONUNBUFFERED=1 timeout 200 env -u LD_LIBRARY_PATH python3 tests/hf_oracle.py \
-          --out-dir /tmp/hf_oracle --json "$OUT/hf_oracle.json" &&
-      timeout 120 "$DIST/bin/lockstep_hf_oracle_check" /tmp/hf_oracle "$OUT/hf_oracle.json"
+      rm -rf /tmp/hf_oracle
+      PYTHONUNBUFFERED=1 timeout 80 env -u LD_LIBRARY_PATH python3 tests/hf_oracle.py \
+          --out-dir /tmp/hf_oracle &&
+      timeout 45 "$DIST/bin/lockstep_hf_oracle_check" /tmp/hf_oracle "$OUT/hf_oracle.json"
     } > "$OUT/hf_oracle.log" 2>&1 || status=1
     tail -8 "$OUT/hf_oracle.log"
   fi
 
   echo "== benchmark"
-  timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
+  timeout 140 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
   cat "$OUT/gpu_bench.log"
+
+  echo "== PyTorch peer (one CUDA graph per step) and HF generate"
+  PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 90 \
+      env -u LD_LIBRARY_PATH python3 bench/torch_peer.py --json /tmp/torch_peer.json --hf \
+      2>&1 | tee -a "$OUT/gpu_bench.log" || status=1
+  env -u LD_LIBRARY_PATH python3 - "$OUT/gpu_bench.json" /tmp/torch_peer.json <<'PY' 2>&1 | tee -a "$OUT/gpu_bench.log"
+import json, sys
+try:
+    bench = json.load(open(sys.argv[1]))
+    peer = json.load(open(sys.argv[2]))
+except (OSError, ValueError) as e:
+    print(f"side by side: missing figures ({e})")
+    sys.exit(0)
+bench["peer"] = peer
+json.dump(bench, open(sys.argv[1], "w"), indent=2)
+mine = {(s["shape"], d["batch"], d["context"]): d for s in bench.get("shapes", []) for d in s["decode"]}
+bw = bench["copy_bandwidth_bytes_per_s"]
+print(f"side by side, decode step (graphs), copy bandwidth {bw * 1e-12:.2f} TB/s (lockstep's probe):")
+print(f"  {'shape':9} {'batch':>5} {'ctx':>5} {'lockstep ms':>12} {'torch ms':>9} {'torch/lockstep':>15} {'lockstep %BW':>13} {'torch %BW':>10}")
+for p in peer.get("decode", []):
+    k = (p["shape"], p["batch"], p["context"])
+    if k not in mine:
+        continue
+    m = mine[k]
+    tf = p["bytes_moved"] / (p["step_ms_median"] * 1e-3) / bw
+    print(f"  {k[0]:9} {k[1]:5d} {k[2]:5d} {m['step_ms_median']:12.3f} {p['step_ms_median']:9.3f} "
+          f"{p['step_ms_median'] / m['step_ms_median']:15.2f} {100 * m['bandwidth_fraction']:12.1f}% {100 * tf:9.1f}%")
+for h in peer.get("hf_generate", []):
+    print(f"  HF generate {h['shape']} batch {h['batch']}: {h['step_ms']:.2f} ms/token")
+PY
   echo "gpu-run: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
 }

@@ -11,6 +11,17 @@ namespace ls::sim {
 
 namespace {
 constexpr uint32_t kParamsStream = 1;
+constexpr uint32_t kSpecStream = 4;  // its own stream: seeds without --spec derive what they did
+constexpr double kOracleAcceptances[] = {0.0, 0.5, 0.8, 1.0};
+
+// W, the drafter and its acceptance; extra pages per row for the reservation of C + (D+1)·W.
+int32_t derive_speculative(uint64_t seed, SimParams& p) {
+  SimRandom r(seed, kSpecStream);
+  p.verify_width = static_cast<int32_t>(r.range(2, 8));
+  p.drafter = r.chance(0.5) ? SimDrafter::kNgram : SimDrafter::kOracleMix;
+  if (p.drafter == SimDrafter::kOracleMix) p.oracle_acceptance = kOracleAcceptances[r.range(0, 3)];
+  return 2 * p.verify_width;
+}
 constexpr FaultSite kAllSites[kFaultSitesCount] = {
     FaultSite::kNanLogits,       FaultSite::kOovSample,    FaultSite::kPagePressure,
     FaultSite::kAbortMidPrefill, FaultSite::kContextLimit, FaultSite::kLateResult};
@@ -39,6 +50,7 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   SimRandom r(seed, kParamsStream);
   SimParams p;
   p.seed = seed;
+  const int32_t spec_tokens = overrides.speculative ? derive_speculative(seed, p) : 0;
   p.requests_count = overrides.requests_count.value_or(static_cast<int32_t>(r.range(8, 40)));
   p.max_batch_rows = static_cast<int32_t>(r.range(2, 12));
   p.page_size = static_cast<int32_t>(std::int64_t{1} << r.range(2, 4));  // 4, 8 or 16
@@ -58,7 +70,8 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   p.greedy_fraction = r.uniform();
   p.client_abort_fraction = r.uniform() * 0.1;
   // Enough pages for every row to hold a full context, unless page pressure is planted below.
-  const int32_t pages_per_row = (p.context_length + 2) / p.page_size + 2;
+  const int32_t pages_per_row =
+      (p.context_length + 2) / p.page_size + 2 + (spec_tokens + p.page_size - 1) / p.page_size;
   p.pages_count = p.max_batch_rows * pages_per_row + 1;
   p.host_pages_count = r.chance(0.5) ? static_cast<int32_t>(r.range(0, 2)) * pages_per_row * 2 : 0;
   if (overrides.faults) {
@@ -76,9 +89,21 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   return p;
 }
 
+std::string SimParams::drafter_name() const {
+  switch (drafter) {
+    case SimDrafter::kNone: return "none";
+    case SimDrafter::kNgram: return "ngram";
+    case SimDrafter::kOracleMix: return fmt::format("oracle-mix(p={:.2f})", oracle_acceptance);
+  }
+  return "?";
+}
+
 std::string SimParams::describe() const {
   std::vector<std::string> fault_names;
   for (FaultSite site : faults) fault_names.emplace_back(to_string(site));
+  const std::string speculative =
+      verify_width > 1 ? fmt::format("\n  speculative: W {}, drafter {}", verify_width, drafter_name())
+                       : std::string();
   return fmt::format(
       "seed {}\n"
       "  requests {}, arrivals/step {:.3f}, prompt tokens [{}, {}], max_new_tokens [{}, {}]\n"
@@ -86,13 +111,14 @@ std::string SimParams::describe() const {
       "{:.1f}%\n"
       "  limits: B {}, L {}, P {}, pages {}, host pages {}, token budget {}\n"
       "  overlap {}, mixed batches {}, prefix cache {}\n"
-      "  faults: {} (rate {:.3f}/step)",
+      "  faults: {} (rate {:.3f}/step){}",
       seed, requests_count, arrivals_per_step, prompt_tokens_min, prompt_tokens_max,
       max_new_tokens_min, max_new_tokens_max, shared_prefixes_count, shared_prefix_tokens,
       100 * shared_prefix_fraction, 100 * greedy_fraction, 100 * client_abort_fraction,
       max_batch_rows, context_length, page_size, pages_count, host_pages_count, token_budget,
       overlap ? "on" : "off", mixed_batches ? "on" : "off", prefix_cache ? "on" : "off",
-      fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate);
+      fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate,
+      speculative);
 }
 
 }  // namespace ls::sim

@@ -19,6 +19,10 @@ enum class FaultSite : uint8_t {
   kLateResult,       // a client aborts a request while its step is in flight: the result is late
 };
 constexpr int kFaultSitesCount = 6;
+
+// Speculative mode's drafter: the production n-gram drafter, or the simulator's oracle-mix drafter
+// (the target's true continuation with probability `oracle_acceptance`, junk otherwise).
+enum class SimDrafter : uint8_t { kNone, kNgram, kOracleMix };
 std::string_view to_string(FaultSite site);
 std::optional<FaultSite> fault_site_named(std::string_view name);
 
@@ -49,6 +53,13 @@ struct SimParams {
   // Faults.
   std::vector<FaultSite> faults;       // sites switched on for this seed
   double fault_rate = 0;               // chance per step that an enabled step-level site fires
+  // Speculative decoding (off: W = 1 and no drafter).
+  int32_t verify_width = 1;            // W: 2..8 in speculative mode
+  SimDrafter drafter = SimDrafter::kNone;
+  double oracle_acceptance = 0;        // oracle-mix: chance that a draft is the true token
+
+  // What a trace header records as the drafter: "none", "ngram" or "oracle-mix(p=0.50)".
+  std::string drafter_name() const;
 
   // One line per parameter, for the run's header.
   std::string describe() const;
@@ -58,6 +69,7 @@ struct SimOverrides {
   std::optional<int32_t> requests_count;
   bool faults_enabled = true;
   std::optional<std::vector<FaultSite>> faults;  // replaces the seed's choice when set
+  bool speculative = false;  // draw W in 2..8 and a drafter (`lockstep sim --spec`)
 };
 
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides);

@@ -28,6 +28,7 @@ std::string reproduce_command(const SimParams& params, const SimOverrides& overr
   } else if (!overrides.faults_enabled) {
     command += " --faults none";
   }
+  if (overrides.speculative) command += " --spec";
   return command;
 }
 

@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/cpu_backend.h"
 #include "sim/checkers.h"
+#include "sim/oracle_drafter.h"
 #include "sim/random.h"
 #include "sim/workload.h"
 
@@ -23,7 +24,7 @@ SchedulerConfig scheduler_config_for(const SimParams& p) {
   c.page_size = p.page_size;
   c.pages_count = p.pages_count;
   c.host_pages_count = p.host_pages_count;
-  c.verify_width = 1;
+  c.verify_width = p.verify_width;
   c.context_length = p.context_length;
   c.mixed_batches = p.mixed_batches;
   c.prefix_cache = p.prefix_cache;
@@ -50,7 +51,8 @@ class World {
       : params_(p),
         options_(options),
         config_(executor_config_for(p)),
-        backend_(weights, config_, nullptr, options.stub_model),
+        backend_(weights, config_, nullptr, options.stub_model,
+                 make_sim_drafter(p, weights, options.stub_model)),
         executor_(config_, weights.config.vocab_size, backend_, options.executor_options),
         scheduler_(scheduler_config_for(p)),
         workload_(generate_workload(p, weights.config.vocab_size)),
@@ -120,6 +122,7 @@ class World {
     const StepObservation o{step_, &plan.op, &result, &before, &after, &inputs,
                             executor_.vocab_size(), &config_};
     check_step(o, scheduler_, summary_.failures);
+    if (config_.verify_width > 1) count_accepted(plan.op, result);
     if (options_.observer) options_.observer->on_step_output(step_, plan.op, result, after);
     fingerprint(plan.op, result);
     InFlight done{plan.op, std::move(result)};
@@ -127,6 +130,15 @@ class World {
       in_flight_ = std::move(done);
     } else {
       apply(done);
+    }
+  }
+
+  void count_accepted(const ForwardOp& op, const StepResult& result) {
+    for (int32_t row = op.prefill_rows_count(); row < op.rows_count(); ++row) {
+      const int32_t a = result.accepted_lengths[row];
+      if (a >= 0 && a < static_cast<int32_t>(summary_.decode_rows_by_accepted.size())) {
+        ++summary_.decode_rows_by_accepted[static_cast<size_t>(a)];
+      }
     }
   }
 

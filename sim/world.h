@@ -41,6 +41,8 @@ struct SimSummary {
   int64_t retractions_recompute = 0;
   int64_t recoveries = 0;
   std::array<int64_t, kFaultSitesCount> faults_fired{};
+  // Decode rows by accepted length a' (0..W) when W > 1: how far speculation got.
+  std::array<int64_t, 17> decode_rows_by_accepted{};
   std::vector<CheckFailure> failures;
   uint64_t fingerprint = 0;
 

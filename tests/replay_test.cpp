@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -29,8 +31,9 @@ const ModelWeights& sim_weights() {
   return weights;
 }
 
+// One directory per process: ctest runs each test case as its own process, in parallel.
 fs::path temp_path(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / "lockstep-replay-test";
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-replay-test-{}", ::getpid());
   fs::create_directories(dir);
   return dir / name;
 }

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "tests/scratch_dir.h"
 #include <unistd.h>
 
 #include <bit>
@@ -23,29 +25,9 @@ namespace ls {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::HasSubstr;
+using ::testing::HasSubstr;
 
-// A fresh directory per test, removed afterwards; the pid keeps parallel runs apart.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() /
-            fmt::format("lockstep_st_{}_{}_{}", ::getpid(), info->test_suite_name(), info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  ~ScratchDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  fs::path file(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+using testing::ScratchDir;
 
 void write_bytes(const fs::path& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

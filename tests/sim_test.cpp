@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace ls::sim {
 namespace {
 
@@ -58,6 +60,45 @@ TEST(SimSweep, TwoHundredSeedsWithFaultsPassEveryCheckerAndTheTwinRun) {
     }
     EXPECT_GT(t.fired[i], 0) << to_string(static_cast<FaultSite>(i)) << " never fired";
   }
+}
+
+// Speculative mode: every seed draws W in 2..8 and a drafter (n-gram, or oracle-mix with a set
+// acceptance), faults on as in CI's sweep; the checkers (vcl ≤ L, accepted lengths = vcl growth,
+// KV slots in the request's own pages, page accounting, liveness) and the twin run must pass.
+// 12 requests per world (half the mean) keep it as fast as the sweep above: a verify row computes
+// W tokens, and page pressure, retraction and the context limit do not need more requests.
+TEST(SimSweep, TwoHundredSeedsWithSpeculativeDecoding) {
+  SimOverrides spec;
+  spec.speculative = true;
+  spec.requests_count = 12;
+  std::array<int64_t, 17> accepted{};
+  int64_t failed = 0, ngram = 0, oracle = 0, context_faults = 0, swaps = 0, recomputes = 0;
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    const SimParams params = derive_params(seed, spec);
+    ASSERT_GE(params.verify_width, 2);
+    ASSERT_LE(params.verify_width, 8);
+    (params.drafter == SimDrafter::kNgram ? ngram : oracle) += 1;
+    const SeedVerdict v = run_seed(params, sim_weights(), {}, /*twin=*/true);
+    if (!v.passed()) {
+      ++failed;
+      ADD_FAILURE() << reproduce_command(params, spec) << ": "
+                    << (v.summary.failures.empty() ? "twin fingerprint differs"
+                                                   : v.summary.failures[0].checker + ": " +
+                                                         v.summary.failures[0].detail);
+    }
+    for (size_t a = 0; a < accepted.size(); ++a) accepted[a] += v.summary.decode_rows_by_accepted[a];
+    swaps += v.summary.retractions_swap;
+    recomputes += v.summary.retractions_recompute;
+    context_faults += std::count(params.faults.begin(), params.faults.end(), FaultSite::kContextLimit);
+  }
+  EXPECT_EQ(failed, 0);
+  EXPECT_GT(ngram, 50);
+  EXPECT_GT(oracle, 50);
+  EXPECT_GT(context_faults, 50);
+  EXPECT_GT(swaps, 0);       // recovered by swap: a force-single row with W > 1
+  EXPECT_GT(recomputes, 0);
+  // Accepted lengths span 0 (a row at the context limit) through 8.
+  for (size_t a = 0; a <= 8; ++a) EXPECT_GT(accepted[a], 0) << "no decode row accepted " << a;
 }
 
 TEST(SimSweep, EverySiteOnAtOnce) {

@@ -159,6 +159,14 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
                "valid_cache_lengths[{}] = {} is outside [0, context_length = {}]", i, vcl,
                h.executor.context_length);
   }
+  LS_REQUIRE(record.drafts.empty() ||
+                 record.drafts.size() == static_cast<size_t>(bs) * static_cast<size_t>(width),
+             "drafts holds {} ids, expected 0 or rows × W = {}", record.drafts.size(),
+             static_cast<size_t>(bs) * static_cast<size_t>(width));
+  for (size_t i = 0; i < record.drafts.size(); ++i) {
+    LS_REQUIRE(record.drafts[i] >= 0 && record.drafts[i] < vocab,
+               "drafts[{}] = {} is outside [0, vocab_size = {})", i, record.drafts[i], vocab);
+  }
   const int32_t k = std::min(h.top_logits_count, vocab);
   LS_REQUIRE(record.top_logits_count == (record.top_logits.empty() ? 0 : k),
              "top_logits_count = {} but the header records {}", record.top_logits_count, k);

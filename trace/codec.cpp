@@ -1,6 +1,7 @@
 #include "trace/codec.h"
 
 #include "core/check.h"
+#include "core/drafter.h"
 
 #include <string>
 
@@ -132,6 +133,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setBackend(h.backend);
   out.setDeterminismMode(h.determinism_mode);
   out.setIndexStride(h.index_stride);
+  out.setDrafter(h.drafter);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -184,6 +186,8 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.backend = text(in.getBackend());
   out.determinism_mode = text(in.getDeterminismMode());
   out.index_stride = in.getIndexStride();
+  // Traces from before drafters carry no name: they ran without one.
+  out.drafter = in.hasDrafter() ? text(in.getDrafter()) : std::string(kNoDrafterName);
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());
@@ -272,6 +276,7 @@ void encode(const StepOutputRecord& record, schema::StepOutput::Builder out) {
     top[i].setId(record.top_logits[i].id);
     top[i].setLogit(record.top_logits[i].logit);
   }
+  fill_list(out.initDrafts(static_cast<unsigned>(record.drafts.size())), record.drafts);
 }
 
 void decode(schema::StepOutput::Reader in, StepOutputRecord& out) {
@@ -296,6 +301,7 @@ void decode(schema::StepOutput::Reader in, StepOutputRecord& out) {
   for (unsigned i = 0; i < top.size(); ++i) {
     out.top_logits[i] = TopLogit{top[i].getId(), top[i].getLogit()};
   }
+  copy_list(in.getDrafts(), out.drafts);
   // The header fixes k; the reader sets it (a record does not repeat it).
   out.top_logits_count = 0;
 }

@@ -95,6 +95,7 @@ void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& res
 
   out.valid_cache_lengths.clear();
   out.future_input_digests.clear();
+  out.drafts.clear();
   if (touched.pool_rows.empty()) return;
   LS_ASSERT(touched.pool_rows.size() == bs, "snapshot of {} rows for a step of {} rows",
             touched.pool_rows.size(), bs);
@@ -103,6 +104,7 @@ void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& res
             touched.future_inputs.size(), bs);
   const size_t width = touched.future_inputs.size() / bs;
   out.valid_cache_lengths = touched.valid_cache_length;
+  if (width > 1) out.drafts = touched.future_inputs;  // speculative decoding: the next round's drafts
   for (size_t r = 0; r < bs; ++r) {
     out.future_input_digests.push_back(
         future_inputs_digest({touched.future_inputs.data() + r * width, width}));

@@ -50,6 +50,7 @@ struct TraceHeader {
   std::string determinism_mode;
   MachineInfo machine;
   int32_t index_stride = 16;  // the footer indexes step input records 0, stride, 2·stride, …
+  std::string drafter = "none";  // the backend's drafter (core/drafter.h); replay rebuilds it
 };
 
 struct StepInputRecord {
@@ -77,6 +78,8 @@ struct StepOutputRecord {
   std::vector<uint64_t> future_input_digests;  // [bs] XXH3-64 of the row's W future input ids
   int32_t top_logits_count = 0;                // k: pairs per logits row in top_logits
   std::vector<TopLogit> top_logits;            // [logits rows, k] or empty
+  std::vector<int32_t> drafts;                 // [bs, W] when W > 1, else empty: the future
+                                               // input ids of each op row's pool row after the step
 
   bool operator==(const StepOutputRecord&) const = default;
 };

@@ -78,6 +78,7 @@ struct Header {
   determinismMode @10 :Text;
   machine @11 :Machine;
   indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
+  drafter @13 :Text;         # "none" (or empty: a trace from before drafters), "ngram", …
 }
 
 struct ModelShape {
@@ -204,6 +205,9 @@ struct StepOutput {
   validCacheLengths @10 :List(Int32);  # [bs]
   futureInputDigests @11 :List(UInt64);  # [bs]
   topLogits @12 :List(TopLogit);       # [logits rows · header.topLogitsCount] or empty
+  drafts @13 :List(Int32);             # [bs · W] when W > 1, else empty: the future_input_map
+                                       # ids of op row r's pool row after the step, i.e. the
+                                       # next round's [bonus, d1 … d_{W−1}]
 }
 
 enum EventKind {

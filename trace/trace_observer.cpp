@@ -84,7 +84,8 @@ std::string build_id() {
 }
 
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
-                              const ExecutorConfig& config, const std::string& backend) {
+                              const ExecutorConfig& config, const std::string& backend,
+                              const std::optional<MachineInfo>& machine) {
   TraceHeader h;
   h.build_id = build_id();
   h.model = weights.config;
@@ -95,6 +96,7 @@ TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& s
   h.top_logits_count = kTopLogitsCountMax;
   h.backend = backend;
   h.determinism_mode = backend == "cpu" ? "batch-invariant" : "default";
+  if (machine) h.machine = *machine;
   h.machine.cpu_name = cpu_name();
   return h;
 }

@@ -5,6 +5,7 @@
 #include "core/step_observer.h"
 #include "trace/recorder.h"
 
+#include <optional>
 #include <string>
 
 namespace ls::trace {
@@ -29,8 +30,11 @@ class TraceObserver : public StepObserver {
 
 // The header of a trace recorded from this executor. Recording always captures logits so that
 // the output records carry logits digests and the top-8 (id, logit) pairs replay compares.
+// `machine`: what the backend knows of its device (GPU name, SM count, driver, CUDA and cuBLAS
+// versions) when it runs on one; the CPU's name is filled in either way.
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
-                              const ExecutorConfig& config, const std::string& backend);
+                              const ExecutorConfig& config, const std::string& backend,
+                              const std::optional<MachineInfo>& machine = std::nullopt);
 ExecutorOptions recording_executor_options();
 
 // "lockstep 0.1.0 (git abc1234)", fixed at configure time.

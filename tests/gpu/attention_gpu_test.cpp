@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 namespace ls {
 namespace {
@@ -87,14 +88,25 @@ std::vector<float> reference(const AttentionSetup& s, const std::vector<float>& 
   return out;
 }
 
+// Runs the kernel with bf16 KV and output (production), or fp32 (the fp32 mode) when `fp32`.
 std::vector<float> run(const AttentionSetup& s, const std::vector<float>& q,
                        const std::vector<int32_t>& positions, const std::vector<int32_t>& rows,
-                       size_t workspace_floats) {
+                       size_t workspace_floats, bool fp32 = false) {
   const int32_t tokens = static_cast<int32_t>(positions.size());
+  const size_t out_count = size_t(static_cast<uint32_t>(tokens)) * s.shape.query_heads * s.shape.head_dim;
   DeviceBuffer<float> d_q(q), d_ws(workspace_floats);
-  DeviceBuffer<bf16> d_k(gpu_test::to_bf16(s.k)), d_v(gpu_test::to_bf16(s.v));
-  DeviceBuffer<bf16> d_out(size_t(static_cast<uint32_t>(tokens)) * s.shape.query_heads * s.shape.head_dim);
   DeviceBuffer<int32_t> d_pos(positions), d_rows(rows), d_table(s.table);
+  if (fp32) {
+    DeviceBuffer<float> d_k(s.k), d_v(s.v), d_out(out_count);
+    EXPECT_EQ(kernels::launch_paged_attention(s.shape, d_q.ptr, d_k.ptr, d_v.ptr, d_pos.ptr,
+                                              d_rows.ptr, d_table.ptr, tokens, d_ws.ptr,
+                                              workspace_floats, d_out.ptr, nullptr),
+              cudaSuccess);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return d_out.download();
+  }
+  DeviceBuffer<bf16> d_k(gpu_test::to_bf16(s.k)), d_v(gpu_test::to_bf16(s.v));
+  DeviceBuffer<bf16> d_out(out_count);
   EXPECT_EQ(kernels::launch_paged_attention(s.shape, d_q.ptr, d_k.ptr, d_v.ptr, d_pos.ptr,
                                             d_rows.ptr, d_table.ptr, tokens, d_ws.ptr,
                                             workspace_floats, d_out.ptr, nullptr),
@@ -152,6 +164,28 @@ TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddBatches, DecodeBatch, ::testing::Values(1, 3, 17, 64));
+
+// The fp32 mode (fp32 KV and output): only the order of sums differs from the fp64 reference.
+// Tiny's head layout (4 query / 2 KV heads, head dim 16) and llama-1b's (32 / 8, 64), decode rows
+// of many lengths and a prefill chunk.
+TEST(AttentionFp32, TinyAndLlama1bHeadsMatchFp64) {
+  LS_SKIP_WITHOUT_DEVICE();
+  constexpr double kFp32Tolerance = 1e-5;
+  for (const auto& [qh, kvh, d] : {std::tuple{4, 2, 16}, std::tuple{32, 8, 64}}) {
+    const AttentionSetup s = make_setup(qh, kvh, d, 40, 16, 10, 300 + static_cast<uint32_t>(d));
+    std::vector<int32_t> positions, rows;
+    for (int32_t b = 0; b < 9; ++b) positions.push_back((b * 83 + 1) % 640), rows.push_back(1 + b);
+    for (int32_t t = 0; t < 37; ++t) positions.push_back(100 + t), rows.push_back(9);  // a chunk
+    const std::vector<float> q =
+        gpu_test::random_floats(positions.size() * size_t(qh) * d, 11, -1, 1);
+    const size_t ws = kernels::attention_workspace_floats(s.shape, static_cast<int32_t>(positions.size()));
+    const std::vector<float> ref = reference(s, q, positions, rows);
+    EXPECT_LT(relative_error(run(s, q, positions, rows, ws, true), ref), kFp32Tolerance)
+        << qh << "/" << kvh << " heads, head dim " << d;
+    EXPECT_LT(relative_error(run(s, q, positions, rows, ws), ref), kTolerance) << "bf16";
+    EXPECT_GT(gpu_test::norm(ref), 0);
+  }
+}
 
 }  // namespace
 }  // namespace ls

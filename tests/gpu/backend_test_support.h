@@ -6,6 +6,7 @@
 #include "core/model/weights.h"
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
+#include "core/step_observer.h"
 
 #include <cstdint>
 #include <map>
@@ -53,6 +54,30 @@ struct Agreement {
   int64_t tokens_total = 0;
   RequestId first_mismatch = 0;
   size_t first_mismatch_index = 0;
+};
+
+// Keeps each request's logits from the step that finished its prompt (logits row = op row for
+// prefill rows, which come first). The executor must capture logits.
+class FirstLogits : public StepObserver {
+ public:
+  explicit FirstLogits(int32_t vocab) : vocab_(vocab) {}
+  void on_step_input(int64_t, const ForwardOp&, const std::vector<CacheOp>&,
+                     const StepFaults&) override {}
+  void on_step_output(int64_t, const ForwardOp& op, const StepResult& result,
+                      const StateSnapshot&) override {
+    for (int32_t i = 0; i < op.prefill_rows_count(); ++i) {
+      const OpRow& row = op.rows[i];
+      if (row.prefix_length + row.input_length != row.prompt_length) continue;
+      const auto begin = result.logits.begin() + static_cast<ptrdiff_t>(i) * vocab_;
+      logits[row.request_id].assign(begin, begin + vocab_);
+    }
+  }
+  void on_scheduler_events(int64_t, const std::vector<SchedulerEvent>&) override {}
+
+  std::map<RequestId, std::vector<float>> logits;
+
+ private:
+  int32_t vocab_;
 };
 
 inline Agreement compare(const Outcomes& a, const Outcomes& b) {

@@ -1,5 +1,6 @@
 // The CUDA backend against the CPU reference through the executor: greedy tokens on `tiny`
-// (32 prompts × 64 steps, every sequence equal), graphs and eager alike; state ops step by step
+// (32 prompts × 64 steps, every sequence equal in the fp32 mode; the bf16 figure printed),
+// graphs and eager alike; state ops step by step
 // (table writes clamped at the width, vcl resets, decode overrides, force-single rows, W = 3
 // verification, the context clamp) compared field by field; NaN/inf poison and forced outputs;
 // retraction by swap (copy_pages); run-to-run and graph-vs-eager bit identity.
@@ -11,8 +12,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <cstdio>
+#include <utility>
 
 namespace ls {
 namespace {
@@ -37,31 +41,47 @@ SchedulerConfig tiny_scheduler() {
 
 class TinyGreedy : public ::testing::TestWithParam<bool> {};
 
+void print_agreement(const char* what, const gpu_test::Agreement& a) {
+  std::printf("%s: %d of %d sequences equal, %ld of %ld tokens; first mismatch: request %lu at "
+              "token %zu\n",
+              what, a.equal_count, a.total_count, static_cast<long>(a.tokens_equal),
+              static_cast<long>(a.tokens_total), static_cast<unsigned long>(a.first_mismatch),
+              a.first_mismatch_index);
+}
+
+// The acceptance line runs in the fp32 mode, where only the order of sums differs from the CPU
+// reference: every sequence must be equal. The bf16 production mode's agreement is printed and
+// bounded: bf16 rounding of weights and KV flips near ties (the CPU reference on bf16-rounded
+// weights agrees with itself on fp32 weights for 25 of 32 on this seed), so it is not exact.
 TEST_P(TinyGreedy, ThirtyTwoPromptsSixtyFourStepsAllEqualTheCpu) {
   LS_SKIP_WITHOUT_DEVICE();
   const SchedulerConfig sc = tiny_scheduler();
   const ExecutorConfig ec = executor_config_for(sc);
   const auto requests = greedy_requests(32, 40, 64, kTinyVocab);
   CpuBackend cpu(tiny(), ec);
-  CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = GetParam()});
   const Outcomes expected = generate(cpu, sc, kTinyVocab, requests);
-  const Outcomes actual = generate(cuda, sc, kTinyVocab, requests);
-  const auto agreement = compare(expected, actual);
-  std::printf("tiny greedy, CUDA (bf16, graphs %d) vs CPU (fp32): %d of 32 sequences equal, "
-              "%ld of %ld tokens; first mismatch: request %lu at token %zu\n",
-              GetParam() ? 1 : 0, agreement.equal_count, static_cast<long>(agreement.tokens_equal),
-              static_cast<long>(agreement.tokens_total),
-              static_cast<unsigned long>(agreement.first_mismatch), agreement.first_mismatch_index);
-  // TODO(spec): the acceptance line asks for all 32. bf16 rounding alone flips near ties: the CPU
-  // reference on bf16-rounded weights agrees with itself on fp32 weights for 25 of 32 (measured
-  // on this seed). All 32 needs the backend's fp32 mode; until then, the bf16 bound.
+  for (const auto& [id, tokens] : expected) ASSERT_EQ(tokens.size(), 64u) << id;
+  const bool graphs = GetParam();
+  {
+    CudaBackend cuda(tiny(), ec, CudaBackendOptions{.precision = CudaPrecision::kFp32, .graphs = graphs});
+    const auto agreement = compare(expected, generate(cuda, sc, kTinyVocab, requests));
+    print_agreement(graphs ? "tiny greedy, CUDA (fp32, graphs 1) vs CPU (fp32)"
+                           : "tiny greedy, CUDA (fp32, graphs 0) vs CPU (fp32)",
+                    agreement);
+    EXPECT_EQ(agreement.equal_count, 32) << "first mismatch: request " << agreement.first_mismatch
+                                         << " at token " << agreement.first_mismatch_index;
+    if (graphs) {
+      EXPECT_GT(cuda.graph_replays_count(), 0);
+    }
+  }
+  CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs});
+  const auto agreement = compare(expected, generate(cuda, sc, kTinyVocab, requests));
+  print_agreement(graphs ? "tiny greedy, CUDA (bf16, graphs 1) vs CPU (fp32)"
+                         : "tiny greedy, CUDA (bf16, graphs 0) vs CPU (fp32)",
+                  agreement);
   EXPECT_GE(agreement.equal_count, 20) << "first mismatch: request " << agreement.first_mismatch
                                        << " at token " << agreement.first_mismatch_index;
   EXPECT_GE(agreement.tokens_equal * 10, agreement.tokens_total * 8);
-  for (const auto& [id, tokens] : expected) ASSERT_EQ(tokens.size(), 64u) << id;
-  if (GetParam()) {
-    EXPECT_GT(cuda.graph_replays_count(), 0);
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(GraphsOffOn, TinyGreedy, ::testing::Values(false, true));
@@ -79,6 +99,7 @@ TEST(CudaDeterminism, RunTwiceAndGraphVersusEagerGiveIdenticalTokens) {
   EXPECT_EQ(generate(graphs, sc, kTinyVocab, requests), first);
 }
 
+// Retraction by swap (copy_pages) in the fp32 mode: every sequence equal to the CPU reference's.
 TEST(CudaSwap, RetractionBySwapMatchesTheCpu) {
   LS_SKIP_WITHOUT_DEVICE();
   SchedulerConfig sc = tiny_scheduler();
@@ -87,11 +108,15 @@ TEST(CudaSwap, RetractionBySwapMatchesTheCpu) {
   const ExecutorConfig ec = executor_config_for(sc);
   const auto requests = greedy_requests(16, 40, 48, kTinyVocab, 3);
   CpuBackend cpu(tiny(), ec);
-  CudaBackend cuda(tiny(), ec);
-  const auto agreement = compare(generate(cpu, sc, kTinyVocab, requests),
-                                 generate(cuda, sc, kTinyVocab, requests));
+  const Outcomes expected = generate(cpu, sc, kTinyVocab, requests);
+  CudaBackend cuda(tiny(), ec, CudaBackendOptions{.precision = CudaPrecision::kFp32});
+  const auto agreement = compare(expected, generate(cuda, sc, kTinyVocab, requests));
+  print_agreement("swap, CUDA (fp32) vs CPU (fp32)", agreement);
   EXPECT_EQ(agreement.equal_count, 16) << "first mismatch: request " << agreement.first_mismatch
                                        << " at token " << agreement.first_mismatch_index;
+  CudaBackend bf16(tiny(), ec);
+  print_agreement("swap, CUDA (bf16) vs CPU (fp32)",
+                  compare(expected, generate(bf16, sc, kTinyVocab, requests)));
 }
 
 // Two executors, one per backend, fed the same ops. Every step's accepted lengths, flags, vcl,
@@ -100,16 +125,19 @@ TEST(CudaSwap, RetractionBySwapMatchesTheCpu) {
 // a fifth of the steps may differ), its future inputs are not compared, and the next step's
 // decode rows take an explicit input (decode_override) so that no later input depends on it.
 struct Twin {
-  explicit Twin(ExecutorConfig c, bool graphs = false)
+  explicit Twin(ExecutorConfig c, bool graphs = false,
+                CudaPrecision precision = CudaPrecision::kBf16)
       : config(c),
+        fp32(precision == CudaPrecision::kFp32),
         cpu(tiny(), c),
-        cuda(tiny(), c, CudaBackendOptions{.graphs = graphs}),
+        cuda(tiny(), c, CudaBackendOptions{.precision = precision, .graphs = graphs}),
         cpu_exec(c, kTinyVocab, cpu, ExecutorOptions{.capture_logits = true, .want_logprobs = true}),
         cuda_exec(c, kTinyVocab, cuda, ExecutorOptions{.capture_logits = true, .want_logprobs = true}) {}
 
   ~Twin() {
-    EXPECT_LE(token_mismatches * 5, steps) << token_mismatches << " of " << steps
-                                           << " steps sampled different tokens";
+    // fp32: only the order of sums differs, and no step of this script is that close to a tie.
+    EXPECT_LE(token_mismatches * (fp32 ? steps + 1 : 5), steps)
+        << token_mismatches << " of " << steps << " steps sampled different tokens";
   }
 
   void step(ForwardOp op, const std::string& what) {
@@ -139,7 +167,7 @@ struct Twin {
       base += double{a.logits[i]} * a.logits[i];
     }
     if (base > 0) {
-      EXPECT_LT(std::sqrt(diff / base), 2e-2) << what;
+      EXPECT_LT(std::sqrt(diff / base), fp32 ? 1e-4 : 2e-2) << what;
     }
     if (last_equal) {
       for (size_t i = 0; i < a.logprobs.size(); ++i) EXPECT_NEAR(a.logprobs[i], b.logprobs[i], 0.05) << what;
@@ -159,6 +187,7 @@ struct Twin {
   }
 
   ExecutorConfig config;
+  bool fp32;
   CpuBackend cpu;
   CudaBackend cuda;
   Executor cpu_exec, cuda_exec;
@@ -182,8 +211,11 @@ std::vector<int32_t> ids_for(RequestId id, int32_t begin, int32_t count) {
 
 TEST(CudaStateOps, StepByStepLikeTheCpu) {
   LS_SKIP_WITHOUT_DEVICE();
-  for (const bool graphs : {false, true}) {
-    Twin t(testing::small_config(), graphs);  // B 8, L 64, P 4, W 1
+  for (const auto& [graphs, precision] :
+       {std::pair{false, CudaPrecision::kBf16}, std::pair{true, CudaPrecision::kBf16},
+        std::pair{false, CudaPrecision::kFp32}}) {
+    SCOPED_TRACE(fmt::format("graphs {}, {}", graphs, to_string(precision)));
+    Twin t(testing::small_config(), graphs, precision);  // B 8, L 64, P 4, W 1
     // Chunked prefill of two requests, then a MIXED step, then decode.
     ForwardOp op;
     op.rows = {prefill(1, 1, 0, 10, 22, testing::pages_from(10, 17)),
@@ -203,9 +235,11 @@ TEST(CudaStateOps, StepByStepLikeTheCpu) {
     // An override and a retraction recovery (hist_token_length), a refresh past the table width.
     decode.rows[0].decode_override = 77;
     decode.rows[1].hist_token_length = 4;
+    decode.rows[1].decode_override = 88;  // a recovered row carries its last token (forward_op.cpp)
     decode.rows[1].refresh = {15, {61, 62, 63, 64}};  // Wp = 17: clamped to 2 pages
     t.step(decode, "override + recovery + clamp");
     decode.rows[0].decode_override = -1, decode.rows[1].hist_token_length = -1;
+    decode.rows[1].decode_override = -1;
     decode.rows[1].refresh = {};
     // NaN on one row, +inf on the other; then a forced out-of-vocabulary output.
     t.cpu_exec.poison_next_step({0});
@@ -227,7 +261,9 @@ TEST(CudaStateOps, VerifyWidthThreeLikeTheCpu) {
   LS_SKIP_WITHOUT_DEVICE();
   ExecutorConfig c = testing::small_config();
   c.verify_width = 3;
-  Twin t(c);
+  for (const CudaPrecision precision : {CudaPrecision::kBf16, CudaPrecision::kFp32}) {
+  SCOPED_TRACE(to_string(precision));
+  Twin t(c, false, precision);
   ForwardOp op;
   op.rows = {prefill(5, 2, 0, 9, 9, testing::pages_from(10, 17)),
              prefill(6, 4, 0, 3, 3, testing::pages_from(30, 17))};
@@ -240,6 +276,7 @@ TEST(CudaStateOps, VerifyWidthThreeLikeTheCpu) {
   for (int s = 0; s < 6; ++s) t.step(decode, "verify " + std::to_string(s));
   decode.rows[0].decode_override = 9;  // force-single: dummy drafts
   t.step(decode, "force single");
+  }
 }
 
 }  // namespace

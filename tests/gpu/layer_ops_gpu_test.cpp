@@ -198,6 +198,96 @@ TEST_P(TokenCounts, GemmMatchesFp64AndIsDeterministic) {
 
 INSTANTIATE_TEST_SUITE_P(OddSizes, TokenCounts, ::testing::Values(1, 7, 129, 2048));
 
+// y = x·wᵀ + beta·y in fp64 on the host (the reference of every linear-layer path).
+std::vector<float> linear_ref(const std::vector<float>& x, const std::vector<float>& w,
+                              const std::vector<float>& y0, int32_t tokens, int32_t out_dim,
+                              int32_t in_dim, float beta) {
+  std::vector<float> ref(size_t(tokens) * out_dim);
+  for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t o = 0; o < out_dim; ++o) {
+      double s = beta * double{y0[size_t(t) * out_dim + o]};
+      for (int32_t i = 0; i < in_dim; ++i) s += double{x[size_t(t) * in_dim + i]} * w[size_t(o) * in_dim + i];
+      ref[size_t(t) * out_dim + o] = static_cast<float>(s);
+    }
+  }
+  return ref;
+}
+
+// The fp32 mode's GEMM (CUBLAS_COMPUTE_32F_PEDANTIC): only the order of sums differs from fp64
+// on fp32 inputs, so the error is a few ulp of the dot products.
+TEST_P(TokenCounts, Fp32GemmIsFullPrecision) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = std::min(GetParam(), 129), out_dim = 333, in_dim = 264;
+  const std::vector<float> x = random_floats(size_t(tokens) * in_dim, 18, -1, 1);
+  const std::vector<float> w = random_floats(size_t(out_dim) * in_dim, 19, -0.1f, 0.1f);
+  const std::vector<float> y0 = random_floats(size_t(tokens) * out_dim, 20, -1, 1);
+  DeviceBuffer<float> d_x(x), d_w(w), d_y(y0);
+  cublasHandle_t handle = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  for (const float beta : {0.0f, 1.0f}) {
+    d_y.upload(y0);
+    ASSERT_EQ(kernels::gemm_f32_rowmajor(handle, d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim,
+                                         in_dim, beta),
+              CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> ref = linear_ref(x, w, y0, tokens, out_dim, in_dim, beta);
+    EXPECT_LT(relative_error(d_y.download(), ref), 1e-6) << "beta " << beta;
+    EXPECT_GT(gpu_test::norm(ref), 0);
+  }
+  cublasDestroy(handle);
+}
+
+class GemvTokens : public ::testing::TestWithParam<int32_t> {};
+
+// lockstep's decode GEMV (bf16 in, fp32 accumulate) against fp64 on the same bf16 values, for a
+// short row (the tail loop only) and a long one (the unrolled loop), beta 0 and 1; run to run
+// identical; and each token's result identical to that token run alone (batch invariance).
+TEST_P(GemvTokens, GemvMatchesFp64AndIsTokenInvariant) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam();
+  for (const auto& [out_dim, in_dim] : {std::pair{333, 264}, std::pair{67, 8200}}) {
+    const std::vector<float> x = random_bf16_values(size_t(tokens) * in_dim, 21, -1, 1);
+    const std::vector<float> w = random_bf16_values(size_t(out_dim) * in_dim, 22, -0.1f, 0.1f);
+    const std::vector<float> y0 = random_floats(size_t(tokens) * out_dim, 23, -1, 1);
+    DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x)), d_w(gpu_test::to_bf16(w));
+    DeviceBuffer<float> d_y(y0);
+    for (const float beta : {0.0f, 1.0f}) {
+      d_y.upload(y0);
+      ASSERT_EQ(kernels::launch_gemv_bf16(d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim, in_dim, beta,
+                                          nullptr),
+                cudaSuccess);
+      const std::vector<float> y = d_y.download();
+      const std::vector<float> ref = linear_ref(x, w, y0, tokens, out_dim, in_dim, beta);
+      EXPECT_LT(relative_error(y, ref), kFp32) << out_dim << "x" << in_dim << " beta " << beta;
+      EXPECT_GT(gpu_test::norm(ref), 0);
+      d_y.upload(y0);
+      ASSERT_EQ(kernels::launch_gemv_bf16(d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim, in_dim, beta,
+                                          nullptr),
+                cudaSuccess);
+      EXPECT_EQ(d_y.download(), y) << "run to run";
+      const int32_t last = tokens - 1;
+      DeviceBuffer<bf16> d_x1(gpu_test::to_bf16(std::vector<float>(
+          x.begin() + size_t(last) * in_dim, x.begin() + size_t(tokens) * in_dim)));
+      DeviceBuffer<float> d_y1(std::vector<float>(y0.begin() + size_t(last) * out_dim,
+                                                  y0.begin() + size_t(tokens) * out_dim));
+      ASSERT_EQ(kernels::launch_gemv_bf16(d_x1.ptr, d_w.ptr, d_y1.ptr, 1, out_dim, in_dim, beta,
+                                          nullptr),
+                cudaSuccess);
+      EXPECT_TRUE(std::equal(y.begin() + size_t(last) * out_dim, y.end(), d_y1.download().begin()))
+          << "token " << last << " alone";
+    }
+  }
+  // Outside its limits the launcher refuses rather than computing something else.
+  DeviceBuffer<bf16> d_x(size_t(16) * 9), d_w(size_t(16) * 9);
+  DeviceBuffer<float> d_y(16 * 9);
+  EXPECT_EQ(kernels::launch_gemv_bf16(d_x.ptr, d_w.ptr, d_y.ptr, kernels::kGemvTokensMax + 1, 4, 8,
+                                      0.0f, nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::launch_gemv_bf16(d_x.ptr, d_w.ptr, d_y.ptr, 1, 4, 12, 0.0f, nullptr),
+            cudaErrorInvalidValue);
+}
+
+INSTANTIATE_TEST_SUITE_P(OddBatches, GemvTokens, ::testing::Values(1, 3, 5, 8));
+
 class LogitsRows : public ::testing::TestWithParam<int32_t> {};
 
 // Rule 5 against CpuBackend::guard_logits and argmax_token: flags, sanitised values, argmax with
@@ -216,9 +306,10 @@ TEST_P(LogitsRows, GuardSanitisesFlagsAndFindsTheArgmax) {
     if (r % 2 == 0) row[vocab - 1] = 7.0f, row[(r * 101 + 3) % (vocab - 1)] = 7.0f;  // a tie
   }
   DeviceBuffer<float> d_logits(logits), d_max(rows), d_sum(rows);
+  DeviceBuffer<float> d_partials(kernels::guard_partials_floats(rows, vocab));
   DeviceBuffer<int32_t> d_nan(rows), d_argmax(rows);
-  ASSERT_EQ(kernels::launch_guard_logits(d_logits.ptr, rows, vocab, d_nan.ptr, d_argmax.ptr,
-                                         d_max.ptr, d_sum.ptr, nullptr),
+  ASSERT_EQ(kernels::launch_guard_logits(d_logits.ptr, rows, vocab, d_partials.ptr, d_nan.ptr,
+                                         d_argmax.ptr, d_max.ptr, d_sum.ptr, nullptr),
             cudaSuccess);
   const std::vector<float> out = d_logits.download(), row_max = d_max.download(),
                            row_sum = d_sum.download();

@@ -98,7 +98,8 @@ std::vector<int32_t> run_tail(Step& st, DeviceBuffer<float>& logits, int32_t row
   std::vector<int32_t> seg(size_t(logits_rows) + 1);
   for (size_t i = 0; i < seg.size(); ++i) seg[i] = static_cast<int32_t>(i) * vocab;
   st.offsets_seg.upload(seg);
-  EXPECT_EQ(kernels::launch_guard_logits(logits.ptr, logits_rows, vocab, st.nan.ptr,
+  DeviceBuffer<float> partials(kernels::guard_partials_floats(logits_rows, vocab));
+  EXPECT_EQ(kernels::launch_guard_logits(logits.ptr, logits_rows, vocab, partials.ptr, st.nan.ptr,
                                          st.argmax.ptr, st.row_max.ptr, st.row_sum.ptr, nullptr),
             cudaSuccess);
   EXPECT_EQ(kernels::launch_sampling_weights(st.inputs(), logits.ptr, logits_rows, vocab, keys,

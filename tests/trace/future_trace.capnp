@@ -42,8 +42,9 @@ struct Header {
   determinismMode @10 :Text;
   machine @11 :Machine;
   indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
+  drafter @13 :Text;
   # FUTURE: a new header field.
-  hostName @13 :Text;
+  hostName @14 :Text;
 }
 
 struct ModelShape {
@@ -154,6 +155,7 @@ struct StepOutput {
   validCacheLengths @10 :List(Int32);  # [bs]
   futureInputDigests @11 :List(UInt64);  # [bs]
   topLogits @12 :List(TopLogit);       # [logits rows · header.topLogitsCount] or empty
+  drafts @13 :List(Int32);             # [bs · W] when W > 1, else empty
 }
 
 enum EventKind {

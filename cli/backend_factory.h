@@ -1,0 +1,33 @@
+// Which backend runs the model, chosen by name on the command line (--backend). The CUDA backend
+// exists only in builds that found nvcc at configure time (LOCKSTEP_HAVE_CUDA); elsewhere asking
+// for it is an error that says so.
+#pragma once
+
+#include "core/backend.h"
+#include "core/config.h"
+#include "core/model/weights.h"
+#include "trace/records.h"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ls::cli {
+
+// "cpu", and "cuda" when this build has the CUDA backend.
+std::vector<std::string> backend_names();
+
+// Empty when `name` is a backend of this build; else the message that says why not.
+std::string backend_name_error(const std::string& name);
+
+// The backend called `name` over `weights`, sized from `limits` (CUDA: bf16, CUDA graphs on).
+// Throws ls::Error for an unknown name or a CUDA backend in a build without one.
+std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
+                                      const ExecutorConfig& limits);
+
+// What a trace header records about the device that backend `name` runs on (GPU name, SM count,
+// driver, CUDA and cuBLAS versions); nullopt for the CPU.
+std::optional<trace::MachineInfo> machine_info_for(const std::string& name);
+
+}  // namespace ls::cli
