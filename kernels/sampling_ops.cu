@@ -204,9 +204,11 @@ __global__ void finish_rows_kernel(FinishArgs a) {
                    a.in.force_single[row - ne] != 0, out);
     // Rule 7, the context clamp: a' = min(a, max(0, L − vcl_old)).
     const int32_t clamped = min(accepted, max(0, st.context_length - vcl_old));
+    // Next round's input is read before the result's tail is zeroed: with a' = 0 it is predict[0]
+    // (the seed's dummy index clamp(a, 1, N)), exactly as the CPU reference's commit.
+    const int32_t last = min(max(out[max(clamped, 1) - 1], 0), st.vocab_size - 1);
     for (int32_t i = clamped; i < w; ++i) out[i] = 0;
     a.out.accepted_lengths[row] = clamped;
-    const int32_t last = min(max(out[max(clamped, 1) - 1], 0), st.vocab_size - 1);
     for (int32_t i = 0; i < w; ++i) st.future_inputs[int64_t{p} * w + i] = last;
     st.vcl[p] += clamped;
   }

@@ -106,8 +106,11 @@ TEST(CudaDeterminism, TraceRecordedOnCudaReplaysBitIdentical) {
               100 * agreement, cpu.logit_delta_max);
   EXPECT_EQ(cpu.backend, "cpu");
   EXPECT_GE(cpu.steps_compared, kStepsMin);
-  // bf16 against fp32, inputs forced equal every step: near ties may flip; most tokens agree.
-  EXPECT_GE(agreement, 0.9);
+  // bf16 against fp32 with inputs forced equal every step: tokens differ only where bf16 rounding
+  // flips a near tie (this random tiny model's top-2 logits are often within 1e-3), so the claim
+  // checked is the logits': every recorded top-8 logit within the bf16 tolerance of the CPU's.
+  EXPECT_GT(agreement, 0.5);
+  EXPECT_LT(cpu.logit_delta_max, 0.05f);
   std::filesystem::remove(path);
 }
 
