@@ -242,8 +242,10 @@ TEST_P(VerifyRows, DecodeRowsVerifyClampAndCommitLikeTheCpu) {
     std::span<int32_t> o(tokens.data() + size_t(r) * w, size_t(w));
     const int32_t accepted = verifier.verify(row, o, scratch);
     const int32_t clamped = std::min(accepted, std::max(0, context - vcl_before[r]));
-    std::fill(o.begin() + clamped, o.end(), 0);
+    // The next input is read before the tail is zeroed: with a' = 0 it is predict[0] (the CPU
+    // reference's commit, core/cpu_backend.cpp).
     const int32_t last = std::clamp(o[size_t(std::max(clamped, 1) - 1)], 0, vocab - 1);
+    std::fill(o.begin() + clamped, o.end(), 0);
     EXPECT_EQ(out[size_t(logits_rows + r)], clamped) << "accepted, row " << r;
     EXPECT_EQ(vcl_out[size_t(1 + r)], vcl_before[r] + clamped) << "vcl, row " << r;
     for (int32_t i = 0; i < w; ++i) EXPECT_EQ(fim[size_t(1 + r) * w + i], last) << "fim, row " << r;
