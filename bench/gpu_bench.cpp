@@ -232,37 +232,39 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
   const std::vector<int32_t> contexts = o.quick ? std::vector<int32_t>{192} : std::vector<int32_t>{192, 1024};
   const std::vector<int32_t> batches = o.quick ? std::vector<int32_t>{1, 64} : std::vector<int32_t>{1, 16, 64};
   const int32_t steps = o.quick ? 10 : 20;
-  const ExecutorConfig config = bench_config(*std::max_element(contexts.begin(), contexts.end()));
-  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
-                      CudaBackendOptions{.graphs = true});
+  ExecutorConfig config = bench_config(*std::max_element(contexts.begin(), contexts.end()));
+  // KV pages sized at start-up from the default fraction of the memory left after weights and
+  // workspaces (the backend's rule, as `--backend cuda` with `--pages 0` does).
+  const CudaBackendOptions options{.graphs = true};
+  const CudaKvSizing sizing = cuda_kv_sizing(model, config, options);
+  config.pages_count = sizing.pages_count;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   const CudaMemoryReport memory = backend.memory_report();
+  const int64_t kv_tokens = int64_t{config.pages_count - 1} * config.page_size;  // page 0: dummy
+  size_t free_after = 0, total_bytes = 0;
+  LS_CUDA(cudaMemGetInfo(&free_after, &total_bytes));
   json result = {{"shape", shape},
                  {"graphs", true},
                  {"weight_bytes", memory.weight_bytes},
                  {"kv_bytes", memory.kv_bytes},
                  {"workspace_bytes", memory.workspace_bytes},
-                 {"kv_tokens_capacity", int64_t{config.pages_count} * config.page_size},
+                 {"kv_memory_fraction", options.kv_memory_fraction},
+                 {"free_bytes_before", sizing.free_bytes},
+                 {"free_bytes_after", static_cast<int64_t>(free_after)},
+                 {"device_memory_bytes", static_cast<int64_t>(total_bytes)},
+                 {"kv_pages", config.pages_count},
+                 {"kv_tokens_capacity", kv_tokens},
                  {"decode", json::array()}};
-  // KV capacity if KV took a stated fraction of what is left after weights and workspaces (the
-  // issue's memory line): the free memory now plus this run's own KV, over one token's KV.
-  size_t free_bytes = 0, total_bytes = 0;
-  LS_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
-  constexpr double kKvFraction = 0.9;
-  const int64_t token_kv_bytes = int64_t{2} * model.layers_count * 2 * model.kv_size();
-  const int64_t kv_capacity = static_cast<int64_t>(
-      kKvFraction * static_cast<double>(static_cast<int64_t>(free_bytes) + memory.kv_bytes) /
-      static_cast<double>(token_kv_bytes));
-  result["kv_fraction"] = kKvFraction;
-  result["kv_tokens_capacity_at_fraction"] = kv_capacity;
-  result["device_memory_bytes"] = static_cast<int64_t>(total_bytes);
-  std::printf("%s: weights %.2f GB, KV %.2f GB, workspace %.2f GB; KV at %.0f%% of the memory left "
-              "after weights and workspaces: %ld tokens\n",
+  std::printf("%s: weights %.2f GB, KV %.2f GB (%.0f%% of the %.2f GB left after weights and "
+              "workspaces), workspace %.2f GB; KV capacity %ld tokens (%d pages of %d)\n",
               shape.c_str(), static_cast<double>(memory.weight_bytes) * 1e-9,
-              static_cast<double>(memory.kv_bytes) * 1e-9,
-              static_cast<double>(memory.workspace_bytes) * 1e-9, kKvFraction * 100,
-              static_cast<long>(kv_capacity));
+              static_cast<double>(memory.kv_bytes) * 1e-9, options.kv_memory_fraction * 100,
+              static_cast<double>(sizing.free_bytes - sizing.weight_bytes - sizing.workspace_bytes) *
+                  1e-9,
+              static_cast<double>(memory.workspace_bytes) * 1e-9, static_cast<long>(kv_tokens),
+              config.pages_count, config.page_size);
   // Prefill of one 2048-token prompt (one chunk), after a warm-up prefill.
   driver.prefill(1, kPrefillChunk);
   const double prefill_s = driver.prefill(1, kPrefillChunk);
@@ -294,28 +296,30 @@ json bench_eager(const std::string& shape, const Options& o, const Bandwidth& ba
 // Where a batch-1 decode step's device time goes: CUDA events between phases, recorded inside the
 // graph, summed per phase over the timed steps. With lockstep's GEMV (the default for steps of at
 // most 8 tokens) and with cuBLAS for every linear layer.
-json profile_shape(const std::string& shape, bool gemv, const Options& o) {
+json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_t rows = 1,
+                   int32_t context = 192) {
   const ModelConfig model = model_config_named(shape);
-  ExecutorConfig config = bench_config(192);
-  config.max_batch_rows = 1;
-  config.pages_count = (config.context_length + kPageSize - 1) / kPageSize + 2;
+  ExecutorConfig config = bench_config(context);
+  config.max_batch_rows = rows;
+  config.pages_count = rows * ((config.context_length + kPageSize - 1) / kPageSize) + 2;
   CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
                       CudaBackendOptions{.graphs = true, .gemv_tokens_max = gemv ? 8 : 0,
                                          .profile = true});
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
-  driver.prefill(1, 192);
+  driver.prefill(rows, context);
   std::vector<double> host;
-  driver.decode(1, kWarmupSteps, backend, &host);
+  driver.decode(rows, kWarmupSteps, backend, &host);
   backend.reset_phase_times();
   const int32_t steps = o.quick ? 10 : 20;
-  const std::vector<double> seconds = driver.decode(1, steps, backend, &host);
+  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host);
   const CudaPhaseTimes t = backend.phase_times();
   json phases = json::object();
   double total = 0;
-  std::printf("  profile %s batch 1 context 192, linear layers by %s: %.3f ms/step wall (marks "
+  std::printf("  profile %s batch %d context %d, linear layers by %s: %.3f ms/step wall (marks "
               "included)%s\n",
-              shape.c_str(), gemv ? "lockstep GEMV" : "cuBLAS", median(seconds) * 1e3,
+              shape.c_str(), rows, context, gemv && rows <= 8 ? "lockstep GEMV" : "cuBLAS",
+              median(seconds) * 1e3,
               t.available ? "" : ": phase timing unavailable on this device");
   for (size_t p = 0; p < t.ms.size() && t.available && t.steps > 0; ++p) {
     const double ms = t.ms[p] / static_cast<double>(t.steps);
@@ -329,9 +333,9 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o) {
   }
   if (t.available) std::printf("    %-16s %7.3f ms\n", "sum", total);
   return {{"shape", shape},
-          {"linear", gemv ? "lockstep_gemv" : "cublas"},
-          {"batch", 1},
-          {"context", 192},
+          {"linear", gemv && rows <= 8 ? "lockstep_gemv" : "cublas"},
+          {"batch", rows},
+          {"context", context},
           {"step_ms_median_with_marks", median(seconds) * 1e3},
           {"available", t.available},
           {"steps", t.steps},
@@ -392,6 +396,8 @@ int run(int argc, char** argv) {
   for (const std::string& shape : o.shapes) {
     out["profile"].push_back(profile_shape(shape, true, o));
     out["profile"].push_back(profile_shape(shape, false, o));
+    // Where batch 64 at context 1024 goes (cuBLAS linear layers; attention reads 64 · 1024 rows).
+    if (!o.quick && shape == "llama-8b") out["profile"].push_back(profile_shape(shape, true, o, 64, 1024));
     save();  // keep what is done if a later one fails
     out["shapes"].push_back(bench_shape(shape, o, bandwidth));
     save();

@@ -5,9 +5,10 @@ A plain PyTorch decode step — cuBLAS matmuls, scaled_dot_product_attention wit
 RoPE and SwiGLU of Hugging Face's Llama written out, an argmax — for the same shapes as
 bench/gpu_bench.cpp (llama-1b, llama-8b; random bf16 weights from a seed), captured in ONE CUDA
 graph per (batch, context) and replayed; the median of the timed replays is the step time. Also,
-with --hf, Hugging Face transformers' `generate` (eager, greedy) on the llama-1b shape at batch 1.
+with --hf (or --hf-only), Hugging Face transformers' `generate` (eager, greedy) on the same shapes
+at batch 1, 16, 64 and context 1024 (and llama-1b batch 1 at 192), a few tokens each.
 
-    python3 bench/torch_peer.py --json OUT.json [--quick] [--hf] [--shapes llama-1b,llama-8b]
+    python3 bench/torch_peer.py --json OUT.json [--quick] [--hf | --hf-only] [--shapes llama-1b,llama-8b]
 
 Bytes per step are counted as lockstep counts them (every linear weight and the LM head once, the
 KV of every row's context), so the two figures divide by the same bandwidth.
@@ -156,7 +157,7 @@ def copy_bandwidth():
     return 2 * n / times[len(times) // 2]
 
 
-def hf_generate(shape, new_tokens):
+def hf_model(shape):
     from transformers import LlamaConfig, LlamaForCausalLM
     s = SHAPES[shape]
     # RoPE's theta is left at its default: it changes no cost.
@@ -165,27 +166,82 @@ def hf_generate(shape, new_tokens):
                          head_dim=s["head_dim"], intermediate_size=s["ffn"], vocab_size=s["vocab"],
                          rms_norm_eps=EPS, tie_word_embeddings=s["tied"], max_position_embeddings=4096)
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
-    prompt = torch.randint(0, s["vocab"], (1, 192), device="cuda")
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16: no fp32 copy of the 8B weights
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    finally:
+        torch.set_default_dtype(default)
     model.generation_config.eos_token_id = None  # run every step: no early stop
+    return model
+
+
+def hf_generate(model, vocab, batch, context, new_tokens):
+    """ms per generated token at (batch, context): generate(1 + new_tokens) minus generate(1),
+    over new_tokens, so the prompt's prefill is left out. Both after a warm-up generate(1)."""
+    prompt = torch.randint(0, vocab, (batch, context), device="cuda")
     kwargs = dict(do_sample=False, pad_token_id=0)
-    model.generate(prompt, max_new_tokens=4, **kwargs)  # warm-up
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    model.generate(prompt, max_new_tokens=new_tokens, **kwargs)
-    torch.cuda.synchronize()
-    seconds = time.perf_counter() - begin
-    del model
-    torch.cuda.empty_cache()
-    return seconds / new_tokens * 1e3
+
+    def timed(tokens):
+        torch.cuda.synchronize()
+        begin = time.perf_counter()
+        model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        torch.cuda.synchronize()
+        return time.perf_counter() - begin
+
+    timed(1)  # warm-up
+    one = timed(1)
+    more = timed(1 + new_tokens)
+    return (more - one) / new_tokens * 1e3
+
+
+# HF transformers' generate (eager, greedy) on lockstep's shapes: llama-1b batch 1 at context 192,
+# then both shapes at batch 1, 16, 64 at context 1024, with few generated tokens to bound the run.
+HF_CASES = [("llama-1b", 1, 192), ("llama-1b", 1, 1024), ("llama-1b", 16, 1024), ("llama-1b", 64, 1024),
+            ("llama-8b", 1, 1024), ("llama-8b", 16, 1024), ("llama-8b", 64, 1024)]
+
+
+def hf_all(out, shapes, new_tokens, budget_s):
+    start = time.perf_counter()
+    for shape in shapes:
+        cases = [c for c in HF_CASES if c[0] == shape]
+        if not cases:
+            continue
+        if time.perf_counter() - start > budget_s:
+            print(f"  HF generate {shape}: skipped (past the {budget_s:.0f} s budget)", flush=True)
+            continue
+        try:
+            model = hf_model(shape)
+        except Exception as e:
+            print(f"  HF generate {shape}: FAILED to build the model {e!r}", flush=True)
+            continue
+        for _, batch, context in cases:
+            if time.perf_counter() - start > budget_s:
+                print(f"  HF generate {shape} batch {batch} context {context}: skipped (budget)", flush=True)
+                continue
+            try:
+                ms = hf_generate(model, SHAPES[shape]["vocab"], batch, context, new_tokens)
+            except Exception as e:
+                print(f"  HF generate {shape} batch {batch} context {context}: FAILED {e!r}", flush=True)
+                continue
+            print(f"  HF transformers generate (eager, greedy) {shape} batch {batch} context {context}: "
+                  f"{ms:.2f} ms/token", flush=True)
+            out["hf_generate"].append(dict(shape=shape, batch=batch, context=context, step_ms=ms,
+                                           new_tokens=new_tokens))
+            torch.cuda.empty_cache()
+        del model
+        torch.cuda.empty_cache()
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", required=True)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--hf", action="store_true", help="also time HF transformers' generate (llama-1b, batch 1)")
+    p.add_argument("--hf", action="store_true", help="also time HF transformers' generate (HF_CASES)")
+    p.add_argument("--hf-only", action="store_true", help="time only HF transformers' generate")
+    p.add_argument("--hf-budget-s", type=float, default=100.0,
+                   help="start no HF case after this many seconds of HF timing")
     p.add_argument("--shapes", default="llama-1b,llama-8b")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -202,7 +258,7 @@ def main():
     contexts = [192] if a.quick else [192, 1024]
     replays = 20 if a.quick else 50
     with torch.inference_mode():
-        for shape in a.shapes.split(","):
+        for shape in ([] if a.hf_only else a.shapes.split(",")):
             s = SHAPES[shape]
             w = Weights(s, 1234)
             for context in contexts:
@@ -221,13 +277,8 @@ def main():
                     torch.cuda.empty_cache()
             del w
             torch.cuda.empty_cache()
-        if a.hf:
-            try:
-                ms = hf_generate("llama-1b", 16 if a.quick else 32)
-                print(f"  HF transformers generate (eager, greedy) llama-1b batch 1 context 192: {ms:.2f} ms/token", flush=True)
-                out["hf_generate"].append(dict(shape="llama-1b", batch=1, context=192, step_ms=ms))
-            except Exception as e:
-                print(f"  HF generate: FAILED {e!r}", flush=True)
+        if a.hf or a.hf_only:
+            hf_all(out, a.shapes.split(","), 4 if a.quick else 8, a.hf_budget_s)
     with open(a.json, "w") as f:
         json.dump(out, f, indent=2)
     return 0

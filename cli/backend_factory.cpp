@@ -48,6 +48,19 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
 #endif
 }
 
+std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
+                                            const ExecutorConfig& limits, double fraction) {
+  if (name != "cuda") return std::nullopt;
+#ifdef LOCKSTEP_HAVE_CUDA
+  CudaBackendOptions options{.graphs = true};
+  options.kv_memory_fraction = fraction;
+  return cuda_kv_sizing(model, limits, options).pages_count;
+#else
+  (void)model, (void)limits, (void)fraction;
+  throw Error(kNoCuda);
+#endif
+}
+
 std::optional<trace::MachineInfo> machine_info_for(const std::string& name) {
   if (name != "cuda") return std::nullopt;
 #ifdef LOCKSTEP_HAVE_CUDA

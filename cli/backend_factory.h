@@ -26,6 +26,11 @@ std::string backend_name_error(const std::string& name);
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits);
 
+// KV pages sized from the device memory left after weights and workspaces (`fraction` of it)
+// for backend `name`; nullopt for a backend whose memory is not sized this way (the CPU).
+std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
+                                            const ExecutorConfig& limits, double fraction);
+
 // What a trace header records about the device that backend `name` runs on (GPU name, SM count,
 // driver, CUDA and cuBLAS versions); nullopt for the CPU.
 std::optional<trace::MachineInfo> machine_info_for(const std::string& name);

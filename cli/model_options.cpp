@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <optional>
 
 namespace ls::cli {
 
@@ -41,16 +42,20 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "KV pages (page 0 is the dummy); 0 = enough for every row to reach L")
       ->check(CLI::Range(0, 1 << 26))
       ->capture_default_str();
+  app.add_option("--kv-memory-fraction", o.kv_memory_fraction,
+                 "--backend cuda with --pages 0: the fraction of the device memory left after "
+                 "weights and workspaces that KV pages take")
+      ->check(CLI::Range(0.01, 0.99))
+      ->capture_default_str();
   app.add_option("--prefill-chunk-tokens", o.executor.prefill_chunk_tokens,
                  "Prefill tokens in one step, summed over rows (longer prompts are chunked)")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
 }
 
-ModelWeights load_model(ModelOptions& o, WeightSource& source) {
-  ExecutorConfig& c = o.executor;
-  const int32_t pages_per_row = (c.context_length + c.page_size - 1) / c.page_size + 1;
-  c.pages_count = o.pages_count > 0 ? o.pages_count : c.max_batch_rows * pages_per_row + 1;
+namespace {
+
+ModelWeights load_weights(const ModelOptions& o, WeightSource& source) {
   if (std::filesystem::is_directory(o.model)) {
     source = {WeightSource::Kind::kDirectory, 0, o.model};
     return load_hf_directory(o.model);
@@ -61,6 +66,23 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
              fmt::join(names, ", "));
   source = {WeightSource::Kind::kSeed, o.weights_seed, ""};
   return weights_from_seed(model_config_named(o.model), o.weights_seed);
+}
+
+}  // namespace
+
+ModelWeights load_model(ModelOptions& o, WeightSource& source) {
+  ModelWeights weights = load_weights(o, source);
+  ExecutorConfig& c = o.executor;
+  const int32_t pages_per_row = (c.context_length + c.page_size - 1) / c.page_size + 1;
+  if (o.pages_count > 0) {
+    c.pages_count = o.pages_count;
+  } else if (const std::optional<int32_t> sized =
+                 kv_pages_from_memory(o.backend, weights.config, c, o.kv_memory_fraction)) {
+    c.pages_count = *sized;
+  } else {
+    c.pages_count = c.max_batch_rows * pages_per_row + 1;
+  }
+  return weights;
 }
 
 }  // namespace ls::cli

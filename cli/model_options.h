@@ -15,7 +15,8 @@ struct ModelOptions {
   uint64_t weights_seed = 0;
   std::string backend = "cpu";
   ExecutorConfig executor;
-  int32_t pages_count = 0;  // 0: enough for every row to reach the context length
+  int32_t pages_count = 0;  // 0: enough for every row to reach L (cuda: sized from memory)
+  double kv_memory_fraction = 0.9;  // cuda, --pages 0: of the memory left after weights, workspaces
 };
 
 void add_model_options(CLI::App& app, ModelOptions& options);
@@ -23,7 +24,9 @@ void add_model_options(CLI::App& app, ModelOptions& options);
 // Accepts the backends of this build (cli/backend_factory.h); its message says why another is not.
 CLI::Validator backend_validator();
 
-// Loads or generates the weights; fills executor.pages_count when it was left at 0.
+// Loads or generates the weights; fills executor.pages_count when it was left at 0: on the CUDA
+// backend from the device memory left after weights and workspaces (--kv-memory-fraction of it),
+// elsewhere enough for every row to reach the context length.
 ModelWeights load_model(ModelOptions& options, WeightSource& source);
 
 }  // namespace ls::cli

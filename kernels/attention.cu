@@ -18,6 +18,8 @@ constexpr int32_t kGroupMax = 16;       // query heads per KV head
 constexpr int32_t kHeadDimMax = 256;
 constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's queries
 static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split scores it");
+constexpr int32_t kKeyLoads = 8;    // 16-byte pieces of a key row a thread has in flight
+constexpr int32_t kValueLoads = 8;  // value pieces a lane has in flight
 
 int32_t splits_max(const AttentionShape& s) {
   return (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
@@ -44,10 +46,25 @@ struct AttentionArgs {
   T* out;
 };
 
-// Eight consecutive elements of a key row as floats (one 16-byte load for bf16, two for float).
-__device__ __forceinline__ void load8(const bf16* p, float* out) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+// Eight elements of a key row as loaded (kept raw so that several loads fit in registers).
+template <typename T>
+struct Raw8;
+template <>
+struct Raw8<bf16> {
+  uint4 bits;
+};
+template <>
+struct Raw8<float> {
+  float4 lo, hi;
+};
+__device__ __forceinline__ Raw8<bf16> load_raw8(const bf16* p) {
+  return Raw8<bf16>{*reinterpret_cast<const uint4*>(p)};
+}
+__device__ __forceinline__ Raw8<float> load_raw8(const float* p) {
+  return Raw8<float>{*reinterpret_cast<const float4*>(p), *reinterpret_cast<const float4*>(p + 4)};
+}
+__device__ __forceinline__ void unpack_raw8(const Raw8<bf16>& raw, float* out) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw.bits);
 #pragma unroll
   for (int32_t k = 0; k < 4; ++k) {
     const float2 f = __bfloat1622float2(pairs[k]);
@@ -55,11 +72,9 @@ __device__ __forceinline__ void load8(const bf16* p, float* out) {
     out[2 * k + 1] = f.y;
   }
 }
-__device__ __forceinline__ void load8(const float* p, float* out) {
-  const float4 a = *reinterpret_cast<const float4*>(p);
-  const float4 b = *reinterpret_cast<const float4*>(p + 4);
-  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
-  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+__device__ __forceinline__ void unpack_raw8(const Raw8<float>& raw, float* out) {
+  out[0] = raw.lo.x, out[1] = raw.lo.y, out[2] = raw.lo.z, out[3] = raw.lo.w;
+  out[4] = raw.hi.x, out[5] = raw.hi.y, out[6] = raw.hi.z, out[7] = raw.hi.w;
 }
 
 // Two consecutive elements of a value row as floats.
@@ -120,14 +135,27 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
       float dots[kGroupMax];
 #pragma unroll
       for (int32_t h = 0; h < kGroupMax; ++h) dots[h] = 0.0f;
-      for (int32_t i = 0; i < d; i += 8) {
-        float kv[8];
-        load8(k + i, kv);
+      // kKeyLoads 8-element pieces of the key row in flight at once, then used in ascending
+      // order (the sums' order is that of one piece after another).
+      for (int32_t i0 = 0; i0 < d; i0 += 8 * kKeyLoads) {
+        Raw8<T> raw[kKeyLoads];
 #pragma unroll
-        for (int32_t h = 0; h < kGroupMax; ++h) {
-          if (h < group) {
+        for (int32_t u = 0; u < kKeyLoads; ++u) {
+          if (i0 + 8 * u < d) raw[u] = load_raw8(k + i0 + 8 * u);
+        }
 #pragma unroll
-            for (int32_t e = 0; e < 8; ++e) dots[h] += q_s[h * d + i + e] * kv[e];
+        for (int32_t u = 0; u < kKeyLoads; ++u) {
+          if (i0 + 8 * u < d) {
+            float kv[8];
+            unpack_raw8(raw[u], kv);
+            const int32_t i = i0 + 8 * u;
+#pragma unroll
+            for (int32_t h = 0; h < kGroupMax; ++h) {
+              if (h < group) {
+#pragma unroll
+                for (int32_t e = 0; e < 8; ++e) dots[h] += q_s[h * d + i + e] * kv[e];
+              }
+            }
           }
         }
       }
@@ -158,15 +186,26 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
       float2 acc[kGroupMax];
 #pragma unroll
       for (int32_t h = 0; h < kGroupMax; ++h) acc[h] = make_float2(0.0f, 0.0f);
-#pragma unroll 4
-      for (int32_t x = warp; x < count; x += kWarps) {
-        const float2 v = load2(a.v_cache + slot_s[x] * kv_size + kv_head * d + 2 * pair);
+      // kValueLoads value pieces in flight at once, then summed in ascending key order.
+      for (int32_t x0 = warp; x0 < count; x0 += kWarps * kValueLoads) {
+        float2 vals[kValueLoads];
 #pragma unroll
-        for (int32_t h = 0; h < kGroupMax; ++h) {
-          if (h < group) {
-            const float e = scores[h * kAttentionSplitKeys + x];
-            acc[h].x += e * v.x;
-            acc[h].y += e * v.y;
+        for (int32_t u = 0; u < kValueLoads; ++u) {
+          const int32_t x = x0 + u * kWarps;
+          if (x < count) vals[u] = load2(a.v_cache + slot_s[x] * kv_size + kv_head * d + 2 * pair);
+        }
+#pragma unroll
+        for (int32_t u = 0; u < kValueLoads; ++u) {
+          const int32_t x = x0 + u * kWarps;
+          if (x < count) {
+#pragma unroll
+            for (int32_t h = 0; h < kGroupMax; ++h) {
+              if (h < group) {
+                const float e = scores[h * kAttentionSplitKeys + x];
+                acc[h].x += e * vals[u].x;
+                acc[h].y += e * vals[u].y;
+              }
+            }
           }
         }
       }

@@ -99,6 +99,54 @@ std::vector<int32_t> decode_buckets(int32_t rows_max) {
   return sizes;
 }
 
+// Device bytes of the weights and of every workspace for one configuration: what the Impl's
+// constructor allocates (it asserts the two agree), everything but the KV cache, whose size is
+// the only one that depends on pages_count.
+struct FixedBytes {
+  int64_t weights = 0;
+  int64_t workspace = 0;
+};
+
+FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
+                       const CudaBackendOptions& options) {
+  const int64_t e = options.precision == CudaPrecision::kFp32 ? 4 : 2;
+  const int64_t h = model.hidden_size, l = model.layers_count, v = model.vocab_size;
+  const int64_t qs = model.q_size(), kvs = model.kv_size(), f = model.ffn_size;
+  const int64_t t = config.step_tokens_max(), r = config.logits_rows_max();
+  const int64_t b = config.max_batch_rows, pool = config.pool_rows_count();
+  const int64_t tw = config.table_width();
+  const int64_t positions = tw * config.page_size;
+  FixedBytes out;
+  out.weights = e * (v * h * (model.tied_embeddings ? 1 : 2) + l * (qs + 2 * kvs) * h +
+                     l * h * qs + l * 2 * f * h + l * h * f) +
+                4 * (2 * l * h + h);
+  const kernels::AttentionShape shape{model.query_heads_count, model.kv_heads_count,
+                                      model.head_dim, config.table_width(), config.page_size,
+                                      config.table_width() * config.page_size};
+  const size_t decode_floats = kernels::attention_workspace_floats(
+      shape, config.max_batch_rows * config.verify_width);
+  const size_t all_floats = kernels::attention_workspace_floats(shape, config.step_tokens_max());
+  const size_t cap_floats = static_cast<size_t>(options.attention_workspace_bytes_max) / 4;
+  const int64_t attention =
+      static_cast<int64_t>(std::max(decode_floats, std::min(all_floats, cap_floats)));
+  const StagingLayout layout(config.max_batch_rows, config.logits_rows_max(),
+                             config.prefill_chunk_tokens, config.table_width());
+  out.workspace =
+      4 * 2 * positions * (model.head_dim / 2)                            // RoPE tables
+      + 4 * t * h + e * t * h + 4 * t * (qs + 2 * kvs) + 4 * t * qs       // residual .. q
+      + e * t * qs + 4 * t * 2 * f + e * t * f                            // attn_out .. act
+      + 4 * attention + e * r * h + 4 * r * v + options.cublas_workspace_bytes
+      + 4 * static_cast<int64_t>(kernels::guard_partials_floats(config.logits_rows_max(),
+                                                                model.vocab_size))
+      + 4 * 4 * r + 8 * 2 * r * v + 4 * (r + 1)                          // guard .. offsets
+      + static_cast<int64_t>(kernels::sort_sampling_keys_temp_bytes(config.logits_rows_max(),
+                                                                    model.vocab_size))
+      + 4 * (pool * tw + pool + pool * config.verify_width + b)          // table .. vcl_before
+      + 4 * t * 3 + 8 * t                                                 // ids, positions, ...
+      + 4 * static_cast<int64_t>(layout.words) + 4 * (2 * r + 3 * b);     // staging, results
+  return out;
+}
+
 std::string version_string(int32_t v) {
   return fmt::format("{}.{}", v / 1000, (v % 1000) / 10);
 }
@@ -373,6 +421,11 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   host_results = PinnedArray<int32_t>(results.count());
   step_done = CudaEvent::create();
   buckets = decode_buckets(rows_max);
+  const FixedBytes planned = fixed_bytes(model, config, options);
+  LS_ASSERT(planned.weights == ledger.weights, "weight bytes {} planned {}", ledger.weights,
+            planned.weights);
+  LS_ASSERT(planned.workspace == ledger.workspace, "workspace bytes {} planned {}",
+            ledger.workspace, planned.workspace);
   if (options.profile) {
     const size_t marks_max = 16 + 9 * l;  // start, state ops, embedding, 9 per layer, head, tail
     for (size_t i = 0; i < marks_max; ++i) mark_events.push_back(CudaEvent::create(true));
@@ -1036,6 +1089,32 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelWeights& weights,
                                            const ExecutorConfig& config,
                                            const CudaBackendOptions& options) {
   return std::make_unique<CudaBackend>(weights, config, options);
+}
+
+CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& config,
+                            const CudaBackendOptions& options) {
+  LS_REQUIRE(options.kv_memory_fraction > 0.0 && options.kv_memory_fraction < 1.0,
+             "cuda backend: kv_memory_fraction {} is outside (0, 1)", options.kv_memory_fraction);
+  LS_REQUIRE(cuda_device_available(), "no CUDA device is available");
+  LS_CUDA(cudaSetDevice(options.device));
+  size_t free_bytes = 0, total_bytes = 0;
+  LS_CUDA(cudaMemGetInfo(&free_bytes, &total_bytes));
+  const FixedBytes fixed = fixed_bytes(model, config, options);
+  CudaKvSizing s;
+  s.free_bytes = static_cast<int64_t>(free_bytes);
+  s.weight_bytes = fixed.weights;
+  s.workspace_bytes = fixed.workspace;
+  const int64_t elem = options.precision == CudaPrecision::kFp32 ? 4 : 2;
+  s.page_bytes = 2 * int64_t{model.layers_count} * config.page_size * model.kv_size() * elem;
+  const int64_t left = s.free_bytes - s.weight_bytes - s.workspace_bytes;
+  LS_REQUIRE(left > 0, "cuda backend: weights ({} B) and workspaces ({} B) exceed the {} B free",
+             s.weight_bytes, s.workspace_bytes, s.free_bytes);
+  s.kv_budget_bytes = static_cast<int64_t>(options.kv_memory_fraction * static_cast<double>(left));
+  const int64_t pages = std::min<int64_t>(s.kv_budget_bytes / s.page_bytes, kCudaKvPagesMax);
+  LS_REQUIRE(pages >= 2, "cuda backend: {} B for KV hold {} pages of {} B; at least 2 are needed",
+             s.kv_budget_bytes, pages, s.page_bytes);
+  s.pages_count = static_cast<int32_t>(pages);
+  return s;
 }
 
 bool cuda_device_available() {

@@ -68,7 +68,30 @@ struct CudaBackendOptions {
   // Record timing events between the phases of every step (graphs included) and sum them per
   // phase (phase_times()). The marks themselves cost a little: benchmarks report both.
   bool profile = false;
+  // The fraction of the device memory left after the weights and workspaces that KV pages take
+  // when the page count is sized from memory (cuda_kv_sizing).
+  double kv_memory_fraction = 0.9;
 };
+
+// The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,
+// and the CPU reference replaying a trace recorded on the GPU, stay small for small models.
+constexpr int64_t kCudaKvPagesMax = int64_t{1} << 18;
+
+// KV pages sized from the memory the device has free now: pages_count is the number of whole
+// pages that options.kv_memory_fraction of (free − weights − workspaces) holds, where weights and
+// workspaces are what a CudaBackend built over (model, config, options) allocates besides KV
+// (config.pages_count is ignored: nothing else depends on it). Call it before building the
+// backend; throws ls::Error when even two pages do not fit.
+struct CudaKvSizing {
+  int64_t free_bytes = 0;       // device memory free when sized
+  int64_t weight_bytes = 0;
+  int64_t workspace_bytes = 0;
+  int64_t kv_budget_bytes = 0;  // fraction · (free − weights − workspaces)
+  int64_t page_bytes = 0;       // K and V of one page over all layers
+  int32_t pages_count = 0;      // ⌊budget / page_bytes⌋, at most kCudaKvPagesMax
+};
+CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& config,
+                            const CudaBackendOptions& options = {});
 
 // What a trace header and a benchmark record about the machine.
 struct CudaMachineInfo {

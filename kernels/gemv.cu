@@ -10,7 +10,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr int32_t kGemvWarps = 4;  // output rows per block
 constexpr int32_t kGemvThreads = 32 * kGemvWarps;
-constexpr int32_t kGemvUnroll = 4;  // 16-byte weight loads a lane has in flight
+constexpr int32_t kGemvUnroll = 8;  // 16-byte weight loads a lane has in flight
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float* out) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);

@@ -279,5 +279,61 @@ TEST(CudaStateOps, VerifyWidthThreeLikeTheCpu) {
   }
 }
 
+// The KV capacity rule: pages sized from memory take the stated fraction of what is left after
+// weights and workspaces (to within one page), the backend built over that count allocates
+// exactly the planned weights and workspaces, and llama-8b gets at least 100,000 tokens on a
+// device of 100 GB or more at the default fraction.
+TEST(CudaMemory, KvPagesTakeTheStatedFractionOfWhatIsLeft) {
+  LS_SKIP_WITHOUT_DEVICE();
+  ExecutorConfig config;
+  config.max_batch_rows = 4;
+  config.context_length = 256;
+  config.page_size = 16;
+  config.prefill_chunk_tokens = 128;
+  CudaBackendOptions options;
+  options.kv_memory_fraction = 0.02;
+  const CudaKvSizing s = cuda_kv_sizing(tiny().config, config, options);
+  ASSERT_GT(s.free_bytes, 0);
+  ASSERT_GT(s.page_bytes, 0);
+  const double left = static_cast<double>(s.free_bytes - s.weight_bytes - s.workspace_bytes);
+  EXPECT_NEAR(static_cast<double>(s.kv_budget_bytes), 0.02 * left, 1.0);
+  const int64_t expect_pages = std::min(s.kv_budget_bytes / s.page_bytes, kCudaKvPagesMax);
+  EXPECT_EQ(s.pages_count, expect_pages);
+  config.pages_count = s.pages_count;
+  CudaBackend backend(tiny(), config, options);
+  const CudaMemoryReport report = backend.memory_report();
+  EXPECT_EQ(report.weight_bytes, s.weight_bytes);
+  EXPECT_EQ(report.workspace_bytes, s.workspace_bytes);
+  EXPECT_EQ(report.kv_bytes, int64_t{s.pages_count} * s.page_bytes);
+  EXPECT_LE(report.kv_bytes, s.kv_budget_bytes);
+  if (s.pages_count < kCudaKvPagesMax) {
+    EXPECT_GT(report.kv_bytes + s.page_bytes, s.kv_budget_bytes);
+  }
+  std::printf("tiny at fraction 0.02: free %.2f GB, weights %ld B, workspace %ld B, %d pages of "
+              "%ld B\n",
+              static_cast<double>(s.free_bytes) * 1e-9, static_cast<long>(s.weight_bytes),
+              static_cast<long>(s.workspace_bytes), s.pages_count, static_cast<long>(s.page_bytes));
+
+  // llama-8b at the default fraction, sized but not built (the benchmark builds it).
+  ExecutorConfig big;
+  big.max_batch_rows = 64;
+  big.context_length = 2048 + 64;
+  big.page_size = 16;
+  big.prefill_chunk_tokens = 2048;
+  const CudaKvSizing b = cuda_kv_sizing(model_config_named("llama-8b"), big);
+  const int64_t tokens = int64_t{b.pages_count - 1} * big.page_size;
+  std::printf("llama-8b at the default fraction: weights %.2f GB, workspace %.2f GB, KV %.2f GB, "
+              "%ld tokens\n",
+              static_cast<double>(b.weight_bytes) * 1e-9,
+              static_cast<double>(b.workspace_bytes) * 1e-9,
+              static_cast<double>(int64_t{b.pages_count} * b.page_bytes) * 1e-9,
+              static_cast<long>(tokens));
+  size_t free_bytes = 0, total_bytes = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_bytes, &total_bytes), cudaSuccess);
+  if (total_bytes >= size_t{100} << 30) {
+    EXPECT_GE(tokens, 100000);
+  }
+}
+
 }  // namespace
 }  // namespace ls

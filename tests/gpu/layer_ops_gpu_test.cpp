@@ -61,26 +61,37 @@ std::vector<float> rms_norm_ref(const std::vector<float>& x, const std::vector<i
   return y;
 }
 
+// Widths: odd (the scalar kernel), multiples of 4 (the vectorised one, 2048 and 4100 with a
+// partial last round of loads), and one past the vectorised kernel's register limit.
 TEST_P(TokenCounts, RmsNormMatchesTheReference) {
   LS_SKIP_WITHOUT_DEVICE();
-  const int32_t tokens = GetParam(), n = 2051;  // odd width
-  const float eps = 1e-5f;
-  const std::vector<float> x = random_floats(size_t(tokens) * n, 2, -3, 3);
-  const std::vector<float> w = random_floats(n, 3, 0.5f, 1.5f);
-  // Gathered rows (the final norm's logits rows) in reverse order, and the plain form.
-  std::vector<int32_t> rows(tokens), identity(tokens);
-  for (int32_t r = 0; r < tokens; ++r) rows[r] = tokens - 1 - r, identity[r] = r;
-  DeviceBuffer<float> d_x(x), d_w(w);
-  DeviceBuffer<int32_t> d_rows(rows);
-  DeviceBuffer<bf16> d_out(size_t(tokens) * n);
-  for (const bool gathered : {false, true}) {
-    ASSERT_EQ(kernels::launch_rms_norm(d_x.ptr, gathered ? d_rows.ptr : nullptr, tokens, n,
-                                       d_w.ptr, eps, d_out.ptr, nullptr),
-              cudaSuccess);
-    const std::vector<float> out = gpu_test::from_bf16(d_out.download());
-    const std::vector<float> ref = rms_norm_ref(x, gathered ? rows : identity, w, n, eps);
-    EXPECT_LT(relative_error(out, ref), kBf16Output) << "tokens " << tokens << " gathered " << gathered;
-    EXPECT_GT(gpu_test::norm(ref), 0);
+  for (const int32_t n : {2051, 2048, 4100, 8196}) {
+    const int32_t tokens = GetParam();
+    const float eps = 1e-5f;
+    const std::vector<float> x = random_floats(size_t(tokens) * n, 2, -3, 3);
+    const std::vector<float> w = random_floats(n, 3, 0.5f, 1.5f);
+    // Gathered rows (the final norm's logits rows) in reverse order, and the plain form.
+    std::vector<int32_t> rows(tokens), identity(tokens);
+    for (int32_t r = 0; r < tokens; ++r) rows[r] = tokens - 1 - r, identity[r] = r;
+    DeviceBuffer<float> d_x(x), d_w(w);
+    DeviceBuffer<int32_t> d_rows(rows);
+    DeviceBuffer<bf16> d_out(size_t(tokens) * n);
+    DeviceBuffer<float> d_out_f32(size_t(tokens) * n);
+    for (const bool gathered : {false, true}) {
+      ASSERT_EQ(kernels::launch_rms_norm(d_x.ptr, gathered ? d_rows.ptr : nullptr, tokens, n,
+                                         d_w.ptr, eps, d_out.ptr, nullptr),
+                cudaSuccess);
+      ASSERT_EQ(kernels::launch_rms_norm(d_x.ptr, gathered ? d_rows.ptr : nullptr, tokens, n,
+                                         d_w.ptr, eps, d_out_f32.ptr, nullptr),
+                cudaSuccess);
+      const std::vector<float> out = gpu_test::from_bf16(d_out.download());
+      const std::vector<float> ref = rms_norm_ref(x, gathered ? rows : identity, w, n, eps);
+      EXPECT_LT(relative_error(out, ref), kBf16Output)
+          << "tokens " << tokens << " n " << n << " gathered " << gathered;
+      EXPECT_LT(relative_error(d_out_f32.download(), ref), kFp32)
+          << "fp32 out, tokens " << tokens << " n " << n << " gathered " << gathered;
+      EXPECT_GT(gpu_test::norm(ref), 0);
+    }
   }
 }
 
