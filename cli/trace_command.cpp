@@ -46,9 +46,9 @@ void print_header(const trace::TraceHeader& h) {
              h.weights.kind == WeightSource::Kind::kSeed ? fmt::format("from seed {}", h.weights.seed)
                                                          : fmt::format("from {}", h.weights.directory),
              h.weights_digest);
-  fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}\n",
+  fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}; drafter {}\n",
              e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
-             e.verify_width, e.prefill_chunk_tokens);
+             e.verify_width, e.prefill_chunk_tokens, h.drafter.empty() ? "none" : h.drafter);
   fmt::print("backend {} ({}), machine: {}{}\n", h.backend, h.determinism_mode, h.machine.cpu_name,
              h.machine.gpu_name.empty() ? "" : fmt::format(", {} ({} SMs, driver {}, CUDA {}, cuBLAS {})",
                                                            h.machine.gpu_name, h.machine.sm_count,
