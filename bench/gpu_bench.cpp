@@ -152,7 +152,8 @@ class Driver {
 
   // Decodes rows 1..rows for `steps` steps; returns each step's wall seconds.
   std::vector<double> decode(int32_t rows, int32_t steps, CudaBackend& backend,
-                             std::vector<double>* host_seconds) {
+                             std::vector<double>* host_seconds,
+                             std::vector<double>* host_split = nullptr) {
     ForwardOp op;
     for (int32_t r = 0; r < rows; ++r) {
       OpRow row;
@@ -169,6 +170,15 @@ class Driver {
       const double wall = std::chrono::duration<double>(Clock::now() - begin).count();
       seconds.push_back(wall);
       host_seconds->push_back(wall - static_cast<double>(backend.last_wait_ns()) * 1e-9);
+      if (host_split != nullptr) {
+        // forward() (staging, launch); finish_step() less its wait; the executor's own rest.
+        const double forward = static_cast<double>(backend.last_forward_ns()) * 1e-9;
+        const double finish =
+            static_cast<double>(backend.last_finish_ns() - backend.last_wait_ns()) * 1e-9;
+        host_split[0].push_back(forward);
+        host_split[1].push_back(finish);
+        host_split[2].push_back(host_seconds->back() - forward - finish);
+      }
     }
     return seconds;
   }
@@ -206,7 +216,8 @@ json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& mod
   std::vector<double> host;
   driver.decode(rows, kWarmupSteps, backend, &host);
   host.clear();
-  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host);
+  std::vector<double> split[3];
+  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host, split);
   const double step_s = median(seconds);
   const int32_t mean_context = context + kWarmupSteps + steps / 2;
   const int64_t bytes = decode_bytes(model, rows, mean_context);
@@ -216,7 +227,13 @@ json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& mod
               "%.1f%% of copy BW, %.1f%% of read BW\n",
               label, rows, context, step_s * 1e3, median(host) * 1e6,
               static_cast<double>(bytes) * 1e-9, of_copy * 100, of_read * 100);
+  std::printf("    host split (medians): forward %.1f us, finish_step less its wait %.1f us, "
+              "executor rest %.1f us\n",
+              median(split[0]) * 1e6, median(split[1]) * 1e6, median(split[2]) * 1e6);
   return {{"batch", rows},
+          {"host_forward_us_median", median(split[0]) * 1e6},
+          {"host_finish_us_median", median(split[1]) * 1e6},
+          {"host_executor_us_median", median(split[2]) * 1e6},
           {"context", context},
           {"mean_context", mean_context},
           {"step_ms_median", step_s * 1e3},
@@ -312,7 +329,8 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
   driver.decode(rows, kWarmupSteps, backend, &host);
   backend.reset_phase_times();
   const int32_t steps = o.quick ? 10 : 20;
-  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host);
+  std::vector<double> split[3];
+  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host, split);
   const CudaPhaseTimes t = backend.phase_times();
   json phases = json::object();
   double total = 0;

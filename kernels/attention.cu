@@ -17,9 +17,10 @@ constexpr int32_t kSplitLanesMax = 16;  // blocks per (token, kv head); each wal
 constexpr int32_t kGroupMax = 16;       // query heads per KV head
 constexpr int32_t kHeadDimMax = 256;
 constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's queries
-static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split scores it");
-constexpr int32_t kKeyLoads = 8;    // 16-byte pieces of a key row a thread has in flight
-constexpr int32_t kValueLoads = 8;  // value pieces a lane has in flight
+static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split finds its slot");
+constexpr int32_t kKeyLoads = 8;    // 16-byte key-row pieces a lane has in flight
+constexpr int32_t kValueLoads = 8;  // 16-byte value-row pieces a lane has in flight
+static_assert(kAttentionSplitKeys == kWarps * 32, "each warp takes 32 keys of a split");
 
 int32_t splits_max(const AttentionShape& s) {
   return (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
@@ -77,31 +78,28 @@ __device__ __forceinline__ void unpack_raw8(const Raw8<float>& raw, float* out) 
   out[4] = raw.hi.x, out[5] = raw.hi.y, out[6] = raw.hi.z, out[7] = raw.hi.w;
 }
 
-// Two consecutive elements of a value row as floats.
-__device__ __forceinline__ float2 load2(const bf16* p) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
-}
-__device__ __forceinline__ float2 load2(const float* p) {
-  return *reinterpret_cast<const float2*>(p);
-}
-
 __device__ __forceinline__ void store(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
-// that share one KV head, for the splits split_lane, split_lane + lanes, ... Per split: thread j
-// scores key j against every head of the group (the whole key row in its registers); one warp
-// per head takes the softmax pieces; then warp w sums the values of keys w, w + 4, ... with
-// lanes across dimension pairs, and the four warps' sums are added in warp order. Every order is
-// fixed by the token's position alone, so a token's output does not depend on the batch.
-template <typename T>
+// that share one KV head (every K/V element is read once per KV head, not once per query head),
+// for the splits split_lane, split_lane + lanes, ... Lanes are laid out over key rows: `L` lanes
+// (the smallest power of two >= head_dim / 8) each take one 16-byte piece (8 elements) of a row,
+// so a warp reads 32 / L whole rows per load, coalesced. Warp w takes keys 32w .. 32w + 31 of the
+// split. Scores: each lane dots its piece with every head of the group, the L lanes' dots are
+// added by an xor butterfly; one warp per head takes the softmax pieces; values: each lane sums
+// its piece of its keys' rows, the lanes that share a piece are added by an xor butterfly, and
+// the four warps' sums are added in warp order. Every order is fixed by the token's position
+// alone, so a token's output does not depend on the batch. G: the group rounded up to a power
+// of two (the accumulators' count).
+template <typename T, int32_t G>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs<T> a) {
-  __shared__ float q_s[kGroupDimMax];
-  __shared__ float scores[kGroupMax * kAttentionSplitKeys];
-  __shared__ float acc_s[kWarps * kGroupDimMax];
+  __shared__ __align__(16) float q_s[kGroupDimMax];
+  __shared__ float scores[G * kAttentionSplitKeys];
+  __shared__ __align__(16) float acc_s[kWarps * kGroupDimMax];
   __shared__ int64_t slot_s[kAttentionSplitKeys];
-  __shared__ float m_s[kGroupMax];
-  __shared__ float l_s[kGroupMax];
+  __shared__ float m_s[G];
+  __shared__ float l_s[G];
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.z;
   const int32_t token = a.token_begin + local_token;
@@ -118,7 +116,16 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const int32_t warp = threadIdx.x / 32;
   const int32_t lane = threadIdx.x % 32;
-  const int32_t j = threadIdx.x;  // this thread's key within a split
+  const int32_t pieces = d / 8;  // <= 32
+  int32_t lanes_per_key = 1;
+  while (lanes_per_key < pieces) lanes_per_key *= 2;
+  const int32_t rows_per_load = 32 / lanes_per_key;
+  const int32_t piece = lane % lanes_per_key;
+  const int32_t sub = lane / lanes_per_key;  // which of the load's rows
+  const bool has_piece = piece < pieces;
+  const int32_t loads = 32 / rows_per_load;  // per warp per split (32 keys)
+  const int32_t key0 = warp * 32;
+  const int64_t head_offset = int64_t{kv_head} * d + 8 * piece;
 
   for (int32_t i = threadIdx.x; i < group * d; i += kThreads) {
     q_s[i] = a.q[int64_t{token} * q_size + (kv_head * group) * d + i];
@@ -126,44 +133,69 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
     const int32_t first = split * kAttentionSplitKeys;
     const int32_t count = min(kAttentionSplitKeys, keys - first);
-    __syncthreads();  // q_s loaded; the previous split's scores and sums consumed
-    if (j < count) {
-      const int32_t p = first + j;
-      const int64_t slot = int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
-      slot_s[j] = slot;
-      const T* k = a.k_cache + slot * kv_size + kv_head * d;
-      float dots[kGroupMax];
+    __syncthreads();  // q_s loaded; the previous split's scores, slots and sums consumed
+    if (static_cast<int32_t>(threadIdx.x) < count) {
+      const int32_t p = first + threadIdx.x;
+      slot_s[threadIdx.x] = int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
+    }
+    __syncthreads();
+    // Scores: kKeyLoads row pieces in flight per lane, then used in ascending order.
+    for (int32_t u0 = 0; u0 < loads; u0 += kKeyLoads) {
+      Raw8<T> raw[kKeyLoads] = {};
 #pragma unroll
-      for (int32_t h = 0; h < kGroupMax; ++h) dots[h] = 0.0f;
-      // kKeyLoads 8-element pieces of the key row in flight at once, then used in ascending
-      // order (the sums' order is that of one piece after another).
-      for (int32_t i0 = 0; i0 < d; i0 += 8 * kKeyLoads) {
-        Raw8<T> raw[kKeyLoads];
-#pragma unroll
-        for (int32_t u = 0; u < kKeyLoads; ++u) {
-          if (i0 + 8 * u < d) raw[u] = load_raw8(k + i0 + 8 * u);
+      for (int32_t u = 0; u < kKeyLoads; ++u) {
+        const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
+        if (u0 + u < loads && x < count && has_piece) {
+          raw[u] = load_raw8(a.k_cache + slot_s[x] * kv_size + head_offset);
         }
+      }
 #pragma unroll
-        for (int32_t u = 0; u < kKeyLoads; ++u) {
-          if (i0 + 8 * u < d) {
-            float kv[8];
-            unpack_raw8(raw[u], kv);
-            const int32_t i = i0 + 8 * u;
+      for (int32_t u = 0; u < kKeyLoads; ++u) {
+        if (u0 + u >= loads) break;  // warp-uniform
+        const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
+        float kv[8];
+        unpack_raw8(raw[u], kv);
+        float dots[G];
 #pragma unroll
-            for (int32_t h = 0; h < kGroupMax; ++h) {
-              if (h < group) {
+        for (int32_t h = 0; h < G; ++h) {
+          dots[h] = 0.0f;
+          if (h < group && has_piece) {
+            const float4 qa = *reinterpret_cast<const float4*>(q_s + h * d + 8 * piece);
+            const float4 qb = *reinterpret_cast<const float4*>(q_s + h * d + 8 * piece + 4);
+            dots[h] = qa.x * kv[0];
+            dots[h] += qa.y * kv[1];
+            dots[h] += qa.z * kv[2];
+            dots[h] += qa.w * kv[3];
+            dots[h] += qb.x * kv[4];
+            dots[h] += qb.y * kv[5];
+            dots[h] += qb.z * kv[6];
+            dots[h] += qb.w * kv[7];
+          }
+        }
+        for (int32_t offset = lanes_per_key / 2; offset > 0; offset >>= 1) {
 #pragma unroll
-                for (int32_t e = 0; e < 8; ++e) dots[h] += q_s[h * d + i + e] * kv[e];
-              }
-            }
+          for (int32_t h = 0; h < G; ++h) dots[h] += __shfl_xor_sync(0xffffffffu, dots[h], offset);
+        }
+        if (piece == 0 && x < count) {
+#pragma unroll
+          for (int32_t h = 0; h < G; ++h) {
+            if (h < group) scores[h * kAttentionSplitKeys + x] = dots[h] * scale;
           }
         }
       }
-#pragma unroll
-      for (int32_t h = 0; h < kGroupMax; ++h) {
-        if (h < group) scores[h * kAttentionSplitKeys + j] = dots[h] * scale;
-      }
     }
+    // The first value pieces are loaded before the softmax, so their latency overlaps it.
+    Raw8<T> raw_v[kValueLoads] = {};
+    const auto load_values = [&](int32_t u0) {
+#pragma unroll
+      for (int32_t u = 0; u < kValueLoads; ++u) {
+        const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
+        if (u0 + u < loads && x < count && has_piece) {
+          raw_v[u] = load_raw8(a.v_cache + slot_s[x] * kv_size + head_offset);
+        }
+      }
+    };
+    load_values(0);
     __syncthreads();
     // Softmax pieces per head: one warp per head.
     for (int32_t h = warp; h < group; h += kWarps) {
@@ -181,39 +213,48 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
       if (lane == 0) m_s[h] = m, l_s[h] = l;
     }
     __syncthreads();
-    // Weighted values: warp w takes keys w, w + 4, ...; lane takes dimension pairs lane, lane + 32.
-    for (int32_t pair = lane; pair < d / 2; pair += 32) {
-      float2 acc[kGroupMax];
+    // Weighted values: the same lane layout; kValueLoads row pieces in flight per lane.
+    float acc[G][8];
 #pragma unroll
-      for (int32_t h = 0; h < kGroupMax; ++h) acc[h] = make_float2(0.0f, 0.0f);
-      // kValueLoads value pieces in flight at once, then summed in ascending key order.
-      for (int32_t x0 = warp; x0 < count; x0 += kWarps * kValueLoads) {
-        float2 vals[kValueLoads];
+    for (int32_t h = 0; h < G; ++h) {
 #pragma unroll
-        for (int32_t u = 0; u < kValueLoads; ++u) {
-          const int32_t x = x0 + u * kWarps;
-          if (x < count) vals[u] = load2(a.v_cache + slot_s[x] * kv_size + kv_head * d + 2 * pair);
-        }
+      for (int32_t e = 0; e < 8; ++e) acc[h][e] = 0.0f;
+    }
+    for (int32_t u0 = 0; u0 < loads; u0 += kValueLoads) {
+      if (u0 > 0) load_values(u0);
 #pragma unroll
-        for (int32_t u = 0; u < kValueLoads; ++u) {
-          const int32_t x = x0 + u * kWarps;
-          if (x < count) {
+      for (int32_t u = 0; u < kValueLoads; ++u) {
+        const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
+        if (u0 + u < loads && x < count && has_piece) {
+          float v[8];
+          unpack_raw8(raw_v[u], v);
 #pragma unroll
-            for (int32_t h = 0; h < kGroupMax; ++h) {
-              if (h < group) {
-                const float e = scores[h * kAttentionSplitKeys + x];
-                acc[h].x += e * vals[u].x;
-                acc[h].y += e * vals[u].y;
-              }
+          for (int32_t h = 0; h < G; ++h) {
+            if (h < group) {
+              const float e = scores[h * kAttentionSplitKeys + x];
+#pragma unroll
+              for (int32_t k = 0; k < 8; ++k) acc[h][k] += e * v[k];
             }
           }
         }
       }
+    }
+    // The lanes that hold the same piece (of different rows) are added by an xor butterfly.
+    for (int32_t offset = lanes_per_key; offset < 32; offset <<= 1) {
 #pragma unroll
-      for (int32_t h = 0; h < kGroupMax; ++h) {
+      for (int32_t h = 0; h < G; ++h) {
+#pragma unroll
+        for (int32_t k = 0; k < 8; ++k) acc[h][k] += __shfl_xor_sync(0xffffffffu, acc[h][k], offset);
+      }
+    }
+    if (sub == 0 && has_piece) {
+#pragma unroll
+      for (int32_t h = 0; h < G; ++h) {
         if (h < group) {
-          acc_s[warp * kGroupDimMax + h * d + 2 * pair] = acc[h].x;
-          acc_s[warp * kGroupDimMax + h * d + 2 * pair + 1] = acc[h].y;
+          float* dst = acc_s + warp * kGroupDimMax + h * d + 8 * piece;
+          *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+          *reinterpret_cast<float4*>(dst + 4) =
+              make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
         }
       }
     }
@@ -221,20 +262,25 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     for (int32_t idx = threadIdx.x; idx < group * d; idx += kThreads) {
       const int32_t h = idx / d;
       const int32_t i = idx % d;
-      float acc = acc_s[idx];
+      float acc_sum = acc_s[idx];
 #pragma unroll
-      for (int32_t w = 1; w < kWarps; ++w) acc += acc_s[w * kGroupDimMax + idx];
+      for (int32_t w = 1; w < kWarps; ++w) acc_sum += acc_s[w * kGroupDimMax + idx];
       const int32_t head = kv_head * group + h;
       if (splits == 1) {
-        store(a.out + int64_t{token} * q_size + head * d + i, acc / l_s[h]);
+        store(a.out + int64_t{token} * q_size + head * d + i, acc_sum / l_s[h]);
       } else {
         float* part = partial_at(a.workspace, local_token, head, split, s.query_heads,
                                  total_splits, d);
         if (i == 0) part[0] = m_s[h], part[1] = l_s[h];
-        part[2 + i] = acc;
+        part[2 + i] = acc_sum;
       }
     }
   }
+}
+
+template <typename T, int32_t G>
+void launch_split(const AttentionArgs<T>& args, dim3 grid, cudaStream_t stream) {
+  attention_split_kernel<T, G><<<grid, kThreads, 0, stream>>>(args);
 }
 
 // grid: (query heads, tokens of the chunk). Merges a token's partials in split order.
@@ -301,7 +347,19 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
     const int32_t n = std::min(chunk, tokens_count - begin);
     const AttentionArgs<T> args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
                                 workspace, out};
-    attention_split_kernel<T><<<dim3(lanes, s.kv_heads, n), kThreads, 0, stream>>>(args);
+    const dim3 grid(lanes, s.kv_heads, n);
+    const int32_t group = s.query_heads / s.kv_heads;
+    if (group <= 1) {
+      launch_split<T, 1>(args, grid, stream);
+    } else if (group <= 2) {
+      launch_split<T, 2>(args, grid, stream);
+    } else if (group <= 4) {
+      launch_split<T, 4>(args, grid, stream);
+    } else if (group <= 8) {
+      launch_split<T, 8>(args, grid, stream);
+    } else {
+      launch_split<T, 16>(args, grid, stream);
+    }
     if (splits_max(s) > 1) {
       attention_combine_kernel<T><<<dim3(s.query_heads, n), 64, 0, stream>>>(args);
     }

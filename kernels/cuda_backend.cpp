@@ -276,6 +276,8 @@ struct CudaBackend::Impl {
   int64_t steps_count = 0;
   int64_t graph_replays = 0;
   int64_t last_wait_ns = 0;
+  int64_t last_forward_ns = 0;  // host time of the last forward() (staging and launches)
+  int64_t last_finish_ns = 0;   // host time of the last finish_step(), its wait included
   bool staged = false;
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
@@ -922,8 +924,22 @@ void CudaBackend::fill_inputs(const StepPlan& plan) {
   m.mark(CudaPhase::kStateOps);
 }
 
+namespace {
+// Writes the nanoseconds of its scope to *out when it ends (the benchmark's host-time split).
+struct ScopeNanos {
+  int64_t* out;
+  std::chrono::steady_clock::time_point begin = std::chrono::steady_clock::now();
+  ~ScopeNanos() {
+    *out = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                begin)
+               .count();
+  }
+};
+}  // namespace
+
 void CudaBackend::forward(const StepPlan& plan) {
   Impl& m = *impl_;
+  const ScopeNanos timer{&m.last_forward_ns};
   m.stage(plan);
   if (plan.rows_count == 0) return;
   if (m.graph_step()) {
@@ -949,6 +965,7 @@ void CudaBackend::poison_logits(std::span<const int32_t> logits_rows, float valu
 
 StepResult CudaBackend::finish_step(const StepPlan& plan) {
   Impl& m = *impl_;
+  const ScopeNanos timer{&m.last_finish_ns};
   m.stage(plan);
   StepResult result;
   if (plan.rows_count == 0) {
@@ -1046,6 +1063,10 @@ CudaMemoryReport CudaBackend::memory_report() const {
 int64_t CudaBackend::graph_replays_count() const { return impl_->graph_replays; }
 
 int64_t CudaBackend::last_wait_ns() const { return impl_->last_wait_ns; }
+
+int64_t CudaBackend::last_forward_ns() const { return impl_->last_forward_ns; }
+
+int64_t CudaBackend::last_finish_ns() const { return impl_->last_finish_ns; }
 
 CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_totals; }
 

@@ -142,6 +142,10 @@ class CudaBackend final : public Backend {
   // Nanoseconds the last finish_step spent blocked on the step's completion (a statistic for the
   // benchmark's host-time figure: step wall time minus this is the host's own work).
   int64_t last_wait_ns() const;
+  // Host nanoseconds of the last forward() (staging, graph launch) and finish_step() (its wait
+  // included): the benchmark splits the host time into these and the executor's own work.
+  int64_t last_forward_ns() const;
+  int64_t last_finish_ns() const;
   // Per-phase device time summed since construction or the last reset (options.profile).
   CudaPhaseTimes phase_times() const;
   void reset_phase_times();
