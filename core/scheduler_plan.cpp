@@ -216,6 +216,7 @@ void Scheduler::Impl::admit(SchedRequest& r, Draft& d, StepPlanOut& out) {
 // that resumes at hist = TokenSize − 1 with the last token as its input, on a new pool row.
 void Scheduler::Impl::recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& out) {
   if (!may_add(d, RowKind::kDecode) || free_pool_rows.empty()) return;
+  if (d.budget < config.verify_width) return;  // the recovered decode row costs W tokens
   const int32_t hist = r.token_size() - 1;
   const int32_t needed = pages_for(hist + (depth + 1) * config.verify_width);
   LS_ASSERT(needed >= static_cast<int32_t>(r.host_pages.size()), "{} pages for {} host pages",
