@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/cpu_backend.h"
+#include "core/serving_loop.h"
 #include "sim/checkers.h"
 #include "sim/oracle_drafter.h"
 #include "sim/random.h"
@@ -289,11 +290,6 @@ class World {
     summary_.failures.push_back({step_, checker, std::move(detail)});
   }
 
-  static std::vector<int32_t> pool_rows_of(const ForwardOp& op) {
-    std::vector<int32_t> rows;
-    for (const OpRow& row : op.rows) rows.push_back(row.pool_row);
-    return rows;
-  }
 
   SimParams params_;
   WorldOptions options_;

@@ -3,12 +3,15 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <optional>
 
 namespace ls::trace {
 
 namespace {
 
-TraceEvent event_of(int64_t step, const SchedulerEvent& e) {
+// The trace event of a scheduler event; prefix hits are not recorded (their pages are scheduler
+// state a replay does not need).
+std::optional<TraceEvent> event_of(int64_t step, const SchedulerEvent& e) {
   TraceEvent t{.request_id = e.request_id, .step = step};
   switch (e.kind) {
     case SchedulerEvent::Kind::kArrive: t.kind = EventKind::kArrive; break;
@@ -30,8 +33,7 @@ TraceEvent event_of(int64_t step, const SchedulerEvent& e) {
       if (e.hist_token_length >= 0) t.hist_token_length = e.hist_token_length;
       break;
     case SchedulerEvent::Kind::kPrefixHit:
-      t.kind = EventKind::kArrive;  // never reached: prefix hits are not recorded as events
-      break;
+      return std::nullopt;
   }
   return t;
 }
@@ -61,8 +63,7 @@ void TraceObserver::on_step_output(int64_t step, const ForwardOp&, const StepRes
 
 void TraceObserver::on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) {
   for (const SchedulerEvent& e : events) {
-    if (e.kind == SchedulerEvent::Kind::kPrefixHit) continue;
-    recorder_.record_event(event_of(step, e));
+    if (std::optional<TraceEvent> t = event_of(step, e)) recorder_.record_event(std::move(*t));
   }
 }
 
