@@ -4,6 +4,9 @@
 #include "kernels/storage.cuh"
 
 #include <algorithm>
+#include <mutex>
+#include <type_traits>
+#include <vector>
 
 namespace ls::kernels {
 
@@ -18,8 +21,6 @@ constexpr int32_t kGroupMax = 16;       // query heads per KV head
 constexpr int32_t kHeadDimMax = 256;
 constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's queries
 static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split finds its slot");
-constexpr int32_t kKeyLoads = 8;    // 16-byte key-row pieces a lane has in flight
-constexpr int32_t kValueLoads = 8;  // 16-byte value-row pieces a lane has in flight
 static_assert(kAttentionSplitKeys == kWarps * 32, "each warp takes 32 keys of a split");
 
 int32_t splits_max(const AttentionShape& s) {
@@ -92,11 +93,57 @@ __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 // the four warps' sums are added in warp order. Every order is fixed by the token's position
 // alone, so a token's output does not depend on the batch. G: the group rounded up to a power
 // of two (the accumulators' count).
+// Copies 16 bytes global → shared without holding them in registers (sm_80+ cp.async; .cg: the
+// bytes bypass L1, they are read once).
+__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
+}
+__device__ __forceinline__ void copy_async_8_elements(bf16* shared, const bf16* global) {
+  copy_async_16(shared, global);
+}
+__device__ __forceinline__ void copy_async_8_elements(float* shared, const float* global) {
+  copy_async_16(shared, global);
+  copy_async_16(shared + 4, global + 4);
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+
+// Key-row pieces a lane has in flight at once (registers: 4 words per bf16 piece, 8 per fp32 one).
+template <typename T>
+constexpr int32_t kKeyLoads = sizeof(T) == 2 ? 8 : 4;
+
+// Dynamic shared memory of the split kernel: one split's value rows, [kAttentionSplitKeys, d] T,
+// reused for the warps' partial sums [kWarps, group·d] fp32 once the values are consumed.
+template <typename T>
+size_t split_shared_bytes(int32_t head_dim, int32_t group) {
+  return std::max(size_t{kAttentionSplitKeys} * head_dim * sizeof(T),
+                  size_t{kWarps} * group * head_dim * sizeof(float));
+}
+
+// grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
+// that share one KV head (every K/V element is read once per KV head, not once per query head),
+// for the splits split_lane, split_lane + lanes, ... How many lanes a launch uses depends on the
+// batch (enough blocks to fill the GPU), but every split is computed the same way whichever block
+// takes it, so a token's output does not depend on the batch.
+//
+// Per split, the memory reads overlap: the value rows are copied to shared memory asynchronously
+// (cp.async) while the key rows are read into registers and scored, and the next split's slots
+// are read from the block table while this split's softmax and values run. Key layout: `L`
+// lanes (the smallest power of two >= head_dim / 8) each take one 16-byte piece (8 elements) of a
+// row, so a warp reads 32 / L whole rows per load, coalesced; warp w takes keys 32w .. 32w + 31
+// of the split. Scores: each lane dots its piece with every head of the group, the L lanes' dots
+// are added by an xor butterfly; one warp per head takes the softmax pieces; values: each lane
+// sums its piece of its keys' rows from shared memory, the lanes that share a piece are added by
+// an xor butterfly, and the four warps' sums are added in warp order. Every order is fixed by the
+// token's position alone. G: the group rounded up to a power of two (the accumulators' count).
 template <typename T, int32_t G>
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs<T> a) {
+  extern __shared__ __align__(16) unsigned char split_shared[];
+  T* value_rows = reinterpret_cast<T*>(split_shared);          // [keys of the split, d]
+  float* warp_sums = reinterpret_cast<float*>(split_shared);   // [kWarps, group·d], afterwards
   __shared__ __align__(16) float q_s[kGroupDimMax];
   __shared__ float scores[G * kAttentionSplitKeys];
-  __shared__ __align__(16) float acc_s[kWarps * kGroupDimMax];
   __shared__ int64_t slot_s[kAttentionSplitKeys];
   __shared__ float m_s[G];
   __shared__ float l_s[G];
@@ -106,6 +153,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   const int32_t kv_head = blockIdx.y;
   const int32_t d = s.head_dim;
   const int32_t group = s.query_heads / s.kv_heads;
+  const int32_t group_dim = group * d;
   const int32_t kv_size = s.kv_heads * d;
   const int32_t q_size = s.query_heads * d;
   const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
@@ -125,32 +173,45 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   const bool has_piece = piece < pieces;
   const int32_t loads = 32 / rows_per_load;  // per warp per split (32 keys)
   const int32_t key0 = warp * 32;
-  const int64_t head_offset = int64_t{kv_head} * d + 8 * piece;
+  const int64_t head_offset = int64_t{kv_head} * d;
+  constexpr int32_t key_loads = kKeyLoads<T>;
 
-  for (int32_t i = threadIdx.x; i < group * d; i += kThreads) {
+  // The slot of this thread's key of a split (one key per thread: kThreads == split keys).
+  const auto slot_of = [&](int32_t split) -> int64_t {
+    const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
+    if (p >= keys) return 0;
+    return int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
+  };
+  int64_t next_slot = slot_of(blockIdx.x);
+  for (int32_t i = threadIdx.x; i < group_dim; i += kThreads) {
     q_s[i] = a.q[int64_t{token} * q_size + (kv_head * group) * d + i];
   }
   for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
     const int32_t first = split * kAttentionSplitKeys;
     const int32_t count = min(kAttentionSplitKeys, keys - first);
-    __syncthreads();  // q_s loaded; the previous split's scores, slots and sums consumed
-    if (static_cast<int32_t>(threadIdx.x) < count) {
-      const int32_t p = first + threadIdx.x;
-      slot_s[threadIdx.x] = int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
-    }
+    __syncthreads();  // q_s loaded; the previous split's slots, scores and sums consumed
+    slot_s[threadIdx.x] = next_slot;
     __syncthreads();
-    // Scores: kKeyLoads row pieces in flight per lane, then used in ascending order.
-    for (int32_t u0 = 0; u0 < loads; u0 += kKeyLoads) {
-      Raw8<T> raw[kKeyLoads] = {};
+    // Value rows → shared memory, in flight while the keys are scored.
+    for (int32_t idx = threadIdx.x; idx < count * pieces; idx += kThreads) {
+      const int32_t x = idx / pieces;
+      const int32_t j = idx - x * pieces;
+      copy_async_8_elements(value_rows + x * d + 8 * j,
+                            a.v_cache + slot_s[x] * kv_size + head_offset + 8 * j);
+    }
+    copy_async_commit();
+    // Scores: key_loads row pieces in flight per lane, then used in ascending order.
+    for (int32_t u0 = 0; u0 < loads; u0 += key_loads) {
+      Raw8<T> raw[key_loads] = {};
 #pragma unroll
-      for (int32_t u = 0; u < kKeyLoads; ++u) {
+      for (int32_t u = 0; u < key_loads; ++u) {
         const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
         if (u0 + u < loads && x < count && has_piece) {
-          raw[u] = load_raw8(a.k_cache + slot_s[x] * kv_size + head_offset);
+          raw[u] = load_raw8(a.k_cache + slot_s[x] * kv_size + head_offset + 8 * piece);
         }
       }
 #pragma unroll
-      for (int32_t u = 0; u < kKeyLoads; ++u) {
+      for (int32_t u = 0; u < key_loads; ++u) {
         if (u0 + u >= loads) break;  // warp-uniform
         const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
         float kv[8];
@@ -184,18 +245,9 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
         }
       }
     }
-    // The first value pieces are loaded before the softmax, so their latency overlaps it.
-    Raw8<T> raw_v[kValueLoads] = {};
-    const auto load_values = [&](int32_t u0) {
-#pragma unroll
-      for (int32_t u = 0; u < kValueLoads; ++u) {
-        const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
-        if (u0 + u < loads && x < count && has_piece) {
-          raw_v[u] = load_raw8(a.v_cache + slot_s[x] * kv_size + head_offset);
-        }
-      }
-    };
-    load_values(0);
+    // The next split's slots: a table read whose latency overlaps this split's softmax and values.
+    const int32_t next = split + static_cast<int32_t>(gridDim.x);
+    next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
     // Softmax pieces per head: one warp per head.
     for (int32_t h = warp; h < group; h += kWarps) {
@@ -212,29 +264,26 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
       l = warp_sum(l);
       if (lane == 0) m_s[h] = m, l_s[h] = l;
     }
-    __syncthreads();
-    // Weighted values: the same lane layout; kValueLoads row pieces in flight per lane.
+    copy_async_wait_all();
+    __syncthreads();  // probabilities and every thread's value rows visible
+    // Weighted values from shared memory, the same lane layout as the keys.
     float acc[G][8];
 #pragma unroll
     for (int32_t h = 0; h < G; ++h) {
 #pragma unroll
       for (int32_t e = 0; e < 8; ++e) acc[h][e] = 0.0f;
     }
-    for (int32_t u0 = 0; u0 < loads; u0 += kValueLoads) {
-      if (u0 > 0) load_values(u0);
+    for (int32_t u = 0; u < loads; ++u) {
+      const int32_t x = key0 + u * rows_per_load + sub;
+      if (x < count && has_piece) {
+        float v[8];
+        unpack_raw8(load_raw8(value_rows + x * d + 8 * piece), v);
 #pragma unroll
-      for (int32_t u = 0; u < kValueLoads; ++u) {
-        const int32_t x = key0 + (u0 + u) * rows_per_load + sub;
-        if (u0 + u < loads && x < count && has_piece) {
-          float v[8];
-          unpack_raw8(raw_v[u], v);
+        for (int32_t h = 0; h < G; ++h) {
+          if (h < group) {
+            const float e = scores[h * kAttentionSplitKeys + x];
 #pragma unroll
-          for (int32_t h = 0; h < G; ++h) {
-            if (h < group) {
-              const float e = scores[h * kAttentionSplitKeys + x];
-#pragma unroll
-              for (int32_t k = 0; k < 8; ++k) acc[h][k] += e * v[k];
-            }
+            for (int32_t k = 0; k < 8; ++k) acc[h][k] += e * v[k];
           }
         }
       }
@@ -247,11 +296,12 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
         for (int32_t k = 0; k < 8; ++k) acc[h][k] += __shfl_xor_sync(0xffffffffu, acc[h][k], offset);
       }
     }
+    __syncthreads();  // every warp is done with the value rows: their memory takes the sums
     if (sub == 0 && has_piece) {
 #pragma unroll
       for (int32_t h = 0; h < G; ++h) {
         if (h < group) {
-          float* dst = acc_s + warp * kGroupDimMax + h * d + 8 * piece;
+          float* dst = warp_sums + warp * group_dim + h * d + 8 * piece;
           *reinterpret_cast<float4*>(dst) = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
           *reinterpret_cast<float4*>(dst + 4) =
               make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
@@ -259,12 +309,12 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
       }
     }
     __syncthreads();
-    for (int32_t idx = threadIdx.x; idx < group * d; idx += kThreads) {
+    for (int32_t idx = threadIdx.x; idx < group_dim; idx += kThreads) {
       const int32_t h = idx / d;
       const int32_t i = idx % d;
-      float acc_sum = acc_s[idx];
+      float acc_sum = warp_sums[idx];
 #pragma unroll
-      for (int32_t w = 1; w < kWarps; ++w) acc_sum += acc_s[w * kGroupDimMax + idx];
+      for (int32_t w = 1; w < kWarps; ++w) acc_sum += warp_sums[w * group_dim + idx];
       const int32_t head = kv_head * group + h;
       if (splits == 1) {
         store(a.out + int64_t{token} * q_size + head * d + i, acc_sum / l_s[h]);
@@ -278,14 +328,91 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   }
 }
 
-template <typename T, int32_t G>
-void launch_split(const AttentionArgs<T>& args, dim3 grid, cudaStream_t stream) {
-  attention_split_kernel<T, G><<<grid, kThreads, 0, stream>>>(args);
+}  // namespace
+}  // namespace ls::kernels
+
+#include "kernels/attention_mma.cuh"
+
+namespace ls::kernels {
+namespace {
+
+// How many blocks of a kernel instance fit on the GPU at once (cached per instance and shared
+// memory size): a launch picks its split lanes from it. Also lifts the instance's dynamic
+// shared-memory limit.
+struct KernelFit {
+  const void* kernel = nullptr;
+  size_t shared_bytes = 0;
+  int32_t resident_blocks = 0;
+};
+
+cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* resident) {
+  static std::mutex mutex;
+  static std::vector<KernelFit> fits;
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (const KernelFit& f : fits) {
+    if (f.kernel == kernel && f.shared_bytes == shared_bytes) {
+      *resident = f.resident_blocks;
+      return cudaSuccess;
+    }
+  }
+  int device = 0, sms = 0, per_sm = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  if (status == cudaSuccess) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(shared_bytes));
+  }
+  if (status == cudaSuccess) {
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared_bytes);
+  }
+  if (status != cudaSuccess) return status;
+  fits.push_back({kernel, shared_bytes, std::max(1, sms * per_sm)});
+  *resident = fits.back().resident_blocks;
+  return cudaSuccess;
 }
 
-// grid: (query heads, tokens of the chunk). Merges a token's partials in split order.
+// Launches `kernel` over (split lanes, kv heads, tokens): enough split lanes to fill the GPU once,
+// never more lanes than splits.
+template <typename T>
+cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
+                          const AttentionArgs<T>& args, int32_t tokens, cudaStream_t stream) {
+  const AttentionShape& s = args.shape;
+  int32_t resident = 0;
+  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
+  if (status != cudaSuccess) return status;
+  const int32_t lanes = std::clamp(resident / (tokens * s.kv_heads), 1,
+                                   std::min(splits_max(s), kSplitLanesMax));
+  kernel<<<dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream>>>(args);
+  return cudaSuccess;
+}
+
+template <typename T, int32_t G>
+cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, cudaStream_t stream) {
+  const int32_t d = args.shape.head_dim;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d == 64) {
+      return launch_splits<T>(attention_mma_kernel<64, G>, mma_shared_bytes<64>(), args, tokens,
+                              stream);
+    }
+    if (d == 128) {
+      return launch_splits<T>(attention_mma_kernel<128, G>, mma_shared_bytes<128>(), args, tokens,
+                              stream);
+    }
+  }
+  const size_t shared = split_shared_bytes<T>(d, args.shape.query_heads / args.shape.kv_heads);
+  return launch_splits<T>(attention_split_kernel<T, G>, shared, args, tokens, stream);
+}
+
+// grid: (query heads, tokens of the chunk). Merges a token's partials in split order: the splits'
+// maxima and weights are read in parallel into shared memory, then each thread sums its elements
+// over the splits in order (loads unrolled so they are in flight together).
 template <typename T>
 __global__ void attention_combine_kernel(AttentionArgs<T> a) {
+  extern __shared__ float combine_shared[];  // [splits] weights, then [splits] weighted l
+  __shared__ float scratch[32];
+  __shared__ float l_total;
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.y;
   const int32_t token = a.token_begin + local_token;
@@ -295,23 +422,31 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
   if (splits == 1) return;  // written directly by the split kernel
   const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  const auto part = [&](int32_t k) {
+    return partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
+  };
+  float* weights = combine_shared;
+  float* weighted_l = combine_shared + total_splits;
   float m = -INFINITY;
-  for (int32_t k = 0; k < splits; ++k) {
-    m = fmaxf(m, partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d)[0]);
+  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) m = fmaxf(m, part(k)[0]);
+  m = block_max(m, scratch);  // a maximum: exact in any order
+  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) {
+    const float* p = part(k);
+    weights[k] = expf(p[0] - m);
+    weighted_l[k] = p[1] * weights[k];
   }
-  float l = 0.0f;
-  for (int32_t k = 0; k < splits; ++k) {
-    const float* part = partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
-    l += part[1] * expf(part[0] - m);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float l = 0.0f;
+    for (int32_t k = 0; k < splits; ++k) l += weighted_l[k];
+    l_total = l;
   }
+  __syncthreads();
   for (int32_t i = threadIdx.x; i < d; i += blockDim.x) {
     float acc = 0.0f;
-    for (int32_t k = 0; k < splits; ++k) {
-      const float* part =
-          partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
-      acc += part[2 + i] * expf(part[0] - m);
-    }
-    store(a.out + int64_t{token} * s.query_heads * d + head * d + i, acc / l);
+#pragma unroll 8
+    for (int32_t k = 0; k < splits; ++k) acc += part(k)[2 + i] * weights[k];
+    store(a.out + int64_t{token} * s.query_heads * d + head * d + i, acc / l_total);
   }
 }
 
@@ -342,26 +477,27 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
       {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
-  const int32_t lanes = std::min(splits_max(s), kSplitLanesMax);
   for (int32_t begin = 0; begin < tokens_count; begin += chunk) {
     const int32_t n = std::min(chunk, tokens_count - begin);
     const AttentionArgs<T> args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
                                 workspace, out};
-    const dim3 grid(lanes, s.kv_heads, n);
     const int32_t group = s.query_heads / s.kv_heads;
+    cudaError_t launched = cudaSuccess;
     if (group <= 1) {
-      launch_split<T, 1>(args, grid, stream);
+      launched = launch_split<T, 1>(args, n, stream);
     } else if (group <= 2) {
-      launch_split<T, 2>(args, grid, stream);
+      launched = launch_split<T, 2>(args, n, stream);
     } else if (group <= 4) {
-      launch_split<T, 4>(args, grid, stream);
+      launched = launch_split<T, 4>(args, n, stream);
     } else if (group <= 8) {
-      launch_split<T, 8>(args, grid, stream);
+      launched = launch_split<T, 8>(args, n, stream);
     } else {
-      launch_split<T, 16>(args, grid, stream);
+      launched = launch_split<T, 16>(args, n, stream);
     }
+    if (launched != cudaSuccess) return launched;
     if (splits_max(s) > 1) {
-      attention_combine_kernel<T><<<dim3(s.query_heads, n), 64, 0, stream>>>(args);
+      const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
+      attention_combine_kernel<T><<<dim3(s.query_heads, n), 128, shared, stream>>>(args);
     }
     const cudaError_t status = cudaGetLastError();
     if (status != cudaSuccess) return status;
