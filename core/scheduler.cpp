@@ -90,6 +90,7 @@ void Scheduler::submit(const RequestSpec& request, int32_t vocab_size) {
   r.max_new_tokens = std::min(request.max_new_tokens, c.context_length - prompt_length);
   r.capped = r.max_new_tokens < request.max_new_tokens;
   r.prefill_length = prompt_length;
+  r.arrival_plan = s.plans_count;
   // Alone, a request must always fit, or retraction could not make progress.
   const int32_t tokens_max =
       prompt_length + r.max_new_tokens - 1 + (s.depth + 1) * c.verify_width;

@@ -30,6 +30,8 @@ struct SchedRequest {
   uint32_t epoch = 0;           // bumped on retraction: older in-flight rows are stale
   int32_t in_flight_count = 0;  // planned steps with a row of this request, result not applied
   FinishReason finish_reason = FinishReason::kLength;
+  uint64_t arrival_plan = 0;  // plans made before it was submitted: its place in the line
+  bool starved = false;       // running, and its last try to join a step found too few pages
 
   int32_t token_size() const { return static_cast<int32_t>(tokens.size()); }
   int32_t generated_count() const { return token_size() - prompt_length; }
@@ -52,6 +54,7 @@ struct Draft {
     return static_cast<int32_t>(prefill_rows.size() + decode_rows.size());
   }
   bool empty() const { return rows_count() == 0; }
+  bool holds(RequestId id) const;
   ForwardOp take_op();
 };
 
@@ -70,6 +73,8 @@ struct Scheduler::Impl {
   bool grow_pages(SchedRequest& r, int32_t tokens);
   int32_t pages_for(int32_t tokens) const;
   bool may_add(const Draft& d, RowKind kind) const;
+  SchedRequest* find_head();
+  bool head_allows_start(const SchedRequest& r, const Draft& d) const;
   bool should_retract() const;
   SchedRequest* pick_victim();
   void retract(SchedRequest& r, StepPlanOut& out);
@@ -99,6 +104,10 @@ struct Scheduler::Impl {
   std::set<RequestId> pending_aborts;
   std::vector<SchedulerEvent> pending_events;  // arrivals, reported by the next plan
   std::deque<InFlightStep> in_flight;
+  uint64_t plans_count = 0;
+  // The head of the line, set by each plan: the live request that arrived first (earliest plan,
+  // then lowest id). Borrowed from `requests`; null when every request has finished.
+  SchedRequest* head = nullptr;
 };
 
 }  // namespace ls

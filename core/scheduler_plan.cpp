@@ -25,6 +25,12 @@ int32_t priority_of(RequestState state, bool mixed_batches) {
 
 }  // namespace
 
+bool Draft::holds(RequestId id) const {
+  const auto is_id = [id](const OpRow& row) { return row.request_id == id; };
+  return std::any_of(prefill_rows.begin(), prefill_rows.end(), is_id) ||
+         std::any_of(decode_rows.begin(), decode_rows.end(), is_id);
+}
+
 ForwardOp Draft::take_op() {
   ForwardOp op;
   op.rows = std::move(prefill_rows);
@@ -38,10 +44,12 @@ StepPlanOut Scheduler::plan() {
   LS_REQUIRE(static_cast<int32_t>(s.in_flight.size()) <= s.depth,
              "scheduler plan: {} steps are in flight but overlap allows {}; apply_result first",
              s.in_flight.size(), s.depth);
+  ++s.plans_count;
   StepPlanOut out;
   out.events = std::move(s.pending_events);
   s.pending_events.clear();
   s.apply_aborts(out.events);
+  s.head = s.find_head();
   std::set<RequestId> retracted_now;
   Draft draft = s.schedule(out, retracted_now);
   while (draft.empty() && s.should_retract()) {
@@ -80,9 +88,10 @@ Draft Scheduler::Impl::schedule(StepPlanOut& out, const std::set<RequestId>& ret
     switch (r.state) {
       case RequestState::kDecoding: schedule_decode(r, d); break;
       case RequestState::kPrefilling: schedule_chunk(r, d); break;
-      case RequestState::kWaiting: admit(r, d, out); break;
+      case RequestState::kWaiting:
       case RequestState::kRetracted:
-        if (r.retract_path == RetractPath::kSwap) {
+        if (!head_allows_start(r, d)) break;
+        if (r.state == RequestState::kRetracted && r.retract_path == RetractPath::kSwap) {
           recover_by_swap(r, d, out);
         } else {
           admit(r, d, out);
@@ -128,6 +137,7 @@ OpRow Scheduler::Impl::start_row(SchedRequest& r, RowKind kind) {
   }
   if (!r.sampling_sent) row.sampling = r.spec.sampling;
   r.sampling_sent = true;
+  r.starved = false;
   return row;
 }
 
@@ -136,7 +146,10 @@ void Scheduler::Impl::schedule_decode(SchedRequest& r, Draft& d) {
   if (!may_add(d, RowKind::kDecode)) return;
   const int32_t w = config.verify_width;
   if (d.budget < w) return;  // a decode row costs W tokens: never overshoot the step's budget
-  if (!grow_pages(r, r.committed_count + (depth + 1) * w)) return;
+  if (!grow_pages(r, r.committed_count + (depth + 1) * w)) {
+    r.starved = true;
+    return;
+  }
   OpRow row = start_row(r, RowKind::kDecode);
   row.input_length = w;
   d.decode_rows.push_back(std::move(row));
@@ -146,7 +159,10 @@ void Scheduler::Impl::schedule_decode(SchedRequest& r, Draft& d) {
 void Scheduler::Impl::schedule_chunk(SchedRequest& r, Draft& d) {
   if (!may_add(d, RowKind::kPrefill)) return;
   const int32_t chunk = std::min(d.budget, r.prefill_length - r.scheduled_count);
-  if (!grow_pages(r, r.scheduled_count + chunk + config.verify_width)) return;
+  if (!grow_pages(r, r.scheduled_count + chunk + config.verify_width)) {
+    r.starved = true;
+    return;
+  }
   push_chunk(r, chunk, d);
 }
 
@@ -247,25 +263,56 @@ void Scheduler::Impl::recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& ou
                         .retract_path = RetractPath::kSwap, .hist_token_length = hist});
 }
 
-// Retract only when some running request is blocked, and not while a finished request still
-// holds pages that the result in flight will free.
+// Forward progress. Seed §8 (A) retracts the largest Decoding request and lets any request start
+// in the budget a step leaves over. Under page pressure with recompute recovery that livelocks:
+// with 15 pages, three requests that each re-prefill into 11 took turns admitting themselves
+// into a step's leftover budget, taking the pages the request that had just finished its
+// re-prefill needed for its next decode, which the victim rule then retracted, throwing the
+// re-prefill away (Properties.SchedulerModel, SchedulerTest.RecomputeThrashUnderPagePressure-
+// StillDrains). So, like the seed's HEAD scheduler (a recovery front and a barrier; an incomplete
+// prefill stays at the head of the line), there is a head of the line: the live request that
+// arrived first (earliest plan, then lowest id, so the order of one turn's submits is irrelevant).
+//   1. The head is never a retraction victim (pick_victim).
+//   2. No other request starts (admission, re-prefill, swap-in) while the head waits to start or
+//      is starved for pages, unless the head has already joined this step (head_allows_start).
+// While the head waits, the other running requests can only finish or be retracted, and none can
+// come back, so within a bounded number of steps the head gets its pages: alone it always fits
+// (submit rejects a request that cannot, so no request is retried forever). The head never loses
+// progress, so it finishes and the next request becomes the head: every request finishes.
+SchedRequest* Scheduler::Impl::find_head() {
+  SchedRequest* best = nullptr;
+  for (auto& [id, r] : requests) {  // ascending id: a tie keeps the lower id
+    if (!r.finished() && (best == nullptr || r.arrival_plan < best->arrival_plan)) best = &r;
+  }
+  return best;
+}
+
+bool Scheduler::Impl::head_allows_start(const SchedRequest& r, const Draft& d) const {
+  if (head == nullptr || &r == head || d.holds(head->spec.id)) return true;
+  const bool head_running =
+      head->state == RequestState::kDecoding || head->state == RequestState::kPrefilling;
+  return head_running && !head->starved;
+}
+
+// Retract only when some running request other than the head is blocked, and not while a
+// finished request still holds pages that the result in flight will free.
 bool Scheduler::Impl::should_retract() const {
   bool running = false;
   for (const auto& [id, r] : requests) {
     if (r.finished() && (r.pool_row != 0 || !r.pages.empty())) return false;
-    running = running || r.state == RequestState::kDecoding ||
-              r.state == RequestState::kPrefilling;
+    running = running || (&r != head && (r.state == RequestState::kDecoding ||
+                                         r.state == RequestState::kPrefilling));
   }
   return running;
 }
 
 // The Decoding request with the most tokens (ties: the higher id, the youngest); with none, the
-// Prefilling request furthest along.
+// Prefilling request furthest along. Never the head of the line.
 SchedRequest* Scheduler::Impl::pick_victim() {
   SchedRequest* best = nullptr;
   for (RequestState state : {RequestState::kDecoding, RequestState::kPrefilling}) {
     for (auto& [id, r] : requests) {
-      if (r.state != state) continue;
+      if (r.state != state || &r == head) continue;
       const int32_t size = state == RequestState::kDecoding ? r.token_size() : r.scheduled_count;
       const int32_t best_size = best == nullptr ? -1
                                 : state == RequestState::kDecoding ? best->token_size()
@@ -278,6 +325,7 @@ SchedRequest* Scheduler::Impl::pick_victim() {
 }
 
 void Scheduler::Impl::retract(SchedRequest& r, StepPlanOut& out) {
+  LS_ASSERT(&r != head, "retracting request {}, the head of the line", r.spec.id);
   const bool decoding = r.state == RequestState::kDecoding;
   // Tokens whose KV is surely on the device: TokenSize − 1 while decoding (the last token's KV is
   // written by the next step), the scheduled chunks while prefilling.
@@ -303,6 +351,7 @@ void Scheduler::Impl::retract(SchedRequest& r, StepPlanOut& out) {
   r.prefill_length = r.token_size();
   r.scheduled_count = 0;
   r.committed_count = 0;
+  r.starved = false;
   out.events.push_back(
       {.kind = SchedulerEvent::Kind::kRetract, .request_id = r.spec.id, .retract_path = r.retract_path});
 }

@@ -419,6 +419,55 @@ INSTANTIATE_TEST_SUITE_P(
              (param_info.param.overlap ? "Overlap" : "NoOverlap");
     });
 
+// Regression: Properties.SchedulerModel (seed 2931907171123534653, shrunk) did not drain in 3000
+// steps. 15 usable pages; a 39-token prompt that has generated 3 tokens re-prefills 42 tokens into
+// pages_for(42 + W) = 11 pages, so two such requests never fit at once. Request 1 finished its
+// re-prefill, a younger retracted request was admitted into the step's leftover budget and took the
+// last pages, 1 could not reserve its next decode page, and the victim rule (largest Decoding)
+// retracted 1, throwing its re-prefill away. Requests 1, 3 and 5 then took turns doing that to each
+// other forever. The head of the line (the oldest live request) must never be the victim, and no
+// younger request may start while the head waits for pages.
+TEST(SchedulerTest, RecomputeThrashUnderPagePressureStillDrains) {
+  SchedulerConfig c;
+  c.max_batch_rows = 5;
+  c.token_budget = 14;
+  c.page_size = 4;
+  c.pages_count = 16;
+  c.host_pages_count = 0;  // every retraction recomputes
+  c.verify_width = 2;
+  c.context_length = 48;
+  c.mixed_batches = true;
+  c.prefix_cache = true;
+  c.overlap = true;
+  // The counterexample's prompts: make_prompt's arithmetic runs (start + 31·t) mod V, greedy.
+  auto run_of = [](RequestId id, int32_t start, int32_t length, int32_t max_new_tokens) {
+    RequestSpec r{.id = id, .max_new_tokens = max_new_tokens};
+    for (int32_t t = 0; t < length; ++t) r.prompt.push_back((start + 31 * t) % kVocab);
+    return r;
+  };
+  const std::vector<RequestSpec> specs = {run_of(1, 5, 39, 14), run_of(2, 5, 3, 4),
+                                          run_of(3, 18, 36, 14), run_of(4, 5, 5, 2),
+                                          run_of(5, 31, 39, 14)};
+  Driver d(c);
+  for (const RequestSpec& r : specs) d.submit(r);
+  // Alone, the longest request takes 3 prefill steps and 8 decode steps; 5 of them one after the
+  // other, re-prefills included, stay far below 200 steps.
+  d.run(200);
+  ASSERT_TRUE(d.scheduler.done());
+  EXPECT_GE(d.count(SchedulerEvent::Kind::kRetract), 1);  // the pressure was real
+  EXPECT_EQ(d.count(SchedulerEvent::Kind::kRetract),
+            d.count(SchedulerEvent::Kind::kRecover, RetractPath::kRecompute));
+  for (const RequestSpec& r : specs) {
+    const RequestOutcome& out = d.scheduler.outcomes().at(r.id);
+    const int32_t prompt_length = static_cast<int32_t>(r.prompt.size());
+    const bool capped = prompt_length + r.max_new_tokens > c.context_length;
+    EXPECT_EQ(out.reason, capped ? FinishReason::kContext : FinishReason::kLength) << r.id;
+    EXPECT_EQ(out.tokens, solo_tokens(r, c)) << "request " << r.id;
+  }
+  EXPECT_EQ(d.scheduler.held_pages_count(), 0);
+  EXPECT_EQ(d.scheduler.free_pool_rows_count(), c.max_batch_rows);
+}
+
 TEST(SchedulerTest, ResultsOfTheLingeringStepAfterFinishAreIgnored) {
   Driver d(base_config());  // overlap on
   Scheduler& s = d.scheduler;
