@@ -3,7 +3,9 @@
 // step time of the CUDA backend for the llama-1b and llama-8b shapes (random bf16 weights made on
 // the device from a seed) at batch 1, 16, 64 and context 192, 1024 with CUDA graphs (and batch 1
 // eagerly), each with the bytes it must move (weights + KV read) and the fraction of the measured
-// bandwidths it reached; prefill tokens/s at a 2048-token prompt; host time per step; and a
+// bandwidths it reached; prefill tokens/s at a 2048-token prompt; host time per step and the
+// host's critical path (the device's idle time between steps, from CUDA events), with step k+1
+// submitted before step k is collected as the serving loop runs, and one step at a time; and a
 // per-phase profile of the batch-1 decode step (CUDA events between phases, inside the graph),
 // with lockstep's GEMV and with cuBLAS for the linear layers. Writes JSON (date, GPU, driver,
 // commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
@@ -19,11 +21,14 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -150,10 +155,20 @@ class Driver {
     return std::chrono::duration<double>(Clock::now() - begin).count();
   }
 
-  // Decodes rows 1..rows for `steps` steps; returns each step's wall seconds.
-  std::vector<double> decode(int32_t rows, int32_t steps, CudaBackend& backend,
-                             std::vector<double>* host_seconds,
-                             std::vector<double>* host_split = nullptr) {
+  // Per timed step: wall seconds, host seconds (wall less the wait for the device), the host
+  // split (forward(); the finish's enqueue and collect less the wait; the executor's own rest),
+  // and the device's idle time before the step and busy time in it (CudaStepTiming, NaN unless
+  // the backend times steps).
+  struct DecodeTimes {
+    std::vector<double> wall, host, idle, busy;
+    std::array<std::vector<double>, 3> split;
+  };
+
+  // Decodes rows 1..rows for `steps` timed steps. Pipelined: step k+1 is submitted before step k
+  // is collected, as the serving loop runs (one more step runs, submitted before the first timed
+  // one); else one step at a time (Executor::step). Either way each timed iteration submits one
+  // step and collects one.
+  DecodeTimes decode(int32_t rows, int32_t steps, CudaBackend& backend, bool pipelined) {
     ForwardOp op;
     for (int32_t r = 0; r < rows; ++r) {
       OpRow row;
@@ -163,30 +178,38 @@ class Driver {
       row.input_length = 1;
       op.rows.push_back(row);
     }
-    std::vector<double> seconds;
+    DecodeTimes t;
+    if (pipelined) executor_.submit(op);
     for (int32_t s = 0; s < steps; ++s) {
       const auto begin = Clock::now();
-      executor_.step(op);
+      executor_.submit(op);
+      executor_.collect(result_);
       const double wall = std::chrono::duration<double>(Clock::now() - begin).count();
-      seconds.push_back(wall);
-      host_seconds->push_back(wall - static_cast<double>(backend.last_wait_ns()) * 1e-9);
-      if (host_split != nullptr) {
-        // forward() (staging, launch); finish_step() less its wait; the executor's own rest.
-        const double forward = static_cast<double>(backend.last_forward_ns()) * 1e-9;
-        const double finish =
-            static_cast<double>(backend.last_finish_ns() - backend.last_wait_ns()) * 1e-9;
-        host_split[0].push_back(forward);
-        host_split[1].push_back(finish);
-        host_split[2].push_back(host_seconds->back() - forward - finish);
+      const double host = wall - static_cast<double>(backend.last_wait_ns()) * 1e-9;
+      const double forward = static_cast<double>(backend.last_forward_ns()) * 1e-9;
+      const double finish =
+          static_cast<double>(backend.last_finish_ns() - backend.last_wait_ns()) * 1e-9;
+      t.wall.push_back(wall);
+      t.host.push_back(host);
+      t.split[0].push_back(forward);
+      t.split[1].push_back(finish);
+      t.split[2].push_back(host - forward - finish);
+      const CudaStepTiming timing = backend.last_step_timing();
+      // The first pipelined step was submitted after a synchronous one: not steady state.
+      if (!std::isnan(timing.idle_before_ms) && (!pipelined || s > 0)) {
+        t.idle.push_back(timing.idle_before_ms * 1e-3);
       }
+      if (!std::isnan(timing.busy_ms)) t.busy.push_back(timing.busy_ms * 1e-3);
     }
-    return seconds;
+    if (pipelined) executor_.collect(result_);  // the step submitted last, untimed
+    return t;
   }
 
  private:
   Executor& executor_;
   ExecutorConfig config_;
   int32_t vocab_;
+  StepResult result_;  // reused by every collect
   RequestId next_id_ = 1;
   RequestId first_id_ = 1;
 };
@@ -210,34 +233,54 @@ struct Options {
 
 constexpr int32_t kWarmupSteps = 5;
 
+// Decode figures of one (batch, context): pipelined, as the serving loop runs (the figures that
+// count), then one step at a time (the same steps synchronously, for comparison). The host
+// critical path is the device's idle time between consecutive steps (CUDA events at the start
+// of a step's stream work and at its end), which the host's work per step only adds to when it
+// cannot hide behind the device's.
 json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& model, int32_t rows,
                     int32_t context, int32_t steps, const Bandwidth& bandwidth, const char* label) {
   driver.prefill(rows, context);
-  std::vector<double> host;
-  driver.decode(rows, kWarmupSteps, backend, &host);
-  host.clear();
-  std::vector<double> split[3];
-  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host, split);
-  const double step_s = median(seconds);
+  driver.decode(rows, kWarmupSteps, backend, false);
+  const Driver::DecodeTimes piped = driver.decode(rows, steps, backend, true);
+  const Driver::DecodeTimes sync = driver.decode(rows, steps, backend, false);
+  const double step_s = median(piped.wall);
   const int32_t mean_context = context + kWarmupSteps + steps / 2;
   const int64_t bytes = decode_bytes(model, rows, mean_context);
   const double of_copy = static_cast<double>(bytes) / step_s / bandwidth.copy;
   const double of_read = static_cast<double>(bytes) / step_s / bandwidth.read;
-  std::printf("  %s decode batch %2d context %4d: %.3f ms/step, host %.1f us, %.2f GB moved, "
-              "%.1f%% of copy BW, %.1f%% of read BW\n",
-              label, rows, context, step_s * 1e3, median(host) * 1e6,
+  auto us = [](const std::vector<double>& v) {
+    return v.empty() ? std::numeric_limits<double>::quiet_NaN() : median(v) * 1e6;
+  };
+  std::printf("  %s decode batch %2d context %4d: %.3f ms/step, host %.1f us, host critical path "
+              "%.1f us (device idle between steps), %.2f GB moved, %.1f%% of copy BW, %.1f%% of "
+              "read BW\n",
+              label, rows, context, step_s * 1e3, us(piped.host), us(piped.idle),
               static_cast<double>(bytes) * 1e-9, of_copy * 100, of_read * 100);
-  std::printf("    host split (medians): forward %.1f us, finish_step less its wait %.1f us, "
-              "executor rest %.1f us\n",
-              median(split[0]) * 1e6, median(split[1]) * 1e6, median(split[2]) * 1e6);
+  std::printf("    host split (medians): forward %.1f us, finish less its wait %.1f us, "
+              "executor rest %.1f us; device busy %.1f us/step\n",
+              us(piped.split[0]), us(piped.split[1]), us(piped.split[2]), us(piped.busy));
+  std::printf("    one step at a time: %.3f ms/step, host %.1f us, host critical path %.1f us\n",
+              median(sync.wall) * 1e3, us(sync.host), us(sync.idle));
   return {{"batch", rows},
-          {"host_forward_us_median", median(split[0]) * 1e6},
-          {"host_finish_us_median", median(split[1]) * 1e6},
-          {"host_executor_us_median", median(split[2]) * 1e6},
+          {"pipelined", true},
+          {"host_forward_us_median", us(piped.split[0])},
+          {"host_finish_us_median", us(piped.split[1])},
+          {"host_executor_us_median", us(piped.split[2])},
+          {"host_critical_path_us_median", us(piped.idle)},
+          {"gpu_busy_us_median", us(piped.busy)},
           {"context", context},
           {"mean_context", mean_context},
           {"step_ms_median", step_s * 1e3},
-          {"host_us_median", median(host) * 1e6},
+          {"host_us_median", us(piped.host)},
+          {"sync",
+           {{"step_ms_median", median(sync.wall) * 1e3},
+            {"host_us_median", us(sync.host)},
+            {"host_critical_path_us_median", us(sync.idle)},
+            {"gpu_busy_us_median", us(sync.busy)},
+            {"host_forward_us_median", us(sync.split[0])},
+            {"host_finish_us_median", us(sync.split[1])},
+            {"host_executor_us_median", us(sync.split[2])}}},
           {"bytes_moved", bytes},
           {"bandwidth_fraction", of_copy},
           {"read_bandwidth_fraction", of_read},
@@ -252,7 +295,7 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
   ExecutorConfig config = bench_config(*std::max_element(contexts.begin(), contexts.end()));
   // KV pages sized at start-up from the default fraction of the memory left after weights and
   // workspaces (the backend's rule, as `--backend cuda` with `--pages 0` does).
-  const CudaBackendOptions options{.graphs = true};
+  const CudaBackendOptions options{.graphs = true, .time_steps = true};
   const CudaKvSizing sizing = cuda_kv_sizing(model, config, options);
   config.pages_count = sizing.pages_count;
   CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
@@ -302,7 +345,8 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
 json bench_eager(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   const ExecutorConfig config = bench_config(192);
-  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, CudaBackendOptions{});
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
+                      CudaBackendOptions{.time_steps = true});
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   json out = decode_figures(driver, backend, model, 1, 192, o.quick ? 10 : 20, bandwidth, "eager ");
@@ -325,12 +369,12 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   driver.prefill(rows, context);
-  std::vector<double> host;
-  driver.decode(rows, kWarmupSteps, backend, &host);
+  driver.decode(rows, kWarmupSteps, backend, false);
   backend.reset_phase_times();
   const int32_t steps = o.quick ? 10 : 20;
-  std::vector<double> split[3];
-  const std::vector<double> seconds = driver.decode(rows, steps, backend, &host, split);
+  // One step at a time: the phase marks are one set per step (a profiling backend cannot run
+  // ahead).
+  const std::vector<double> seconds = driver.decode(rows, steps, backend, false).wall;
   const CudaPhaseTimes t = backend.phase_times();
   json phases = json::object();
   double total = 0;

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/cpu_backend.h"
+#include "core/drafter.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "kernels/cuda_backend.h"
@@ -37,26 +38,32 @@ std::string backend_name_error(const std::string& name) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const ExecutorConfig& limits) {
+                                      const ExecutorConfig& limits, const std::string& drafter) {
   const std::string error = backend_name_error(name);
   LS_REQUIRE(error.empty(), "--backend {}: {}", name, error);
-  if (name == "cpu") return std::make_unique<CpuBackend>(weights, limits);
+  if (name == "cpu") {
+    return std::make_unique<CpuBackend>(weights, limits, nullptr, false, make_drafter(drafter));
+  }
 #ifdef LOCKSTEP_HAVE_CUDA
-  return make_cuda_backend(weights, limits, CudaBackendOptions{.graphs = true});
+  CudaBackendOptions options{.graphs = true};
+  options.drafter = drafter;
+  return make_cuda_backend(weights, limits, options);
 #else
   throw Error(kNoCuda);
 #endif
 }
 
 std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
-                                            const ExecutorConfig& limits, double fraction) {
+                                            const ExecutorConfig& limits, double fraction,
+                                            const std::string& drafter) {
   if (name != "cuda") return std::nullopt;
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
   options.kv_memory_fraction = fraction;
+  options.drafter = drafter;
   return cuda_kv_sizing(model, limits, options).pages_count;
 #else
-  (void)model, (void)limits, (void)fraction;
+  (void)model, (void)limits, (void)fraction, (void)drafter;
   throw Error(kNoCuda);
 #endif
 }

@@ -21,15 +21,20 @@ std::vector<std::string> backend_names();
 // Empty when `name` is a backend of this build; else the message that says why not.
 std::string backend_name_error(const std::string& name);
 
-// The backend called `name` over `weights`, sized from `limits` (CUDA: bf16, CUDA graphs on).
-// Throws ls::Error for an unknown name or a CUDA backend in a build without one.
+// The backend called `name` over `weights`, sized from `limits` (CUDA: bf16, CUDA graphs on),
+// drafting with the drafter called `drafter` ("none" or "ngram", core/drafter.h) when
+// limits.verify_width > 1. Throws ls::Error for an unknown backend or drafter name (oracle-mix
+// included: it cannot be rebuilt outside the simulator) or a CUDA backend in a build without one.
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const ExecutorConfig& limits);
+                                      const ExecutorConfig& limits,
+                                      const std::string& drafter = "none");
 
 // KV pages sized from the device memory left after weights and workspaces (`fraction` of it)
-// for backend `name`; nullopt for a backend whose memory is not sized this way (the CPU).
+// for backend `name` with drafter `drafter` (whose token history is a workspace); nullopt for a
+// backend whose memory is not sized this way (the CPU).
 std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
-                                            const ExecutorConfig& limits, double fraction);
+                                            const ExecutorConfig& limits, double fraction,
+                                            const std::string& drafter = "none");
 
 // What a trace header records about the device that backend `name` runs on (GPU name, SM count,
 // driver, CUDA and cuBLAS versions); nullopt for the CPU.

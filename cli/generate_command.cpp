@@ -67,16 +67,18 @@ int run_generate(GenerateOptions& o) {
   const ExecutorConfig limits = executor_config_for(scheduler_limits);
   Scheduler scheduler(scheduler_limits);
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
-  const std::unique_ptr<Backend> backend = make_backend(o.model.backend, weights, limits);
+  const std::unique_ptr<Backend> backend =
+      make_backend(o.model.backend, weights, limits, o.model.drafter);
   const bool recording = !o.record.empty();
   Executor executor(limits, weights.config.vocab_size, *backend,
                     recording ? trace::recording_executor_options() : ExecutorOptions{});
   std::unique_ptr<trace::Recorder> recorder;
   std::unique_ptr<trace::TraceObserver> observer;
   if (recording) {
-    recorder = trace::Recorder::open(
-        o.record, trace::make_trace_header(weights, source, limits, backend->name(),
-                                           machine_info_for(backend->name())));
+    trace::TraceHeader header = trace::make_trace_header(weights, source, limits, backend->name(),
+                                                         machine_info_for(backend->name()));
+    header.drafter = o.model.drafter;  // what replay rebuilds
+    recorder = trace::Recorder::open(o.record, header);
     observer = std::make_unique<trace::TraceObserver>(*recorder);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -102,9 +104,12 @@ int run_generate(GenerateOptions& o) {
     if (!o.quiet) fmt::print(stderr, "\rgenerate: recorded {} steps to {}\n", done.steps_count, o.record);
   }
   if (!o.quiet) {
-    fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}, {:.3f} s)\n",
+    const std::string spec = limits.verify_width > 1
+                                 ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
+                                 : std::string();
+    fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}{}, {:.3f} s)\n",
                requests.size(), done.tokens_generated, done.steps_count, backend->name(),
-               weights.config.name, seconds);
+               weights.config.name, spec, seconds);
   }
   return 0;
 }

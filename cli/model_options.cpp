@@ -2,6 +2,7 @@
 
 #include "cli/backend_factory.h"
 #include "core/check.h"
+#include "core/drafter.h"
 
 #include <fmt/ranges.h>
 
@@ -47,6 +48,16 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "weights and workspaces that KV pages take")
       ->check(CLI::Range(0.01, 0.99))
       ->capture_default_str();
+  app.add_option("--verify-width", o.executor.verify_width,
+                 "W: decode input tokens per row (speculative decoding when > 1: the last token "
+                 "and W - 1 drafts, verified in one step)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  app.add_option("--drafter", o.drafter,
+                 "Who proposes the W - 1 drafts: none (the last token repeated) or ngram (prompt "
+                 "lookup over the request's tokens)")
+      ->check(CLI::IsMember({std::string(kNoDrafterName), std::string("ngram")}))
+      ->capture_default_str();
   app.add_option("--prefill-chunk-tokens", o.executor.prefill_chunk_tokens,
                  "Prefill tokens in one step, summed over rows (longer prompts are chunked)")
       ->check(CLI::Range(1, 1 << 20))
@@ -71,13 +82,17 @@ ModelWeights load_weights(const ModelOptions& o, WeightSource& source) {
 }  // namespace
 
 ModelWeights load_model(ModelOptions& o, WeightSource& source) {
+  LS_REQUIRE(o.drafter == kNoDrafterName || o.executor.verify_width > 1,
+             "--drafter {} proposes W - 1 drafts per step: it needs --verify-width 2 or more",
+             o.drafter);
   ModelWeights weights = load_weights(o, source);
   ExecutorConfig& c = o.executor;
   const int32_t pages_per_row = (c.context_length + c.page_size - 1) / c.page_size + 1;
   if (o.pages_count > 0) {
     c.pages_count = o.pages_count;
   } else if (const std::optional<int32_t> sized =
-                 kv_pages_from_memory(o.backend, weights.config, c, o.kv_memory_fraction)) {
+                 kv_pages_from_memory(o.backend, weights.config, c, o.kv_memory_fraction,
+                                      o.drafter)) {
     c.pages_count = *sized;
   } else {
     c.pages_count = c.max_batch_rows * pages_per_row + 1;

@@ -77,8 +77,10 @@ int run_replay(const ReplayCliOptions& o) {
   if (o.isolate >= 0) options.isolate = static_cast<RequestId>(o.isolate);
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
   if (o.backend != "cpu") {
-    options.make_backend = [name = o.backend](const ModelWeights& weights, const ExecutorConfig& limits) {
-      return make_backend(name, weights, limits);
+    options.make_backend = [name = o.backend](const ModelWeights& weights,
+                                              const ExecutorConfig& limits,
+                                              const std::string& drafter) {
+      return make_backend(name, weights, limits, drafter);
     };
   }
   const bool tty = isatty(STDERR_FILENO) != 0;

@@ -1,5 +1,7 @@
 #include "cli/sim_command.h"
 
+#include "cli/backend_factory.h"
+#include "cli/model_options.h"
 #include "core/check.h"
 #include "core/model/weights.h"
 #include "sim/sweep.h"
@@ -25,6 +27,8 @@ struct SimOptions {
   bool stub_model = false;
   bool no_twin = false;
   bool spec = false;
+  std::string backend = "cpu";
+  std::string drafter;  // "": the seed's
 };
 
 constexpr uint64_t kSimWeightsSeed = 0;
@@ -33,6 +37,12 @@ sim::SimOverrides overrides_of(const SimOptions& o) {
   sim::SimOverrides v;
   if (o.requests > 0) v.requests_count = o.requests;
   v.speculative = o.spec;
+  if (!o.drafter.empty()) {
+    LS_REQUIRE(o.spec, "--drafter {} needs --spec (speculative mode)", o.drafter);
+    v.drafter = sim::sim_drafter_named(o.drafter);
+    LS_REQUIRE(v.drafter.has_value(), "--drafter: unknown drafter '{}'; drafters are ngram, oracle-mix",
+               o.drafter);
+  }
   if (o.faults == "none") {
     v.faults_enabled = false;
   } else if (o.faults == "all") {
@@ -53,6 +63,36 @@ sim::SimOverrides overrides_of(const SimOptions& o) {
     v.faults = sites;
   }
   return v;
+}
+
+// The world's backend: the CPU reference, or (--backend cuda) the CLI's backend with the seed's
+// drafter over the same weights. What that backend cannot run is an error naming the seed: the
+// oracle-mix drafter (it proposes the simulated run's reference continuations, a CPU-only
+// simulator part) and the stub model. Every fault site runs on it (poisoned logits, forced
+// outputs, swaps, and the scheduler's own sites).
+sim::WorldOptions world_options(const SimOptions& o) {
+  sim::WorldOptions world{.stub_model = o.stub_model};
+  if (o.backend == "cpu") return world;
+  LS_REQUIRE(!o.stub_model,
+             "--stub-model replaces the CPU reference's arithmetic; --backend {} has no stub "
+             "model: drop one of the two",
+             o.backend);
+  world.make_backend = [name = o.backend](const sim::SimParams& p, const ModelWeights& weights,
+                                          const ExecutorConfig& limits) {
+    LS_REQUIRE(p.drafter != sim::SimDrafter::kOracleMix,
+               "seed {} drew the oracle-mix drafter, which runs on the CPU reference only (it "
+               "proposes the simulated run's reference continuations); --backend {} runs the "
+               "n-gram drafter or none: add --drafter ngram, or drop --backend {} for this seed",
+               p.seed, name, name);
+    return make_backend(name, weights, limits, p.drafter_name());
+  };
+  return world;
+}
+
+std::string reproduce(const SimOptions& o, const sim::SimParams& params,
+                      const sim::SimOverrides& overrides) {
+  const std::string command = sim::reproduce_command(params, overrides);
+  return o.backend == "cpu" ? command : fmt::format("{} --backend {}", command, o.backend);
 }
 
 std::pair<uint64_t, uint64_t> parse_seed_range(const std::string& text) {
@@ -98,16 +138,18 @@ void print_summary(const sim::SeedVerdict& v) {
 int run_single(const SimOptions& o, const ModelWeights& weights) {
   const sim::SimOverrides overrides = overrides_of(o);
   const sim::SimParams params = sim::derive_params(o.seed, overrides);
-  fmt::print("reproduce: {}\n", sim::reproduce_command(params, overrides));
+  fmt::print("reproduce: {}\n", reproduce(o, params, overrides));
   fmt::print("{}\n", params.describe());
-  sim::WorldOptions world{.stub_model = o.stub_model};
+  if (o.backend != "cpu") fmt::print("backend: {}\n", o.backend);
+  sim::WorldOptions world = world_options(o);
   std::unique_ptr<trace::Recorder> recorder;
   std::unique_ptr<sim::SimTraceObserver> observer;
   if (!o.record.empty()) {
     LS_REQUIRE(!o.stub_model, "--record replays the real model: drop --stub-model");
     const WeightSource source{WeightSource::Kind::kSeed, kSimWeightsSeed, ""};
     trace::TraceHeader header =
-        trace::make_trace_header(weights, source, sim::executor_config_for(params), "cpu");
+        trace::make_trace_header(weights, source, sim::executor_config_for(params), o.backend,
+                                 machine_info_for(o.backend));
     header.drafter = params.drafter_name();
     recorder = trace::Recorder::open(o.record, header);
     observer = std::make_unique<sim::SimTraceObserver>(*recorder);
@@ -127,7 +169,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
 int run_sweep(const SimOptions& o, const ModelWeights& weights) {
   const auto [first, last] = parse_seed_range(o.seeds);
   const sim::SimOverrides overrides = overrides_of(o);
-  const sim::WorldOptions world{.stub_model = o.stub_model};
+  const sim::WorldOptions world = world_options(o);
   std::vector<std::string> failed;
   int64_t steps = 0, tokens = 0, retractions = 0, faults = 0;
   const auto start = std::chrono::steady_clock::now();
@@ -143,7 +185,7 @@ int run_sweep(const SimOptions& o, const ModelWeights& weights) {
       const std::string why = v.summary.failures.empty()
                                   ? "twin run fingerprint differs"
                                   : fmt::format("{}: {}", v.summary.failures[0].checker, v.summary.failures[0].detail);
-      failed.push_back(fmt::format("seed {}: {}\n    reproduce: {}", seed, why, sim::reproduce_command(params, overrides)));
+      failed.push_back(fmt::format("seed {}: {}\n    reproduce: {}", seed, why, reproduce(o, params, overrides)));
     }
     const uint64_t done = seed - first + 1;
     fmt::print(stderr, "\rsim: [{:<30}] {}/{} seeds, {} failed", std::string(30 * done / total, '#'), done,
@@ -165,7 +207,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
   auto o = std::make_shared<SimOptions>();
   CLI::App* cmd = app.add_subcommand(
       "sim", "Run a deterministic simulated serving world (scheduler + executor on the CPU "
-             "reference) from a seed, with checkers after every step and a twin-run check");
+             "reference, or --backend) from a seed, with checkers after every step and a "
+             "twin-run check");
   cmd->add_option("--seed", o->seed, "The seed that derives every parameter of the world")
       ->capture_default_str();
   cmd->add_option("--seeds", o->seeds, "A sweep over seeds A..B (inclusive) with a summary table");
@@ -181,6 +224,16 @@ std::function<int()> add_sim_command(CLI::App& app) {
   cmd->add_flag("--no-twin", o->no_twin, "Skip the twin run that re-runs each seed and compares fingerprints");
   cmd->add_flag("--spec", o->spec,
                 "Speculative decoding: the seed draws W in 2..8 and a drafter (n-gram or oracle-mix)");
+  cmd->add_option("--drafter", o->drafter,
+                  "With --spec: use this drafter (ngram, oracle-mix) instead of the seed's; W and "
+                  "the oracle-mix acceptance stay the seed's (--backend cuda needs ngram)");
+  cmd->add_option("--backend", o->backend,
+                  fmt::format("Backend the world runs on ({}); cuda: bf16 with CUDA graphs, the "
+                              "same weights, every fault site, the n-gram drafter (not "
+                              "oracle-mix, not --stub-model)",
+                              fmt::join(backend_names(), ", ")))
+      ->check(backend_validator())
+      ->capture_default_str();
   cmd->footer("Exit status: 0 every checker and twin check passed, 1 a seed failed, 2 bad usage.");
   return [cmd, o]() {
     if (!cmd->parsed()) return -1;

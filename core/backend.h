@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/cache_op.h"
+#include "core/check.h"
 #include "core/step_plan.h"
 #include "core/step_result.h"
 
@@ -52,10 +53,31 @@ class Backend {
   // Rules 5–9: NaN guard, sample/verify, context clamp, commit, output clamp; the result.
   virtual StepResult finish_step(const StepPlan& plan) = 0;
 
+  // Running ahead (DESIGN.md rule 9: the host plans step k+1 before it reads step k). A backend
+  // that can says so here and splits finish_step in two: enqueue_finish launches rules 5–9 and
+  // returns without waiting; collect_finish waits for the oldest enqueued step and unpacks it.
+  // Between the two the executor may run rules 1–4 and enqueue_finish of the next step (at most
+  // two steps enqueued and not collected), copy_pages, read_state and read_inputs; steps are
+  // collected in the order they were enqueued, each with the plan it was enqueued with (kept
+  // alive and unchanged by the executor until then). A backend that cannot (one that computes
+  // on the host) keeps the defaults: the executor then calls finish_step at submit time and
+  // holds the result until it is collected.
+  virtual bool can_run_ahead() const { return false; }
+  virtual void enqueue_finish(const StepPlan& /*plan*/) {
+    LS_ASSERT(false, "backend {} cannot run ahead: enqueue_finish", name());
+  }
+  // Writes into `result`, reusing its vectors' capacity.
+  virtual void collect_finish(const StepPlan& /*plan*/, StepResult& /*result*/) {
+    LS_ASSERT(false, "backend {} cannot run ahead: collect_finish", name());
+  }
+
   // KV page copies between the device pool and the host pool (retraction by swap). Indices are
   // validated by the executor.
   virtual void copy_pages(const CacheOp& op) = 0;
 
+  // State after every step submitted so far: with a step in flight (enqueued, not collected)
+  // they wait for it and see its effects, so an observer that needs one step's state must not
+  // let the executor run ahead (the serving loop does not when it has an observer).
   virtual StateSnapshot read_state(std::span<const int32_t> pool_rows) const = 0;
   virtual InputSnapshot read_inputs() const = 0;
 };

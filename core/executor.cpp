@@ -18,21 +18,62 @@ Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& ba
   sampling_.assign(rows, ResolvedSampling{});
 }
 
-StepResult Executor::step(const ForwardOp& op) {
+void Executor::submit(const ForwardOp& op) {
+  LS_REQUIRE(in_flight_count() < kInFlightMax,
+             "executor: {} steps are in flight (at most {}); collect one before submitting another",
+             in_flight_count(), kInFlightMax);
   const StepFaults faults = std::exchange(faults_, StepFaults{});  // this step's, even if rejected
+  // The slot of step k − 2, collected already (or never used): planning into it touches no
+  // step in flight, even when the op is rejected.
+  InFlight& slot = in_flight_[static_cast<size_t>(submitted_count_ % kInFlightMax)];
+  StepPlan& plan = slot.plan;
   validate_forward_op(op, config_, vocab_size_);
-  plan_step(op);  // may still reject (missing sampling parameters) before anything changes
-  const std::vector<int32_t> poisoned = poisoned_logits_rows(faults);
-  plan_forced_outputs(faults);
-  commit_sampling(op);
-  backend_.apply_table_writes(plan_);  // rule 1
-  backend_.reset_lengths(plan_);       // rule 2
-  backend_.fill_inputs(plan_);         // rule 3
-  backend_.forward(plan_);             // rule 4
-  if (!poisoned.empty()) backend_.poison_logits(poisoned, faults.poison_value);
-  StepResult result = backend_.finish_step(plan_);  // rules 5–9
+  // May still reject (missing sampling parameters, fault rows out of range) before anything
+  // changes.
+  const int32_t slices_clamped = plan_step(op, plan);
+  plan_poisoned_rows(faults, plan);
+  plan_forced_outputs(faults, plan);
+  stats_.table_slices_clamped += slices_clamped;
+  commit_sampling(op, plan);
+  backend_.apply_table_writes(plan);  // rule 1
+  backend_.reset_lengths(plan);       // rule 2
+  backend_.fill_inputs(plan);         // rule 3
+  backend_.forward(plan);             // rule 4
+  if (!poisoned_logits_rows_.empty()) {
+    backend_.poison_logits(poisoned_logits_rows_, faults.poison_value);
+  }
+  slot.deferred = backend_.can_run_ahead();
+  if (slot.deferred) {
+    backend_.enqueue_finish(plan);  // rules 5–9 launched
+  } else {
+    slot.result = backend_.finish_step(plan);  // rules 5–9 done
+  }
+  ++submitted_count_;
   ++stats_.steps_count;
+}
+
+void Executor::collect(StepResult& result) {
+  LS_REQUIRE(in_flight_count() > 0, "executor: collect() with no step in flight");
+  InFlight& slot = in_flight_[static_cast<size_t>(collected_count_ % kInFlightMax)];
+  if (slot.deferred) {
+    backend_.collect_finish(slot.plan, result);
+  } else {
+    result = std::move(slot.result);
+  }
+  ++collected_count_;
+}
+
+StepResult Executor::collect() {
+  StepResult result;
+  collect(result);
   return result;
+}
+
+StepResult Executor::step(const ForwardOp& op) {
+  LS_REQUIRE(in_flight_count() == 0, "executor: step() with {} steps in flight; collect them first",
+             in_flight_count());
+  submit(op);
+  return collect();
 }
 
 void Executor::copy_pages(const CacheOp& op) {
@@ -50,27 +91,29 @@ void Executor::copy_pages(const CacheOp& op) {
   backend_.copy_pages(op);
 }
 
-void Executor::plan_step(const ForwardOp& op) {
-  plan_.mode = op.mode();
-  plan_.rows_count = op.rows_count();
-  plan_.prefill_rows_count = op.prefill_rows_count();
-  plan_.verify_width = config_.verify_width;
-  plan_.capture_logits = options_.capture_logits;
-  plan_.want_logprobs = options_.want_logprobs;
-  plan_.prefill_token_ids = op.prefill_token_ids;
-  plan_rows(op);
-  plan_sampling(op);
+// Returns the number of refresh slices cut at the table width (counted once the op is accepted).
+int32_t Executor::plan_step(const ForwardOp& op, StepPlan& plan) const {
+  plan.mode = op.mode();
+  plan.rows_count = op.rows_count();
+  plan.prefill_rows_count = op.prefill_rows_count();
+  plan.verify_width = config_.verify_width;
+  plan.capture_logits = options_.capture_logits;
+  plan.want_logprobs = options_.want_logprobs;
+  plan.prefill_token_ids = op.prefill_token_ids;  // keeps the plan's capacity
+  const int32_t slices_clamped = plan_rows(op, plan);
+  plan_sampling(op, plan);
+  return slices_clamped;
 }
 
-void Executor::plan_rows(const ForwardOp& op) {
+int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
   const int32_t w = config_.verify_width;
   const int32_t width = config_.table_width();
-  StepPlan& p = plan_;
   p.pool_rows.clear(), p.request_ids.clear(), p.input_lengths.clear(), p.token_offsets.clear();
   p.prefill_prefix.clear(), p.decode_overrides.clear(), p.force_single.clear();
   p.table_writes.clear(), p.table_pages.clear(), p.length_resets.clear();
   p.logits_token_index.clear();
   int32_t offset = 0;
+  int32_t slices_clamped = 0;
   for (const OpRow& row : op.rows) {
     p.pool_rows.push_back(row.pool_row);
     p.request_ids.push_back(row.request_id);
@@ -79,7 +122,7 @@ void Executor::plan_rows(const ForwardOp& op) {
     // Rule 1: size := min(size, max(0, Wp − begin)); only past-context rows are ever cut.
     const int32_t size = static_cast<int32_t>(row.refresh.pages.size());
     const int32_t kept = std::min(size, std::max(0, width - row.refresh.begin));
-    stats_.table_slices_clamped += kept < size ? 1 : 0;
+    slices_clamped += kept < size ? 1 : 0;
     if (kept > 0) {
       p.table_writes.push_back({row.pool_row, row.refresh.begin,
                                 static_cast<int32_t>(p.table_pages.size()), kept});
@@ -101,10 +144,11 @@ void Executor::plan_rows(const ForwardOp& op) {
     offset += row.input_length;
   }
   p.tokens_count = offset;
+  return slices_clamped;
 }
 
-void Executor::plan_sampling(const ForwardOp& op) {
-  plan_.sampling.clear();
+void Executor::plan_sampling(const ForwardOp& op, StepPlan& plan) const {
+  plan.sampling.clear();
   for (int32_t i = 0; i < op.rows_count(); ++i) {
     const OpRow& row = op.rows[i];
     const bool fresh = !owned_[row.pool_row] || owner_[row.pool_row] != row.request_id;
@@ -112,45 +156,45 @@ void Executor::plan_sampling(const ForwardOp& op) {
                "forward op row {} (request {}, {}): the request is new to pool row {} but the row "
                "carries no sampling parameters",
                i, row.request_id, to_string(row.kind), row.pool_row);
-    plan_.sampling.push_back(row.sampling ? resolve_sampling(*row.sampling, row.request_id)
-                                          : sampling_[row.pool_row]);
+    plan.sampling.push_back(row.sampling ? resolve_sampling(*row.sampling, row.request_id)
+                                         : sampling_[row.pool_row]);
   }
 }
 
-void Executor::commit_sampling(const ForwardOp& op) {
+void Executor::commit_sampling(const ForwardOp& op, const StepPlan& plan) {
   for (int32_t i = 0; i < op.rows_count(); ++i) {
     const int32_t rpi = op.rows[i].pool_row;
     owner_[rpi] = op.rows[i].request_id;
     owned_[rpi] = 1;
-    sampling_[rpi] = plan_.sampling[i];
+    sampling_[rpi] = plan.sampling[i];
   }
 }
 
-void Executor::plan_forced_outputs(const StepFaults& faults) {
-  plan_.forced_outputs.clear();
-  const int32_t ne = plan_.prefill_rows_count;
+void Executor::plan_forced_outputs(const StepFaults& faults, StepPlan& plan) {
+  plan.forced_outputs.clear();
+  const int32_t ne = plan.prefill_rows_count;
   for (const auto& [row, id] : faults.forced_outputs) {
-    LS_REQUIRE(row >= 0 && row < plan_.rows_count, "forced output row {} is outside the step's {} rows",
-               row, plan_.rows_count);
-    plan_.forced_outputs.push_back({row < ne ? row : ne + (row - ne) * plan_.verify_width, id});
+    LS_REQUIRE(row >= 0 && row < plan.rows_count, "forced output row {} is outside the step's {} rows",
+               row, plan.rows_count);
+    plan.forced_outputs.push_back({row < ne ? row : ne + (row - ne) * plan.verify_width, id});
   }
 }
 
-std::vector<int32_t> Executor::poisoned_logits_rows(const StepFaults& faults) const {
-  std::vector<int32_t> logits_rows;
-  const int32_t ne = plan_.prefill_rows_count;
+void Executor::plan_poisoned_rows(const StepFaults& faults, const StepPlan& plan) {
+  std::vector<int32_t>& logits_rows = poisoned_logits_rows_;
+  logits_rows.clear();
+  const int32_t ne = plan.prefill_rows_count;
   for (int32_t row : faults.poisoned_rows) {
-    LS_REQUIRE(row >= 0 && row < plan_.rows_count, "poisoned row {} is outside the step's {} rows",
-               row, plan_.rows_count);
+    LS_REQUIRE(row >= 0 && row < plan.rows_count, "poisoned row {} is outside the step's {} rows",
+               row, plan.rows_count);
     if (row < ne) {
       logits_rows.push_back(row);
     } else {
-      for (int32_t t = 0; t < plan_.verify_width; ++t) {
-        logits_rows.push_back(ne + (row - ne) * plan_.verify_width + t);
+      for (int32_t t = 0; t < plan.verify_width; ++t) {
+        logits_rows.push_back(ne + (row - ne) * plan.verify_width + t);
       }
     }
   }
-  return logits_rows;
 }
 
 }  // namespace ls

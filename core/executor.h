@@ -1,6 +1,8 @@
 // The executor: turns one forward op into a step result by running DESIGN.md's per-step rules
 // 1–9 on a backend, in order. It owns the rules and the host-side per-pool-row sampling state;
-// the backend owns arithmetic and device memory.
+// the backend owns arithmetic and device memory. submit() enqueues a step and collect() returns
+// the oldest step's result, so the host can plan and submit step k+1 while the device runs step
+// k; step() is the two back to back.
 #pragma once
 
 #include "core/backend.h"
@@ -9,6 +11,7 @@
 #include "core/step_plan.h"
 #include "core/step_result.h"
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -41,18 +44,39 @@ struct ExecutorStats {
 
 class Executor {
  public:
+  // Steps submitted and not yet collected, at most: step k+1 may be submitted before step k is
+  // collected, never step k+2.
+  static constexpr int32_t kInFlightMax = 2;
+
   // `backend` is borrowed and must outlive the executor.
   Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& backend,
            ExecutorOptions options = {});
 
-  // Validates the op (ls::Error on any malformed field; nothing changes then), plans and runs it.
+  // Validates the op (ls::Error on any malformed field; nothing changes then), plans it and
+  // enqueues rules 1–9 on the backend with the faults planted before this call. A backend that
+  // can run ahead returns at once; one that cannot completes the step here and the result waits
+  // for collect(). ls::Error, changing nothing, when kInFlightMax steps are in flight.
+  void submit(const ForwardOp& op);
+  // The result of the oldest submitted step, waiting for it. ls::Error when none is in flight.
+  StepResult collect();
+  // The same into `result`, reusing its vectors' capacity (a caller's loop allocates nothing).
+  void collect(StepResult& result);
+  // submit + collect: one step at a time. ls::Error when a step is in flight.
   StepResult step(const ForwardOp& op);
 
   // Executes KV page copies (retraction by swap). Throws ls::Error on an index out of range.
+  // Ordered after every submitted step and before the next one.
   void copy_pages(const CacheOp& op);
 
-  // Fault sites (simulator, tests, replay): what the next step injects. Cleared by each step;
-  // recorded with the step's input so a replay injects the same.
+  int32_t in_flight_count() const {
+    return static_cast<int32_t>(submitted_count_ - collected_count_);
+  }
+  // Whether submit returns before the step completed (the backend can run ahead).
+  bool runs_ahead() const { return backend_.can_run_ahead(); }
+
+  // Fault sites (simulator, tests, replay): what the next submitted step injects. Taken by that
+  // submit, even when it rejects the op; recorded with the step's input so a replay injects the
+  // same.
   void poison_next_step(std::vector<int32_t> op_rows, float value = StepFaults::kNaN) {
     faults_.poisoned_rows = std::move(op_rows);
     faults_.poison_value = value;
@@ -67,24 +91,38 @@ class Executor {
   const ExecutorStats& stats() const { return stats_; }
   int32_t vocab_size() const { return vocab_size_; }
   Backend& backend() { return backend_; }
-  // The plan of the last step, for recorders and tests.
-  const StepPlan& last_plan() const { return plan_; }
+  // The plan of the last submitted step, for recorders and tests.
+  const StepPlan& last_plan() const {
+    const int64_t last = submitted_count_ + kInFlightMax - 1;
+    return in_flight_[static_cast<size_t>(last % kInFlightMax)].plan;
+  }
 
  private:
-  void plan_step(const ForwardOp& op);
-  void plan_rows(const ForwardOp& op);
-  void plan_sampling(const ForwardOp& op);
-  void commit_sampling(const ForwardOp& op);
-  std::vector<int32_t> poisoned_logits_rows(const StepFaults& faults) const;
-  void plan_forced_outputs(const StepFaults& faults);
+  // One submitted step: its plan stays alive and unchanged until the step is collected (the
+  // backend unpacks against it), so plans are double-buffered; vectors keep their capacity.
+  struct InFlight {
+    StepPlan plan;
+    StepResult result;     // held here when the backend completed the step at submit
+    bool deferred = false;  // true: the backend holds the step until collect_finish
+  };
+
+  int32_t plan_step(const ForwardOp& op, StepPlan& plan) const;
+  int32_t plan_rows(const ForwardOp& op, StepPlan& plan) const;
+  void plan_sampling(const ForwardOp& op, StepPlan& plan) const;
+  void commit_sampling(const ForwardOp& op, const StepPlan& plan);
+  void plan_poisoned_rows(const StepFaults& faults, const StepPlan& plan);
+  static void plan_forced_outputs(const StepFaults& faults, StepPlan& plan);
 
   ExecutorConfig config_;
   int32_t vocab_size_;
   Backend& backend_;
   ExecutorOptions options_;
   ExecutorStats stats_;
-  StepPlan plan_;  // reused every step: its vectors keep their capacity
+  std::array<InFlight, kInFlightMax> in_flight_;  // step k in [k % kInFlightMax]
+  int64_t submitted_count_ = 0;
+  int64_t collected_count_ = 0;
   StepFaults faults_;  // for the next step
+  std::vector<int32_t> poisoned_logits_rows_;  // the submitting step's, reused
 
   // Per pool row: which request last sat there and its resolved sampling (the seed's "flip").
   std::vector<RequestId> owner_;       // [pool rows]

@@ -16,9 +16,17 @@ std::vector<int32_t> pool_rows_of(const ForwardOp& op) {
 
 namespace {
 
+// A step run and not yet applied to the scheduler.
 struct InFlight {
   ForwardOp op;
   StepResult result;
+  int64_t step = 0;
+};
+
+// A step submitted to the executor and not yet collected (run-ahead order).
+struct Submitted {
+  ForwardOp op;
+  int64_t step = 0;
 };
 
 class ServingLoop {
@@ -27,24 +35,74 @@ class ServingLoop {
       : scheduler_(scheduler), executor_(executor), options_(options) {}
 
   ServingProgress run() {
+    LS_REQUIRE(executor_.in_flight_count() == 0,
+               "serving loop: the executor has {} steps in flight", executor_.in_flight_count());
+    if (runs_ahead()) return run_ahead();
     int64_t idle = 0;
     while (!scheduler_.done()) {
       StepPlanOut plan = scheduler_.plan();
       notify_events(plan.events);
       if (in_flight_) apply(std::exchange(in_flight_, std::nullopt).value());
       if (plan.op.rows.empty() && plan.cache_ops.empty()) {
-        LS_REQUIRE(++idle <= options_.idle_steps_max || scheduler_.done(),
-                   "serving loop: {} idle plans in a row with requests unfinished", idle);
+        count_idle(idle);
         continue;
       }
       idle = 0;
-      run_step(plan);
+      run_step(std::move(plan));
     }
     return progress_;
   }
 
  private:
-  void run_step(const StepPlanOut& plan) {
+  // Run ahead only when nothing needs a step's own device state: an observer snapshots it after
+  // each step (on_step_output), and with the next step in flight the snapshot would hold that
+  // step's effects too. Without the scheduler's overlap there is no next step to submit early.
+  bool runs_ahead() const {
+    return options_.run_ahead && scheduler_.config().overlap && executor_.runs_ahead() &&
+           options_.observer == nullptr;
+  }
+
+  // Plan k, submit k, then collect and apply k − 1: the device runs step k while the host
+  // unpacks k − 1, applies it and plans k + 1. The scheduler sees the same order as with
+  // overlap (plan k before apply k − 1), so the ops, and so the tokens, are the same.
+  ServingProgress run_ahead() {
+    int64_t idle = 0;
+    while (!scheduler_.done()) {
+      StepPlanOut plan = scheduler_.plan();
+      notify_events(plan.events);
+      if (plan.op.rows.empty() && plan.cache_ops.empty()) {
+        collect_submitted();
+        count_idle(idle);
+        continue;
+      }
+      idle = 0;
+      try {
+        for (const CacheOp& c : plan.cache_ops) executor_.copy_pages(c);
+        executor_.submit(plan.op);
+      } catch (const Error&) {
+        collect_submitted();  // as one step at a time: step k − 1 applied, step k rejected
+        throw;
+      }
+      collect_submitted();
+      submitted_ = Submitted{std::move(plan.op), step_++};
+    }
+    collect_submitted();
+    return progress_;
+  }
+
+  void collect_submitted() {
+    if (!submitted_) return;
+    executor_.collect(result_);
+    const Submitted s = std::exchange(submitted_, std::nullopt).value();
+    apply(s.op, result_, s.step);
+  }
+
+  void count_idle(int64_t& idle) const {
+    LS_REQUIRE(++idle <= options_.idle_steps_max || scheduler_.done(),
+               "serving loop: {} idle plans in a row with requests unfinished", idle);
+  }
+
+  void run_step(StepPlanOut plan) {
     for (const CacheOp& c : plan.cache_ops) executor_.copy_pages(c);
     if (options_.observer) {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
@@ -60,8 +118,7 @@ class ServingLoop {
       options_.observer->on_step_output(step_, plan.op, result,
                                         executor_.backend().read_state(pool_rows_of(plan.op)));
     }
-    ++step_;
-    InFlight done{plan.op, std::move(result)};
+    InFlight done{std::move(plan.op), std::move(result), step_++};
     if (scheduler_.config().overlap) {
       in_flight_ = std::move(done);
     } else {
@@ -69,11 +126,13 @@ class ServingLoop {
     }
   }
 
-  void apply(const InFlight& f) {
-    for (int32_t a : f.result.accepted_lengths) progress_.tokens_generated += a;
-    const std::vector<SchedulerEvent> events = scheduler_.apply_result(f.op, f.result);
+  void apply(const InFlight& f) { apply(f.op, f.result, f.step); }
+
+  void apply(const ForwardOp& op, const StepResult& result, int64_t step) {
+    for (int32_t a : result.accepted_lengths) progress_.tokens_generated += a;
+    const std::vector<SchedulerEvent> events = scheduler_.apply_result(op, result);
     notify_events(events);
-    progress_.steps_count = step_;
+    progress_.steps_count = step + 1;
     if (options_.on_step) options_.on_step(progress_);
   }
 
@@ -90,6 +149,8 @@ class ServingLoop {
   Executor& executor_;
   const ServingLoopOptions& options_;
   std::optional<InFlight> in_flight_;
+  std::optional<Submitted> submitted_;
+  StepResult result_;  // reused by every collect
   ServingProgress progress_;
   int64_t step_ = 0;
 };

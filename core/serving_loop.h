@@ -1,5 +1,7 @@
 // The production driving loop: the scheduler plans, the executor runs, results flow back with
-// one-step overlap when the scheduler asks for it (plan k, then apply k−1, then run k).
+// one-step overlap when the scheduler asks for it (plan k, then apply k−1, then run k), and with
+// the device running ahead of the host where the backend can (plan k, submit k, then collect and
+// apply k−1: see ServingLoopOptions::run_ahead).
 #pragma once
 
 #include "core/executor.h"
@@ -18,7 +20,13 @@ struct ServingProgress {
 };
 
 struct ServingLoopOptions {
+  // Sees every step; it snapshots each step's device state, so with an observer the loop runs
+  // one step at a time (the trace stays exact) even when it could run ahead.
   StepObserver* observer = nullptr;
+  // With the scheduler's overlap on, a backend that can run ahead and no observer: plan k,
+  // submit k, collect and apply k − 1, so the device never waits for the host's planning.
+  // Off, or when any of those is missing: plan k, apply k − 1, run k to completion.
+  bool run_ahead = true;
   std::function<void(const ServingProgress&)> on_step;  // e.g. a progress line
   int64_t idle_steps_max = 1000;  // consecutive IDLE plans with work left → ls::Error (stuck)
 };

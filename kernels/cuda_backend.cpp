@@ -1,11 +1,14 @@
 #include "kernels/cuda_backend.h"
 
 #include "core/check.h"
+#include "core/drafter.h"
 #include "core/model/rope.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device_memory.h"
+#include "kernels/drafter_ops.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_plans.h"
 #include "kernels/layer_ops.h"
 #include "kernels/sampling_ops.h"
 #include "kernels/state_ops.h"
@@ -99,6 +102,15 @@ std::vector<int32_t> decode_buckets(int32_t rows_max) {
   return sizes;
 }
 
+static_assert(kernels::kDraftNgramMax == NgramDrafter::kNgramMax,
+              "the device drafter matches the suffixes NgramDrafter matches");
+
+// Whether a backend of these options drafts: the n-gram drafter with W > 1 (with W = 1 a drafter
+// has no columns to fill, as on the CPU).
+bool drafts_ngram(const ExecutorConfig& config, const CudaBackendOptions& options) {
+  return options.drafter == "ngram" && config.verify_width > 1;
+}
+
 // Device bytes of the weights and of every workspace for one configuration: what the Impl's
 // constructor allocates (it asserts the two agree), everything but the KV cache, whose size is
 // the only one that depends on pages_count.
@@ -144,6 +156,10 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
       + 4 * (pool * tw + pool + pool * config.verify_width + b)          // table .. vcl_before
       + 4 * t * 3 + 8 * t                                                 // ids, positions, ...
       + 4 * static_cast<int64_t>(layout.words) + 4 * (2 * r + 3 * b);     // staging, results
+  if (drafts_ngram(config, options)) {
+    out.workspace += 4 * pool * (int64_t{config.context_length} + config.verify_width)  // history
+                     + 4 * pool;                                                         // begins
+  }
   return out;
 }
 
@@ -194,7 +210,9 @@ struct CudaBackend::Impl {
   void enqueue_tail(const StepPlan& plan);
   bool graph_step() const { return graph_index_ >= 0; }
   void check_step_launches() const;
-  StepResult unpack(const StepPlan& plan);
+  void unpack(const StepPlan& plan, size_t parity, StepResult& result);
+  void collect_step_timing();
+  int64_t steps_in_flight() const { return steps_count - collected_count; }
 
   kernels::DeviceState device_state() const;
   kernels::TokenBuffers token_buffers() const;
@@ -244,6 +262,7 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]
   DeviceArray<uint8_t> cublas_workspace;
+  std::unique_ptr<kernels::GemmPlans> gemm_plans;  // bf16 linear layers: pinned per shape
   // Guard and sampler.
   DeviceArray<float> guard_partials;   // [logits_rows_max, ⌈vocab / kGuardChunk⌉, 4]
   DeviceArray<int32_t> argmax;         // [logits_rows_max]
@@ -263,21 +282,40 @@ struct CudaBackend::Impl {
   DeviceArray<int32_t> positions;      // [tokens_max]
   DeviceArray<int64_t> slots;          // [tokens_max]
   DeviceArray<int32_t> token_pool_rows;  // [tokens_max]
+  // The drafter's token history (options.drafter "ngram" with W > 1; empty otherwise): what each
+  // pool row's owner holds by position, as CpuBackend keeps it.
+  bool drafting = false;
+  int32_t history_capacity = 0;          // L + W
+  DeviceArray<int32_t> history;          // [pool rows, L + W]
+  DeviceArray<int32_t> history_begin;    // [pool rows] first position the row's owner wrote
   // Staging and results.
   DeviceArray<int32_t> staging;                    // [layout.words]
   std::array<PinnedArray<int32_t>, 2> host_staging;  // by step parity
   std::array<CudaEvent, 2> upload_done;
   DeviceArray<int32_t> results;                    // packed ResultBuffers
-  PinnedArray<int32_t> host_results;
-  CudaEvent step_done;
+  // By step parity, so that with two steps in flight step k+1's copy never lands in the buffer
+  // the host unpacks step k from. The device buffers (staging, results, activations) are single:
+  // the one stream orders step k+1's writes after step k's reads.
+  std::array<PinnedArray<int32_t>, 2> host_results;  // [results.count()] each
+  std::array<CudaEvent, 2> step_done;                // after the step's last copy
+  std::array<std::vector<float>, 2> host_logits;     // [logits rows, vocab] when captured
+  // Step timing (options.time_steps): where step k's stream work begins and ends, in slot
+  // k % kTimingSlots. Step k − 1's end is read when step k is collected, after at most step k + 1
+  // was enqueued, so three slots would do.
+  static constexpr int64_t kTimingSlots = 4;
+  std::array<CudaEvent, kTimingSlots> step_begin_marks;
+  std::array<CudaEvent, kTimingSlots> step_end_marks;
+  CudaStepTiming last_timing;
 
   std::vector<int32_t> buckets;
   std::vector<CudaGraph> graphs;  // [buckets], when options.graphs
-  int64_t steps_count = 0;
+  int64_t steps_count = 0;      // steps whose finish was enqueued
+  int64_t collected_count = 0;  // steps collected (≤ steps_count, at most two behind)
   int64_t graph_replays = 0;
   int64_t last_wait_ns = 0;
   int64_t last_forward_ns = 0;  // host time of the last forward() (staging and launches)
-  int64_t last_finish_ns = 0;   // host time of the last finish_step(), its wait included
+  int64_t last_enqueue_ns = 0;  // host time of the last enqueue_finish (the tail's launches)
+  int64_t last_collect_ns = 0;  // host time of the last collect_finish, its wait included
   bool staged = false;
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
@@ -316,6 +354,11 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
              config.table_width()) {
   model.validate();
   config.validate();
+  LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName ||
+                 options.drafter == "ngram",
+             "cuda backend: unknown drafter '{}'; the CUDA backend runs 'none' and 'ngram' "
+             "(oracle-mix is the simulator's and runs on the CPU reference only)",
+             options.drafter);
   LS_REQUIRE(int64_t{logits_rows_max} * vocab < (int64_t{1} << 31),
              "cuda backend: logits rows ({}) × vocab ({}) exceed 2^31", logits_rows_max, vocab);
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
@@ -383,6 +426,8 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   logits = DeviceArray<float>(r * v, ws);
   cublas_workspace = DeviceArray<uint8_t>(static_cast<size_t>(options.cublas_workspace_bytes), ws);
   LS_CUBLAS(cublasSetWorkspace(cublas.get(), cublas_workspace.get(), cublas_workspace.bytes()));
+  gemm_plans = std::make_unique<kernels::GemmPlans>(stream.get(), cublas_workspace.get(),
+                                                    cublas_workspace.bytes());
 
   guard_partials = DeviceArray<float>(kernels::guard_partials_floats(logits_rows_max, vocab), ws);
   argmax = DeviceArray<int32_t>(r, ws);
@@ -412,6 +457,14 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
     LS_CUDA(cudaMemsetAsync(a->get(), 0, a->bytes(), stream.get()));
   }
   LS_CUDA(cudaMemsetAsync(slots.get(), 0, slots.bytes(), stream.get()));
+  drafting = drafts_ngram(config, options);
+  if (drafting) {
+    history_capacity = config.context_length + config.verify_width;
+    history = DeviceArray<int32_t>(pool * static_cast<size_t>(history_capacity), ws);
+    history_begin = DeviceArray<int32_t>(pool, ws);
+    LS_CUDA(cudaMemsetAsync(history.get(), 0, history.bytes(), stream.get()));
+    LS_CUDA(cudaMemsetAsync(history_begin.get(), 0, history_begin.bytes(), stream.get()));
+  }
   std::vector<int32_t> pads(t, kernels::kPadInputId);
   LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
 
@@ -420,8 +473,12 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   for (auto& buffer : host_staging) buffer = PinnedArray<int32_t>(layout.words);
   for (auto& event : upload_done) event = CudaEvent::create();
   results = DeviceArray<int32_t>(2 * r + 3 * static_cast<size_t>(rows_max), ws);
-  host_results = PinnedArray<int32_t>(results.count());
-  step_done = CudaEvent::create();
+  for (auto& buffer : host_results) buffer = PinnedArray<int32_t>(results.count());
+  for (auto& event : step_done) event = CudaEvent::create();
+  if (options.time_steps) {
+    for (auto& event : step_begin_marks) event = CudaEvent::create(true);
+    for (auto& event : step_end_marks) event = CudaEvent::create(true);
+  }
   buckets = decode_buckets(rows_max);
   const FixedBytes planned = fixed_bytes(model, config, options);
   LS_ASSERT(planned.weights == ledger.weights, "weight bytes {} planned {}", ledger.weights,
@@ -642,6 +699,8 @@ int32_t CudaBackend::Impl::pack(const StepPlan& plan, int32_t grid, int32_t* wor
 // buffer is double-buffered by step parity and never rewritten before its last copy completed.
 void CudaBackend::Impl::stage(const StepPlan& plan) {
   if (staged) return;
+  // Step k reuses step k − 2's pinned buffers: that step must have been collected.
+  LS_ASSERT(steps_in_flight() < 2, "{} steps in flight at staging", steps_in_flight());
   const size_t parity = static_cast<size_t>(steps_count & 1);
   LS_CUDA(cudaEventSynchronize(upload_done[parity].get()));
   rows_grid = rows_grid_for(plan);
@@ -652,6 +711,11 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   size_t pages = 0;
   const int32_t head_words = pack(plan, rows_grid, words, &pages);
   const cudaStream_t s = stream.get();
+  if (options.time_steps) {
+    // After the pack: a device waiting for the host's planning and packing waits idle.
+    const size_t slot = static_cast<size_t>(steps_count % kTimingSlots);
+    LS_CUDA(cudaEventRecord(step_begin_marks[slot].get(), s));
+  }
   LS_CUDA(cudaMemcpyAsync(staging.get(), words, static_cast<size_t>(head_words) * 4,
                           cudaMemcpyHostToDevice, s));
   if (pages > 0) {
@@ -686,7 +750,7 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
     if (tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, stream.get()));
     } else {
-      LS_CUBLAS(kernels::gemm_bf16_rowmajor(cublas.get(), x, w, y, tokens, out, in, beta));
+      LS_CUBLAS(gemm_plans->run(x, w, y, tokens, out, in, beta));
     }
   }
 }
@@ -815,24 +879,31 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
       .input_ids = input_ids.get(),
   };
   LS_CUDA(kernels::launch_finish_rows(args, plan.rows_count, s));
+  if (drafting) {
+    // The next round's drafts from the committed history (CpuBackend::write_next_inputs).
+    const kernels::TokenHistory token_history{history.get(), history_begin.get(),
+                                              history_capacity};
+    LS_CUDA(kernels::launch_record_and_draft(step_inputs(), device_state(), token_buffers(),
+                                             token_history, plan.rows_count, s));
+  }
   mark(CudaPhase::kSampling);
-  LS_CUDA(cudaMemcpyAsync(host_results.get(), results.get(), results.bytes(),
-                          cudaMemcpyDeviceToHost, s));
+  // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
+  LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
+                          results.bytes(), cudaMemcpyDeviceToHost, s));
   mark(CudaPhase::kCopyBack);
-  LS_CUDA(cudaEventRecord(step_done.get(), s));
 }
 
 void CudaBackend::Impl::check_step_launches() const { LS_CUDA(cudaGetLastError()); }
 
-StepResult CudaBackend::Impl::unpack(const StepPlan& plan) {
+// Fills `result` from the pinned buffer of step parity `parity`, reusing its vectors.
+void CudaBackend::Impl::unpack(const StepPlan& plan, size_t parity, StepResult& result) {
   const int32_t bs = plan.rows_count;
   const int32_t r = plan.logits_rows_count();
-  StepResult result;
   result.mode = plan.mode;
   result.prefill_rows_count = plan.prefill_rows_count;
   result.verify_width = plan.verify_width;
   const kernels::ResultBuffers device = result_buffers();
-  const int32_t* base = host_results.get();
+  const int32_t* base = host_results[parity].get();
   auto host = [&](const void* p) { return base + (static_cast<const int32_t*>(p) - results.get()); };
   const int32_t* tokens_h = host(device.tokens);
   const int32_t* accepted_h = host(device.accepted_lengths);
@@ -846,11 +917,33 @@ StepResult CudaBackend::Impl::unpack(const StepPlan& plan) {
     result.nan_flags[i] = static_cast<uint8_t>(nan_h[i] != 0);
     result.oov_flags[i] = static_cast<uint8_t>(oov_h[i] != 0);
   }
+  result.logprobs.clear();
   if (plan.want_logprobs) {
     result.logprobs.resize(static_cast<size_t>(r));
     std::memcpy(result.logprobs.data(), host(device.logprobs), static_cast<size_t>(r) * 4);
   }
-  return result;
+}
+
+// After the step completed (options.time_steps): the device's idle time before it and its busy
+// time, from the events stage() and enqueue_finish recorded.
+void CudaBackend::Impl::collect_step_timing() {
+  last_timing = CudaStepTiming{};
+  if (!options.time_steps) return;
+  const int64_t k = collected_count;
+  auto elapsed_ms = [](const CudaEvent& from, const CudaEvent& to) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, from.get(), to.get()) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: the figure is given up, the step is fine
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    return static_cast<double>(ms);
+  };
+  const CudaEvent& begin = step_begin_marks[static_cast<size_t>(k % kTimingSlots)];
+  last_timing.busy_ms = elapsed_ms(begin, step_end_marks[static_cast<size_t>(k % kTimingSlots)]);
+  if (k > 0) {
+    last_timing.idle_before_ms =
+        elapsed_ms(step_end_marks[static_cast<size_t>((k - 1) % kTimingSlots)], begin);
+  }
 }
 
 CudaBackend::CudaBackend(const ModelWeights& weights, const ExecutorConfig& config,
@@ -964,39 +1057,67 @@ void CudaBackend::poison_logits(std::span<const int32_t> logits_rows, float valu
 }
 
 StepResult CudaBackend::finish_step(const StepPlan& plan) {
-  Impl& m = *impl_;
-  const ScopeNanos timer{&m.last_finish_ns};
-  m.stage(plan);
+  LS_ASSERT(impl_->steps_in_flight() == 0, "finish_step with {} steps in flight",
+            impl_->steps_in_flight());
+  enqueue_finish(plan);
   StepResult result;
-  if (plan.rows_count == 0) {
-    result.mode = plan.mode;
-    result.verify_width = plan.verify_width;
-    LS_CUDA(cudaStreamSynchronize(m.stream.get()));
-  } else {
+  collect_finish(plan, result);
+  return result;
+}
+
+bool CudaBackend::can_run_ahead() const { return !impl_->options.profile; }
+
+// Rules 5–9 launched behind the step's forward, then this parity's step_done; nothing waits.
+void CudaBackend::enqueue_finish(const StepPlan& plan) {
+  Impl& m = *impl_;
+  const ScopeNanos timer{&m.last_enqueue_ns};
+  m.stage(plan);
+  // The phase marks are one set, read when the step is collected.
+  LS_ASSERT(!m.options.profile || m.steps_in_flight() == 0, "profiling with {} steps in flight",
+            m.steps_in_flight());
+  const size_t parity = static_cast<size_t>(m.steps_count & 1);
+  const cudaStream_t s = m.stream.get();
+  if (plan.rows_count > 0) {
     m.enqueue_tail(plan);
-    m.check_step_launches();
     if (plan.capture_logits) {
-      result.logits.resize(static_cast<size_t>(plan.logits_rows_count()) * m.vocab);
-      LS_CUDA(cudaMemcpyAsync(result.logits.data(), m.logits.get(), result.logits.size() * 4,
-                              cudaMemcpyDeviceToHost, m.stream.get()));
+      // Pageable memory: the call returns once the copy is done, so a step that captures logits
+      // (tests, replays) completes here instead of running ahead.
+      std::vector<float>& logits = m.host_logits[parity];
+      logits.resize(static_cast<size_t>(plan.logits_rows_count()) * m.vocab);
+      LS_CUDA(cudaMemcpyAsync(logits.data(), m.logits.get(), logits.size() * sizeof(float),
+                              cudaMemcpyDeviceToHost, s));
     }
-    const auto wait_begin = std::chrono::steady_clock::now();
-    if (plan.capture_logits) {
-      LS_CUDA(cudaStreamSynchronize(m.stream.get()));  // the logits copy follows the event
-    } else {
-      LS_CUDA(cudaEventSynchronize(m.step_done.get()));
-    }
-    m.last_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - wait_begin)
-                         .count();
-    std::vector<float> logits = std::move(result.logits);
-    result = m.unpack(plan);
-    result.logits = std::move(logits);
-    m.collect_marks();
   }
+  LS_CUDA(cudaEventRecord(m.step_done[parity].get(), s));
+  if (m.options.time_steps) {
+    LS_CUDA(cudaEventRecord(
+        m.step_end_marks[static_cast<size_t>(m.steps_count % Impl::kTimingSlots)].get(), s));
+  }
+  m.check_step_launches();
   m.staged = false;
   ++m.steps_count;
-  return result;
+}
+
+// Waits for the oldest enqueued step (its parity's step_done) and unpacks its pinned results.
+void CudaBackend::collect_finish(const StepPlan& plan, StepResult& result) {
+  Impl& m = *impl_;
+  const ScopeNanos timer{&m.last_collect_ns};
+  LS_ASSERT(m.steps_in_flight() > 0, "collect_finish with no step in flight");
+  const size_t parity = static_cast<size_t>(m.collected_count & 1);
+  const auto wait_begin = std::chrono::steady_clock::now();
+  LS_CUDA(cudaEventSynchronize(m.step_done[parity].get()));
+  m.last_wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::steady_clock::now() - wait_begin)
+                       .count();
+  m.unpack(plan, parity, result);  // an IDLE step: every vector empty
+  if (plan.capture_logits && plan.rows_count > 0) {
+    result.logits.swap(m.host_logits[parity]);  // the old vector is this parity's next buffer
+  } else {
+    result.logits.clear();
+  }
+  if (plan.rows_count > 0) m.collect_marks();
+  m.collect_step_timing();
+  ++m.collected_count;
 }
 
 void CudaBackend::copy_pages(const CacheOp& op) {
@@ -1062,11 +1183,20 @@ CudaMemoryReport CudaBackend::memory_report() const {
 
 int64_t CudaBackend::graph_replays_count() const { return impl_->graph_replays; }
 
+std::string CudaBackend::drafter_name() const {
+  const std::string& name = impl_->options.drafter;
+  return name.empty() ? std::string(kNoDrafterName) : name;
+}
+
 int64_t CudaBackend::last_wait_ns() const { return impl_->last_wait_ns; }
 
 int64_t CudaBackend::last_forward_ns() const { return impl_->last_forward_ns; }
 
-int64_t CudaBackend::last_finish_ns() const { return impl_->last_finish_ns; }
+int64_t CudaBackend::last_finish_ns() const {
+  return impl_->last_enqueue_ns + impl_->last_collect_ns;
+}
+
+CudaStepTiming CudaBackend::last_step_timing() const { return impl_->last_timing; }
 
 CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_totals; }
 

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -53,6 +54,18 @@ struct CudaPhaseTimes {
   bool available = true;  // false when the device could not time the marks
 };
 
+// Device time around one step (CudaBackendOptions::time_steps), from CUDA events on the stream.
+struct CudaStepTiming {
+  // From the end of the previous step's stream work to the start of this one's: time the device
+  // had nothing of these steps to run (cache copies between them count here). NaN for the first
+  // step or when not measured.
+  double idle_before_ms = std::numeric_limits<double>::quiet_NaN();
+  // From the start of the step's stream work to its end. It includes any wait for the host's
+  // launches inside the step (an eager step whose kernels are launched slower than they run, the
+  // gap between the staging copy and the graph launch of a step submitted to an idle device).
+  double busy_ms = std::numeric_limits<double>::quiet_NaN();
+};
+
 struct CudaBackendOptions {
   int32_t device = 0;
   CudaPrecision precision = CudaPrecision::kBf16;
@@ -66,11 +79,22 @@ struct CudaBackendOptions {
   // kernel (bf16 only); larger ones through cuBLAS. 0: always cuBLAS.
   int32_t gemv_tokens_max = 8;
   // Record timing events between the phases of every step (graphs included) and sum them per
-  // phase (phase_times()). The marks themselves cost a little: benchmarks report both.
+  // phase (phase_times()). The marks themselves cost a little: benchmarks report both. The marks
+  // are one set, read when the step is collected, so a profiling backend does not run ahead
+  // (can_run_ahead() is false): every step completes before the next is submitted.
   bool profile = false;
+  // Record a timing event where each step's stream work begins (before its staging copy) and one
+  // where it ends (step_done), so last_step_timing() can tell how long the device sat idle
+  // between two steps: the host's critical path. Off: no extra events in the step.
+  bool time_steps = false;
   // The fraction of the device memory left after the weights and workspaces that KV pages take
   // when the page count is sized from memory (cuda_kv_sizing).
   double kv_memory_fraction = 0.9;
+  // The drafter that writes the next round's drafts into future_input_map inside each step when
+  // W > 1: "none" (the extra columns repeat the last token) or "ngram" (core/drafter.h's
+  // NgramDrafter on the device: the same ids for the same history). Any other name is an
+  // ls::Error at construction; oracle-mix is the simulator's and runs on the CPU reference only.
+  std::string drafter = "none";
 };
 
 // The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,
@@ -127,25 +151,38 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda"; }
+  // What a trace header records: options.drafter ("none" when empty), as CpuBackend reports its own.
+  std::string drafter_name() const;
   void apply_table_writes(const StepPlan& plan) override;
   void reset_lengths(const StepPlan& plan) override;
   void fill_inputs(const StepPlan& plan) override;
   void forward(const StepPlan& plan) override;
   void poison_logits(std::span<const int32_t> logits_rows, float value) override;
+  // enqueue_finish then collect_finish: one step at a time.
   StepResult finish_step(const StepPlan& plan) override;
+  // Runs ahead unless options.profile. Results come back through a pinned buffer and an event
+  // per step parity, so step k+1's copy never lands where the host unpacks step k; the device
+  // buffers are single, ordered by the one stream.
+  bool can_run_ahead() const override;
+  void enqueue_finish(const StepPlan& plan) override;
+  void collect_finish(const StepPlan& plan, StepResult& result) override;
   void copy_pages(const CacheOp& op) override;
+  // Both synchronize the stream: with a step in flight they wait for it and show its effects.
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
 
   CudaMemoryReport memory_report() const;
   int64_t graph_replays_count() const;
-  // Nanoseconds the last finish_step spent blocked on the step's completion (a statistic for the
-  // benchmark's host-time figure: step wall time minus this is the host's own work).
+  // Nanoseconds the last collect_finish spent blocked on the step's completion (a statistic for
+  // the benchmark's host-time figure: step wall time minus this is the host's own work).
   int64_t last_wait_ns() const;
-  // Host nanoseconds of the last forward() (staging, graph launch) and finish_step() (its wait
-  // included): the benchmark splits the host time into these and the executor's own work.
+  // Host nanoseconds of the last forward() (staging, graph launch), and of the last
+  // enqueue_finish plus the last collect_finish (tail launches, wait and unpack): the benchmark
+  // splits the host time into these and the executor's own work.
   int64_t last_forward_ns() const;
   int64_t last_finish_ns() const;
+  // The last collected step's device timing (options.time_steps; NaN fields otherwise).
+  CudaStepTiming last_step_timing() const;
   // Per-phase device time summed since construction or the last reset (options.profile).
   CudaPhaseTimes phase_times() const;
   void reset_phase_times();

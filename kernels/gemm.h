@@ -1,6 +1,7 @@
 // Linear layers, row-major y[tokens, out] = x[tokens, in] · w[out, in]ᵀ + beta · y (beta = 1 fuses
 // the residual add), fp32 accumulation and fp32 output:
-//   - gemm_bf16_rowmajor: cuBLAS, bf16 operands (production, steps with many tokens);
+//   - GemmPlans (gemm_plans.h): cuBLASLt, bf16 operands, the algorithm pinned per shape
+//     (production, steps with many tokens);
 //   - gemm_f32_rowmajor: cuBLAS, fp32 operands with CUBLAS_COMPUTE_32F_PEDANTIC (no TF32, no
 //     reduced-precision paths): the fp32 mode, whose only difference from the CPU reference's
 //     dot products is the order of the sums;
@@ -11,7 +12,7 @@
 //
 // Determinism: cuBLAS gives bit-identical results run to run for one shape on one GPU model and
 // SM count when the handle has a fixed workspace (cublasSetWorkspace) and atomics are not allowed
-// (the default); the algorithm is cuBLAS's heuristic choice for the shape, a pure function of it.
+// (the default); the bf16 path goes further and pins the algorithm per shape (GemmPlans).
 #pragma once
 
 #include <cublas_v2.h>
@@ -21,10 +22,6 @@
 #include <cstdint>
 
 namespace ls::kernels {
-
-cublasStatus_t gemm_bf16_rowmajor(cublasHandle_t handle, const __nv_bfloat16* x,
-                                  const __nv_bfloat16* w, float* y, int32_t tokens, int32_t out,
-                                  int32_t in, float beta);
 
 cublasStatus_t gemm_f32_rowmajor(cublasHandle_t handle, const float* x, const float* w, float* y,
                                  int32_t tokens, int32_t out, int32_t in, float beta);

@@ -67,7 +67,7 @@ const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights
 std::unique_ptr<Backend> make_replay_backend(const ReplayOptions& options,
                                              const ModelWeights& weights,
                                              const trace::TraceHeader& header) {
-  if (options.make_backend) return options.make_backend(weights, header.executor);
+  if (options.make_backend) return options.make_backend(weights, header.executor, header.drafter);
   return std::make_unique<CpuBackend>(weights, header.executor, nullptr, false,
                                       make_drafter(header.drafter));
 }

@@ -29,9 +29,12 @@ struct ReplayOptions {
   // Weights already in memory (tools replaying many traces of one model); still checked against
   // the recorded digest. Borrowed: must outlive the replay.
   const ModelWeights* weights = nullptr;
-  // The backend to replay on, built from the (checked) weights and the recorded executor limits;
-  // null: the CPU reference. (replay/ links no backend but the CPU one; the CLI passes CUDA's.)
-  std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&)> make_backend;
+  // The backend to replay on, built from the (checked) weights, the recorded executor limits and
+  // the recorded drafter's name (TraceHeader::drafter); null: the CPU reference with that drafter.
+  // (replay/ links no backend but the CPU one; the CLI passes CUDA's.)
+  std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&,
+                                         const std::string& drafter)>
+      make_backend;
   std::function<void(int64_t steps_done, uint64_t bytes_done, uint64_t bytes_total)> on_progress;
 };
 

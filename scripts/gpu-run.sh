@@ -4,20 +4,26 @@
 #   scripts/gpu-run.sh package   # here (no GPU needed): build the GPU binaries into build-gpu/,
 #                                # then pack stripped copies and their .so files in build-gpu/dist
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
+#   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
+#                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
 #
 # What comes back from a device run is at most 8 files, so the run writes exactly these:
 #   env.txt            nvidia-smi, ldd of each binary, versions
-#   gpu_tests.log/json GoogleTest output of lockstep_gpu_tests (every kernel and backend test)
+#   gpu_tests.log/json GoogleTest output of lockstep_gpu_tests (every kernel and backend test),
+#                      then the CLI on CUDA: generate/replay (W = 1 and W = 4 with the n-gram
+#                      drafter) and `lockstep sim --backend cuda --seeds 1..20`
 #   sanitizer.log      compute-sanitizer memcheck on a subset (when the tool is there)
 #   hf_oracle.log/json the independent oracle (HF transformers vs lockstep)
 #   gpu_bench.log/json the benchmark's figures, with the PyTorch peer's (bench/torch_peer.py)
-#                      merged in under "peer" and a side-by-side table at the end of the log
+#                      merged in under "peer" and a side-by-side table at the end of the log, and
+#                      the speculative-decoding benchmark's (lockstep_gpu_spec_bench) under
+#                      "speculative"
 # The parts' time limits add up to about the device tool's 600 s per command; a full run takes
 # about 6 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=build-gpu/dist
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 package() {
@@ -31,7 +37,8 @@ package() {
   # shellcheck disable=SC2086
   ninja -C build-gpu -j2 $GPU_TARGETS
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
-  cp build-gpu/tests/lockstep_gpu_tests build-gpu/bench/lockstep_gpu_bench build-gpu/lockstep "$DIST/bin/"
+  cp build-gpu/tests/lockstep_gpu_tests build-gpu/bench/lockstep_gpu_bench \
+     build-gpu/bench/lockstep_gpu_spec_bench build-gpu/lockstep "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi
@@ -48,6 +55,75 @@ package() {
     echo "== ldd $b"; LD_LIBRARY_PATH="$DIST/lib" ldd "$b" | grep -v -E 'linux-vdso|ld-linux'
   done
   du -sh "$DIST"
+}
+
+# Speculative decoding on CUDA through the CLI, appended to $1: generate with W = 4 and the
+# n-gram drafter, recorded and replayed exactly on CUDA (the drafter rebuilt from the header);
+# then the simulator's world on the CUDA backend over 20 seeds (checkers and twin runs).
+spec_cli() {
+  local log="$1" status=0
+  {
+    echo "== CLI on CUDA, speculative: generate --verify-width 4 --drafter ngram --record, replay --backend cuda"
+    timeout 30 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
+        --verify-width 4 --drafter ngram --record /tmp/cli_cuda_spec.trace -o /tmp/cli_cuda_spec.jsonl &&
+    timeout 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda_spec.trace --backend cuda -q &&
+    "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda_spec.trace | grep -E "drafter" | head -2
+  } >> "$log" 2>&1 || status=1
+  {
+    echo "== sim on CUDA: lockstep sim --backend cuda --seeds 1..20"
+    timeout 90 "$DIST/bin/lockstep" sim --backend cuda --seeds 1..20
+  } >> "$log" 2>&1 || status=1
+  # Speculative mode over 20 seeds (W 2..8 drawn per seed), the n-gram drafter on every seed
+  # (oracle-mix is CPU-only).
+  {
+    echo "== sim on CUDA: lockstep sim --backend cuda --spec --drafter ngram --seeds 1..20"
+    timeout 120 "$DIST/bin/lockstep" sim --backend cuda --spec --drafter ngram --seeds 1..20
+  } >> "$log" 2>&1 || status=1
+  grep -E "IDENTICAL|DIVERGED|drafter|^1\.\.20|checkers|twin run|FAILED|error" "$log" | tail -14
+  return $status
+}
+
+# The speculative-decoding benchmark: its log appended to $1, its JSON merged into $2 (when that
+# file exists) under "speculative", else written there.
+spec_bench() {
+  local log="$1" json="$2" status=0
+  echo "== speculative decoding benchmark (llama-1b, W 4 + ngram vs W 1)" | tee -a "$log"
+  timeout 60 "$DIST/bin/lockstep_gpu_spec_bench" /tmp/gpu_spec_bench.json >> "$log" 2>&1 || status=1
+  grep -E "batch|tokens/s" "$log" | tail -6
+  env -u LD_LIBRARY_PATH python3 - "$json" /tmp/gpu_spec_bench.json <<'PY' 2>&1 | tee -a "$log"
+import json, os, sys
+try:
+    spec = json.load(open(sys.argv[2]))
+except (OSError, ValueError) as e:
+    print(f"speculative: missing figures ({e})")
+    sys.exit(0)
+out = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {}
+out["speculative"] = spec
+json.dump(out, open(sys.argv[1], "w"), indent=2)
+print(f"speculative: figures merged into {sys.argv[1]}")
+PY
+  return $status
+}
+
+run_spec() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  if [ ! -x "$DIST/bin/lockstep_gpu_spec_bench" ]; then
+    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$PWD/$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  echo "== drafter GPU tests"
+  timeout 120 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='Widths/NgramKernel.*:CudaDrafterOptions.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*:CudaStateOps.*' \
+      --gtest_output="json:$OUT/spec_tests.json" > "$OUT/spec.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/spec.log" | tail -30
+  spec_cli "$OUT/spec.log" || status=1
+  spec_bench "$OUT/spec.log" "$OUT/gpu_spec_bench.json" || status=1
+  echo "gpu-run spec: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
 }
 
 run() {
@@ -68,11 +144,16 @@ run() {
 
   echo "== GPU tests"
   # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
-  timeout 90 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='-CudaLlama1b.*' \
+  timeout 90 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='-CudaLlama1b.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*' \
       --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
   timeout 100 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='CudaLlama1b.*' \
       >> "$OUT/gpu_tests.log" 2>&1 || status=1
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism' "$OUT/gpu_tests.log" | tail -40
+  # Speculative decoding against W = 1 and against the CPU's drafts (tiny, fp32; CPU-bound part).
+  timeout 90 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*' \
+      >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/gpu_tests.log" | tail -52
 
   echo "== CLI on CUDA: generate --backend cuda --record, replay --backend cuda (exact), inspect"
   {
@@ -86,6 +167,7 @@ run() {
     "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda.trace | head -5
   } >> "$OUT/gpu_tests.log" 2>&1
   grep -E "IDENTICAL|DIVERGED|agreement|SMs|error" "$OUT/gpu_tests.log" | tail -6
+  spec_cli "$OUT/gpu_tests.log" || status=1
 
   if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     echo "== compute-sanitizer memcheck (subset)"
@@ -110,6 +192,7 @@ run() {
   echo "== benchmark"
   timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
   cat "$OUT/gpu_bench.log"
+  spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
 
   echo "== PyTorch peer (one CUDA graph per step) and HF generate"
   PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 90 \
@@ -157,5 +240,6 @@ PY
 case "${1:-run}" in
   package) package ;;
   run) run ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run]" >&2; exit 2 ;;
+  spec) run_spec ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec]" >&2; exit 2 ;;
 esac

@@ -15,11 +15,15 @@ constexpr uint32_t kSpecStream = 4;  // its own stream: seeds without --spec der
 constexpr double kOracleAcceptances[] = {0.0, 0.5, 0.8, 1.0};
 
 // W, the drafter and its acceptance; extra pages per row for the reservation of C + (D+1)·W.
-int32_t derive_speculative(uint64_t seed, SimParams& p) {
+// The acceptance is drawn for every seed (after W and the drafter, so an n-gram seed's draws are
+// unchanged) so that an overriding drafter keeps the seed's W and acceptance.
+int32_t derive_speculative(uint64_t seed, std::optional<SimDrafter> drafter, SimParams& p) {
   SimRandom r(seed, kSpecStream);
   p.verify_width = static_cast<int32_t>(r.range(2, 8));
   p.drafter = r.chance(0.5) ? SimDrafter::kNgram : SimDrafter::kOracleMix;
-  if (p.drafter == SimDrafter::kOracleMix) p.oracle_acceptance = kOracleAcceptances[r.range(0, 3)];
+  const double acceptance = kOracleAcceptances[r.range(0, 3)];
+  if (drafter) p.drafter = *drafter;
+  if (p.drafter == SimDrafter::kOracleMix) p.oracle_acceptance = acceptance;
   return 2 * p.verify_width;
 }
 constexpr FaultSite kAllSites[kFaultSitesCount] = {
@@ -50,7 +54,8 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   SimRandom r(seed, kParamsStream);
   SimParams p;
   p.seed = seed;
-  const int32_t spec_tokens = overrides.speculative ? derive_speculative(seed, p) : 0;
+  const int32_t spec_tokens =
+      overrides.speculative ? derive_speculative(seed, overrides.drafter, p) : 0;
   p.requests_count = overrides.requests_count.value_or(static_cast<int32_t>(r.range(8, 40)));
   p.max_batch_rows = static_cast<int32_t>(r.range(2, 12));
   p.page_size = static_cast<int32_t>(std::int64_t{1} << r.range(2, 4));  // 4, 8 or 16
@@ -87,6 +92,12 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
     p.pages_count = std::max(2 * pages_per_row, 4) + 1;
   }
   return p;
+}
+
+std::optional<SimDrafter> sim_drafter_named(std::string_view name) {
+  if (name == "ngram") return SimDrafter::kNgram;
+  if (name == "oracle-mix") return SimDrafter::kOracleMix;
+  return std::nullopt;
 }
 
 std::string SimParams::drafter_name() const {

@@ -25,6 +25,8 @@ constexpr int kFaultSitesCount = 6;
 enum class SimDrafter : uint8_t { kNone, kNgram, kOracleMix };
 std::string_view to_string(FaultSite site);
 std::optional<FaultSite> fault_site_named(std::string_view name);
+// "ngram" or "oracle-mix" (the speculative drafters a seed can draw).
+std::optional<SimDrafter> sim_drafter_named(std::string_view name);
 
 struct SimParams {
   uint64_t seed = 0;
@@ -70,6 +72,9 @@ struct SimOverrides {
   bool faults_enabled = true;
   std::optional<std::vector<FaultSite>> faults;  // replaces the seed's choice when set
   bool speculative = false;  // draw W in 2..8 and a drafter (`lockstep sim --spec`)
+  // Speculative mode only: this drafter instead of the seed's (`lockstep sim --spec --drafter`);
+  // W and the oracle-mix acceptance are still the seed's.
+  std::optional<SimDrafter> drafter;
 };
 
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides);

@@ -29,6 +29,9 @@ std::string reproduce_command(const SimParams& params, const SimOverrides& overr
     command += " --faults none";
   }
   if (overrides.speculative) command += " --spec";
+  if (overrides.drafter) {
+    command += *overrides.drafter == SimDrafter::kNgram ? " --drafter ngram" : " --drafter oracle-mix";
+  }
   return command;
 }
 

@@ -41,6 +41,14 @@ namespace {
 
 constexpr uint32_t kFaultStream = 3;
 
+std::unique_ptr<Backend> make_world_backend(const SimParams& p, const ModelWeights& weights,
+                                            const WorldOptions& options,
+                                            const ExecutorConfig& config) {
+  if (options.make_backend) return options.make_backend(p, weights, config);
+  return std::make_unique<CpuBackend>(weights, config, nullptr, options.stub_model,
+                                      make_sim_drafter(p, weights, options.stub_model));
+}
+
 struct InFlight {
   ForwardOp op;
   StepResult result;
@@ -52,9 +60,8 @@ class World {
       : params_(p),
         options_(options),
         config_(executor_config_for(p)),
-        backend_(weights, config_, nullptr, options.stub_model,
-                 make_sim_drafter(p, weights, options.stub_model)),
-        executor_(config_, weights.config.vocab_size, backend_, options.executor_options),
+        backend_(make_world_backend(p, weights, options, config_)),
+        executor_(config_, weights.config.vocab_size, *backend_, options.executor_options),
         scheduler_(scheduler_config_for(p)),
         workload_(generate_workload(p, weights.config.vocab_size)),
         faults_(p.seed, kFaultStream) {
@@ -113,13 +120,13 @@ class World {
 
   void execute(const StepPlanOut& plan) {
     const std::vector<int32_t> rows = pool_rows_of(plan.op);
-    const StateSnapshot before = backend_.read_state(rows);
+    const StateSnapshot before = backend_->read_state(rows);
     if (options_.observer) {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
     }
     StepResult result = executor_.step(plan.op);
-    const StateSnapshot after = backend_.read_state(rows);
-    const InputSnapshot inputs = backend_.read_inputs();
+    const StateSnapshot after = backend_->read_state(rows);
+    const InputSnapshot inputs = backend_->read_inputs();
     const StepObservation o{step_, &plan.op, &result, &before, &after, &inputs,
                             executor_.vocab_size(), &config_};
     check_step(o, scheduler_, summary_.failures);
@@ -294,7 +301,7 @@ class World {
   SimParams params_;
   WorldOptions options_;
   ExecutorConfig config_;
-  CpuBackend backend_;
+  std::unique_ptr<Backend> backend_;
   Executor executor_;
   Scheduler scheduler_;
   std::vector<SimRequest> workload_;

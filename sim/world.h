@@ -1,7 +1,8 @@
 // One simulated serving world: the seed's workload arrives on a simulated clock (one tick per
 // step), the production scheduler plans forward ops, the executor runs them on the CPU reference
-// (or a stubbed model), faults fire at named sites, and checkers run after every step and at the
-// end. Single-threaded and fully determined by the parameters.
+// (or a stubbed model, or a backend the caller builds: `lockstep sim --backend cuda`), faults fire
+// at named sites, and checkers run after every step and at the end. Single-threaded and fully
+// determined by the parameters.
 #pragma once
 
 #include "core/executor.h"
@@ -12,6 +13,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,12 @@ struct WorldOptions {
   SimObserver* observer = nullptr;
   int64_t max_steps = 20000;   // a run past this is a liveness failure
   ExecutorOptions executor_options;  // recording captures logits for their digests
+  // The backend the world runs on, built over the world's weights and limits; null: the CPU
+  // reference with the seed's drafter (and the stub model when stub_model). sim/ links no other
+  // backend: the CLI passes CUDA's, which refuses (ls::Error) what it cannot run.
+  std::function<std::unique_ptr<Backend>(const SimParams&, const ModelWeights&,
+                                         const ExecutorConfig&)>
+      make_backend;
 };
 
 // The executor limits a world runs with (also what a recorded trace's header carries).

@@ -80,7 +80,8 @@ TEST(CudaDeterminism, TraceRecordedOnCudaReplaysBitIdentical) {
     replay::ReplayOptions options;
     options.mode = replay::ReplayMode::kExact;
     options.weights = &weights;
-    options.make_backend = [graphs](const ModelWeights& w, const ExecutorConfig& c) {
+    options.make_backend = [graphs](const ModelWeights& w, const ExecutorConfig& c,
+                                    const std::string& /*drafter: none in this trace*/) {
       return make_cuda_backend(w, c, CudaBackendOptions{.graphs = graphs});
     };
     const replay::ReplayReport report = replay::replay_trace(path, options);

@@ -3,6 +3,7 @@
 // device's accumulation order and its bf16 output rounding; tolerances are stated per test.
 #include "core/model/rope.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_plans.h"
 #include "kernels/layer_ops.h"
 #include "tests/gpu/gpu_test_support.h"
 
@@ -167,48 +168,6 @@ TEST_P(TokenCounts, ResidualAddIsExact) {
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], a[i] + b[i]) << i;
 }
 
-// y = x·wᵀ + beta·y through cuBLAS (bf16 in, fp32 accumulate), against fp64 on the same bf16
-// values; beta = 1 is the fused residual add.
-TEST_P(TokenCounts, GemmMatchesFp64AndIsDeterministic) {
-  LS_SKIP_WITHOUT_DEVICE();
-  const int32_t tokens = GetParam(), out_dim = 333, in_dim = 264;
-  const std::vector<float> x = random_bf16_values(size_t(tokens) * in_dim, 8, -1, 1);
-  const std::vector<float> w = random_bf16_values(size_t(out_dim) * in_dim, 9, -0.1f, 0.1f);
-  const std::vector<float> y0 = random_floats(size_t(tokens) * out_dim, 10, -1, 1);
-  DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x)), d_w(gpu_test::to_bf16(w));
-  DeviceBuffer<float> d_y(y0);
-  cublasHandle_t handle = nullptr;
-  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
-  DeviceBuffer<uint8_t> workspace(size_t(32) << 20);
-  ASSERT_EQ(cublasSetWorkspace(handle, workspace.ptr, workspace.count), CUBLAS_STATUS_SUCCESS);
-  for (const float beta : {0.0f, 1.0f}) {
-    d_y.upload(y0);
-    ASSERT_EQ(kernels::gemm_bf16_rowmajor(handle, d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim,
-                                          in_dim, beta),
-              CUBLAS_STATUS_SUCCESS);
-    const std::vector<float> y = d_y.download();
-    std::vector<float> ref(y.size());
-    for (int32_t t = 0; t < tokens; ++t) {
-      for (int32_t o = 0; o < out_dim; ++o) {
-        double s = beta * double{y0[size_t(t) * out_dim + o]};
-        for (int32_t i = 0; i < in_dim; ++i) {
-          s += double{x[size_t(t) * in_dim + i]} * w[size_t(o) * in_dim + i];
-        }
-        ref[size_t(t) * out_dim + o] = static_cast<float>(s);
-      }
-    }
-    EXPECT_LT(relative_error(y, ref), kFp32) << "beta " << beta;
-    d_y.upload(y0);
-    ASSERT_EQ(kernels::gemm_bf16_rowmajor(handle, d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim,
-                                          in_dim, beta),
-              CUBLAS_STATUS_SUCCESS);
-    EXPECT_EQ(d_y.download(), y) << "run to run";
-  }
-  cublasDestroy(handle);
-}
-
-INSTANTIATE_TEST_SUITE_P(OddSizes, TokenCounts, ::testing::Values(1, 7, 129, 2048));
-
 // y = x·wᵀ + beta·y in fp64 on the host (the reference of every linear-layer path).
 std::vector<float> linear_ref(const std::vector<float>& x, const std::vector<float>& w,
                               const std::vector<float>& y0, int32_t tokens, int32_t out_dim,
@@ -223,6 +182,38 @@ std::vector<float> linear_ref(const std::vector<float>& x, const std::vector<flo
   }
   return ref;
 }
+
+// y = x·wᵀ + beta·y through cuBLASLt with pinned plans (bf16 in, fp32 accumulate), against fp64
+// on the same bf16 values; beta = 1 is the fused residual add. One plan per (shape, beta ≠ 0),
+// reused: a second product of the same shape gives the same bits.
+TEST_P(TokenCounts, GemmMatchesFp64AndIsDeterministic) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), out_dim = 333, in_dim = 264;
+  const std::vector<float> x = random_bf16_values(size_t(tokens) * in_dim, 8, -1, 1);
+  const std::vector<float> w = random_bf16_values(size_t(out_dim) * in_dim, 9, -0.1f, 0.1f);
+  const std::vector<float> y0 = random_floats(size_t(tokens) * out_dim, 10, -1, 1);
+  DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x)), d_w(gpu_test::to_bf16(w));
+  DeviceBuffer<float> d_y(y0);
+  DeviceBuffer<uint8_t> workspace(size_t(32) << 20);
+  kernels::GemmPlans plans(nullptr, workspace.ptr, workspace.count);
+  ASSERT_EQ(plans.prepare(tokens, out_dim, in_dim, false), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(plans.plans_count(), 1u);
+  for (const float beta : {0.0f, 1.0f}) {
+    d_y.upload(y0);
+    ASSERT_EQ(plans.run(d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim, in_dim, beta),
+              CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> y = d_y.download();
+    EXPECT_LT(relative_error(y, linear_ref(x, w, y0, tokens, out_dim, in_dim, beta)), kFp32)
+        << "beta " << beta;
+    d_y.upload(y0);
+    ASSERT_EQ(plans.run(d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim, in_dim, beta),
+              CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(d_y.download(), y) << "run to run";
+  }
+  EXPECT_EQ(plans.plans_count(), 2u) << "one pinned plan per shape and beta kind";
+}
+
+INSTANTIATE_TEST_SUITE_P(OddSizes, TokenCounts, ::testing::Values(1, 7, 129, 2048));
 
 // The fp32 mode's GEMM (CUBLAS_COMPUTE_32F_PEDANTIC): only the order of sums differs from fp64
 // on fp32 inputs, so the error is a few ulp of the dot products.
