@@ -17,13 +17,14 @@
 #   gpu_bench.log/json the benchmark's figures, with the PyTorch peer's (bench/torch_peer.py)
 #                      merged in under "peer" and a side-by-side table at the end of the log, and
 #                      the speculative-decoding benchmark's (lockstep_gpu_spec_bench) under
-#                      "speculative"
+#                      "speculative"; then the decode-attention kernel alone
+#                      (lockstep_gpu_attention_bench), appended to the log
 # The parts' time limits add up to about the device tool's 600 s per command; a full run takes
 # about 6 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=build-gpu/dist
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 package() {
@@ -38,7 +39,8 @@ package() {
   ninja -C build-gpu -j2 $GPU_TARGETS
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
   cp build-gpu/tests/lockstep_gpu_tests build-gpu/bench/lockstep_gpu_bench \
-     build-gpu/bench/lockstep_gpu_spec_bench build-gpu/lockstep "$DIST/bin/"
+     build-gpu/bench/lockstep_gpu_spec_bench build-gpu/bench/lockstep_gpu_attention_bench \
+     build-gpu/lockstep "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi
@@ -193,6 +195,8 @@ run() {
   timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
   cat "$OUT/gpu_bench.log"
   spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
+  echo "== decode attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
+  timeout 30 "$DIST/bin/lockstep_gpu_attention_bench" 2>&1 | tee -a "$OUT/gpu_bench.log" || status=1
 
   echo "== PyTorch peer (one CUDA graph per step) and HF generate"
   PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 90 \
