@@ -184,7 +184,7 @@ run() {
     echo "== HF oracle"
     {
       rm -rf /tmp/hf_oracle
-      PYTHONUNBUFFERED=1 timeout 80 env -u LD_LIBRARY_PATH python3 tests/hf_oracle.py \
+      PYTHONUNBUFFERED=1 timeout 150 env -u LD_LIBRARY_PATH python3 tests/hf_oracle.py \
           --out-dir /tmp/hf_oracle &&
       timeout 45 "$DIST/bin/lockstep_hf_oracle_check" /tmp/hf_oracle "$OUT/hf_oracle.json"
     } > "$OUT/hf_oracle.log" 2>&1 || status=1
