@@ -32,6 +32,7 @@ void Executor::submit(const ForwardOp& op) {
   // changes.
   const int32_t slices_clamped = plan_step(op, plan);
   plan_poisoned_rows(faults, plan);
+  plan.logits_poisoned = !poisoned_logits_rows_.empty();
   plan_forced_outputs(faults, plan);
   stats_.table_slices_clamped += slices_clamped;
   commit_sampling(op, plan);

@@ -56,6 +56,9 @@ struct StepPlan {
 
   bool capture_logits = false;
   bool want_logprobs = false;
+  // A fault poisons logits rows between rule 4 and rule 5 (the backend's poison_logits): the
+  // backend must not fuse the NaN guard into the forward.
+  bool logits_poisoned = false;
 
   int32_t decode_rows_count() const { return rows_count - prefill_rows_count; }
   int32_t logits_rows_count() const { return static_cast<int32_t>(logits_token_index.size()); }

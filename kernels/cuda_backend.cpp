@@ -208,6 +208,7 @@ struct CudaBackend::Impl {
   void linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out, int32_t in,
               float beta);
   void enqueue_tail(const StepPlan& plan);
+  void enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic, bool sums);
   bool graph_step() const { return graph_index_ >= 0; }
   void check_step_launches() const;
   void unpack(const StepPlan& plan, size_t parity, StepResult& result);
@@ -308,10 +309,15 @@ struct CudaBackend::Impl {
   CudaStepTiming last_timing;
 
   std::vector<int32_t> buckets;
-  std::vector<CudaGraph> graphs;  // [buckets], when options.graphs
+  std::vector<CudaGraph> graphs;  // [buckets], when options.graphs: rules 1–4
+  // [buckets], when options.graphs and not profiling: rules 1–4 and the greedy tail (guard,
+  // verify/commit, drafter) in one graph; the step's results copy stays outside (it targets the
+  // step parity's pinned buffer).
+  std::vector<CudaGraph> tail_graphs;
   int64_t steps_count = 0;      // steps whose finish was enqueued
   int64_t collected_count = 0;  // steps collected (≤ steps_count, at most two behind)
   int64_t graph_replays = 0;
+  int64_t tail_graph_replays = 0;
   int64_t last_wait_ns = 0;
   int64_t last_forward_ns = 0;  // host time of the last forward() (staging and launches)
   int64_t last_enqueue_ns = 0;  // host time of the last enqueue_finish (the tail's launches)
@@ -319,6 +325,7 @@ struct CudaBackend::Impl {
   bool staged = false;
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
+  bool tail_in_graph = false;  // this step replays tail_graphs[graph_index_]
   // Phase profile (options.profile): timing events recorded between phases, captured into the
   // graphs as external event nodes. Mark 0 opens the step; mark k closes phase mark_phases[k].
   std::vector<CudaEvent> mark_events;   // [marks_max]
@@ -707,6 +714,11 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   const size_t bucket =
       static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), rows_grid) - buckets.begin());
   graph_index_ = plan.mode == ForwardMode::kDecode && !graphs.empty() ? static_cast<int32_t>(bucket) : -1;
+  // The tail joins the graph when every row is greedy (the sampler's weights and sort are not in
+  // it) and no fault poisons the logits between the forward and the guard.
+  tail_in_graph = graph_index_ >= 0 && !tail_graphs.empty() && !plan.logits_poisoned &&
+                  std::all_of(plan.sampling.begin(), plan.sampling.end(),
+                              [](const ResolvedSampling& x) { return x.top_k == 1; });
   int32_t* words = host_staging[parity].get();
   size_t pages = 0;
   const int32_t head_words = pack(plan, rows_grid, words, &pages);
@@ -845,25 +857,41 @@ void CudaBackend::Impl::collect_marks() {
   ++phase_totals.steps;
 }
 
-// Rules 5–9: guard, (stochastic rows: weights and sort), finish, one packed copy back.
+// Rules 5–9: guard, (stochastic rows: weights and sort), finish, drafter, one packed copy back.
+// A step whose tail is in its graph only copies back here.
 void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
+  if (!tail_in_graph) {
+    const bool stochastic = std::any_of(plan.sampling.begin(), plan.sampling.end(),
+                                        [](const ResolvedSampling& x) { return x.top_k != 1; });
+    enqueue_tail_kernels(plan.logits_rows_count(), plan.rows_count, stochastic,
+                         plan.want_logprobs);
+  }
+  // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
+  LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
+                          results.bytes(), cudaMemcpyDeviceToHost, stream.get()));
+  mark(CudaPhase::kCopyBack);
+}
+
+// The tail's kernels over `logits_rows` logits rows and `rows` rows (a graph's: its bucket's,
+// padding included — the finish and drafter kernels skip rows past the staged header's count,
+// the guard's work on padding rows is never read). `sums`: the guard's row max and sum of
+// exponentials, for log-probabilities (a graph always computes them; the header says whether
+// the finish uses them). Greedy rows read the guard's argmax: the sampler's weights and sort run
+// only when a row samples (top_k != 1).
+void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic,
+                                             bool sums) {
   const cudaStream_t s = stream.get();
-  const int32_t r = plan.logits_rows_count();
-  const bool logprobs = plan.want_logprobs;
-  LS_CUDA(kernels::launch_guard_logits(logits.get(), r, vocab, guard_partials.get(),
+  LS_CUDA(kernels::launch_guard_logits(logits.get(), logits_rows, vocab, guard_partials.get(),
                                        row_nan_flags.get(), argmax.get(),
-                                       logprobs ? row_max.get() : nullptr,
-                                       logprobs ? row_sum.get() : nullptr, s));
+                                       sums ? row_max.get() : nullptr,
+                                       sums ? row_sum.get() : nullptr, s));
   mark(CudaPhase::kGuard);
-  // Greedy rows read the guard's argmax: the sampler's weights and sort run only when a row
-  // samples (top_k != 1).
-  const bool stochastic = std::any_of(plan.sampling.begin(), plan.sampling.end(),
-                                      [](const ResolvedSampling& x) { return x.top_k != 1; });
   const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
   if (stochastic) {
-    LS_CUDA(kernels::launch_sampling_weights(step_inputs(), logits.get(), r, vocab, sampler, s));
-    LS_CUDA(kernels::launch_sort_sampling_keys(sort_temp.get(), sort_temp.bytes(), sampler, r,
-                                               vocab, segment_offsets.get(), s));
+    LS_CUDA(kernels::launch_sampling_weights(step_inputs(), logits.get(), logits_rows, vocab,
+                                             sampler, s));
+    LS_CUDA(kernels::launch_sort_sampling_keys(sort_temp.get(), sort_temp.bytes(), sampler,
+                                               logits_rows, vocab, segment_offsets.get(), s));
   }
   const kernels::FinishArgs args{
       .in = step_inputs(),
@@ -878,19 +906,15 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
       .keys = sampler,
       .input_ids = input_ids.get(),
   };
-  LS_CUDA(kernels::launch_finish_rows(args, plan.rows_count, s));
+  LS_CUDA(kernels::launch_finish_rows(args, rows, s));
   if (drafting) {
     // The next round's drafts from the committed history (CpuBackend::write_next_inputs).
     const kernels::TokenHistory token_history{history.get(), history_begin.get(),
                                               history_capacity};
     LS_CUDA(kernels::launch_record_and_draft(step_inputs(), device_state(), token_buffers(),
-                                             token_history, plan.rows_count, s));
+                                             token_history, rows, s));
   }
   mark(CudaPhase::kSampling);
-  // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
-  LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
-                          results.bytes(), cudaMemcpyDeviceToHost, s));
-  mark(CudaPhase::kCopyBack);
 }
 
 void CudaBackend::Impl::check_step_launches() const { LS_CUDA(cudaGetLastError()); }
@@ -991,6 +1015,28 @@ void CudaBackend::Impl::capture_graphs() {
     capturing = false;
     graph_marks_end = marks_count;
   }
+  // The same with the greedy tail (profiling keeps the tail eager: its phases stay measurable).
+  tail_graphs.clear();
+  for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
+    const int32_t tokens = grid * config.verify_width;
+    auto enqueue = [&] {
+      enqueue_table_writes(grid);
+      enqueue_resets();
+      enqueue_fill(grid);
+      enqueue_forward(tokens, tokens);
+      enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true);
+    };
+    enqueue();
+    LS_CUDA(cudaStreamSynchronize(s));
+    capturing = true;
+    try {
+      tail_graphs.push_back(CudaGraph::capture(s, enqueue));
+    } catch (...) {
+      capturing = false;
+      throw;
+    }
+    capturing = false;
+  }
   LS_CUDA(cudaStreamSynchronize(s));
   marks_count = 0;
 }
@@ -1036,8 +1082,10 @@ void CudaBackend::forward(const StepPlan& plan) {
   m.stage(plan);
   if (plan.rows_count == 0) return;
   if (m.graph_step()) {
-    LS_CUDA(cudaGraphLaunch(m.graphs[static_cast<size_t>(m.graph_index_)].get(), m.stream.get()));
+    const auto& graphs = m.tail_in_graph ? m.tail_graphs : m.graphs;
+    LS_CUDA(cudaGraphLaunch(graphs[static_cast<size_t>(m.graph_index_)].get(), m.stream.get()));
     ++m.graph_replays;
+    m.tail_graph_replays += m.tail_in_graph ? 1 : 0;
     if (m.options.profile) m.marks_count = m.graph_marks_end;  // the graph recorded them
     return;
   }
@@ -1182,6 +1230,8 @@ CudaMemoryReport CudaBackend::memory_report() const {
 }
 
 int64_t CudaBackend::graph_replays_count() const { return impl_->graph_replays; }
+
+int64_t CudaBackend::tail_graph_replays_count() const { return impl_->tail_graph_replays; }
 
 std::string CudaBackend::drafter_name() const {
   const std::string& name = impl_->options.drafter;

@@ -72,6 +72,8 @@ TEST_P(TinyGreedy, ThirtyTwoPromptsSixtyFourStepsAllEqualTheCpu) {
                                          << " at token " << agreement.first_mismatch_index;
     if (graphs) {
       EXPECT_GT(cuda.graph_replays_count(), 0);
+      // Greedy decode steps run their tail (guard, commit) inside the graph.
+      EXPECT_GT(cuda.tail_graph_replays_count(), 0);
     }
   }
   CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs});

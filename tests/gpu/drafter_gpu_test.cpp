@@ -260,6 +260,8 @@ TEST_P(CudaSpecInvariance, GreedyTokensWithTheNgramDrafterEqualWidthOne) {
     EXPECT_LT(run.steps, reference.steps) << "W " << w << ": no draft was ever accepted";
     if (graphs) {
       EXPECT_GT(backend.graph_replays_count(), 0);
+      // The verify and the drafter ran inside the decode graph.
+      EXPECT_GT(backend.tail_graph_replays_count(), 0);
     }
   }
 }
