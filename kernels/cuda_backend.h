@@ -175,7 +175,8 @@ class CudaBackend final : public Backend {
   int64_t graph_replays_count() const;
   // Of those, the replays whose graph also ran the greedy tail (guard, verify/commit, drafter).
   int64_t tail_graph_replays_count() const;
-  // Nanoseconds the last collect_finish spent blocked on the step's completion (a statistic for
+  // Nanoseconds the last collect_finish spent blocked on the step's completion, plus an eager
+  // step's wait at staging since the collect before it (a statistic for
   // the benchmark's host-time figure: step wall time minus this is the host's own work).
   int64_t last_wait_ns() const;
   // Host nanoseconds of the last forward() (staging, graph launch), and of the last
