@@ -6,6 +6,12 @@
 // fixed positions, each split's partial softmax is computed independently, and the partials are
 // combined in split order. How a token is split depends only on its own position, never on the
 // batch, so the result does not depend on what else is in the step.
+//
+// Two split kernels compute a split: bf16 KV with head_dim 64 or 128 (the production models) on
+// the tensor cores (attention_mma.cuh: bf16 Q and probabilities, fp32 accumulation), everything
+// else (the fp32 mode, other head dims) on the CUDA cores with fp32 Q and probabilities. How many
+// blocks a launch spreads a token's splits over depends on the batch (to fill the GPU), never how
+// a split is computed.
 #pragma once
 
 #include <cuda_bf16.h>
