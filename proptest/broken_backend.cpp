@@ -87,4 +87,20 @@ StepResult BrokenBackend::finish_step(const StepPlan& plan) {
   return result;
 }
 
+void RunAheadBackend::enqueue_finish(const StepPlan& plan) {
+  ++enqueued_;
+  StepResult result = inner_->finish_step(plan);
+  if (single_result_slot_ && !pending_.empty()) {
+    for (StepResult& older : pending_) older = result;  // one buffer: the newest copy wins
+  }
+  pending_.push_back(std::move(result));
+  max_in_flight_ = std::max(max_in_flight_, static_cast<int32_t>(pending_.size()));
+}
+
+void RunAheadBackend::collect_finish(const StepPlan& /*plan*/, StepResult& result) {
+  LS_ASSERT(!pending_.empty(), "collect_finish with no step in flight");
+  result = std::move(pending_.front());
+  pending_.pop_front();
+}
+
 }  // namespace ls::proptest

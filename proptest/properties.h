@@ -15,6 +15,8 @@ Outcome prop_chunking_invariance(const PropertyConfig& config);
 Outcome prop_pool_row_invariance(const PropertyConfig& config);
 Outcome prop_retraction_invariance(const PropertyConfig& config);
 Outcome prop_overlap_invariance(const PropertyConfig& config);
+// `config.planted`: a run-ahead backend whose steps in flight share one result slot.
+Outcome prop_run_ahead_invariance(const PropertyConfig& config);
 Outcome prop_record_replay_identical(const PropertyConfig& config);
 // `config.planted`: compares a seed's fingerprint with the next seed's (must differ, so equal fails).
 Outcome prop_sim_fingerprint(const PropertyConfig& config);

@@ -45,9 +45,11 @@ Outcome expect_catches(const std::string& name, BackendBug bug, bool planted = f
     EXPECT_NE(o.reproduce.find("RC_PARAMS=\"") , std::string::npos) << o.message;
     if (o.trace) {
       EXPECT_NE(o.message.find("lockstep replay"), std::string::npos) << o.message;
-      std::cout << "[ planted ] " << name << " caught " << to_string(bug) << ":\n" << o.message << "\n";
       EXPECT_TRUE(std::filesystem::exists(*o.trace)) << o.message;
     }
+    std::cout << "[ planted ] " << name << " caught "
+              << (planted ? "the property's own plant" : std::string(to_string(bug))) << ":\n"
+              << o.message << "\n";
   }
   return o;
 }
@@ -88,6 +90,7 @@ TEST(Properties, ChunkingInvariance) { expect_passes("chunking_invariance"); }
 TEST(Properties, PoolRowInvariance) { expect_passes("pool_row_invariance"); }
 TEST(Properties, RetractionInvariance) { expect_passes("retraction_invariance"); }
 TEST(Properties, OverlapInvariance) { expect_passes("overlap_invariance"); }
+TEST(Properties, RunAheadInvariance) { expect_passes("run_ahead_invariance"); }
 TEST(Properties, RecordReplayIdentical) { expect_passes("record_replay_identical"); }
 TEST(Properties, TraceCheckClean) { expect_passes("trace_check_clean"); }
 TEST(Properties, SimFingerprint) { expect_passes("sim_fingerprint"); }
@@ -150,6 +153,9 @@ TEST(PlantedBugs, RetractionCatchesASkippedRecoveryReset) {
 }
 TEST(PlantedBugs, OverlapCatchesAnRngKeyedByBatchRow) {
   expect_catches("overlap_invariance", BackendBug::kRngByBatchRow, false, 60);
+}
+TEST(PlantedBugs, RunAheadCatchesResultsSharingOneSlot) {
+  expect_catches("run_ahead_invariance", BackendBug::kNone, true, 60);
 }
 TEST(PlantedBugs, RecordReplayCatchesAnOffByOneSlot) {
   expect_catches("record_replay_identical", BackendBug::kShiftedChunkSlots);
