@@ -16,14 +16,6 @@
 
 namespace ls {
 
-// A copy of the device state of some pool rows, for digests, checkers and tests.
-struct StateSnapshot {
-  std::vector<int32_t> pool_rows;           // [n]
-  std::vector<int32_t> valid_cache_length;  // [n]
-  std::vector<int32_t> future_inputs;       // [n, W]
-  std::vector<int32_t> table;               // [n, Wp]
-};
-
 // The inputs the last fill produced, for tests of the slot rule and scrubbing.
 struct InputSnapshot {
   std::vector<int32_t> input_ids;   // [step_tokens_max]

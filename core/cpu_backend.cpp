@@ -186,7 +186,23 @@ StepResult CpuBackend::finish_step(const StepPlan& plan) {
     result.logits.assign(logits_.begin(),
                          logits_.begin() + static_cast<size_t>(plan.logits_rows_count()) * vocab_size_);
   }
+  if (plan.record) fill_record(plan, result);
   return result;
+}
+
+// The trace's view of the step (core/logits_digest.h), from the sanitised logits the sampler
+// read and the state after the commit: what the CUDA backend computes on the device.
+void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
+  result.top_logits_count = plan.top_logits_count;
+  result.logits_digests.clear();
+  result.top_logits.clear();
+  for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
+    const std::span<const float> row(logits_.data() + static_cast<size_t>(r) * vocab_size_,
+                                     static_cast<size_t>(vocab_size_));
+    result.logits_digests.push_back(logits_row_digest(row));
+    append_top_logits(row, plan.top_logits_count, result.top_logits);
+  }
+  snapshot_rows(plan.pool_rows, result.state);
 }
 
 // Rule 5: a row is flagged when any of its logits rows holds a NaN; every logits row is then
@@ -338,6 +354,15 @@ void CpuBackend::fill_logprobs(const StepPlan& plan, StepResult& result) {
 
 StateSnapshot CpuBackend::read_state(std::span<const int32_t> pool_rows) const {
   StateSnapshot s;
+  snapshot_rows(pool_rows, s);
+  return s;
+}
+
+void CpuBackend::snapshot_rows(std::span<const int32_t> pool_rows, StateSnapshot& s) const {
+  s.pool_rows.clear();
+  s.valid_cache_length.clear();
+  s.future_inputs.clear();
+  s.table.clear();
   const int32_t w = config_.verify_width;
   for (int32_t rpi : pool_rows) {
     LS_ASSERT(rpi >= 0 && rpi < config_.pool_rows_count(), "pool row {}", rpi);
@@ -348,7 +373,6 @@ StateSnapshot CpuBackend::read_state(std::span<const int32_t> pool_rows) const {
     s.table.insert(s.table.end(), table_.begin() + static_cast<size_t>(rpi) * table_width_,
                    table_.begin() + static_cast<size_t>(rpi + 1) * table_width_);
   }
-  return s;
 }
 
 InputSnapshot CpuBackend::read_inputs() const { return {input_ids_, positions_, slots_}; }

@@ -47,6 +47,8 @@ class CpuBackend final : public Backend {
   void write_history(int32_t rpi, int32_t position, int32_t token);
   void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
   void fill_logprobs(const StepPlan& plan, StepResult& result);
+  void fill_record(const StepPlan& plan, StepResult& result) const;
+  void snapshot_rows(std::span<const int32_t> pool_rows, StateSnapshot& out) const;
   std::span<float> logits_row(int32_t r);
   void stub_forward(const StepPlan& plan);
 

@@ -12,6 +12,9 @@ Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& ba
     : config_(config), vocab_size_(vocab_size), backend_(backend), options_(options) {
   config_.validate();
   LS_REQUIRE(vocab_size > 1, "executor: vocab_size must be > 1, got {}", vocab_size);
+  LS_REQUIRE(options.top_logits_count >= 0 && options.top_logits_count <= kTopLogitsCountMax,
+             "executor: top_logits_count {} is outside [0, {}]", options.top_logits_count,
+             kTopLogitsCountMax);
   const size_t rows = static_cast<size_t>(config.pool_rows_count());
   owner_.assign(rows, 0);
   owned_.assign(rows, 0);
@@ -100,6 +103,8 @@ int32_t Executor::plan_step(const ForwardOp& op, StepPlan& plan) const {
   plan.verify_width = config_.verify_width;
   plan.capture_logits = options_.capture_logits;
   plan.want_logprobs = options_.want_logprobs;
+  plan.record = options_.record;
+  plan.top_logits_count = options_.record ? std::min(options_.top_logits_count, vocab_size_) : 0;
   plan.prefill_token_ids = op.prefill_token_ids;  // keeps the plan's capacity
   const int32_t slices_clamped = plan_rows(op, plan);
   plan_sampling(op, plan);

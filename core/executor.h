@@ -18,8 +18,12 @@
 namespace ls {
 
 struct ExecutorOptions {
-  bool capture_logits = false;  // return every logits row in StepResult::logits
+  bool capture_logits = false;  // return every logits row in StepResult::logits (tests)
   bool want_logprobs = false;
+  // Fill StepResult's trace data (logits digests, the top `top_logits_count` logits of each
+  // logits row, the state of the step's rows) inside the step: what a recorder needs.
+  bool record = false;
+  int32_t top_logits_count = 0;  // 0..kTopLogitsCountMax
 };
 
 // Faults planted into one step. Rows are op rows.
@@ -89,6 +93,7 @@ class Executor {
 
   const ExecutorConfig& config() const { return config_; }
   const ExecutorStats& stats() const { return stats_; }
+  const ExecutorOptions& options() const { return options_; }
   int32_t vocab_size() const { return vocab_size_; }
   Backend& backend() { return backend_; }
   // The plan of the last submitted step, for recorders and tests.

@@ -54,12 +54,13 @@ class ServingLoop {
   }
 
  private:
-  // Run ahead only when nothing needs a step's own device state: an observer snapshots it after
-  // each step (on_step_output), and with the next step in flight the snapshot would hold that
-  // step's effects too. Without the scheduler's overlap there is no next step to submit early.
+  // Run ahead only when nothing reads live device state: an observer needs each step's state
+  // after it, which a recording executor snapshots inside the step (StepResult::state); without
+  // that, reading it with the next step in flight would show that step's effects too. Without
+  // the scheduler's overlap there is no next step to submit early.
   bool runs_ahead() const {
     return options_.run_ahead && scheduler_.config().overlap && executor_.runs_ahead() &&
-           options_.observer == nullptr;
+           (options_.observer == nullptr || executor_.options().record);
   }
 
   // Plan k, submit k, then collect and apply k − 1: the device runs step k while the host
@@ -78,9 +79,14 @@ class ServingLoop {
       idle = 0;
       try {
         for (const CacheOp& c : plan.cache_ops) executor_.copy_pages(c);
+        if (options_.observer) {
+          options_.observer->on_step_input(step_, plan.op, plan.cache_ops,
+                                           executor_.pending_faults());
+        }
         executor_.submit(plan.op);
-      } catch (const Error&) {
+      } catch (const Error& e) {
         collect_submitted();  // as one step at a time: step k − 1 applied, step k rejected
+        if (options_.observer) options_.observer->on_step_rejected(step_, e.what());
         throw;
       }
       collect_submitted();
@@ -94,6 +100,7 @@ class ServingLoop {
     if (!submitted_) return;
     executor_.collect(result_);
     const Submitted s = std::exchange(submitted_, std::nullopt).value();
+    if (options_.observer) options_.observer->on_step_output(s.step, s.op, result_, result_.state);
     apply(s.op, result_, s.step);
   }
 
@@ -114,7 +121,9 @@ class ServingLoop {
       if (options_.observer) options_.observer->on_step_rejected(step_, e.what());
       throw;
     }
-    if (options_.observer) {
+    if (options_.observer && executor_.options().record) {
+      options_.observer->on_step_output(step_, plan.op, result, result.state);
+    } else if (options_.observer) {
       options_.observer->on_step_output(step_, plan.op, result,
                                         executor_.backend().read_state(pool_rows_of(plan.op)));
     }

@@ -20,10 +20,12 @@ struct ServingProgress {
 };
 
 struct ServingLoopOptions {
-  // Sees every step; it snapshots each step's device state, so with an observer the loop runs
-  // one step at a time (the trace stays exact) even when it could run ahead.
+  // Sees every step, with the state of the step's rows after it: the step's own snapshot when
+  // the executor records (ExecutorOptions::record; the loop still runs ahead), else read from the
+  // backend after the step (then the loop runs one step at a time, so the state is exact).
   StepObserver* observer = nullptr;
-  // With the scheduler's overlap on, a backend that can run ahead and no observer: plan k,
+  // With the scheduler's overlap on, a backend that can run ahead and no observer that reads
+  // device state (see `observer`): plan k,
   // submit k, collect and apply k − 1, so the device never waits for the host's planning.
   // Off, or when any of those is missing: plan k, apply k − 1, run k to completion.
   bool run_ahead = true;

@@ -56,6 +56,10 @@ struct StepPlan {
 
   bool capture_logits = false;
   bool want_logprobs = false;
+  // Fill the result's trace data (ExecutorOptions::record): digests and top-k of every logits
+  // row, after the NaN guard, and the state of the step's rows after the commit.
+  bool record = false;
+  int32_t top_logits_count = 0;  // k, at most the vocabulary
   // A fault poisons logits rows between rule 4 and rule 5 (the backend's poison_logits): the
   // backend must not fuse the NaN guard into the forward.
   bool logits_poisoned = false;

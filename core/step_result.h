@@ -2,11 +2,22 @@
 #pragma once
 
 #include "core/forward_op.h"
+#include "core/logits_digest.h"
 
 #include <cstdint>
 #include <vector>
 
 namespace ls {
+
+// A copy of the device state of some pool rows, for digests, checkers and tests.
+struct StateSnapshot {
+  std::vector<int32_t> pool_rows;           // [n]
+  std::vector<int32_t> valid_cache_length;  // [n]
+  std::vector<int32_t> future_inputs;       // [n, W]
+  std::vector<int32_t> table;               // [n, Wp]
+
+  bool operator==(const StateSnapshot&) const = default;
+};
 
 struct StepResult {
   ForwardMode mode = ForwardMode::kIdle;
@@ -18,6 +29,13 @@ struct StepResult {
   std::vector<uint8_t> nan_flags;         // [bs] 1 where a logits row of the row held NaN
   std::vector<uint8_t> oov_flags;         // [bs] 1 where a sampled id fell outside [0, V)
   std::vector<float> logits;              // [logits rows, V] when captured, else empty
+  // What a trace records of the step (ExecutorOptions::record), computed by the backend where the
+  // logits are (core/logits_digest.h) and returned with the step, so that recording neither
+  // copies logits to the host nor reads device state after the step. Empty otherwise.
+  std::vector<uint64_t> logits_digests;   // [logits rows] of the sanitised rows
+  int32_t top_logits_count = 0;           // k
+  std::vector<TopLogit> top_logits;       // [logits rows, k]
+  StateSnapshot state;                    // the op's pool rows after the step, in op row order
 
   // The tokens a row emitted this step: one for a prefill row, a' for a decode row.
   std::vector<int32_t> row_tokens(int32_t row) const;

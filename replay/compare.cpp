@@ -43,6 +43,26 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b, RowSpan s) {
   return std::memcmp(a.data() + s.begin, b.data() + s.begin, s.count * sizeof(T)) == 0;
 }
 
+// Top-k pairs bit for bit (the logit's bits: NaN equals itself, −0 differs from +0).
+bool same_top(const std::vector<trace::TopLogit>& a, const std::vector<trace::TopLogit>& b,
+              RowSpan s) {
+  if (a.size() != b.size()) return false;
+  if (s.begin + s.count > a.size()) return true;  // both short the same way: caught by shape checks
+  for (size_t i = s.begin; i < s.begin + s.count; ++i) {
+    if (a[i].id != b[i].id || std::memcmp(&a[i].logit, &b[i].logit, sizeof(float)) != 0) return false;
+  }
+  return true;
+}
+
+std::string top_slice(const std::vector<trace::TopLogit>& v, RowSpan s) {
+  if (s.begin + s.count > v.size()) return fmt::format("<missing: {} pairs>", v.size());
+  std::vector<std::string> parts;
+  for (size_t i = s.begin; i < s.begin + s.count; ++i) {
+    parts.push_back(fmt::format("{}:{}", v[i].id, v[i].logit));
+  }
+  return fmt::format("[{}]", fmt::join(parts, ", "));
+}
+
 }  // namespace
 
 std::string Divergence::describe() const {
@@ -84,6 +104,11 @@ std::optional<Divergence> first_divergence(const ForwardOp& op, const trace::Ste
     if (!e.future_input_digests.empty() && !same_bits(e.future_input_digests, a.future_input_digests, one)) {
       return diverged("future_input_digest", hex_slice(e.future_input_digests, one),
                       hex_slice(a.future_input_digests, one));
+    }
+    const size_t k = static_cast<size_t>(e.top_logits_count);
+    const RowSpan top{out.begin * k, out.count * k};
+    if (!e.top_logits.empty() && !same_top(e.top_logits, a.top_logits, top)) {
+      return diverged("top_logits", top_slice(e.top_logits, top), top_slice(a.top_logits, top));
     }
     if (!e.result.logprobs.empty() && !same_bits(e.result.logprobs, a.result.logprobs, out)) {
       return diverged("logprobs", slice(e.result.logprobs, out), slice(a.result.logprobs, out));

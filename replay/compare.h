@@ -20,8 +20,8 @@ struct Divergence {
   std::string describe() const;
 };
 
-// The first field, in a fixed order (tokens, accepted length, flags, logits digests, vcl, future
-// inputs, logprobs), where `actual` differs from `expected`; rows in op order.
+// The first field, in a fixed order (tokens, accepted length, flags, logits digests, vcl, drafts,
+// future inputs, top-k logits, logprobs), where `actual` differs from `expected`; rows in op order.
 std::optional<Divergence> first_divergence(const ForwardOp& op, const trace::StepOutputRecord& expected,
                                            const trace::StepOutputRecord& actual);
 

@@ -72,6 +72,15 @@ std::unique_ptr<Backend> make_replay_backend(const ReplayOptions& options,
                                       make_drafter(header.drafter));
 }
 
+// The replaying executor computes what the recording one did (digests, top-k, the rows' state);
+// teacher forcing also captures whole logits rows, to measure |Δlogit| at the recorded top ids.
+ExecutorOptions replay_executor_options(const trace::TraceHeader& h, ReplayMode mode) {
+  return ExecutorOptions{.capture_logits = mode == ReplayMode::kTeacherForced,
+                         .want_logprobs = h.executor_options.want_logprobs,
+                         .record = true,
+                         .top_logits_count = h.top_logits_count};
+}
+
 class Replayer {
  public:
   Replayer(trace::TraceReader reader, const ReplayOptions& options)
@@ -82,8 +91,7 @@ class Replayer {
         weights_(given_or_owned(options.weights, owned_weights_, reader_.header())),
         backend_(make_replay_backend(options, weights_, reader_.header())),
         executor_(reader_.header().executor, weights_.config.vocab_size, *backend_,
-                  ExecutorOptions{.capture_logits = true,
-                                  .want_logprobs = reader_.header().executor_options.want_logprobs}) {
+                  replay_executor_options(reader_.header(), options.mode)) {
     report_.header = reader_.header();
     report_.backend = backend_->name();
   }
@@ -119,7 +127,8 @@ class Replayer {
     executor_.inject_next_step(std::move(faults));
     const StepResult result = executor_.step(op);
     Executed done{in.step, op, {}, recorded_row};
-    done.output = trace::make_step_output(in.step, result, backend_->read_state(pool_rows_of(op)),
+    // The step's own digests, top-k and state snapshot: what the recording backend computed.
+    done.output = trace::make_step_output(in.step, result, StateSnapshot{},
                                           reader_.header().top_logits_count);
     if (options_.mode == ReplayMode::kTeacherForced) keep_logits(in.step, result);
     executed_.push_back(std::move(done));
@@ -226,20 +235,30 @@ class Replayer {
       a.tokens_count += 1;
       a.tokens_equal += expected[i] == actual[i] ? 1 : 0;
     }
+    // Every recorded top-k pair against the replayed logit of the same id: also where the
+    // digests agree, so a recorded pair that does not match its own logits shows.
     const std::vector<float>& logits = logits_[done.step];
     const int32_t v = weights_.config.vocab_size;
     const int32_t k = recorded.top_logits_count;
-    for (size_t r = 0; r < recorded.logits_digests.size() && r < done.output.logits_digests.size(); ++r) {
-      if (recorded.logits_digests[r] == done.output.logits_digests[r] || k == 0) continue;
+    const size_t rows = k == 0 ? 0 : recorded.top_logits.size() / static_cast<size_t>(k);
+    for (size_t r = 0; r < rows && (r + 1) * static_cast<size_t>(v) <= logits.size(); ++r) {
       for (int32_t j = 0; j < k; ++j) {
         const trace::TopLogit& t = recorded.top_logits[r * k + j];
         const float delta = std::fabs(logits[r * v + t.id] - t.logit);
         a.logit_delta_max = std::max(a.logit_delta_max, delta);
       }
+      const trace::TopLogit& best = recorded.top_logits[r * k];
+      a.top1_count += 1;
+      a.top1_equal += done.output.top_logits.size() > r * k &&
+                              done.output.top_logits[r * k].id == best.id
+                          ? 1
+                          : 0;
     }
     logits_.erase(done.step);
     report_.tokens_equal += a.tokens_equal;
     report_.tokens_count += a.tokens_count;
+    report_.top1_equal += a.top1_equal;
+    report_.top1_count += a.top1_count;
     report_.logit_delta_max = std::max(report_.logit_delta_max, a.logit_delta_max);
     report_.agreement.push_back(a);
   }

@@ -42,7 +42,9 @@ struct StepAgreement {
   int64_t step = 0;
   int32_t tokens_equal = 0;
   int32_t tokens_count = 0;
-  float logit_delta_max = 0;  // max |Δlogit| over the recorded top-k where logits digests differ
+  float logit_delta_max = 0;  // max |Δlogit| over every recorded top-k pair
+  int32_t top1_equal = 0;     // logits rows whose replayed top-1 id is the recorded one
+  int32_t top1_count = 0;
 };
 
 struct ReplayReport {
@@ -55,6 +57,8 @@ struct ReplayReport {
   std::vector<StepAgreement> agreement;     // teacher-forced mode: per step
   int64_t tokens_equal = 0;
   int64_t tokens_count = 0;
+  int64_t top1_equal = 0;
+  int64_t top1_count = 0;
   float logit_delta_max = 0;
   bool isolate_invariance_guaranteed = true;  // false when the replay backend is not batch-invariant
 

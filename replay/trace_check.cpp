@@ -23,19 +23,19 @@ namespace {
 struct PoolRowState {
   bool owned = false;
   RequestId owner = 0;
+  bool greedy = false;  // the owner's sampling
   std::optional<int32_t> vcl;  // as of the last output record that showed this row
 };
 
 struct OpenInput {
   trace::StepInputRecord input;
   std::vector<std::optional<int32_t>> vcl_before;  // [bs] the model's vcl of each row's pool row
+  std::vector<uint8_t> greedy;                     // [bs] 1: the row samples greedily
 };
 
 class Checker {
  public:
-  explicit Checker(const std::filesystem::path& path)
-      : reader_(trace::TraceReader::open(path, trace::TraceReaderOptions{.validate_ops = false})),
-        h_(reader_.header()) {
+  explicit Checker(trace::TraceReader reader) : reader_(std::move(reader)), h_(reader_.header()) {
     report_.header = h_;
     rows_.resize(static_cast<size_t>(h_.executor.pool_rows_count()));
   }
@@ -45,6 +45,8 @@ class Checker {
     while (!report_.violation) {
       try {
         if (!reader_.next(record)) break;
+      } catch (const trace::TraceCorruption&) {
+        throw;  // the file is damaged: not a finding about the executor (exit 2, not 1)
       } catch (const Error& e) {
         violate(last_step_, -1, 0, "record", "record", e.what());
         break;
@@ -113,6 +115,8 @@ class Checker {
       }
       pr.owned = true;
       pr.owner = row.request_id;
+      if (row.sampling) pr.greedy = row.sampling->is_greedy();
+      open.greedy.push_back(pr.greedy ? 1 : 0);
       seat_[row.request_id] = row.pool_row;
     }
     open_.push_back(std::move(open));
@@ -145,6 +149,7 @@ class Checker {
                        fmt::format("id {} outside [0, V = {})", r.tokens[t], v));
       }
     }
+    if (!check_greedy_tokens(out, open)) return;
     const bool nan_poison = std::isnan(open.input.faults.poison_value);
     for (int32_t i = 0; i < bs; ++i) {
       const OpRow& row = op.rows[i];
@@ -196,6 +201,33 @@ class Checker {
     ++report_.steps_checked;
   }
 
+  // A greedy row emits the top-1 of each logits row it emitted from (the recorded top-k's first
+  // pair: the same order, lower id first on ties), unless a fault forced its output.
+  bool check_greedy_tokens(const trace::StepOutputRecord& out, const OpenInput& open) {
+    const trace::StepInputRecord& in = open.input;
+    const size_t k = static_cast<size_t>(out.top_logits_count);
+    if (k == 0) return true;
+    const ForwardOp& op = in.op;
+    const int32_t ne = op.prefill_rows_count();
+    const int32_t w = h_.executor.verify_width;
+    for (int32_t i = 0; i < op.rows_count(); ++i) {
+      const bool forced = std::any_of(in.faults.forced_outputs.begin(), in.faults.forced_outputs.end(),
+                                      [&](const auto& f) { return f.first == i; });
+      if (open.greedy[static_cast<size_t>(i)] == 0 || forced || out.result.oov_flags[i] != 0) continue;
+      const int32_t first = i < ne ? i : ne + (i - ne) * w;
+      for (int32_t j = 0; j < out.result.accepted_lengths[i]; ++j) {
+        const size_t r = static_cast<size_t>(first + j);
+        const trace::TopLogit& best = out.top_logits[r * k];
+        if (out.result.tokens[r] == best.id) continue;
+        violate(out.step, i, op.rows[i].request_id, "greedy_token", fmt::format("tokens[{}]", r),
+                fmt::format("a greedy row emitted {} but the recorded top logit of logits row {} "
+                            "is id {} ({})", out.result.tokens[r], r, best.id, best.logit));
+        return false;
+      }
+    }
+    return true;
+  }
+
   void on_event(const trace::TraceEvent& e) {
     using trace::EventKind;
     if (e.kind == EventKind::kStepRejected) {
@@ -221,7 +253,11 @@ class Checker {
 }  // namespace
 
 CheckReport check_trace(const std::filesystem::path& path) {
-  Checker checker(path);
+  return check_trace(trace::TraceReader::open(path, trace::TraceReaderOptions{.validate_ops = false}));
+}
+
+CheckReport check_trace(trace::TraceReader reader) {
+  Checker checker(std::move(reader));
   return checker.run();
 }
 

@@ -16,6 +16,8 @@
 //   valid_cache_length  vcl <= L, and grows by exactly what the step committed: prefill rows end at
 //                       prefix + input; decode rows at (hist_token_length, or the previous vcl) + a
 //   nan_flags           flagged rows are exactly the rows the recorded faults poisoned with NaN
+//   greedy_token        a greedy row emits the recorded top-1 id of each logits row it emitted from
+//   (and, in the reader: top-k pairs in rank order with finite logits, ids in [0, V))
 #pragma once
 
 #include "core/forward_op.h"
@@ -50,8 +52,12 @@ struct CheckReport {
   bool ok() const { return !violation; }
 };
 
-// Throws ls::Error when the file is not a readable trace (bad header); a record the reader
-// rejects is reported as a violation of "record" at its step.
+// Throws ls::Error when the file is not a readable trace (bad header), trace::TraceCorruption
+// when a byte of it does not check out; a record the reader rejects otherwise is reported as a
+// violation of "record" at its step.
 CheckReport check_trace(const std::filesystem::path& path);
+// The same over an opened reader (tests: TraceReader::from_bytes; open it with validate_ops off,
+// as the checker validates every op itself).
+CheckReport check_trace(trace::TraceReader reader);
 
 }  // namespace ls::replay

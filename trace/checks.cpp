@@ -5,12 +5,13 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace ls::trace {
 
 void check_header(const TraceHeader& h) {
-  LS_REQUIRE(h.format_version >= 1 && h.format_version <= kFormatVersion,
-             "header: format_version {} is not supported (this reader reads 1..{})",
+  LS_REQUIRE(h.format_version == kFormatVersion,
+             "header: format_version {} is not supported (this build reads and writes version {})",
              h.format_version, kFormatVersion);
   h.model.validate();
   h.executor.validate();
@@ -143,9 +144,13 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
     LS_REQUIRE(r.nan_flags[i] <= 1, "nan_flags[{}] = {} is not 0 or 1", i, r.nan_flags[i]);
     LS_REQUIRE(r.oov_flags[i] <= 1, "oov_flags[{}] = {} is not 0 or 1", i, r.oov_flags[i]);
   }
-  LS_REQUIRE(record.logits_digests.empty() || record.logits_digests.size() == outputs,
-             "logits_digests holds {} digests, expected 0 or {} logits rows",
-             record.logits_digests.size(), outputs);
+  // The header says whether the steps recorded their logits' digests and top-k: then every
+  // output carries them for every logits row, else none does.
+  const bool digests = header_records_logits(h);
+  LS_REQUIRE(record.logits_digests.size() == (digests ? outputs : 0),
+             "logits_digests holds {} digests, expected {} (the header {} them)",
+             record.logits_digests.size(), digests ? outputs : 0,
+             digests ? "records" : "does not record");
   LS_REQUIRE(record.valid_cache_lengths.size() == record.future_input_digests.size(),
              "valid_cache_lengths ({}) and future_input_digests ({}) differ in length",
              record.valid_cache_lengths.size(), record.future_input_digests.size());
@@ -167,16 +172,34 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
     LS_REQUIRE(record.drafts[i] >= 0 && record.drafts[i] < vocab,
                "drafts[{}] = {} is outside [0, vocab_size = {})", i, record.drafts[i], vocab);
   }
-  const int32_t k = std::min(h.top_logits_count, vocab);
+  const int32_t k = digests ? std::min(h.top_logits_count, vocab) : 0;
   LS_REQUIRE(record.top_logits_count == (record.top_logits.empty() ? 0 : k),
              "top_logits_count = {} but the header records {}", record.top_logits_count, k);
-  LS_REQUIRE(record.top_logits.empty() || record.top_logits.size() == outputs * static_cast<size_t>(k),
-             "top_logits holds {} pairs, expected 0 or {} logits rows × {}",
-             record.top_logits.size(), outputs, k);
-  for (size_t i = 0; i < record.top_logits.size(); ++i) {
-    const int32_t id = record.top_logits[i].id;
-    LS_REQUIRE(id >= 0 && id < vocab, "top_logits[{}].id = {} is outside [0, vocab_size = {})", i,
-               id, vocab);
+  LS_REQUIRE(record.top_logits.size() == outputs * static_cast<size_t>(k),
+             "top_logits holds {} pairs, expected {} logits rows × {}", record.top_logits.size(),
+             outputs, k);
+  check_top_logits(record.top_logits, k, vocab);
+}
+
+bool header_records_logits(const TraceHeader& h) {
+  return h.executor_options.record || h.executor_options.capture_logits;
+}
+
+// Each row's pairs: ids in [0, V) and distinct, logits finite (the guard sanitised them) and in
+// the recorded order (descending, lower id first on ties).
+void check_top_logits(std::span<const TopLogit> top, int32_t k, int32_t vocab) {
+  for (size_t i = 0; i < top.size(); ++i) {
+    const TopLogit& t = top[i];
+    LS_REQUIRE(t.id >= 0 && t.id < vocab, "top_logits[{}].id = {} is outside [0, vocab_size = {})",
+               i, t.id, vocab);
+    LS_REQUIRE(std::isfinite(t.logit), "top_logits[{}].logit = {} is not finite (logits are "
+               "sanitised before they are ranked)", i, t.logit);
+    const size_t j = i % static_cast<size_t>(k);
+    if (j == 0) continue;
+    const TopLogit& prev = top[i - 1];
+    LS_REQUIRE(prev.logit > t.logit || (prev.logit == t.logit && prev.id < t.id),
+               "top_logits[{}] = (id {}, {}) does not rank after top_logits[{}] = (id {}, {})", i,
+               t.id, t.logit, i - 1, prev.id, prev.logit);
   }
 }
 
@@ -196,38 +219,107 @@ void OffsetsDigest::add(uint64_t offset) {
   hash = XXH3_64bits_withSeed(&offset, sizeof offset, hash);
 }
 
+void TraceSequence::pop_open() {
+  open_first_ = (open_first_ + 1) % kOpenStepsMax;
+  --open_count_;
+}
+
 void TraceSequence::on_input(const StepInputRecord& record, bool full_op_check) {
   LS_REQUIRE(!footer_seen_, "a step input follows the footer");
   LS_REQUIRE(record.step > last_input_step_,
              "step = {} does not follow the previous step input {} (steps must increase)",
              record.step, last_input_step_);
-  LS_REQUIRE(open_.size() < static_cast<size_t>(kOpenStepsMax),
+  LS_REQUIRE(record.step >= last_event_step_,
+             "step = {} comes after an event of step {} (steps never go back)", record.step,
+             last_event_step_);
+  LS_REQUIRE(open_count_ < kOpenStepsMax,
              "step {} opens while {} earlier steps have no output (at most {} may be open)",
-             record.step, open_.size(), kOpenStepsMax);
+             record.step, open_count_, kOpenStepsMax);
   check_step_input(record, *header_, full_op_check);
-  open_.push_back(OpenStep{record.step, record.op.rows_count(), record.op.prefill_rows_count()});
+  open_[static_cast<size_t>((open_first_ + open_count_) % kOpenStepsMax)] =
+      OpenStep{record.step, record.op.rows_count(), record.op.prefill_rows_count()};
+  ++open_count_;
   last_input_step_ = record.step;
   ++inputs_count_;
+  std::erase_if(recently_ended_, [&](const auto& e) { return e.second + kOpenStepsMax < record.step; });
+  last_input_requests_.clear();
+  for (const OpRow& row : record.op.rows) {
+    last_input_requests_.push_back(row.request_id);
+    const bool ended = std::any_of(recently_ended_.begin(), recently_ended_.end(),
+                                   [&](const auto& e) { return e.first == row.request_id; });
+    if (!ended) live_.insert(row.request_id);
+  }
 }
 
 void TraceSequence::on_output(const StepOutputRecord& record) {
   LS_REQUIRE(!footer_seen_, "a step output follows the footer");
-  LS_REQUIRE(!open_.empty(), "step output {} has no open step input", record.step);
-  LS_REQUIRE(record.step == open_.front().step,
+  LS_REQUIRE(open_count_ > 0, "step output {} has no open step input", record.step);
+  LS_REQUIRE(record.step == oldest_open().step,
              "step output {} does not match the oldest open step input {}", record.step,
-             open_.front().step);
-  check_step_output(record, open_.front(), *header_);
-  open_.pop_front();
+             oldest_open().step);
+  check_step_output(record, oldest_open(), *header_);
+  pop_open();
   ++outputs_count_;
   ++complete_steps_;
+}
+
+// Events carry the step at which they happened: never before the last step input (a step's
+// events are recorded after its input) and never before an earlier event's.
+void TraceSequence::check_event_order(const TraceEvent& event) const {
+  LS_REQUIRE(event.step >= last_event_step_,
+             "event step = {} goes back before an earlier event's step {}", event.step,
+             last_event_step_);
+  LS_REQUIRE(event.step >= last_input_step_,
+             "event step = {} goes back before the last step input {}", event.step,
+             last_input_step_);
+}
+
+// The request an event names must be one the trace knows of.
+void TraceSequence::check_event_request(const TraceEvent& event) const {
+  const RequestId id = event.request_id;
+  switch (event.kind) {
+    case EventKind::kArrive:
+      LS_REQUIRE(!live_.contains(id), "request_id = {}: an arrive event for a request already "
+                 "in flight", id);
+      return;
+    case EventKind::kStepRejected:
+      LS_REQUIRE(id == 0, "request_id = {}: a stepRejected event names no request", id);
+      return;
+    case EventKind::kFaultFired: {
+      const bool in_last_step = std::find(last_input_requests_.begin(), last_input_requests_.end(),
+                                          id) != last_input_requests_.end();
+      LS_REQUIRE(id == 0 || live_.contains(id) || in_last_step,
+                 "request_id = {}: a faultFired event names a request the trace does not know "
+                 "(not arrived, not in a step)", id);
+      return;
+    }
+    case EventKind::kFinish:
+    case EventKind::kAbort:
+    case EventKind::kRetract:
+    case EventKind::kRecover:
+      LS_REQUIRE(live_.contains(id), "request_id = {}: a {} event names a request the trace does "
+                 "not know (not arrived, not in a step, or already ended)", id, to_string(event.kind));
+      return;
+  }
+}
+
+void TraceSequence::track_requests(const TraceEvent& event) {
+  if (event.kind == EventKind::kArrive) live_.insert(event.request_id);
+  if (event.kind == EventKind::kFinish || event.kind == EventKind::kAbort) {
+    live_.erase(event.request_id);
+    recently_ended_.push_back({event.request_id, event.step});
+  }
 }
 
 void TraceSequence::on_event(const TraceEvent& event) {
   LS_REQUIRE(!footer_seen_, "an event follows the footer");
   check_event(event, *header_);
-  if (event.kind == EventKind::kStepRejected && !open_.empty() &&
-      open_.front().step == event.step) {
-    open_.pop_front();
+  check_event_order(event);
+  check_event_request(event);
+  track_requests(event);
+  last_event_step_ = event.step;
+  if (event.kind == EventKind::kStepRejected && open_count_ > 0 && oldest_open().step == event.step) {
+    pop_open();
     ++complete_steps_;
   }
   ++events_count_;

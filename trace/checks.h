@@ -7,7 +7,10 @@
 #include "trace/records.h"
 
 #include <cstdint>
-#include <deque>
+#include <span>
+#include <array>
+#include <unordered_set>
+#include <vector>
 
 namespace ls::trace {
 
@@ -31,6 +34,12 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
 
 void check_event(const TraceEvent& event, const TraceHeader& header);
 
+// Whether the header says the steps recorded logits digests and top-k logits.
+bool header_records_logits(const TraceHeader& header);
+// One step's top-k pairs, [logits rows, k]: ids in range and distinct within a row (the order
+// implies it), finite logits in rank order.
+void check_top_logits(std::span<const TopLogit> top, int32_t k, int32_t vocab);
+
 // The footer's step index, compared in O(1) memory: a count and a running hash of the offsets.
 struct OffsetsDigest {
   int64_t count = 0;
@@ -39,7 +48,9 @@ struct OffsetsDigest {
   bool operator==(const OffsetsDigest&) const = default;
 };
 
-// The ordering rules of trace/trace.capnp, as a small state machine over the records.
+// The ordering rules of trace/trace.capnp, as a small state machine over the records. It holds
+// the open steps, and the requests a later event may name (those arrived or run and not yet
+// finished or aborted): its memory follows the requests in flight, not the trace's length.
 class TraceSequence {
  public:
   explicit TraceSequence(const TraceHeader& header) : header_(&header) {}
@@ -57,15 +68,28 @@ class TraceSequence {
   int64_t outputs_count() const { return outputs_count_; }
   int64_t events_count() const { return events_count_; }
   int64_t complete_steps() const { return complete_steps_; }
-  bool has_open_step() const { return !open_.empty(); }
-  const OpenStep& oldest_open() const { return open_.front(); }
+  bool has_open_step() const { return open_count_ > 0; }
+  const OpenStep& oldest_open() const { return open_[open_first_]; }
   int64_t last_input_step() const { return last_input_step_; }
   bool footer_seen() const { return footer_seen_; }
 
  private:
+  void check_event_order(const TraceEvent& event) const;
+  void check_event_request(const TraceEvent& event) const;
+  void track_requests(const TraceEvent& event);
+  void pop_open();
+
   const TraceHeader* header_;
-  std::deque<OpenStep> open_;
+  std::array<OpenStep, kOpenStepsMax> open_{};  // a ring: no allocation per step
+  int32_t open_first_ = 0;
+  int32_t open_count_ = 0;
   int64_t last_input_step_ = -1;
+  int64_t last_event_step_ = -1;
+  std::unordered_set<RequestId> live_;  // arrived or run, not finished or aborted
+  // Finished or aborted at these event steps: a step planned before the finish was known may
+  // still carry them (overlap) without making them live again.
+  std::vector<std::pair<RequestId, int64_t>> recently_ended_;
+  std::vector<RequestId> last_input_requests_;  // a fault event may name a row of the last step
   int64_t inputs_count_ = 0;
   int64_t outputs_count_ = 0;
   int64_t events_count_ = 0;

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/drafter.h"
+#include "trace/checks.h"
 
 #include <string>
 
@@ -127,7 +128,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   e.setVerifyWidth(h.executor.verify_width);
   e.setPrefillChunkTokens(h.executor.prefill_chunk_tokens);
   e.setHostPagesCount(h.executor.host_pages_count);
-  out.setCaptureLogits(h.executor_options.capture_logits);
+  out.setCaptureLogits(header_records_logits(h));
   out.setWantLogprobs(h.executor_options.want_logprobs);
   out.setTopLogitsCount(h.top_logits_count);
   out.setBackend(h.backend);
@@ -180,9 +181,12 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.executor.verify_width = e.getVerifyWidth();
   out.executor.prefill_chunk_tokens = e.getPrefillChunkTokens();
   out.executor.host_pages_count = e.getHostPagesCount();
-  out.executor_options.capture_logits = in.getCaptureLogits();
+  // What the recording executor computed in its steps; it never captured whole logits rows.
+  out.executor_options.record = in.getCaptureLogits();
+  out.executor_options.capture_logits = false;
   out.executor_options.want_logprobs = in.getWantLogprobs();
   out.top_logits_count = in.getTopLogitsCount();
+  out.executor_options.top_logits_count = out.executor_options.record ? out.top_logits_count : 0;
   out.backend = text(in.getBackend());
   out.determinism_mode = text(in.getDeterminismMode());
   out.index_stride = in.getIndexStride();

@@ -7,15 +7,12 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <utility>
 
 namespace ls::trace {
 
 static_assert(std::endian::native == std::endian::little,
               "trace digests hash the in-memory bytes, which the format defines as little-endian");
-
-uint64_t logits_row_digest(std::span<const float> row) {
-  return XXH3_64bits(row.data(), row.size_bytes());
-}
 
 uint64_t future_inputs_digest(std::span<const int32_t> ids) {
   return XXH3_64bits(ids.data(), ids.size_bytes());
@@ -23,41 +20,30 @@ uint64_t future_inputs_digest(std::span<const int32_t> ids) {
 
 namespace {
 
-// True when `a` ranks before `b`: larger logit first, NaN last, lower id on ties.
-bool ranks_before(const TopLogit& a, const TopLogit& b) {
-  const bool a_nan = std::isnan(a.logit);
-  const bool b_nan = std::isnan(b.logit);
-  if (a_nan != b_nan) return b_nan;
-  if (!a_nan && a.logit != b.logit) return a.logit > b.logit;
-  return a.id < b.id;
-}
-
 int32_t logits_rows_of(const StepResult& result) {
   const int32_t bs = static_cast<int32_t>(result.accepted_lengths.size());
   const int32_t ne = result.prefill_rows_count;
   return ne + (bs - ne) * result.verify_width;
 }
 
-}  // namespace
-
-void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out) {
-  LS_ASSERT(count >= 0 && count <= kTopLogitsCountMax, "count {}", count);
-  const size_t k = std::min(static_cast<size_t>(count), row.size());
-  TopLogit best[kTopLogitsCountMax];
-  size_t held = 0;
-  // Insertion into a sorted array of at most 8: one comparison per logit in the common case.
-  for (size_t v = 0; v < row.size(); ++v) {
-    const TopLogit candidate{static_cast<int32_t>(v), row[v]};
-    if (held == k && (k == 0 || !ranks_before(candidate, best[k - 1]))) continue;
-    size_t at = held < k ? held++ : k - 1;
-    while (at > 0 && ranks_before(candidate, best[at - 1])) {
-      best[at] = best[at - 1];
-      --at;
-    }
-    best[at] = candidate;
+// vcl, future-input digests and (speculative decoding) drafts of the step's rows.
+void fill_state(StepOutputRecord& out, const StateSnapshot& touched, size_t bs) {
+  if (touched.pool_rows.empty()) return;
+  LS_ASSERT(touched.pool_rows.size() == bs, "snapshot of {} rows for a step of {} rows",
+            touched.pool_rows.size(), bs);
+  LS_ASSERT(touched.valid_cache_length.size() == bs, "vcl of {} rows", touched.valid_cache_length.size());
+  LS_ASSERT(touched.future_inputs.size() % bs == 0, "future inputs {} for {} rows",
+            touched.future_inputs.size(), bs);
+  const size_t width = touched.future_inputs.size() / bs;
+  out.valid_cache_lengths = touched.valid_cache_length;
+  if (width > 1) out.drafts = touched.future_inputs;  // speculative decoding: the next round's drafts
+  for (size_t r = 0; r < bs; ++r) {
+    out.future_input_digests.push_back(
+        future_inputs_digest({touched.future_inputs.data() + r * width, width}));
   }
-  out.insert(out.end(), best, best + held);
 }
+
+}  // namespace
 
 void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& result,
                       const StateSnapshot& touched, int32_t top_logits_count) {
@@ -78,7 +64,21 @@ void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& res
   out.logits_digests.clear();
   out.top_logits.clear();
   out.top_logits_count = 0;
-  if (!result.logits.empty()) {
+  if (!result.logits_digests.empty()) {
+    LS_ASSERT(result.logits_digests.size() == static_cast<size_t>(logits_rows_of(result)),
+              "{} logits digests for {} logits rows", result.logits_digests.size(),
+              logits_rows_of(result));
+    LS_ASSERT(result.top_logits_count <= top_logits_count || result.top_logits.empty(),
+              "the step computed top {} logits, the trace records {}", result.top_logits_count,
+              top_logits_count);
+    LS_ASSERT(result.top_logits.size() == result.logits_digests.size() *
+                                              static_cast<size_t>(result.top_logits_count),
+              "{} top logits for {} rows of {}", result.top_logits.size(),
+              result.logits_digests.size(), result.top_logits_count);
+    out.logits_digests = result.logits_digests;
+    out.top_logits = result.top_logits;
+    out.top_logits_count = result.top_logits.empty() ? 0 : result.top_logits_count;
+  } else if (!result.logits.empty()) {
     const int32_t rows = logits_rows_of(result);
     LS_ASSERT(rows > 0, "logits without logits rows");
     LS_ASSERT(result.logits.size() % static_cast<size_t>(rows) == 0, "logits {} rows {}",
@@ -96,19 +96,7 @@ void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& res
   out.valid_cache_lengths.clear();
   out.future_input_digests.clear();
   out.drafts.clear();
-  if (touched.pool_rows.empty()) return;
-  LS_ASSERT(touched.pool_rows.size() == bs, "snapshot of {} rows for a step of {} rows",
-            touched.pool_rows.size(), bs);
-  LS_ASSERT(touched.valid_cache_length.size() == bs, "vcl of {} rows", touched.valid_cache_length.size());
-  LS_ASSERT(touched.future_inputs.size() % bs == 0, "future inputs {} for {} rows",
-            touched.future_inputs.size(), bs);
-  const size_t width = touched.future_inputs.size() / bs;
-  out.valid_cache_lengths = touched.valid_cache_length;
-  if (width > 1) out.drafts = touched.future_inputs;  // speculative decoding: the next round's drafts
-  for (size_t r = 0; r < bs; ++r) {
-    out.future_input_digests.push_back(
-        future_inputs_digest({touched.future_inputs.data() + r * width, width}));
-  }
+  fill_state(out, touched.pool_rows.empty() ? result.state : touched, bs);
 }
 
 StepOutputRecord make_step_output(int64_t step, const StepResult& result,
@@ -120,17 +108,7 @@ StepOutputRecord make_step_output(int64_t step, const StepResult& result,
 
 StepOutputRecord make_step_output(int64_t step, StepResult&& result, const StateSnapshot& touched,
                                   int32_t top_logits_count) {
-  StepOutputRecord out;
-  // Digests first (they read the logits), then steal the vectors instead of copying them.
-  StepResult logits_only;
-  logits_only.prefill_rows_count = result.prefill_rows_count;
-  logits_only.verify_width = result.verify_width;
-  logits_only.accepted_lengths = result.accepted_lengths;
-  logits_only.logits = std::move(result.logits);
-  fill_step_output(out, step, logits_only, touched, top_logits_count);
-  result.logits.clear();
-  out.result = std::move(result);
-  return out;
+  return make_step_output(step, std::as_const(result), touched, top_logits_count);
 }
 
 }  // namespace ls::trace

@@ -1,6 +1,8 @@
-// Builds a step's output record from what the executor returned: the StepResult (logits dropped,
-// replaced by their digests), the state of the rows the step touched, and the top-k pairs.
-// All digests are XXH3-64 with seed 0 over little-endian bytes (trace/trace.capnp "DIGESTS").
+// Builds a step's output record from what the executor returned: the StepResult with its trace
+// data (logits digests, top-k pairs and the rows' state, which the backend computed inside the
+// step: ExecutorOptions::record), or — for tests and tools that captured whole logits rows —
+// digests and top-k computed here from StepResult::logits by the same definition
+// (core/logits_digest.h; trace/trace.capnp "DIGESTS").
 #pragma once
 
 #include "core/backend.h"
@@ -13,16 +15,15 @@
 
 namespace ls::trace {
 
-uint64_t logits_row_digest(std::span<const float> row);      // over V float32 values
-uint64_t future_inputs_digest(std::span<const int32_t> ids);  // over W int32 ids
+using ls::append_top_logits;   // logit descending, lower id first on ties, NaN last
+using ls::logits_row_digest;   // core/logits_digest.h
+uint64_t future_inputs_digest(std::span<const int32_t> ids);  // XXH3-64 over W int32 ids
 
-// Appends the top `count` (id, logit) pairs of `row` to `out`: logit descending, lower id first
-// on ties, NaN after every number. `count` is clamped to the row's length.
-void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out);
-
-// `touched` is read_state() of the op's pool rows in op row order ([bs] rows), or empty when the
-// caller does not record state. `top_logits_count` in 0..kTopLogitsCountMax; top pairs and logits
-// digests are produced only when `result.logits` holds the logits rows.
+// `touched` is read_state() of the op's pool rows in op row order ([bs] rows), or empty: then the
+// result's own snapshot (StepResult::state) is used, or no state is recorded when that is empty
+// too. `top_logits_count` in 0..kTopLogitsCountMax. Digests and top pairs come from the result's
+// trace data when it has them (the count must then be the result's), else from `result.logits`
+// when it holds the logits rows, else the record has none.
 StepOutputRecord make_step_output(int64_t step, StepResult&& result, const StateSnapshot& touched,
                                   int32_t top_logits_count);
 StepOutputRecord make_step_output(int64_t step, const StepResult& result,

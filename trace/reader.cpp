@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "trace/checks.h"
 #include "trace/codec.h"
+#include "trace/framing.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -97,19 +98,18 @@ T& reuse(TraceRecord& out) {
 }  // namespace
 
 std::string TraceTruncation::describe() const {
-  if (open_step) {
-    std::string text =
-        fmt::format("trace ends inside step {}; {} complete steps", *open_step, complete_steps);
-    if (trailing_bytes > 0) text += fmt::format(" ({} bytes of a partial record)", trailing_bytes);
-    return text;
-  }
-  return fmt::format("trace ends inside a record after {} complete steps ({} bytes of a partial "
-                     "record)",
-                     complete_steps, trailing_bytes);
+  std::string text = fmt::format("the trace ends at byte {} without its footer (not closed: a "
+                                 "killed process, or written without one) after {} complete "
+                                 "records; {} complete steps",
+                                 complete_bytes, complete_records, complete_steps);
+  if (open_step) text += fmt::format("; step {} has no output", *open_step);
+  text += trailing_bytes > 0
+              ? fmt::format("; {} bytes of a partial record dropped", trailing_bytes)
+              : std::string("; no partial record");
+  return text;
 }
 
 struct TraceReader::Impl {
-  enum class Frame { kEnd, kPartial, kWhole };
 
   std::string name;
   TraceReaderOptions options;
@@ -133,33 +133,40 @@ struct TraceReader::Impl {
   // Context of the record being read, for error messages.
   const char* kind_label = "record";
   std::optional<int64_t> step;
+  std::optional<int64_t> last_step;  // of the last record read that names one
 
-  Frame frame(uint64_t& message_bytes) const;
+  framing::Frame frame() const;
+  capnp::FlatArrayMessageReader message_at(uint64_t payload_bytes) const;
+  void read_preamble();
+  [[noreturn]] void corrupt(const std::string& problem) const;
   void read_header();
   bool next(TraceRecord& out);
   enum class Read { kRecord, kSkipped, kEnd };
   Read read_record(TraceRecord& out);
+  std::optional<int64_t> step_of_frame(uint64_t offset, uint64_t payload_bytes) const;
   std::string where() const;
   void advance(uint64_t message_bytes);
 };
 
-TraceReader::Impl::Frame TraceReader::Impl::frame(uint64_t& message_bytes) const {
-  const uint64_t remaining = size - pos;
-  if (remaining == 0) return Frame::kEnd;
-  if (remaining < 8) return Frame::kPartial;
-  const kj::byte* p = data + pos;
+// The frame at `pos`; for a whole frame, also checks that the message's own segment table spans
+// exactly the framed bytes (the writer's framing and capnp's must agree).
+framing::Frame TraceReader::Impl::frame() const {
+  framing::Frame f = framing::read_frame(data, size, pos, kRecordBytesMax, options.verify_checksums);
+  if (f.status != framing::FrameStatus::kWhole) return f;
+  const kj::byte* p = data + pos + framing::kFrameHeaderBytes;
   const uint64_t segments = uint64_t{load_u32(p)} + 1;
-  LS_REQUIRE(segments <= kSegmentsMax, "corrupt message framing: {} segments (at most {})",
-             segments, kSegmentsMax);
   const uint64_t table_bytes = (4 + 4 * segments + 7) / 8 * 8;
-  if (remaining < table_bytes) return Frame::kPartial;
   uint64_t words = 0;
-  for (uint64_t s = 0; s < segments; ++s) words += load_u32(p + 4 + 4 * s);
-  message_bytes = table_bytes + words * 8;
-  LS_REQUIRE(message_bytes <= kRecordBytesMax,
-             "corrupt message framing: a record of {} bytes exceeds the {} byte limit",
-             message_bytes, kRecordBytesMax);
-  return message_bytes <= remaining ? Frame::kWhole : Frame::kPartial;
+  if (segments <= kSegmentsMax && table_bytes <= f.payload_bytes) {
+    for (uint64_t k = 0; k < segments; ++k) words += load_u32(p + 4 + 4 * k);
+  }
+  if (segments > kSegmentsMax || table_bytes > f.payload_bytes ||
+      table_bytes + words * 8 != f.payload_bytes) {
+    return {framing::FrameStatus::kCorrupt, f.payload_bytes,
+            fmt::format("the message's segment table ({} segments) does not span its {} framed "
+                        "bytes", segments, f.payload_bytes)};
+  }
+  return f;
 }
 
 std::string TraceReader::Impl::where() const {
@@ -169,8 +176,8 @@ std::string TraceReader::Impl::where() const {
   return text;
 }
 
-void TraceReader::Impl::advance(uint64_t message_bytes) {
-  pos += message_bytes;
+void TraceReader::Impl::advance(uint64_t payload_bytes) {
+  pos += framing::kFrameHeaderBytes + payload_bytes;
   ++records_read;
   if (mapped.data() != nullptr && pos - released >= options.release_window_bytes) {
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -180,19 +187,65 @@ void TraceReader::Impl::advance(uint64_t message_bytes) {
   }
 }
 
+// The message of the whole frame at `pos`, with per-record limits.
+capnp::FlatArrayMessageReader TraceReader::Impl::message_at(uint64_t payload_bytes) const {
+  capnp::ReaderOptions limits;
+  limits.traversalLimitInWords = payload_bytes / 8 * kTraversalFactor + kTraversalSlackWords;
+  limits.nestingLimit = kNestingLimit;
+  return capnp::FlatArrayMessageReader(
+      kj::arrayPtr(reinterpret_cast<const capnp::word*>(data + pos + framing::kFrameHeaderBytes),
+                   payload_bytes / 8),
+      limits);
+}
+
+// A file without the preamble may be a trace of format version 1 (no framing): its first
+// message is the header, which names the version. Refused by name, never misread.
+void TraceReader::Impl::read_preamble() {
+  LS_REQUIRE(size >= framing::kPreambleBytes,
+             "the file ends inside the preamble ({} of {} bytes): not a complete lockstep trace",
+             size, framing::kPreambleBytes);
+  uint32_t version = 0;
+  const framing::PreambleStatus status = framing::read_preamble(data, version);
+  if (status == framing::PreambleStatus::kCorrupt) {
+    throw Error("corrupt preamble: its check does not match (bytes 0..15)");
+  }
+  if (status == framing::PreambleStatus::kOk) {
+    LS_REQUIRE(version == kFormatVersion,
+               "format version {} is not supported: this build reads version {} only", version,
+               kFormatVersion);
+    return;
+  }
+  std::optional<uint32_t> old_version;
+  try {
+    capnp::ReaderOptions limits;
+    limits.traversalLimitInWords = 1 << 20;
+    limits.nestingLimit = kNestingLimit;
+    capnp::FlatArrayMessageReader message(
+        kj::arrayPtr(reinterpret_cast<const capnp::word*>(data), size / 8), limits);
+    const auto root = message.getRoot<schema::Record>();
+    if (root.which() == schema::Record::HEADER && root.getHeader().getMagic() == schema::TRACE_MAGIC) {
+      old_version = root.getHeader().getFormatVersion();
+    }
+  } catch (const kj::Exception&) {
+  }
+  LS_REQUIRE(old_version.has_value(), "no lockstep trace preamble (bad magic): not a lockstep trace");
+  throw Error(fmt::format("format version {} (a trace without checksummed framing) is not "
+                          "supported: this build reads version {} only; record the run again",
+                          *old_version, kFormatVersion));
+}
+
 void TraceReader::Impl::read_header() {
   LS_REQUIRE(size > 0, "{}: empty file, not a lockstep trace", name);
   kind_label = "header";
   try {
-    uint64_t bytes = 0;
-    const Frame f = frame(bytes);
-    LS_REQUIRE(f == Frame::kWhole, "the file ends inside the header ({} bytes): not a complete "
-               "lockstep trace", size);
-    capnp::ReaderOptions limits;
-    limits.traversalLimitInWords = bytes / 8 * kTraversalFactor + kTraversalSlackWords;
-    limits.nestingLimit = kNestingLimit;
-    capnp::FlatArrayMessageReader message(
-        kj::arrayPtr(reinterpret_cast<const capnp::word*>(data), bytes / 8), limits);
+    read_preamble();
+    pos = framing::kPreambleBytes;
+    const framing::Frame f = frame();
+    LS_REQUIRE(f.status != framing::FrameStatus::kCorrupt, "corrupt header record: {}", f.problem);
+    LS_REQUIRE(f.status == framing::FrameStatus::kWhole,
+               "the file ends inside the header record ({} bytes): not a complete lockstep trace, "
+               "nothing to replay", size);
+    capnp::FlatArrayMessageReader message = message_at(f.payload_bytes);
     const auto root = message.getRoot<schema::Record>();
     LS_REQUIRE(root.which() == schema::Record::HEADER,
                "the first record is not a header: not a lockstep trace");
@@ -201,7 +254,7 @@ void TraceReader::Impl::read_header() {
                h.getMagic());
     codec::decode(h, header);
     check_header(header);
-    advance(bytes);
+    advance(f.payload_bytes);
   } catch (const Error& e) {
     throw Error(fmt::format("{}: {}", where(), e.what()));
   } catch (const kj::Exception& e) {
@@ -220,6 +273,9 @@ bool TraceReader::Impl::next(TraceRecord& out) {
       const Read read = read_record(out);
       if (read != Read::kSkipped) return read == Read::kRecord;
     }
+  } catch (const TraceCorruption& e) {
+    failure = e.what();
+    throw;
   } catch (const Error& e) {
     failure = fmt::format("{}: {}", where(), e.what());
   } catch (const kj::Exception& e) {
@@ -228,30 +284,80 @@ bool TraceReader::Impl::next(TraceRecord& out) {
   throw Error(failure);
 }
 
+// The step a whole frame's record names, if it decodes.
+std::optional<int64_t> TraceReader::Impl::step_of_frame(uint64_t offset, uint64_t payload_bytes) const {
+  try {
+    capnp::ReaderOptions limits;
+    limits.traversalLimitInWords = payload_bytes / 8 * kTraversalFactor + kTraversalSlackWords;
+    limits.nestingLimit = kNestingLimit;
+    capnp::FlatArrayMessageReader message(
+        kj::arrayPtr(reinterpret_cast<const capnp::word*>(data + offset + framing::kFrameHeaderBytes),
+                     payload_bytes / 8),
+        limits);
+    const auto root = message.getRoot<schema::Record>();
+    switch (root.which()) {
+      case schema::Record::STEP_INPUT: return root.getStepInput().getStep();
+      case schema::Record::STEP_OUTPUT: return root.getStepOutput().getStep();
+      case schema::Record::EVENT: return root.getEvent().getStep();
+      default: return std::nullopt;
+    }
+  } catch (const kj::Exception&) {
+    return std::nullopt;
+  }
+}
+
+// Corruption inside the file: names where, and how much of the rest still checks out (frames
+// start on 8-byte boundaries, so the scan tries each one after the bad frame).
+void TraceReader::Impl::corrupt(const std::string& problem) const {
+  int64_t intact = 0;
+  uint64_t first_offset = 0;
+  std::optional<int64_t> first_step;
+  for (uint64_t o = pos + 8; o + framing::kFrameHeaderBytes <= size; o += 8) {
+    const framing::Frame f = framing::read_frame(data, size, o, kRecordBytesMax);
+    if (f.status != framing::FrameStatus::kWhole) continue;
+    if (intact++ == 0) {
+      first_offset = o;
+      first_step = step_of_frame(o, f.payload_bytes);
+    }
+    o += framing::kFrameHeaderBytes + f.payload_bytes - 8;
+  }
+  std::string text = fmt::format("{}: corrupt record {} at byte offset {} (", name, records_read, pos);
+  text += last_step ? fmt::format("after step {}", *last_step) : std::string("before any step");
+  text += fmt::format("): {}; the file is damaged inside, not cut off: ", problem);
+  if (intact == 0) {
+    text += "no later record is intact";
+  } else {
+    text += fmt::format("{} later records are intact, the first at byte offset {}", intact,
+                        first_offset);
+    if (first_step) text += fmt::format(" (step {})", *first_step);
+  }
+  throw TraceCorruption(text);
+}
+
 TraceReader::Impl::Read TraceReader::Impl::read_record(TraceRecord& out) {
-  uint64_t bytes = 0;
-  const Frame f = frame(bytes);
-  if (f != Frame::kWhole) {
+  const framing::Frame f = frame();
+  if (f.status == framing::FrameStatus::kCorrupt) corrupt(f.problem);
+  if (f.status != framing::FrameStatus::kWhole) {
     ended = true;
     const uint64_t trailing = size - pos;
-    if (trailing > 0 || sequence->has_open_step()) {
-      LS_REQUIRE(!footer, "{} bytes follow the footer", trailing);
-      truncation = TraceTruncation{
-          .complete_steps = sequence->complete_steps(),
-          .open_step = sequence->has_open_step()
-                           ? std::optional<int64_t>(sequence->oldest_open().step)
-                           : std::nullopt,
-          .complete_bytes = pos,
-          .trailing_bytes = trailing};
+    if (footer) {
+      LS_REQUIRE(trailing == 0, "{} bytes follow the footer", trailing);
+      return Read::kEnd;
     }
+    // No footer: the writer did not close the file (killed, or a trace written without one).
+    truncation = TraceTruncation{
+        .complete_steps = sequence->complete_steps(),
+        .open_step = sequence->has_open_step()
+                         ? std::optional<int64_t>(sequence->oldest_open().step)
+                         : std::nullopt,
+        .complete_bytes = pos,
+        .trailing_bytes = trailing,
+        .complete_records = records_read};
     return Read::kEnd;
   }
   LS_REQUIRE(!footer, "a record follows the footer");
-  capnp::ReaderOptions limits;
-  limits.traversalLimitInWords = bytes / 8 * kTraversalFactor + kTraversalSlackWords;
-  limits.nestingLimit = kNestingLimit;
-  capnp::FlatArrayMessageReader message(
-      kj::arrayPtr(reinterpret_cast<const capnp::word*>(data + pos), bytes / 8), limits);
+  const uint64_t bytes = f.payload_bytes;
+  capnp::FlatArrayMessageReader message = message_at(bytes);
   const auto root = message.getRoot<schema::Record>();
   switch (root.which()) {
     case schema::Record::HEADER:
@@ -317,6 +423,7 @@ TraceReader::Impl::Read TraceReader::Impl::read_record(TraceRecord& out) {
       return Read::kSkipped;
   }
   advance(bytes);
+  if (step) last_step = step;
   return Read::kRecord;
 }
 

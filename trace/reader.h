@@ -12,9 +12,11 @@
 //   }
 //   if (auto cut = reader.truncation()) std::puts(cut->describe().c_str());
 //
-// Errors (bad magic, corrupt message, an index out of range, broken ordering) are ls::Error whose
-// message names the file, the record number, its byte offset, the step and the field. A cut-off
-// tail is not an error: next() returns false and truncation() says where the trace ends.
+// Errors (bad magic, an old format version, an index out of range, broken ordering) are
+// ls::Error whose message names the file, the record number, its byte offset, the step and the
+// field; a checksum that does not match before the end of the file is a TraceCorruption, whose
+// message also says how many later records are intact. A cut-off tail is not an error: next()
+// returns false and truncation() says where the trace ends, and that the footer is missing.
 #pragma once
 
 #include "trace/records.h"
@@ -34,15 +36,29 @@ struct TraceReaderOptions {
   bool validate_ops = true;
   // Mapped pages behind the cursor are dropped (madvise) every this many bytes.
   uint64_t release_window_bytes = uint64_t{16} << 20;
+  // Check the preamble's, every frame header's and every message's checksum. Only the fuzzer
+  // turns this off (it cannot forge a checksum, and the decoder behind must survive any bytes).
+  bool verify_checksums = true;
 };
 
-// Where and how a trace that was not closed cleanly ends.
+// A byte of the file that does not check out, or a record whose framing is broken, before the
+// end of the file: the file is damaged inside (not a cut-off tail). Replay and check exit 2.
+class TraceCorruption : public Error {
+ public:
+  using Error::Error;
+};
+
+// Where and how a trace without its footer ends (a killed process, or a writer without footer):
+// every whole record before complete_bytes checked out, and is usable.
 struct TraceTruncation {
   int64_t complete_steps = 0;        // steps whose output (or rejection) was read
   std::optional<int64_t> open_step;  // the first step whose input was read but not its output
-  uint64_t complete_bytes = 0;       // bytes of whole records
-  uint64_t trailing_bytes = 0;       // bytes of the partial record after them
-  // "trace ends inside step 812; 811 complete steps"
+  uint64_t complete_bytes = 0;       // bytes of the preamble and whole records
+  uint64_t trailing_bytes = 0;       // bytes of the partial record after them, dropped
+  int64_t complete_records = 0;      // header included
+  bool footer_missing = true;        // always: a trace with its footer is not truncated
+  // "the trace ends at byte 4096 without its footer (...) after 57 complete records; 27
+  // complete steps; step 28 has no output; 312 bytes of a partial record dropped"
   std::string describe() const;
 };
 

@@ -4,6 +4,7 @@
 #include "trace/checks.h"
 #include "trace/codec.h"
 #include "trace/digests.h"
+#include "trace/framing.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -15,7 +16,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -25,6 +25,9 @@ namespace {
 
 constexpr size_t kFreeItemsMax = 1024;
 constexpr uint64_t kItemOverheadBytes = 128;
+// The first segment every record is built in, reused (capnp zeroes what it used when the builder
+// is destroyed): a record that fits allocates nothing. 128 KiB holds a batch-256 output record.
+constexpr size_t kScratchWords = size_t{16} << 10;
 
 // One queued record. Items are recycled so that their vectors keep their capacity.
 struct Item {
@@ -49,14 +52,15 @@ uint64_t bytes_of(const ForwardOp& op) {
   return bytes;
 }
 
-uint64_t bytes_of(const StepResult& r) {
-  return bytes_of(r.tokens) + bytes_of(r.accepted_lengths) + bytes_of(r.logprobs) +
-         bytes_of(r.nan_flags) + bytes_of(r.oov_flags) + bytes_of(r.logits);
-}
-
 uint64_t bytes_of(const StateSnapshot& s) {
   return bytes_of(s.pool_rows) + bytes_of(s.valid_cache_length) + bytes_of(s.future_inputs) +
          bytes_of(s.table);
+}
+
+uint64_t bytes_of(const StepResult& r) {
+  return bytes_of(r.tokens) + bytes_of(r.accepted_lengths) + bytes_of(r.logprobs) +
+         bytes_of(r.nan_flags) + bytes_of(r.oov_flags) + bytes_of(r.logits) +
+         bytes_of(r.logits_digests) + bytes_of(r.top_logits) + bytes_of(r.state);
 }
 
 uint64_t bytes_of(const StepOutputRecord& o) {
@@ -103,6 +107,7 @@ struct Recorder::State {
   uint64_t file_offset = 0;
   std::vector<uint64_t> step_offsets;  // of step inputs 0, stride, 2·stride, …
   StepOutputRecord scratch_output;
+  std::vector<capnp::word> scratch_segment = std::vector<capnp::word>(kScratchWords);  // zeroed
   int64_t records_appended = 0;  // published to `stats` by flush()
   int64_t rejected_ops = 0;
 
@@ -110,7 +115,8 @@ struct Recorder::State {
   mutable std::mutex mutex;
   std::condition_variable has_work;
   std::condition_variable has_space;
-  std::deque<std::unique_ptr<Item>> queue;
+  // Swapped whole with the writer's batch, so neither allocates once both have grown.
+  std::vector<std::unique_ptr<Item>> queue;
   std::vector<std::unique_ptr<Item>> free_items;
   uint64_t in_flight_bytes = 0;
   bool writer_waiting = false;
@@ -167,12 +173,20 @@ void Recorder::State::push(std::unique_ptr<Item> item) {
   if (wake) has_work.notify_one();
 }
 
+// One frame: the header (sealed once the message is in place) and the message.
 template <typename Record, typename Encode>
 void Recorder::State::append(const Record& record, Encode encode) {
-  capnp::MallocMessageBuilder message(1024);
+  capnp::MallocMessageBuilder message(kj::arrayPtr(scratch_segment.data(), scratch_segment.size()));
   encode(record, message.initRoot<schema::Record>());
+  const size_t frame_at = buffer.size();
+  buffer.resize(frame_at + framing::kFrameHeaderBytes);
   VectorOutput out(buffer);
   capnp::writeMessage(out, message);
+  const uint64_t payload_bytes = buffer.size() - frame_at - framing::kFrameHeaderBytes;
+  LS_REQUIRE(payload_bytes <= kRecordBytesMax,
+             "trace record of {} bytes exceeds the {} byte limit of one record", payload_bytes,
+             kRecordBytesMax);
+  framing::seal_frame(buffer.data() + frame_at, payload_bytes, file_offset + frame_at);
   ++records_appended;
 }
 
@@ -251,10 +265,7 @@ void Recorder::State::writer_main() {
       has_work.wait(lock, [&] { return !queue.empty() || closing; });
       writer_waiting = false;
       if (queue.empty()) return;  // closing, and drained
-      while (!queue.empty()) {
-        batch.push_back(std::move(queue.front()));
-        queue.pop_front();
-      }
+      batch.swap(queue);
     }
     uint64_t batch_bytes = 0;
     bool failed = false;
@@ -300,6 +311,8 @@ std::unique_ptr<Recorder> Recorder::open(const std::filesystem::path& path,
   state->fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   LS_REQUIRE(state->fd >= 0, "cannot create trace file {}: {}", path.string(), std::strerror(errno));
   try {
+    state->buffer.resize(framing::kPreambleBytes);
+    framing::write_preamble(state->buffer.data(), header.format_version);
     state->append(header, [](const TraceHeader& h, schema::Record::Builder root) {
       codec::encode(h, root.initHeader());
     });

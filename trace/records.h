@@ -18,8 +18,10 @@
 
 namespace ls::trace {
 
-inline constexpr uint32_t kFormatVersion = 1;
-inline constexpr int32_t kTopLogitsCountMax = 8;
+// 2: checksummed framing (a preamble, then frames of a header and a message; trace.capnp).
+// A reader of version 2 refuses version 1 files, naming the version.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr int32_t kTopLogitsCountMax = ls::kTopLogitsCountMax;
 // At most this many steps may be open (input written, output not yet) at once: an overlapped
 // executor records input k+1 before output k.
 inline constexpr int32_t kOpenStepsMax = 2;
@@ -62,12 +64,7 @@ struct StepInputRecord {
   bool operator==(const StepInputRecord&) const = default;
 };
 
-struct TopLogit {
-  int32_t id = 0;
-  float logit = 0.0f;
-
-  bool operator==(const TopLogit&) const = default;
-};
+using TopLogit = ls::TopLogit;  // core/logits_digest.h: the backends compute them
 
 struct StepOutputRecord {
   int64_t step = 0;

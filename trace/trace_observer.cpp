@@ -73,7 +73,12 @@ void TraceObserver::record_fault(int64_t step, RequestId request, const std::str
 }
 
 ExecutorOptions recording_executor_options() {
-  return ExecutorOptions{.capture_logits = true, .want_logprobs = false};
+  // The step computes what a record needs (digests, top-k, the rows' state) where the logits
+  // are; nothing proportional to the vocabulary reaches the host.
+  return ExecutorOptions{.capture_logits = false,
+                         .want_logprobs = false,
+                         .record = true,
+                         .top_logits_count = kTopLogitsCountMax};
 }
 
 std::string build_id() {

@@ -28,8 +28,9 @@ class TraceObserver : public StepObserver {
   Recorder& recorder_;
 };
 
-// The header of a trace recorded from this executor. Recording always captures logits so that
-// the output records carry logits digests and the top-8 (id, logit) pairs replay compares.
+// The header of a trace recorded from this executor. Recording executors compute logits digests
+// and the top-8 (id, logit) pairs inside each step (recording_executor_options), which replay
+// compares.
 // `machine`: what the backend knows of its device (GPU name, SM count, driver, CUDA and cuBLAS
 // versions) when it runs on one; the CPU's name is filled in either way.
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,

@@ -74,8 +74,9 @@ TEST(Recorder, BoundedQueueWaitsInsteadOfDropping) {
                                  {.max_in_flight_bytes = 512, .write_batch_bytes = 64});
   constexpr int kEvents = 20000;
   for (int i = 0; i < kEvents; ++i) {
-    recorder->record_event({.kind = EventKind::kFaultFired, .request_id = static_cast<RequestId>(i),
-                            .step = 0, .detail = "fault site " + std::to_string(i)});
+    // Each a new request arriving (an event must name a request the trace knows of).
+    recorder->record_event({.kind = EventKind::kArrive, .request_id = static_cast<RequestId>(i),
+                            .step = 0, .detail = "arrival " + std::to_string(i)});
   }
   recorder->close();
   const RecorderStats stats = recorder->stats();
@@ -121,7 +122,7 @@ TEST(Recorder, OverlappedStepsAndRejectionsCloseInOrder) {
   const ExecutorConfig config = ls::testing::small_config();
   ls::testing::Harness h(config);
   {
-    auto recorder = Recorder::open(file.path(), testing::header_for(config));
+    auto recorder = Recorder::open(file.path(), testing::header_for(config, {.capture_logits = true}));
     ForwardOp first;
     first.rows.push_back(ls::testing::prefill_row(1, 1, 0, 4, 4));
     first.rows[0].refresh = {0, {1, 2}};

@@ -73,7 +73,8 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   }
   TraceReader reader = TraceReader::open(file.path());
   const TraceHeader& h = reader.header();
-  EXPECT_EQ(h.format_version, 1u);
+  EXPECT_EQ(h.format_version, kFormatVersion);
+  EXPECT_EQ(kFormatVersion, 2u);
   EXPECT_EQ(h.build_id, "lockstep-test 0.1.0");
   EXPECT_EQ(h.model.name, "tiny");
   EXPECT_EQ(h.model.hidden_size, 64);
@@ -95,7 +96,9 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   EXPECT_EQ(h.executor.pages_count, 200);
   EXPECT_EQ(h.executor.verify_width, 1);
   EXPECT_EQ(h.executor.prefill_chunk_tokens, 64);
-  EXPECT_TRUE(h.executor_options.capture_logits);
+  EXPECT_TRUE(h.executor_options.record);  // the header's captureLogits: digests recorded
+  EXPECT_FALSE(h.executor_options.capture_logits);
+  EXPECT_EQ(h.executor_options.top_logits_count, 8);
   EXPECT_TRUE(h.executor_options.want_logprobs);
   EXPECT_EQ(h.top_logits_count, 8);
   EXPECT_EQ(h.backend, "cpu");
@@ -175,12 +178,50 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   EXPECT_EQ(reader.offset(), reader.file_bytes());
 }
 
-TEST(TraceDigests, MatchXxh3OverTheLittleEndianBytes) {
+// trace.capnp's "DIGESTS" definition of a logits row's digest, written out again from the text
+// (64-bit sums truncated at the end), so that a change of either shows.
+uint64_t spec_logits_digest(const std::vector<float>& row) {
+  auto fmix32 = [](uint32_t h) {
+    h ^= h >> 16, h *= 0x85EBCA6Bu, h ^= h >> 13, h *= 0xC2B2AE35u, h ^= h >> 16;
+    return h;
+  };
+  uint64_t a = 0, b = 0;
+  for (uint32_t i = 0; i < row.size(); ++i) {
+    uint32_t u = 0;
+    std::memcpy(&u, &row[i], 4);
+    a += fmix32(u ^ (i * 0x9E3779B1u));
+    b += fmix32((u + 0x7F4A7C15u) ^ (i * 0x85EBCA77u + 0xC2B2AE3Du));
+  }
+  uint64_t k = ((a & 0xFFFFFFFFu) << 32 | (b & 0xFFFFFFFFu)) ^
+               (static_cast<uint64_t>(row.size()) * 0x9E3779B97F4A7C15ull);
+  k ^= k >> 33, k *= 0xFF51AFD7ED558CCDull, k ^= k >> 33, k *= 0xC4CEB9FE1A85EC53ull, k ^= k >> 33;
+  return k;
+}
+
+TEST(TraceDigests, LogitsDigestIsTheFormatsDefinitionAndFuturesAreXxh3) {
   const std::vector<float> row = {0.5f, -2.0f, 3.25f};
-  unsigned char bytes[12];
-  std::memcpy(bytes, row.data(), 12);
-  EXPECT_EQ(logits_row_digest(row), XXH3_64bits(bytes, 12));
+  EXPECT_EQ(logits_row_digest(row), spec_logits_digest(row));
+  EXPECT_EQ(logits_row_digest(row), 0x30a59bfac427c8bcull) << std::hex << logits_row_digest(row);
   EXPECT_NE(logits_row_digest(row), logits_row_digest(std::vector<float>{0.5f, -2.0f, 3.5f}));
+  // Every single-bit flip of every value changes it; so do swapping two values and −0 for +0.
+  std::vector<float> long_row(1000);
+  for (size_t i = 0; i < long_row.size(); ++i) long_row[i] = std::sin(0.37f * static_cast<float>(i));
+  const uint64_t base = logits_row_digest(long_row);
+  EXPECT_EQ(base, spec_logits_digest(long_row));
+  for (size_t i = 0; i < long_row.size(); i += 37) {
+    for (int bit = 0; bit < 32; ++bit) {
+      std::vector<float> flipped = long_row;
+      uint32_t u = 0;
+      std::memcpy(&u, &flipped[i], 4);
+      u ^= 1u << bit;
+      std::memcpy(&flipped[i], &u, 4);
+      ASSERT_NE(logits_row_digest(flipped), base) << "value " << i << " bit " << bit;
+    }
+  }
+  std::vector<float> swapped = long_row;
+  std::swap(swapped[3], swapped[4]);
+  EXPECT_NE(logits_row_digest(swapped), base);
+  EXPECT_NE(logits_row_digest(std::vector<float>{0.0f}), logits_row_digest(std::vector<float>{-0.0f}));
   const int32_t ids[] = {7, 0x01020304};
   const unsigned char id_bytes[] = {7, 0, 0, 0, 4, 3, 2, 1};
   EXPECT_EQ(future_inputs_digest(ids), XXH3_64bits(id_bytes, 8));
@@ -223,7 +264,8 @@ TEST(TraceDigests, StepOutputDigestsEveryLogitsRowAndTouchedRow) {
   EXPECT_EQ(out.result.tokens, result.tokens);
   const float row0[] = {0.0f, 1.0f, 3.0f, 2.0f};
   const float row1[] = {9.0f, 1.0f, 1.0f, -1.0f};
-  EXPECT_THAT(out.logits_digests, ElementsAre(XXH3_64bits(row0, 16), XXH3_64bits(row1, 16)));
+  EXPECT_THAT(out.logits_digests,
+              ElementsAre(spec_logits_digest({row0, row0 + 4}), spec_logits_digest({row1, row1 + 4})));
   EXPECT_THAT(out.valid_cache_lengths, ElementsAre(6, 11));
   const int32_t f0 = 2, f1 = 0;
   EXPECT_THAT(out.future_input_digests, ElementsAre(XXH3_64bits(&f0, 4), XXH3_64bits(&f1, 4)));

@@ -5,7 +5,11 @@
 #include "core/check.h"
 #include "tests/test_support.h"
 #include "trace/reader.h"
+#include "trace/framing.h"
 #include "trace/recorder.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
 
 #include <unistd.h>
 
@@ -44,6 +48,20 @@ inline std::vector<std::byte> read_bytes(const std::filesystem::path& path) {
 inline void write_bytes(const std::filesystem::path& path, std::span<const std::byte> bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Appends one record as the format frames it (trace/framing.h): a sealed frame header at the
+// file's current end, then the message. Tests build records the recorder would refuse with it.
+inline void append_framed(std::vector<std::byte>& bytes, capnp::MessageBuilder& message) {
+  if (bytes.empty()) {  // a new file: the preamble first
+    bytes.resize(framing::kPreambleBytes);
+    framing::write_preamble(reinterpret_cast<unsigned char*>(bytes.data()), kFormatVersion);
+  }
+  const kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
+  const size_t at = bytes.size();
+  bytes.resize(at + framing::kFrameHeaderBytes + words.size() * 8);
+  std::memcpy(bytes.data() + at + framing::kFrameHeaderBytes, words.begin(), words.size() * 8);
+  framing::seal_frame(reinterpret_cast<unsigned char*>(bytes.data() + at), words.size() * 8, at);
 }
 
 inline TraceHeader header_for(const ExecutorConfig& config, ExecutorOptions options = {}) {
