@@ -3,38 +3,141 @@
 #include "core/check.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 namespace ls {
 
-uint64_t logits_row_digest(std::span<const float> row) {
+// Cloned for AVX2 (dispatched at load time): the loop vectorises there with 8 lanes of 32-bit
+// multiplies, which x86-64's baseline SSE2 lacks. The sums are exact whatever the lane order.
+[[gnu::target_clones("avx2", "default")]] uint64_t logits_row_digest(std::span<const float> row) {
+  const float* x = row.data();
+  const uint32_t n = static_cast<uint32_t>(row.size());
   uint32_t a = 0;
   uint32_t b = 0;
-  for (size_t i = 0; i < row.size(); ++i) {
-    const uint32_t bits = digest::bits_of(row[i]);
-    a += digest::lane_a(bits, static_cast<uint32_t>(i));
-    b += digest::lane_b(bits, static_cast<uint32_t>(i));
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof bits);
+    a += digest::lane_a(bits, i);
+    b += digest::lane_b(bits, i);
   }
-  return digest::finish(a, b, static_cast<uint32_t>(row.size()));
+  return digest::finish(a, b, n);
 }
 
-void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out) {
-  LS_ASSERT(count >= 0 && count <= kTopLogitsCountMax, "count {}", count);
-  const size_t k = std::min(static_cast<size_t>(count), row.size());
+namespace {
+
+// The k best of `row` as rank keys, best first, in `best`; returns how many are held.
+struct TopKeys {
   uint64_t best[kTopLogitsCountMax];
   size_t held = 0;
-  // Insertion into a sorted array of at most 8: one comparison per logit in the common case.
-  for (size_t v = 0; v < row.size(); ++v) {
+  size_t k = 0;
+  // Once k are held, a logit enters only if it is strictly greater than the k-th (a tie has a
+  // higher id, so it ranks after); while the k-th is NaN, any number enters.
+  float threshold = 0.0f;
+  bool threshold_nan = false;
+
+  bool may_enter(float x) const {
+    return held < k || (threshold_nan ? !std::isnan(x) : x > threshold);
+  }
+  void insert(std::span<const float> row, size_t v) {
     const uint64_t key = digest::rank_key(digest::bits_of(row[v]), static_cast<int32_t>(v));
-    if (held == k && (k == 0 || key <= best[k - 1])) continue;
+    if (held == k && key <= best[k - 1]) return;
     size_t at = held < k ? held++ : k - 1;
     while (at > 0 && key > best[at - 1]) {
       best[at] = best[at - 1];
       --at;
     }
     best[at] = key;
+    if (held == k) {
+      const float kth = row[static_cast<uint32_t>(~static_cast<uint32_t>(best[k - 1]))];
+      threshold_nan = std::isnan(kth);
+      threshold = kth;
+    }
   }
-  for (size_t j = 0; j < held; ++j) {
-    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(best[j]));
+};
+
+// The fast path works on chunks of kChunk logits viewed as rows of kColumns: block c of a chunk
+// is its column c (ids c, c + kColumns, …). A block whose largest number is below the k-th
+// largest block maximum of its chunk holds none of the chunk's k best (the k-th largest of a
+// subset is at most the k-th largest of the whole), so only the few blocks at or above it are
+// ranked exactly. Column maxima are an elementwise max over contiguous rows: it vectorises.
+constexpr size_t kColumns = 64;
+constexpr size_t kChunk = 4096;
+
+// Column maxima of x[0, n) into `maxima` (NaN ignored); returns whether a NaN was seen.
+bool column_maxima(const float* x, size_t n, float* maxima) {
+  for (size_t c = 0; c < kColumns; ++c) maxima[c] = -std::numeric_limits<float>::infinity();
+  int32_t nan = 0;
+  size_t r = 0;
+  for (; r + kColumns <= n; r += kColumns) {
+    for (size_t c = 0; c < kColumns; ++c) {
+      maxima[c] = x[r + c] > maxima[c] ? x[r + c] : maxima[c];
+      nan |= x[r + c] != x[r + c] ? 1 : 0;
+    }
+  }
+  for (size_t c = 0; r + c < n; ++c) {
+    maxima[c] = x[r + c] > maxima[c] ? x[r + c] : maxima[c];
+    nan |= x[r + c] != x[r + c] ? 1 : 0;
+  }
+  return nan != 0;
+}
+
+// The k-th largest of values[0, n) (n >= k >= 1).
+float kth_largest(const float* values, size_t n, size_t k) {
+  float best[kTopLogitsCountMax];
+  size_t held = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const float v = values[i];
+    if (held == k && !(v > best[k - 1])) continue;
+    size_t at = held < k ? held++ : k - 1;
+    while (at > 0 && v > best[at - 1]) {
+      best[at] = best[at - 1];
+      --at;
+    }
+    best[at] = v;
+  }
+  return best[k - 1];
+}
+
+// One chunk: the plain ascending scan when it holds a NaN (NaN ranks last and maxima ignore it)
+// or is too short to have more blocks than k.
+void chunk_top(std::span<const float> row, size_t begin, size_t n, TopKeys& top) {
+  if (n < kColumns * 2 || top.k >= kColumns) {
+    for (size_t v = begin; v < begin + n; ++v) {
+      if (top.may_enter(row[v])) top.insert(row, v);
+    }
+    return;
+  }
+  float maxima[kColumns];
+  if (column_maxima(row.data() + begin, n, maxima)) {
+    for (size_t v = begin; v < begin + n; ++v) {
+      if (top.may_enter(row[v])) top.insert(row, v);
+    }
+    return;
+  }
+  const float threshold = kth_largest(maxima, kColumns, top.k);
+  for (size_t c = 0; c < kColumns; ++c) {
+    if (!(maxima[c] >= threshold)) continue;
+    // Ids out of ascending order: a tie with the k-th may still rank before it (a lower id), so
+    // only values below it are skipped here and insert() compares the exact keys.
+    for (size_t v = begin + c; v < begin + n; v += kColumns) {
+      if (top.held < top.k || top.threshold_nan || row[v] >= top.threshold) top.insert(row, v);
+    }
+  }
+}
+
+}  // namespace
+
+void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out) {
+  LS_ASSERT(count >= 0 && count <= kTopLogitsCountMax, "count {}", count);
+  TopKeys top;
+  top.k = std::min(static_cast<size_t>(count), row.size());
+  if (top.k == 0) return;
+  for (size_t begin = 0; begin < row.size(); begin += kChunk) {
+    chunk_top(row, begin, std::min(kChunk, row.size() - begin), top);
+  }
+  for (size_t j = 0; j < top.held; ++j) {
+    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(top.best[j]));
     out.push_back(TopLogit{id, row[static_cast<size_t>(id)]});
   }
 }

@@ -7,12 +7,14 @@
 // Digest of a row of V float32 values x[0..V) (the sanitised logits the sampler read):
 //   u_i = the bits of x[i] (uint32)
 //   a_i = fmix32(u_i XOR (i · 0x9E3779B1))
-//   b_i = fmix32((u_i + 0x7F4A7C15) XOR (i · 0x85EBCA77 + 0xC2B2AE3D))      (all mod 2^32)
+//   b_i = (u_i XOR 0x7F4A7C15) · (2i + 1)                                   (all mod 2^32)
 //   A = Σ a_i mod 2^32, B = Σ b_i mod 2^32
 //   digest = fmix64(((A << 32) | B) XOR (V · 0x9E3779B97F4A7C15))
 // The sums make the digest independent of the order in which a parallel reduction adds the terms
-// (integer addition is associative), and since fmix32 is a bijection every change of one value
-// changes both A and B. fmix32 / fmix64 are MurmurHash3's finalisers.
+// (integer addition is associative); for a fixed i both a_i and b_i are bijections of u_i (fmix32
+// is one, and so is a product with an odd number), so every change of one value changes both A
+// and B. fmix32 / fmix64 are MurmurHash3's finalisers. b_i costs one multiply: the digest runs
+// over every logit of every step.
 //
 // Top-k: the k largest (id, logit) pairs by the key (logit descending, lower id first on ties,
 // NaN after every number, −0 equal to +0).
@@ -65,7 +67,7 @@ LS_HOST_DEVICE inline uint32_t lane_a(uint32_t bits, uint32_t i) {
 }
 
 LS_HOST_DEVICE inline uint32_t lane_b(uint32_t bits, uint32_t i) {
-  return fmix32((bits + 0x7F4A7C15u) ^ (i * 0x85EBCA77u + 0xC2B2AE3Du));
+  return (bits ^ 0x7F4A7C15u) * (2u * i + 1u);
 }
 
 LS_HOST_DEVICE inline uint64_t finish(uint32_t a, uint32_t b, uint32_t count) {

@@ -17,6 +17,8 @@
 
 namespace ls::trace {
 
+static_assert(schema::FORMAT_VERSION == kFormatVersion, "trace.capnp and records.h name one version");
+
 namespace {
 
 // capnp's own bound on segments per message; a larger count is corruption, not a big record.

@@ -9,8 +9,10 @@
 //   rec->record_event({.kind = EventKind::kFinish, .request_id = id, .step = step, .detail = "eos"});
 //   rec->close();                            // footer, flush, fsync; the destructor also closes
 //
-// Every record is a whole message appended with write(2) in batches, so a process killed at any
-// moment leaves a complete prefix plus at most one partial message (which the reader reports).
+// Every record is a whole checksummed frame appended with write(2) in batches, so a process
+// killed at any moment leaves a complete prefix plus at most one partial frame (which the reader
+// reports, with the missing footer). Nothing is allocated per record once the recycled items,
+// the queue and the encoder's scratch segment have grown to the run's records.
 #pragma once
 
 #include "core/backend.h"
@@ -18,6 +20,7 @@
 #include "core/step_result.h"
 #include "trace/records.h"
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -28,6 +31,9 @@ namespace ls::trace {
 struct RecorderOptions {
   uint64_t max_in_flight_bytes = uint64_t{64} << 20;  // queued + being written
   uint64_t write_batch_bytes = uint64_t{1} << 20;     // write(2) at least this often
+  // The writer wakes at least this often, or when write_batch_bytes (at most half the in-flight
+  // bound) are queued: a killed process loses at most about this much of its last records.
+  std::chrono::microseconds writer_period{2000};
   bool write_footer = true;
   bool fsync_on_close = true;
 };

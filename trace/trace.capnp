@@ -1,18 +1,40 @@
 # The lockstep trace format. This comment is the contract; trace/reader.cpp enforces it.
 #
-# FILE LAYOUT
-#   A trace file is a sequence of Cap'n Proto messages in the standard *unpacked* stream framing
-#   (capnp::writeMessage: a segment table — u32 segment count − 1, u32 size in words of each
-#   segment, padding to 8 bytes — then the segments). Every message is self-delimiting and holds
-#   exactly one `Record`. Messages are appended in order and never rewritten, so a file cut at any
-#   byte is a complete prefix of messages followed by at most one partial message.
+# FILE LAYOUT (format version 2)
+#   A trace file is a 16-byte preamble, then one frame per record. All integers little-endian.
 #
-#   message 0        Record.header      magic, format version and everything replay needs to
+#   preamble  bytes 0..7    magic "\0LSTRACE" (= traceMagic as a little-endian u64)
+#             bytes 8..11   u32 format version (= formatVersion)
+#             bytes 12..15  u32 low 32 bits of XXH3-64(bytes 0..11)
+#   frame at byte offset F (F is a multiple of 8; the first frame is at 16):
+#             bytes 0..3    u32 L, the message's length in bytes (a multiple of 8, 8..64 MiB)
+#             bytes 4..7    u32 header check: low 32 bits of XXH3-64 with seed F XOR
+#                           0x4c53465241484452 over bytes 0..3 and 8..15 (12 bytes)
+#             bytes 8..15   u64 payload check: XXH3-64 with seed F over the L message bytes
+#             bytes 16..    the message: a Cap'n Proto message in the standard unpacked stream
+#                           framing (capnp::writeMessage), whose segment table spans exactly L
+#                           bytes, holding one `Record`.
+#   Every byte of the file is under a check (the preamble's, a frame header's or a payload's),
+#   and the checks are seeded with the frame's offset, so a frame moved elsewhere fails too.
+#   Frames are appended in order and never rewritten, so a file cut at any byte is a complete
+#   prefix of frames followed by at most one partial frame.
+#
+#   frame 0          Record.header      magic, format version and everything replay needs to
 #                                       rebuild the executor (model, weights, limits, backend).
-#   messages 1..n    Record.stepInput   written BEFORE the step executes,
+#   frames 1..n      Record.stepInput   written BEFORE the step executes,
 #                    Record.stepOutput  written after the step completed,
 #                    Record.event       request lifecycle and fault events, in between.
 #   last (optional)  Record.footer      written by a clean close: counts and a sparse index.
+#
+# READING
+#   A frame whose bytes are all present must check out: a header or payload check that does not
+#   match, anywhere before the end of the file, is corruption inside the file (the reader names
+#   the frame's offset, the step before it and how many later frames still check out; replay
+#   and check exit 2). The file ending inside a frame, or after the last whole frame without a
+#   footer, is a torn tail (a killed writer): the complete prefix is read, and the reader says
+#   where it ends, how many bytes of a partial frame it dropped and that the footer is missing.
+#   A file without the preamble is refused: if its first message is a header of an older
+#   format version (1: plain stream framing, no checks), the error names that version.
 #
 # ORDERING RULES (the reader rejects a file that breaks one, naming record, step and field)
 #   - Step indices of stepInput records strictly increase (gaps are allowed: an op that failed
@@ -22,8 +44,13 @@
 #   - An event carries the step at which it happened (>= 0); a stepRejected event whose step is
 #     the oldest open step closes that step.
 #   - Nothing follows a footer.
-#   A step is *complete* when its output record has been read. A file whose tail is cut off is
-#   reported as "trace ends inside step S; N complete steps" and its complete prefix is usable.
+#   - Events: steps never decrease from one event to the next, and an event's step is at least
+#     the last step input's (and a step input's at least the last event's). An event names a
+#     request the trace knows: arrive introduces one (not already in flight), a step input row
+#     does too; finish and abort end it; finish, abort, retract and recover must name a known
+#     request; faultFired names 0, a known request or one of the last step's rows; stepRejected
+#     names none (0).
+#   A step is *complete* when its output record has been read.
 #
 # LIMITS AND VALIDATION
 #   Every index is checked against the header before use: pool rows in 1..maxBatchRows, pages in
@@ -32,25 +59,39 @@
 #   ls::validate_forward_op. Each message is read with its own capnp::ReaderOptions, so traversal
 #   and nesting limits apply per record; a message larger than 64 MiB is rejected.
 #
-# DIGESTS (all XXH3-64, seed 0, over little-endian bytes)
-#   logitsDigests[i]       over logits row i's V float32 values (empty when logits were not
-#                          captured); logits rows are one per prefill row, then W per decode row.
+# DIGESTS AND TOP-K (header.captureLogits: every stepOutput carries both for every logits row;
+# otherwise neither. The executor computes them inside the step, where the logits are: on the
+# device for CUDA (kernels/record_ops.cu), in the CPU backend (core/logits_digest.cpp).)
+#   logitsDigests[i]       of logits row i, the V float32 values after the NaN guard (what the
+#                          sampler read); logits rows are one per prefill row, then W per decode
+#                          row. With u_j the bits of value j (uint32), arithmetic mod 2^32:
+#                            a_j = fmix32(u_j XOR (j * 0x9E3779B1))
+#                            b_j = (u_j XOR 0x7F4A7C15) * (2j + 1)
+#                            A = sum of a_j, B = sum of b_j
+#                            digest = fmix64(((A << 32) | B) XOR (V * 0x9E3779B97F4A7C15) mod 2^64)
+#                          fmix32/fmix64 are MurmurHash3's finalisers. The sums make the value
+#                          independent of the order a parallel reduction adds the terms in.
+#   topLogits              the top `topLogitsCount` (id, logit) pairs of each logits row (after
+#                          the guard), by logit descending, lower id first on ties, NaN last, −0
+#                          equal to +0. The reader checks each row's pairs are in that order with
+#                          finite logits; `lockstep check` that a greedy row emitted each row's
+#                          top-1; replay compares them (exact) or measures |Δlogit| at their ids
+#                          (teacher-forced).
 #   validCacheLengths[r]   not a digest: the vcl of op row r's pool row after the step, exact.
-#   futureInputDigests[r]  over the W int32 future_input_map entries of op row r's pool row
-#                          after the step.
-#   topLogits              the top `topLogitsCount` (id, logit) pairs of each logits row, by logit
-#                          descending, lower id first on ties, NaN last.
+#   futureInputDigests[r]  XXH3-64, seed 0, over the W int32 future_input_map entries of op row
+#                          r's pool row after the step.
 #
 # EVOLUTION
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
 #   reader ignores fields it does not know. `formatVersion` changes only when a reader of an
-#   older version must refuse the file; additive changes keep it.
+#   older version must refuse the file; additive changes keep it. Version 2 (checksummed
+#   framing) is read only by readers of version 2; version 1 files are refused by name.
 @0xd9fcced0f1a776b6;
 
 $import "/capnp/c++.capnp".namespace("ls::trace::schema");
 
 const traceMagic :UInt64 = 0x4543415254534c00;  # "\0LSTRACE" read as little-endian u64
-const formatVersion :UInt32 = 1;
+const formatVersion :UInt32 = 2;
 
 struct Record {
   union {
@@ -70,7 +111,7 @@ struct Header {
   model @3 :ModelShape;
   weights @4 :Weights;
   executor @5 :ExecutorLimits;
-  captureLogits @6 :Bool;
+  captureLogits @6 :Bool;    # the outputs carry logits digests and top-k logits (DIGESTS)
   wantLogprobs @7 :Bool;
   topLogitsCount @8 :Int32;  # (id, logit) pairs recorded per logits row, 0..8
 

@@ -8,7 +8,9 @@
 #include <xxhash.h>
 
 #include <cmath>
+#include <algorithm>
 #include <limits>
+#include <random>
 
 namespace ls::trace {
 namespace {
@@ -190,7 +192,7 @@ uint64_t spec_logits_digest(const std::vector<float>& row) {
     uint32_t u = 0;
     std::memcpy(&u, &row[i], 4);
     a += fmix32(u ^ (i * 0x9E3779B1u));
-    b += fmix32((u + 0x7F4A7C15u) ^ (i * 0x85EBCA77u + 0xC2B2AE3Du));
+    b += static_cast<uint32_t>((u ^ 0x7F4A7C15u) * (2u * i + 1u));
   }
   uint64_t k = ((a & 0xFFFFFFFFu) << 32 | (b & 0xFFFFFFFFu)) ^
                (static_cast<uint64_t>(row.size()) * 0x9E3779B97F4A7C15ull);
@@ -201,7 +203,7 @@ uint64_t spec_logits_digest(const std::vector<float>& row) {
 TEST(TraceDigests, LogitsDigestIsTheFormatsDefinitionAndFuturesAreXxh3) {
   const std::vector<float> row = {0.5f, -2.0f, 3.25f};
   EXPECT_EQ(logits_row_digest(row), spec_logits_digest(row));
-  EXPECT_EQ(logits_row_digest(row), 0x30a59bfac427c8bcull) << std::hex << logits_row_digest(row);
+  EXPECT_EQ(logits_row_digest(row), 0xbd84ff409c1576c5ull) << std::hex << logits_row_digest(row);
   EXPECT_NE(logits_row_digest(row), logits_row_digest(std::vector<float>{0.5f, -2.0f, 3.5f}));
   // Every single-bit flip of every value changes it; so do swapping two values and −0 for +0.
   std::vector<float> long_row(1000);
@@ -274,6 +276,48 @@ TEST(TraceDigests, StepOutputDigestsEveryLogitsRowAndTouchedRow) {
                                           TopLogit{0, 9.0f}, TopLogit{1, 1.0f}));
   StepResult moved = result;
   EXPECT_EQ(make_step_output(5, std::move(moved), touched, 2), out);
+}
+
+}  // namespace
+}  // namespace ls::trace
+
+namespace ls::trace {
+namespace {
+
+// append_top_logits against a full sort by the format's order, on rows with many ties, ±0,
+// ±inf and NaN, for every k.
+TEST(TraceDigests, TopLogitsEqualAFullSortOnRowsWithTiesAndNaNs) {
+  std::mt19937_64 rng(99);
+  const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 2.5f};
+  for (int trial = 0; trial < 600; ++trial) {
+    // Short rows take the plain scan; long ones (up to 2 chunks of 4096) the blocked path, with
+    // ties at the k-th value and, in some rows, no NaN at all or a single one.
+    const bool long_row = trial % 2 == 1;
+    std::vector<float> row(long_row ? 100 + rng() % 9000 : 1 + rng() % 40);
+    const int kinds = trial % 3 == 0 ? 6 : 8;  // 6: no NaN
+    for (float& x : row) x = specials[rng() % static_cast<unsigned>(kinds)];
+    if (long_row && trial % 5 == 0) {
+      for (float& x : row) x = static_cast<float>(rng() % 1000) * 0.25f;
+    }
+    std::vector<int32_t> order(row.size());
+    for (size_t i = 0; i < row.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const bool an = std::isnan(row[a]), bn = std::isnan(row[b]);
+      if (an != bn) return bn;
+      if (!an && row[a] != row[b]) return row[a] > row[b];
+      return a < b;
+    });
+    for (int32_t k = 0; k <= kTopLogitsCountMax; ++k) {
+      std::vector<TopLogit> top;
+      append_top_logits(row, k, top);
+      ASSERT_EQ(top.size(), std::min<size_t>(static_cast<size_t>(k), row.size()));
+      for (size_t j = 0; j < top.size(); ++j) {
+        ASSERT_EQ(top[j].id, order[j]) << "trial " << trial << " k " << k << " rank " << j;
+      }
+    }
+  }
 }
 
 }  // namespace

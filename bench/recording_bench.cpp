@@ -1,0 +1,160 @@
+// What recording costs a served run on the CPU reference (issue 12): the same `lockstep
+// generate`-like workload — the serving loop over `tiny` at batch 16, 16 requests of 32-token
+// prompts and 64 new tokens each, greedy and seeded sampling alternating — with and without the
+// trace recorder (TraceObserver + Recorder writing to a file under the temp directory, as
+// `generate --record` does). Each iteration runs both, in alternating order, so load from other
+// processes falls on both alike; the counters give each side's fastest and mean run, the ratio
+// (with / without − 1, the recording cost: the median over pairs, and fastest against fastest)
+// and the trace bytes per step.
+// Run: build/bench/lockstep_bench_recording [--benchmark_min_time=10x]
+#include "core/cpu_backend.h"
+#include "core/scheduler.h"
+#include "core/serving_loop.h"
+#include "trace/trace_observer.h"
+
+#include <benchmark/benchmark.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+namespace {
+
+using namespace ls;
+
+constexpr int32_t kBatch = 16;
+constexpr int32_t kRequests = 16;
+constexpr int32_t kPromptTokens = 32;
+constexpr int32_t kNewTokens = 64;
+
+SchedulerConfig scheduler_config() {
+  return SchedulerConfig{.max_batch_rows = kBatch, .token_budget = kBatch * kPromptTokens,
+                         .page_size = 16, .pages_count = 256, .host_pages_count = 0,
+                         .verify_width = 1, .context_length = 256};
+}
+
+const ModelWeights& weights() {
+  static const ModelWeights w = weights_from_seed(model_config_named("tiny"), 1);
+  return w;
+}
+
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+struct RunTimes {
+  double seconds = 0;
+  double loop_cpu_seconds = 0;  // CPU time of the serving loop's thread (the writer's excluded)
+  int64_t steps = 0;
+  uint64_t trace_bytes = 0;
+};
+
+// One `generate`: a fresh scheduler, backend and executor (as the CLI builds them), the serving
+// loop timed alone.
+RunTimes generate(bool record) {
+  const SchedulerConfig sc = scheduler_config();
+  const ExecutorConfig limits = executor_config_for(sc);
+  Scheduler scheduler(sc);
+  for (int32_t i = 0; i < kRequests; ++i) {
+    RequestSpec r{.id = static_cast<RequestId>(i + 1), .max_new_tokens = kNewTokens};
+    for (int32_t t = 0; t < kPromptTokens; ++t) r.prompt.push_back((i * 131 + t * 17) % 512);
+    if (i % 2 == 1) {
+      r.sampling = SamplingParams{.temperature = 0.7f, .top_k = 40, .seed = static_cast<uint64_t>(i)};
+    }
+    scheduler.submit(r, weights().config.vocab_size);
+  }
+  CpuBackend backend(weights(), limits);
+  Executor executor(limits, weights().config.vocab_size, backend,
+                    record ? trace::recording_executor_options() : ExecutorOptions{});
+  const std::filesystem::path path = std::filesystem::temp_directory_path() /
+                                     ("lockstep_bench_recording_" + std::to_string(::getpid()));
+  std::unique_ptr<trace::Recorder> recorder;
+  std::unique_ptr<trace::TraceObserver> observer;
+  if (record) {
+    recorder = trace::Recorder::open(
+        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 1, ""},
+                                       limits, "cpu"),
+        trace::RecorderOptions{.fsync_on_close = false});
+    observer = std::make_unique<trace::TraceObserver>(*recorder);
+  }
+  ServingLoopOptions loop;
+  loop.observer = observer.get();
+  const double cpu_begin = thread_cpu_seconds();
+  const auto begin = std::chrono::steady_clock::now();
+  const ServingProgress done = run_serving_loop(scheduler, executor, loop);
+  if (recorder) recorder->close();  // the writer's last batch and the footer count too
+  const auto end = std::chrono::steady_clock::now();
+  RunTimes t{std::chrono::duration<double>(end - begin).count(), thread_cpu_seconds() - cpu_begin,
+             done.steps_count, 0};
+  if (recorder) t.trace_bytes = recorder->stats().bytes_written;
+  std::filesystem::remove(path);
+  return t;
+}
+
+void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
+  double off_min = 1e30, on_min = 1e30, off_sum = 0, on_sum = 0;
+  std::vector<double> ratios;  // on / off of each pair: robust to load that drifts between pairs
+  std::vector<double> cpu_ratios;  // the same for the loop thread's CPU time
+  int64_t steps = 0;
+  uint64_t trace_bytes = 0;
+  int64_t runs = 0;
+  for (auto _ : state) {
+    // Alternate the order so that neither side always runs on a warmer cache.
+    const bool on_first = runs % 2 == 1;
+    const RunTimes a = generate(on_first);
+    const RunTimes b = generate(!on_first);
+    const RunTimes& off = on_first ? b : a;
+    const RunTimes& on = on_first ? a : b;
+    off_min = std::min(off_min, off.seconds), on_min = std::min(on_min, on.seconds);
+    off_sum += off.seconds, on_sum += on.seconds;
+    ratios.push_back(on.seconds / off.seconds);
+    cpu_ratios.push_back(on.loop_cpu_seconds / off.loop_cpu_seconds);
+    steps = on.steps;
+    trace_bytes = on.trace_bytes;
+    ++runs;
+  }
+  const double n = static_cast<double>(runs);
+  std::sort(ratios.begin(), ratios.end());
+  const double median = ratios.size() % 2 == 1
+                            ? ratios[ratios.size() / 2]
+                            : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+  state.counters["cost_pct_median_pair"] = (median - 1.0) * 100.0;
+  std::sort(cpu_ratios.begin(), cpu_ratios.end());
+  const double cpu_median = cpu_ratios[cpu_ratios.size() / 2];
+  state.counters["loop_cpu_cost_pct_median_pair"] = (cpu_median - 1.0) * 100.0;
+  state.counters["off_ms_min"] = off_min * 1e3;
+  state.counters["on_ms_min"] = on_min * 1e3;
+  state.counters["off_ms_mean"] = off_sum / n * 1e3;
+  state.counters["on_ms_mean"] = on_sum / n * 1e3;
+  state.counters["cost_pct_min"] = (on_min / off_min - 1.0) * 100.0;
+  state.counters["cost_pct_mean"] = (on_sum / off_sum - 1.0) * 100.0;
+  state.counters["steps"] = static_cast<double>(steps);
+  state.counters["trace_bytes_per_step"] = static_cast<double>(trace_bytes) / static_cast<double>(steps);
+  const double tokens = kRequests * kNewTokens;
+  state.counters["tok_per_s_off"] = tokens / off_min;
+  state.counters["tok_per_s_on"] = tokens / on_min;
+  std::printf("generate tiny batch %d (%d requests x %d new tokens, %lld steps), %lld pairs: "
+              "without recorder %.2f ms (fastest; mean %.2f), with %.2f ms (mean %.2f): "
+              "recording costs %+.2f%% of generate throughput (median of the pairs' ratios; "
+              "%+.2f%% fastest against fastest, %+.2f%% on means); trace %.0f bytes per step\n",
+              kBatch, kRequests, kNewTokens, static_cast<long long>(steps),
+              static_cast<long long>(runs), off_min * 1e3, off_sum / n * 1e3, on_min * 1e3,
+              on_sum / n * 1e3, (median - 1.0) * 100.0, (on_min / off_min - 1.0) * 100.0,
+              (on_sum / off_sum - 1.0) * 100.0,
+              static_cast<double>(trace_bytes) / static_cast<double>(steps));
+  std::printf("  the serving loop's own thread: %+.2f%% CPU time with the recorder (median of the "
+              "pairs; the writer thread runs beside it)\n", (cpu_median - 1.0) * 100.0);
+}
+BENCHMARK(BM_GenerateWithAndWithoutRecorder)->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->Iterations(40);
+
+}  // namespace
+
+BENCHMARK_MAIN();
