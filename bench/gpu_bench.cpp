@@ -10,12 +10,20 @@
 // with lockstep's GEMV and with cuBLAS for the linear layers. Writes JSON (date, GPU, driver,
 // commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
 //
-//   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b]
+// With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
+// 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
+// top-8 and the rows' state in the step; a Recorder writing every input and output record to a
+// file), alternating blocks of steps on the two, with the step time, the device idle between
+// steps and the trace bytes per step of each.
+//
+//   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b] [--recording]
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
 #include "kernels/weight_init.h"
+#include "trace/recorder.h"
+#include "trace/trace_observer.h"
 
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
@@ -113,6 +121,9 @@ class Driver {
  public:
   Driver(Executor& executor, const ExecutorConfig& config, int32_t vocab)
       : executor_(executor), config_(config), vocab_(vocab) {}
+  // Every decode step's input before its submit and output after its collect, as the serving
+  // loop's trace observer records them (null: no recording).
+  void set_recorder(trace::Recorder* recorder) { recorder_ = recorder; }
 
   // Prefills pool rows 1..rows with fresh requests of `context` tokens; returns seconds.
   double prefill(int32_t rows, int32_t context) {
@@ -179,11 +190,11 @@ class Driver {
       op.rows.push_back(row);
     }
     DecodeTimes t;
-    if (pipelined) executor_.submit(op);
+    if (pipelined) submit(op);
     for (int32_t s = 0; s < steps; ++s) {
       const auto begin = Clock::now();
-      executor_.submit(op);
-      executor_.collect(result_);
+      submit(op);
+      collect();
       const double wall = std::chrono::duration<double>(Clock::now() - begin).count();
       const double host = wall - static_cast<double>(backend.last_wait_ns()) * 1e-9;
       const double forward = static_cast<double>(backend.last_forward_ns()) * 1e-9;
@@ -201,11 +212,25 @@ class Driver {
       }
       if (!std::isnan(timing.busy_ms)) t.busy.push_back(timing.busy_ms * 1e-3);
     }
-    if (pipelined) executor_.collect(result_);  // the step submitted last, untimed
+    if (pipelined) collect();  // the step submitted last, untimed
     return t;
   }
 
  private:
+  void submit(const ForwardOp& op) {
+    if (recorder_) recorder_->record_input(submitted_, op);
+    executor_.submit(op);
+    ++submitted_;
+  }
+  void collect() {
+    executor_.collect(result_);
+    if (recorder_) recorder_->record_output(collected_, result_, StateSnapshot{});
+    ++collected_;
+  }
+
+  trace::Recorder* recorder_ = nullptr;
+  int64_t submitted_ = 0;  // trace step indices of the decode steps
+  int64_t collected_ = 0;
   Executor& executor_;
   ExecutorConfig config_;
   int32_t vocab_;
@@ -228,6 +253,7 @@ int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
 struct Options {
   std::string out_path;
   bool quick = false;
+  bool recording = false;  // only the recording figures
   std::vector<std::string> shapes = {"llama-1b", "llama-8b"};
 };
 
@@ -405,6 +431,81 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
           {"phase_ms_sum", total}};
 }
 
+// One shape's recording cost: two executors over one backend (one recording, one not), each
+// prefilling its own requests into pool rows 1..rows before its blocks of decode steps; blocks
+// alternate so that drift falls on both alike. The recorder writes to a file as `generate
+// --record` does.
+json recording_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const ModelConfig model = model_config_named(shape);
+  constexpr int32_t kContext = 1024;
+  const int32_t steps = o.quick ? 10 : 30;
+  const int32_t blocks = o.quick ? 2 : 3;
+  ExecutorConfig config = bench_config(kContext);
+  const CudaBackendOptions options{.graphs = true, .time_steps = true};
+  config.pages_count = cuda_kv_sizing(model, config, options).pages_count;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
+  Executor plain(config, model.vocab_size, backend);
+  Executor recording(config, model.vocab_size, backend, trace::recording_executor_options());
+  json rows_out = json::array();
+  for (const int32_t rows : std::vector<int32_t>{1, 16, 64}) {
+    const std::string path = o.out_path + ".recording.trace";
+    trace::TraceHeader header;
+    header.build_id = trace::build_id();
+    header.model = model;
+    header.weights = WeightSource{.kind = WeightSource::Kind::kSeed, .seed = kWeightsSeed};
+    header.executor = config;
+    header.executor_options = trace::recording_executor_options();
+    header.top_logits_count = kTopLogitsCountMax;
+    header.backend = "cuda";
+    auto recorder = trace::Recorder::open(path, header);
+    Driver off(plain, config, model.vocab_size);
+    Driver on(recording, config, model.vocab_size);
+    on.set_recorder(recorder.get());
+    std::vector<double> off_wall, on_wall, off_idle, on_idle;
+    for (int32_t b = 0; b < blocks; ++b) {
+      for (Driver* d : {&off, &on}) {
+        d->prefill(rows, kContext);
+        d->decode(rows, kWarmupSteps, backend, false);
+        const Driver::DecodeTimes t = d->decode(rows, steps, backend, true);
+        auto& wall = d == &off ? off_wall : on_wall;
+        auto& idle = d == &off ? off_idle : on_idle;
+        wall.insert(wall.end(), t.wall.begin(), t.wall.end());
+        idle.insert(idle.end(), t.idle.begin(), t.idle.end());
+      }
+    }
+    recorder->close();
+    const trace::RecorderStats stats = recorder->stats();
+    std::remove(path.c_str());
+    const double off_ms = median(off_wall) * 1e3, on_ms = median(on_wall) * 1e3;
+    const int64_t on_steps = static_cast<int64_t>(blocks) * (kWarmupSteps + steps + 1);
+    const double bytes_per_step = static_cast<double>(stats.bytes_written) / static_cast<double>(on_steps);
+    const int64_t moved = decode_bytes(model, rows, kContext + kWarmupSteps + steps / 2);
+    std::printf("  %s recording, decode batch %2d context %d: without %.4f ms/step (%.1f%% of read "
+                "BW), with %.4f ms/step: %+.3f%% step time (throughput ratio %.5f); device idle "
+                "between steps %.1f us without, %.1f us with; trace %.0f bytes/step, recorder "
+                "waits %ld\n",
+                shape.c_str(), rows, kContext, off_ms,
+                static_cast<double>(moved) / (off_ms * 1e-3) / bandwidth.read * 100, on_ms,
+                (on_ms / off_ms - 1) * 100, off_ms / on_ms, median(off_idle) * 1e6,
+                median(on_idle) * 1e6, bytes_per_step, static_cast<long>(stats.waits));
+    rows_out.push_back({{"batch", rows},
+                        {"context", kContext},
+                        {"steps_per_block", steps},
+                        {"blocks", blocks},
+                        {"step_ms_median_without", off_ms},
+                        {"step_ms_median_with", on_ms},
+                        {"recording_cost_fraction", on_ms / off_ms - 1},
+                        {"throughput_ratio_with_over_without", off_ms / on_ms},
+                        {"device_idle_us_median_without", median(off_idle) * 1e6},
+                        {"device_idle_us_median_with", median(on_idle) * 1e6},
+                        {"read_bandwidth_fraction_without",
+                         static_cast<double>(moved) / (off_ms * 1e-3) / bandwidth.read},
+                        {"trace_bytes_per_step", bytes_per_step},
+                        {"recorder_waits", stats.waits}});
+  }
+  return {{"shape", shape}, {"recording", rows_out}};
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -418,6 +519,8 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--recording") {
+      o.recording = true;
     } else if (a == "--shapes" && i + 1 < argc) {
       o.shapes.clear();
       std::stringstream list(argv[++i]);
@@ -425,7 +528,8 @@ Options parse(int argc, char** argv) {
     } else if (o.out_path.empty() && !a.starts_with("--")) {
       o.out_path = a;
     } else {
-      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b]");
+      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b] "
+                  "[--recording]");
     }
   }
   LS_REQUIRE(!o.out_path.empty(), "usage: lockstep_gpu_bench OUT.json [--quick] [--shapes ...]");
@@ -455,6 +559,15 @@ int run(int argc, char** argv) {
               {"eager", json::array()},
               {"profile", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
+  if (o.recording) {
+    out["command"] = "lockstep_gpu_bench --recording";
+    out["recording"] = json::array();
+    for (const std::string& shape : o.shapes) {
+      out["recording"].push_back(recording_shape(shape, o, bandwidth));
+      save();
+    }
+    return 0;
+  }
   for (const std::string& shape : o.shapes) {
     out["profile"].push_back(profile_shape(shape, true, o));
     out["profile"].push_back(profile_shape(shape, false, o));

@@ -10,6 +10,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/layer_ops.h"
+#include "kernels/record_ops.h"
 #include "kernels/sampling_ops.h"
 #include "kernels/state_ops.h"
 #include "kernels/step_layout.h"
@@ -79,6 +80,34 @@ struct StagingLayout {
         .prefill_ids = base + prefill_ids,
         .table_pages = base + table_pages,
     };
+  }
+};
+
+// Word offsets of the packed results: what the finish kernel writes, then what a trace records
+// (ExecutorOptions::record): digests and top-k pairs by logits row, then vcl, future inputs and
+// table row by op row, the table last so that a step copies back only its own rows of it.
+struct ResultsLayout {
+  size_t base_words, digests, top, vcl, future_inputs, table, words;
+  int32_t table_width;
+
+  ResultsLayout(int32_t rows_max, int32_t logits_rows_max, int32_t verify_width, int32_t width)
+      : table_width(width) {
+    const size_t b = static_cast<size_t>(rows_max);
+    const size_t r = static_cast<size_t>(logits_rows_max);
+    base_words = 2 * r + 3 * b;
+    size_t at = (base_words + 1) / 2 * 2;  // the digests are 8-byte words
+    auto take = [&at](size_t count) { return std::exchange(at, at + count); };
+    digests = take(2 * r);
+    top = take(r * kTopLogitsCountMax * 2);
+    vcl = take(b);
+    future_inputs = take(b * static_cast<size_t>(verify_width));
+    table = take(b * static_cast<size_t>(width));
+    words = at;
+  }
+  // Words a step copies back: the finish kernel's part, and with a record its rows' state.
+  size_t copy_words(const StepPlan& plan) const {
+    if (!plan.record) return base_words;
+    return table + static_cast<size_t>(plan.rows_count) * static_cast<size_t>(table_width);
   }
 };
 
@@ -156,7 +185,12 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
                                                                     model.vocab_size))
       + 4 * (pool * tw + pool + pool * config.verify_width + b)          // table .. vcl_before
       + 4 * t * 3 + 8 * t                                                 // ids, positions, ...
-      + 4 * static_cast<int64_t>(layout.words) + 4 * (2 * r + 3 * b);     // staging, results
+      + 4 * static_cast<int64_t>(layout.words)                            // staging
+      + 4 * static_cast<int64_t>(ResultsLayout(config.max_batch_rows, config.logits_rows_max(),
+                                               config.verify_width, config.table_width())
+                                     .words)                              // results
+      + static_cast<int64_t>(kernels::record_workspace_bytes(config.logits_rows_max(),
+                                                             model.vocab_size));
   if (drafts_ngram(config, options)) {
     out.workspace += 4 * pool * (int64_t{config.context_length} + config.verify_width)  // history
                      + 4 * pool;                                                         // begins
@@ -219,6 +253,9 @@ struct CudaBackend::Impl {
   kernels::DeviceState device_state() const;
   kernels::TokenBuffers token_buffers() const;
   kernels::ResultBuffers result_buffers() const;
+  kernels::RecordBuffers record_buffers() const;
+  void enqueue_record(const StepPlan& plan);
+  void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
   kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
 
   ModelConfig model;
@@ -230,6 +267,7 @@ struct CudaBackend::Impl {
   int64_t slots_count;
   kernels::AttentionShape attention_shape;
   StagingLayout layout;
+  ResultsLayout results_layout;
   MemoryLedger ledger;
 
   CudaStream stream;
@@ -294,7 +332,8 @@ struct CudaBackend::Impl {
   DeviceArray<int32_t> staging;                    // [layout.words]
   std::array<PinnedArray<int32_t>, 2> host_staging;  // by step parity
   std::array<CudaEvent, 2> upload_done;
-  DeviceArray<int32_t> results;                    // packed ResultBuffers
+  DeviceArray<int32_t> results;                    // [results_layout.words] packed results
+  DeviceArray<uint8_t> record_workspace;           // the record kernel's partials and counters
   // By step parity, so that with two steps in flight step k+1's copy never lands in the buffer
   // the host unpacks step k from. The device buffers (staging, results, activations) are single:
   // the one stream orders step k+1's writes after step k's reads.
@@ -360,7 +399,9 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
                       config.table_width(), config.page_size,
                       config.table_width() * config.page_size},
       layout(config.max_batch_rows, config.logits_rows_max(), config.prefill_chunk_tokens,
-             config.table_width()) {
+             config.table_width()),
+      results_layout(config.max_batch_rows, config.logits_rows_max(), config.verify_width,
+                     config.table_width()) {
   model.validate();
   config.validate();
   LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName ||
@@ -481,8 +522,10 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), stream.get()));
   for (auto& buffer : host_staging) buffer = PinnedArray<int32_t>(layout.words);
   for (auto& event : upload_done) event = CudaEvent::create();
-  results = DeviceArray<int32_t>(2 * r + 3 * static_cast<size_t>(rows_max), ws);
+  results = DeviceArray<int32_t>(results_layout.words, ws);
   for (auto& buffer : host_results) buffer = PinnedArray<int32_t>(results.count());
+  record_workspace = DeviceArray<uint8_t>(kernels::record_workspace_bytes(logits_rows_max, vocab), ws);
+  LS_CUDA(cudaMemsetAsync(record_workspace.get(), 0, record_workspace.bytes(), stream.get()));
   for (auto& event : step_done) event = CudaEvent::create();
   if (options.time_steps) {
     for (auto& event : step_begin_marks) event = CudaEvent::create(true);
@@ -620,6 +663,22 @@ kernels::ResultBuffers CudaBackend::Impl::result_buffers() const {
   const size_t b = static_cast<size_t>(rows_max);
   return kernels::ResultBuffers{base, base + r, base + r + b, base + r + 2 * b,
                                 reinterpret_cast<float*>(base + r + 3 * b)};
+}
+
+kernels::RecordBuffers CudaBackend::Impl::record_buffers() const {
+  int32_t* base = results.get();
+  const ResultsLayout& o = results_layout;
+  return kernels::RecordBuffers{reinterpret_cast<uint64_t*>(base + o.digests), base + o.top,
+                                base + o.vcl, base + o.future_inputs, base + o.table};
+}
+
+// What a trace records of the step, after the commit and the drafter: digests and top-k of the
+// (sanitised) logits rows and the rows' state, into the results the step copies back.
+void CudaBackend::Impl::enqueue_record(const StepPlan& plan) {
+  LS_CUDA(kernels::launch_record_step(step_inputs(), device_state(), logits.get(), vocab,
+                                      plan.logits_rows_count(), plan.rows_count,
+                                      plan.top_logits_count, record_workspace.get(),
+                                      logits_rows_max, record_buffers(), stream.get()));
 }
 
 // Decode steps run at their bucket's batch size (eager and graph alike, so the two give the same
@@ -879,9 +938,11 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
     enqueue_tail_kernels(plan.logits_rows_count(), plan.rows_count, stochastic,
                          plan.want_logprobs);
   }
+  if (plan.record) enqueue_record(plan);
   // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
   LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
-                          results.bytes(), cudaMemcpyDeviceToHost, stream.get()));
+                          results_layout.copy_words(plan) * sizeof(int32_t),
+                          cudaMemcpyDeviceToHost, stream.get()));
   mark(CudaPhase::kCopyBack);
 }
 
@@ -959,6 +1020,36 @@ void CudaBackend::Impl::unpack(const StepPlan& plan, size_t parity, StepResult& 
     result.logprobs.resize(static_cast<size_t>(r));
     std::memcpy(result.logprobs.data(), host(device.logprobs), static_cast<size_t>(r) * 4);
   }
+  unpack_record(plan, base, result);
+}
+
+// The record's part of the pinned results (empty vectors when the step did not record).
+void CudaBackend::Impl::unpack_record(const StepPlan& plan, const int32_t* words,
+                                      StepResult& result) const {
+  const ResultsLayout& o = results_layout;
+  const bool on = plan.record && plan.rows_count > 0;
+  const size_t r = on ? static_cast<size_t>(plan.logits_rows_count()) : 0;
+  const size_t bs = on ? static_cast<size_t>(plan.rows_count) : 0;
+  const size_t k = on ? static_cast<size_t>(plan.top_logits_count) : 0;
+  result.top_logits_count = on ? plan.top_logits_count : 0;
+  result.logits_digests.resize(r);
+  if (r > 0) std::memcpy(result.logits_digests.data(), words + o.digests, r * sizeof(uint64_t));
+  result.top_logits.resize(r * k);
+  for (size_t i = 0; i < r; ++i) {
+    for (size_t j = 0; j < k; ++j) {
+      const int32_t* pair = words + o.top + (i * kTopLogitsCountMax + j) * 2;
+      TopLogit& t = result.top_logits[i * k + j];
+      t.id = pair[0];
+      std::memcpy(&t.logit, pair + 1, sizeof(float));
+    }
+  }
+  const size_t w = static_cast<size_t>(config.verify_width);
+  const size_t tw = static_cast<size_t>(table_width);
+  StateSnapshot& s = result.state;
+  s.pool_rows.assign(plan.pool_rows.begin(), plan.pool_rows.begin() + static_cast<ptrdiff_t>(bs));
+  s.valid_cache_length.assign(words + o.vcl, words + o.vcl + bs);
+  s.future_inputs.assign(words + o.future_inputs, words + o.future_inputs + bs * w);
+  s.table.assign(words + o.table, words + o.table + bs * tw);
 }
 
 // After the step completed (options.time_steps): the device's idle time before it and its busy

@@ -102,9 +102,11 @@ TEST(CudaDeterminism, TraceRecordedOnCudaReplaysBitIdentical) {
   const replay::ReplayReport cpu = replay::replay_trace(path, cpu_options);
   const double agreement = cpu.tokens_count > 0 ? double(cpu.tokens_equal) / double(cpu.tokens_count) : 0;
   std::printf("determinism: teacher-forced replay on the CPU reference: %ld/%ld tokens equal "
-              "(%.2f%%), max |Δlogit| over the recorded top-8 %.4g\n",
+              "(%.2f%%), max |Δlogit| over the recorded top-8 %.4g, top-1 ids equal in %ld of %ld "
+              "logits rows\n",
               static_cast<long>(cpu.tokens_equal), static_cast<long>(cpu.tokens_count),
-              100 * agreement, cpu.logit_delta_max);
+              100 * agreement, cpu.logit_delta_max, static_cast<long>(cpu.top1_equal),
+              static_cast<long>(cpu.top1_count));
   EXPECT_EQ(cpu.backend, "cpu");
   EXPECT_GE(cpu.steps_compared, kStepsMin);
   // bf16 against fp32 with inputs forced equal every step: tokens differ only where bf16 rounding

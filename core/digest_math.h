@@ -1,0 +1,68 @@
+// The per-element arithmetic of the logits digest and the top-k order (core/logits_digest.h
+// states the definition; trace/trace.capnp "DIGESTS" is the contract). Plain integer code for the
+// host and the device alike: the CPU backend (core/logits_digest.cpp) and the CUDA kernel
+// (kernels/record_ops.cu) both include it, so they compute the same function of the same bits.
+// C++17, so that nvcc's dialect reads it too.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define LS_HOST_DEVICE __host__ __device__
+#else
+#define LS_HOST_DEVICE
+#endif
+
+namespace ls {
+
+// The most (id, logit) pairs a trace records per logits row.
+inline constexpr int32_t kTopLogitsCountMax = 8;
+
+namespace digest {
+
+LS_HOST_DEVICE inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
+LS_HOST_DEVICE inline uint64_t fmix64(uint64_t k) {
+  k ^= k >> 33;
+  k *= 0xFF51AFD7ED558CCDull;
+  k ^= k >> 33;
+  k *= 0xC4CEB9FE1A85EC53ull;
+  k ^= k >> 33;
+  return k;
+}
+
+LS_HOST_DEVICE inline uint32_t lane_a(uint32_t bits, uint32_t i) {
+  return fmix32(bits ^ (i * 0x9E3779B1u));
+}
+
+LS_HOST_DEVICE inline uint32_t lane_b(uint32_t bits, uint32_t i) {
+  return (bits ^ 0x7F4A7C15u) * (2u * i + 1u);
+}
+
+LS_HOST_DEVICE inline uint64_t finish(uint32_t a, uint32_t b, uint32_t count) {
+  const uint64_t lanes = (static_cast<uint64_t>(a) << 32) | b;
+  return fmix64(lanes ^ (static_cast<uint64_t>(count) * 0x9E3779B97F4A7C15ull));
+}
+
+// A total order for top-k as one unsigned key: larger ranks first. The value's bits made
+// monotonic (−0 as +0; NaN below every number) above, the id's complement below.
+LS_HOST_DEVICE inline uint64_t rank_key(uint32_t bits, int32_t id) {
+  uint32_t ordered = 0;  // NaN
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  if (!nan) {
+    if ((bits & 0x7FFFFFFFu) == 0) bits = 0;  // −0 ranks as +0
+    ordered = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // never 0: −inf is 0x007FFFFF
+  }
+  return (static_cast<uint64_t>(ordered) << 32) | static_cast<uint32_t>(~static_cast<uint32_t>(id));
+}
+
+}  // namespace digest
+
+}  // namespace ls
