@@ -9,6 +9,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 
 namespace ls::replay {
@@ -101,9 +102,18 @@ class Replayer {
     while (!report_.divergence && reader_.next(record)) {
       if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
         if (options_.until_step && in->step > *options_.until_step) break;
+        // A run-ahead recording writes input k+1 before output k: step k+1 runs once step k's
+        // output is compared, so that teacher forcing feeds it step k's recorded tokens.
+        if (!executed_.empty()) {
+          deferred_ = std::move(*in);
+          continue;
+        }
         execute(*in);
       } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
         compare(*out);
+        run_deferred();
+      } else if (auto* ev = std::get_if<trace::TraceEvent>(&record)) {
+        if (ev->kind == trace::EventKind::kStepRejected) run_deferred();
       }
       if (options_.on_progress && reader_.records_read() % 4096 == 0) {
         options_.on_progress(report_.steps_replayed, reader_.offset(), reader_.file_bytes());
@@ -174,6 +184,13 @@ class Replayer {
   }
 
   void keep_logits(int64_t step, const StepResult& result) { logits_[step] = result.logits; }
+
+  void run_deferred() {
+    if (!deferred_ || report_.divergence) return;
+    trace::StepInputRecord in = std::move(*deferred_);
+    deferred_.reset();
+    execute(in);
+  }
 
   void compare(const trace::StepOutputRecord& recorded_full) {
     // Steps not executed (--isolate skipped them) have no replayed output to compare.
@@ -271,6 +288,7 @@ class Replayer {
   Executor executor_;
   ReplayReport report_;
   std::deque<Executed> executed_;
+  std::optional<trace::StepInputRecord> deferred_;  // read while the step before it was open
   std::map<RequestId, Recorded> recorded_;
   std::map<int64_t, std::vector<float>> logits_;
 };

@@ -52,11 +52,19 @@ class Checker {
         break;
       }
       if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
+        // A run-ahead recording writes input k+1 before output k; the model of device state
+        // takes step k's output first, as the device did.
+        if (!open_.empty()) {
+          deferred_ = std::move(*in);
+          continue;
+        }
         on_input(std::move(*in));
       } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
         on_output(*out);
+        take_deferred();
       } else if (auto* ev = std::get_if<trace::TraceEvent>(&record)) {
         on_event(*ev);
+        if (ev->kind == trace::EventKind::kStepRejected) take_deferred();
       }
     }
     report_.truncation = reader_.truncation();
@@ -68,6 +76,13 @@ class Checker {
                const std::string& field, const std::string& detail) {
     if (report_.violation) return;
     report_.violation = TraceViolation{step, row, id, invariant, field, detail};
+  }
+
+  void take_deferred() {
+    if (!deferred_ || report_.violation) return;
+    trace::StepInputRecord in = std::move(*deferred_);
+    deferred_.reset();
+    on_input(std::move(in));
   }
 
   void on_input(trace::StepInputRecord&& in) {
@@ -247,6 +262,7 @@ class Checker {
   std::vector<PoolRowState> rows_;          // [pool rows]
   std::map<RequestId, int32_t> seat_;       // request → its pool row while seated
   std::deque<OpenInput> open_;
+  std::optional<trace::StepInputRecord> deferred_;  // read while the step before it was open
   int64_t last_step_ = 0;
 };
 

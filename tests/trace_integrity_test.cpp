@@ -274,6 +274,90 @@ TEST(TraceIntegrity, CorruptionInTheMiddleExitsTwoNamingOffsetStepAndIntactRecor
   std::printf("%s\n", c.message.c_str());
 }
 
+// The CPU reference behind a backend that says it runs ahead (as CUDA does): each step computed
+// at enqueue, handed out at collect, so the serving loop records input k+1 before output k.
+class RunAheadCpu final : public Backend {
+ public:
+  explicit RunAheadCpu(const ExecutorConfig& config) : inner_(weights(), config) {}
+  std::string name() const override { return "cpu"; }
+  void apply_table_writes(const StepPlan& plan) override { inner_.apply_table_writes(plan); }
+  void reset_lengths(const StepPlan& plan) override { inner_.reset_lengths(plan); }
+  void fill_inputs(const StepPlan& plan) override { inner_.fill_inputs(plan); }
+  void forward(const StepPlan& plan) override { inner_.forward(plan); }
+  void poison_logits(std::span<const int32_t> rows, float value) override {
+    inner_.poison_logits(rows, value);
+  }
+  StepResult finish_step(const StepPlan& plan) override { return inner_.finish_step(plan); }
+  bool can_run_ahead() const override { return true; }
+  void enqueue_finish(const StepPlan& plan) override {
+    queue_.push_back(inner_.finish_step(plan));
+    in_flight_max = std::max(in_flight_max, static_cast<int32_t>(queue_.size()));
+  }
+  void collect_finish(const StepPlan&, StepResult& result) override {
+    result = std::move(queue_.front());
+    queue_.erase(queue_.begin());
+  }
+  void copy_pages(const CacheOp& op) override { inner_.copy_pages(op); }
+  StateSnapshot read_state(std::span<const int32_t> pool_rows) const override {
+    return inner_.read_state(pool_rows);
+  }
+  InputSnapshot read_inputs() const override { return inner_.read_inputs(); }
+  int32_t in_flight_max = 0;
+
+ private:
+  CpuBackend inner_;
+  std::vector<StepResult> queue_;
+};
+
+// Recording keeps run-ahead, and the overlapped records it writes (input k+1 before output k)
+// check clean and replay: exact, and teacher-forced with every token equal (found on the H200:
+// the checker and teacher forcing took input k+1 before output k).
+TEST(TraceIntegrity, ARunAheadRecordingChecksAndReplaysExactAndTeacherForced) {
+  const SchedulerConfig sc{.max_batch_rows = 4, .token_budget = 32, .page_size = 4,
+                           .pages_count = 64, .host_pages_count = 0, .verify_width = 1,
+                           .context_length = 64};
+  const ExecutorConfig limits = executor_config_for(sc);
+  Scheduler scheduler(sc);
+  for (int32_t i = 0; i < 6; ++i) {
+    RequestSpec r{.id = static_cast<RequestId>(10 + i),
+                  .prompt = ls::testing::prompt_for(10 + i, 3 + i % 7), .max_new_tokens = 7};
+    if (i % 2 == 1) r.sampling = SamplingParams{.temperature = 0.8f, .top_k = 20, .seed = 9u};
+    scheduler.submit(r, weights().config.vocab_size);
+  }
+  RunAheadCpu backend(limits);
+  Executor executor(limits, weights().config.vocab_size, backend, trace::recording_executor_options());
+  const fs::path path = temp_path("run_ahead.trace");
+  {
+    auto recorder = trace::Recorder::open(
+        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""},
+                                       limits, "cpu"));
+    trace::TraceObserver observer(*recorder);
+    run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer});
+    recorder->close();
+  }
+  ASSERT_EQ(backend.in_flight_max, 2) << "the loop did not run ahead while recording";
+  const Bytes trace = read_file(path);
+  fs::remove(path);
+  const Outcome c = check_bytes(trace);
+  EXPECT_EQ(c.exit, 0) << c.message;
+  int64_t compared = 0;
+  const Outcome r = replay_bytes(trace, &compared);
+  EXPECT_EQ(r.exit, 0) << r.message;
+  EXPECT_GT(compared, 10);
+  replay::ReplayOptions tf;
+  tf.mode = replay::ReplayMode::kTeacherForced;
+  tf.weights = &weights();
+  const replay::ReplayReport report = replay::replay_trace(reader_of(trace), tf);
+  EXPECT_GT(report.tokens_count, 20);
+  EXPECT_EQ(report.tokens_equal, report.tokens_count);
+  EXPECT_EQ(report.logit_delta_max, 0.0f);
+  EXPECT_EQ(report.top1_equal, report.top1_count);
+  std::printf("run-ahead recording: %lld steps compared exactly; teacher-forced %lld/%lld tokens, "
+              "max |dlogit| %g\n", static_cast<long long>(compared),
+              static_cast<long long>(report.tokens_equal), static_cast<long long>(report.tokens_count),
+              static_cast<double>(report.logit_delta_max));
+}
+
 TEST(TraceIntegrity, ATraceOfFormatVersionOneIsRefusedNamingItsVersion) {
   // Version 1: the header message first, in plain stream framing, no preamble.
   trace::TraceHeader header = trace::make_trace_header(
