@@ -38,6 +38,7 @@ void print_header(const trace::TraceHeader& h) {
   const ModelConfig& m = h.model;
   const ExecutorConfig& e = h.executor;
   fmt::print("format v{}, written by {}\n", h.format_version, h.build_id);
+  if (h.is_foreign()) fmt::print("outputs from a foreign executor: {}\n", h.foreign_executor);
   fmt::print("model {}: hidden {}, layers {}, heads {}/{} x {}, ffn {}, vocab {}, rope theta {}, "
              "rms eps {}, tied {}\n", m.name, m.hidden_size, m.layers_count, m.query_heads_count,
              m.kv_heads_count, m.head_dim, m.ffn_size, m.vocab_size, m.rope_theta, m.rms_eps,

@@ -18,6 +18,10 @@ ModelWeights weights_for(const trace::TraceHeader& h,
   ModelWeights weights;
   std::string origin;
   if (h.weights.kind == WeightSource::Kind::kSeed) {
+    LS_REQUIRE(!directory_override,
+               "the trace's weights are random weights of shape '{}' from seed {}, not a directory: "
+               "a model directory ({}) does not apply to it",
+               h.model.name, h.weights.seed, directory_override->string());
     weights = weights_from_seed(h.model, h.weights.seed);
     origin = fmt::format("random weights from seed {}", h.weights.seed);
   } else {
@@ -25,6 +29,9 @@ ModelWeights weights_for(const trace::TraceHeader& h,
     weights = load_hf_directory(dir);
     origin = fmt::format("weights in {}", dir.string());
   }
+  // A foreign executor may not know lockstep's weight digest (0: not recorded); then the weights
+  // the user names are taken as the ones it ran, and the replay reports their digest.
+  if (h.is_foreign() && h.weights_digest == 0) return weights;
   require_recorded_weights(h, weights, origin);
   return weights;
 }
@@ -58,6 +65,7 @@ struct Recorded {
 const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights& owned,
                                    const trace::TraceHeader& header) {
   if (!given) return owned;
+  if (header.is_foreign() && header.weights_digest == 0) return *given;
   require_recorded_weights(header, *given, "weights given");
   return *given;
 }
@@ -263,6 +271,12 @@ ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions
 }
 
 ReplayReport replay_trace(trace::TraceReader reader, const ReplayOptions& options) {
+  const trace::TraceHeader& h = reader.header();
+  LS_REQUIRE(!(h.is_foreign() && options.mode == ReplayMode::kExact),
+             "exact replay refuses this trace: it came from a foreign executor ({}), whose outputs "
+             "lockstep's executor is not built to reproduce bit for bit and whose state digests "
+             "were not recorded; replay it with --mode teacher-forced to measure the agreement",
+             h.foreign_executor);
   Replayer replayer(std::move(reader), options);
   return replayer.run();
 }

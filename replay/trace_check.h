@@ -16,6 +16,7 @@
 //   valid_cache_length  vcl <= L, and grows by exactly what the step committed: prefill rows end at
 //                       prefix + input; decode rows at (hist_token_length, or the previous vcl) + a
 //   nan_flags           flagged rows are exactly the rows the recorded faults poisoned with NaN
+//                       (not checked for a foreign executor's trace: it plants no faults)
 #pragma once
 
 #include "core/forward_op.h"

@@ -134,6 +134,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setDeterminismMode(h.determinism_mode);
   out.setIndexStride(h.index_stride);
   out.setDrafter(h.drafter);
+  out.setForeignExecutor(h.foreign_executor);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -188,6 +189,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.index_stride = in.getIndexStride();
   // Traces from before drafters carry no name: they ran without one.
   out.drafter = in.hasDrafter() ? text(in.getDrafter()) : std::string(kNoDrafterName);
+  out.foreign_executor = text(in.getForeignExecutor());
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());

@@ -79,6 +79,11 @@ struct Header {
   machine @11 :Machine;
   indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
   drafter @13 :Text;         # "none" (or empty: a trace from before drafters), "ngram", …
+  foreignExecutor @14 :Text; # empty: lockstep's executor produced the outputs; else the engine
+                             # whose own executor did (TraceWriter). Such a trace has no state
+                             # digests (futureInputDigests may be empty), and its weights digest
+                             # may be 0 (not recorded); `check` and teacher-forced replay accept
+                             # it, exact replay refuses it.
 }
 
 struct ModelShape {
