@@ -10,6 +10,7 @@
 #include "core/step_result.h"
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>  // in every TU: std::vector and std::optional convert the same everywhere
 
 #include <cstdint>
 #include <map>
@@ -67,6 +68,11 @@ py::dict model_config_to_dict(const ModelConfig& config);
 // The model a `model=` argument names: a named shape (random weights from `weights_seed`) or a
 // Hugging Face directory. `weights_seed` given with a directory is an ls::Error.
 bool is_model_directory(const std::string& model);
+
+// An executor error about an op names lockstep's row fields (pool_row, hist_token_length, ...);
+// this appends the seed's name of what the caller passed, e.g. " [ForwardOp field:
+// hist_token_lens[1]]". `message` unchanged when it names no op field.
+std::string with_seed_field(const std::string& message, const ForwardOp& op);
 
 // The wrapper every ForwardOp is held in on the Python side.
 struct PyForwardOp {

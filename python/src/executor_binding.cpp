@@ -153,7 +153,7 @@ class PyExecutor {
       } catch (const Error& e) {
         if (recorder_ && op_is_valid(op)) recorder_->record_rejection(state->step, e.what());
         --next_step_;
-        throw;
+        throw Error(with_seed_field(e.what(), op));
       }
       in_flight_.push_back({state, op});
       if (synchronous()) collect_oldest();

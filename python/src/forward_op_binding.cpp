@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <regex>
+
 namespace ls::py_bindings {
 
 const std::vector<std::string>& forward_op_field_names() {
@@ -174,6 +176,51 @@ py::dict forward_op_to_dict(const ForwardOp& op) {
   return d;
 }
 
+
+std::string with_seed_field(const std::string& message, const ForwardOp& op) {
+  // validate_forward_op's "forward op row R (...): " and trace/checks.cpp's "rows[R]."
+  static const std::regex row_prefix(R"((?:forward op row (\d+) \([^)]*\): |rows\[(\d+)\]\.))");
+  static const std::regex token_index(R"(prefill_token_ids\[(\d+)\])");
+  std::smatch m;
+  std::string name;
+  if (std::regex_search(message, m, token_index)) {
+    name = fmt::format("input_ids[{}]", m[1].str());
+  } else if (std::regex_search(message, m, row_prefix)) {
+    const int32_t row = std::stoi(m[1].matched ? m[1].str() : m[2].str());
+    if (row < 0 || row >= op.rows_count()) return message;
+    const std::string tail = m.suffix().str();
+    const int32_t decode_index = row - op.prefill_rows_count();
+    std::smatch page;
+    if (std::regex_search(tail, page, std::regex(R"(^refresh\.pages\[(\d+)\])"))) {
+      name = fmt::format("occupied_pages[{}][{}]", row, op.rows[row].refresh.begin + std::stoi(page[1].str()));
+    } else {
+      // The field each message leads with, in lockstep's name, and the seed's name for it.
+      static const std::vector<std::pair<std::string, std::string>> leads = {
+          {"refresh.begin", "begins"},         {"input_length", "input_lengths"},
+          {"prefix_length", "extend_prefix_lens"}, {"prompt_length", "prefill_lengths"},
+          {"decode_override", "decode_input_ids"}, {"hist_token_length", "hist_token_lens"},
+          {"a recovered row", "hist_token_lens"},  {"pool_row", "request_pool_indices"},
+          {"request id", "request_ids"},       {"temperature", "sampling_params"},
+          {"top_k", "sampling_params"},        {"top_p", "sampling_params"},
+          {"min_p", "sampling_params"}};
+      if (tail.find("carries no sampling") != std::string::npos) name = fmt::format("sampling_params[{}]", row);
+      for (const auto& [lead, seed] : leads) {
+        if (!name.empty() || tail.rfind(lead, 0) != 0) continue;
+        const bool per_decode_row = seed == "decode_input_ids" || seed == "hist_token_lens";
+        name = fmt::format("{}[{}]", seed, per_decode_row ? decode_index : row);
+        if (seed == "sampling_params") name += "." + lead;
+        break;
+      }
+    }
+  } else if (message.find("prefill_token_ids holds") != std::string::npos) {
+    name = "input_ids";
+  } else if (message.find("exceed max_batch_rows") != std::string::npos) {
+    name = "request_ids";
+  } else if (message.find("exceed prefill_chunk_tokens") != std::string::npos) {
+    name = "input_lengths";
+  }
+  return name.empty() ? message : fmt::format("{} [ForwardOp field: {}]", message, name);
+}
 
 namespace {
 

@@ -167,7 +167,11 @@ class PyTraceWriter {
                              ? op_object.cast<const PyForwardOp&>().op
                              : forward_op_from_fields(fields_from_object(op_object, forward_op_field_names()));
     trace::StepInputRecord input{.step = next_step_, .op = op};
-    trace::check_step_input(input, header_, true);
+    try {
+      trace::check_step_input(input, header_, true);
+    } catch (const Error& e) {
+      throw Error(fmt::format("write_step: {}", with_seed_field(e.what(), op)));
+    }
     trace::StepOutputRecord output = foreign_output(next_step_, op, outputs, header_);
     trace::check_step_output(output, trace::OpenStep{next_step_, op.rows_count(), op.prefill_rows_count()}, header_);
     py::gil_scoped_release release;
