@@ -43,7 +43,9 @@ def cpp_loop(args, prompts_path):
     done = subprocess.run([args.lockstep, "generate", "--prompts", prompts_path, "--model", args.model,
                            "--backend", args.backend, "--max-batch-rows", str(args.batch),
                            "--pages", str(args.pages), "-o", "/dev/null"],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"bench_loop: lockstep generate exited {done.returncode}:\n{done.stderr}")
     m = re.search(r"(\d+) tokens in (\d+) steps on \S+ \(.*?([\d.]+) s\)", done.stderr)
     if not m:
         sys.exit(f"bench_loop: no summary in lockstep generate's output:\n{done.stderr}")
@@ -53,9 +55,8 @@ def cpp_loop(args, prompts_path):
 def python_loop(args, specs, example):
     model = lockstep.tokenspeed.ModelExecutor(model=args.model, backend=args.backend,
                                               max_batch_rows=args.batch, pages_count=args.pages)
-    example.run(specs[:1], model)  # warm-up (CUDA graphs, allocator), then the measured run
-    model = lockstep.tokenspeed.ModelExecutor(model=args.model, backend=args.backend,
-                                              max_batch_rows=args.batch, pages_count=args.pages)
+    # Warm-up (CUDA graphs, caches) with a request of another id, then the measured run.
+    example.run([dict(specs[0], id=10**6)], model)
     scheduler, stats = example.run(specs, model)
     stats["tokens"] = sum(len(r.tokens) for r in scheduler.requests)
     stats["runs_ahead"] = model.executor.runs_ahead
@@ -90,7 +91,7 @@ def main():
     parser.add_argument("--pages", type=int, default=1024)
     parser.add_argument("--json")
     args = parser.parse_args()
-    vocab = lockstep.Executor(model="tiny").vocab_size if args.model == "tiny" else 32000
+    vocab = lockstep.model_config(args.model)["vocab_size"]
     specs = workload(args.batch, args.prompt_tokens, args.new_tokens, vocab)
     example = load_example()
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as f:

@@ -20,6 +20,7 @@ from ._lockstep import (  # noqa: F401
     TraceWriter,
     cuda_device_available,
     has_cuda,
+    model_config,
     model_names,
 )
 from .records import Event, Footer, Header, Record, StepInput, StepOutput, TraceFile, open_trace  # noqa: F401
@@ -27,5 +28,5 @@ from .records import Event, Footer, Header, Record, StepInput, StepOutput, Trace
 __all__ = [
     "Error", "Executor", "ForwardOp", "Result", "SamplingParams", "TraceWriter", "open_trace",
     "TraceFile", "Header", "StepInput", "StepOutput", "Event", "Footer", "Record",
-    "cuda_device_available", "has_cuda", "model_names",
+    "cuda_device_available", "has_cuda", "model_config", "model_names",
 ]

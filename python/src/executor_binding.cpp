@@ -387,6 +387,8 @@ void bind_executor(py::module_& m) {
 #endif
   });
   m.def("model_names", &model_config_names);
+  m.def("model_config", [](const std::string& name) { return model_config_to_dict(model_config_named(name)); },
+        py::arg("name"), "The shape of a named model (no weights are made).");
 
   py::class_<PyResult>(m, "Result", "One step's outputs, with the seed's ModelExecutionResult layout.")
       .def("sync", &PyResult::sync, "Wait for the step (and any older one) and make its outputs readable.")
