@@ -102,7 +102,8 @@ glibcxx_max() { grep -a -o 'GLIBCXX_3\.4\.[0-9]*' "$1" 2>/dev/null | sort -u -V 
 # Compiles python/src/*.cpp against $PYTHON's headers and pybind11, links the carried archives
 # and shared libraries, and lays the package out in build-py/ (PYTHONPATH=build-py).
 build_python_module() {
-  local py="$1" work=build-py cxx="${CXX:-g++}" cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+  local py="$1" work=build-py cxx="${CXX:-$(command -v g++ || command -v c++)}"
+  local cuda_home="${CUDA_HOME:-/usr/local/cuda}"
   local includes ext defs="" objs=() archives=() src
   rm -rf "$work" && mkdir -p "$work/lockstep" "$work/obj" "$work/libs"
   # pybind11's own answer; Debian's pybind11-dev has no Python module (headers in /usr/include).
