@@ -104,6 +104,8 @@ class Replayer {
         execute(*in);
       } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
         compare(*out);
+      } else if (auto* ev = std::get_if<trace::TraceEvent>(&record)) {
+        if (ev->kind == trace::EventKind::kStepRejected) on_recorded_rejection(*ev);
       }
       if (options_.on_progress && reader_.records_read() % 4096 == 0) {
         options_.on_progress(report_.steps_replayed, reader_.offset(), reader_.file_bytes());
@@ -125,7 +127,15 @@ class Replayer {
     if (options_.mode == ReplayMode::kTeacherForced) force_recorded_inputs(op);
     for (const CacheOp& c : in.cache_ops) executor_.copy_pages(c);
     executor_.inject_next_step(std::move(faults));
-    const StepResult result = executor_.step(op);
+    StepResult result;
+    try {
+      result = executor_.step(op);
+    } catch (const Error& e) {
+      // The executor refused the op (e.g. a request new to its pool row without sampling
+      // parameters); the recording must have refused it too (a stepRejected event follows).
+      rejected_.emplace(in.step, e.what());
+      return;
+    }
     Executed done{in.step, op, {}, recorded_row};
     done.output = trace::make_step_output(in.step, result, backend_->read_state(pool_rows_of(op)),
                                           reader_.header().top_logits_count);
@@ -174,7 +184,23 @@ class Replayer {
 
   void keep_logits(int64_t step, const StepResult& result) { logits_[step] = result.logits; }
 
+  // The recording refused step `e.step` after writing its input: the replay must have too.
+  void on_recorded_rejection(const trace::TraceEvent& e) {
+    if (rejected_.erase(e.step) > 0) return;
+    if (executed_.empty() || executed_.front().step != e.step) return;  // no input was written
+    const Executed done = std::move(executed_.front());
+    executed_.pop_front();
+    if (options_.mode != ReplayMode::kExact) return;
+    report_.divergence = Divergence{.step = e.step, .field = "rejected",
+                                    .expected = "rejected: " + e.detail, .actual = "ran"};
+  }
+
   void compare(const trace::StepOutputRecord& recorded_full) {
+    if (const auto it = rejected_.find(recorded_full.step); it != rejected_.end()) {
+      report_.divergence = Divergence{.step = it->first, .field = "rejected",
+                                      .expected = "ran", .actual = "rejected: " + it->second};
+      return;
+    }
     // Steps not executed (--isolate skipped them) have no replayed output to compare.
     if (executed_.empty() || executed_.front().step != recorded_full.step) return;
     Executed done = std::move(executed_.front());
@@ -262,6 +288,7 @@ class Replayer {
   std::deque<Executed> executed_;
   std::map<RequestId, Recorded> recorded_;
   std::map<int64_t, std::vector<float>> logits_;
+  std::map<int64_t, std::string> rejected_;  // steps the replay's executor refused, with why
 };
 
 }  // namespace

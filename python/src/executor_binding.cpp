@@ -25,6 +25,7 @@
 
 #include <deque>
 #include <memory>
+#include <mutex>
 
 namespace ls::py_bindings {
 
@@ -143,6 +144,7 @@ class PyExecutor {
     state->prefill_rows = op.prefill_rows_count();
     {
       py::gil_scoped_release release;
+      const std::lock_guard<std::mutex> lock(mutex_);
       if (synchronous()) drain();  // the state a recorder or capture reads must be this step's
       if (recorder_) {
         recorder_->record_input(state->step, op, pending_cache_ops_, StepFaults{});
@@ -151,8 +153,8 @@ class PyExecutor {
       try {
         executor_->submit(op);
       } catch (const Error& e) {
+        // The step index stays used (a trace allows gaps): a recorder may hold its input.
         if (recorder_ && op_is_valid(op)) recorder_->record_rejection(state->step, e.what());
-        --next_step_;
         throw Error(with_seed_field(e.what(), op));
       }
       in_flight_.push_back({state, op});
@@ -175,12 +177,14 @@ class PyExecutor {
     LS_REQUIRE(!in_flight_.empty(), "Executor: collect() with no step in flight");
     std::shared_ptr<StepState> state = in_flight_.front().state;
     py::gil_scoped_release release;
+    const std::lock_guard<std::mutex> lock(mutex_);
     collect_oldest();
     return state;
   }
 
   void sync(const std::shared_ptr<StepState>& state) {
     py::gil_scoped_release release;
+    const std::lock_guard<std::mutex> lock(mutex_);
     while (!state->done) collect_oldest();
   }
 
@@ -193,6 +197,7 @@ class PyExecutor {
                "copy_pages: {} device_pages but {} host_pages (they pair up)", op.device_pages.size(),
                op.host_pages.size());
     py::gil_scoped_release release;
+    const std::lock_guard<std::mutex> lock(mutex_);
     executor_->copy_pages(op);
     if (recorder_) pending_cache_ops_.push_back(std::move(op));
   }
@@ -211,6 +216,7 @@ class PyExecutor {
   void stop_recording() {
     LS_REQUIRE(recorder_, "Executor.stop_recording: not recording");
     py::gil_scoped_release release;
+    const std::lock_guard<std::mutex> lock(mutex_);
     drain();
     recorder_->close();
     recorder_.reset();
@@ -224,6 +230,7 @@ class PyExecutor {
     StateSnapshot s;
     {
       py::gil_scoped_release release;
+      const std::lock_guard<std::mutex> lock(mutex_);
       s = backend_->read_state(pool_rows);
     }
     py::dict d;
@@ -239,6 +246,7 @@ class PyExecutor {
     InputSnapshot s;
     {
       py::gil_scoped_release release;
+      const std::lock_guard<std::mutex> lock(mutex_);
       s = backend_->read_inputs();
     }
     py::dict d;
@@ -362,6 +370,8 @@ class PyExecutor {
   std::unique_ptr<trace::Recorder> recorder_;
   std::vector<CacheOp> pending_cache_ops_;
   int64_t next_step_ = 0;
+  // Held while the GIL is released: another Python thread may call in meanwhile.
+  std::mutex mutex_;
 };
 
 void PyResult::sync() {

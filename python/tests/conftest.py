@@ -45,7 +45,7 @@ def lockstep_bin():
     path = _lockstep_bin()
     if not path.exists():
         pytest.fail(f"the lockstep CLI is not at {path} (set LOCKSTEP_BIN)")
-    return path
+    return path.resolve()
 
 
 def run_cli(lockstep_bin, *args, check=True):

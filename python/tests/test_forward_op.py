@@ -100,6 +100,10 @@ def test_record_and_replay_exactly(lockstep_bin, tmp_path):
     ex = lockstep.Executor(model="tiny", max_batch_rows=2)
     ex.record(path)
     ex.step(lockstep.ForwardOp(**prefill(5, 1, [1, 2, 3], [1])))
+    # Rejected by the executor (a request new to pool row 2 with no sampling): recorded as such.
+    with pytest.raises(lockstep.Error, match=r"sampling_params\[0\]"):
+        ex.step(lockstep.ForwardOp(request_ids=[6], request_pool_indices=[2], input_lengths=[2],
+                                   extend_prefix_lens=[0], input_ids=[1, 1], sampling_params=[None]))
     for _ in range(3):
         ex.submit(lockstep.ForwardOp(request_ids=[5], request_pool_indices=[1], input_lengths=[1],
                                      sampling_params=[None]))
