@@ -60,9 +60,9 @@ def read_prompts(path=PROMPTS):
     return [json.loads(line) for line in open(path) if line.strip()]
 
 
-def cli_generate(lockstep_bin, tmp_path, specs, backend="cpu"):
-    """`lockstep generate` over `specs`: {id: tokens}."""
+def cli_generate(lockstep_bin, tmp_path, specs, backend="cpu", *extra):
+    """`lockstep generate` over `specs` (with `extra` options): {id: tokens}."""
     prompts = tmp_path / f"prompts-{backend}-{len(specs)}.jsonl"
     prompts.write_text("".join(json.dumps(s) + "\n" for s in specs))
-    out = run_cli(lockstep_bin, "generate", "--prompts", prompts, "--backend", backend, "-q").stdout
+    out = run_cli(lockstep_bin, "generate", "--prompts", prompts, "--backend", backend, "-q", *extra).stdout
     return {line["id"]: line["tokens"] for line in map(json.loads, out.splitlines())}

@@ -110,3 +110,48 @@ def test_record_and_replay_exactly(lockstep_bin, tmp_path):
     ex.stop_recording()
     out = run_cli(lockstep_bin, "replay", path, "-q").stdout
     assert "IDENTICAL" in out and "4 steps" in out, out
+
+
+def test_speculative_layout_and_greedy_equivalence(backend, lockstep_bin, tmp_path):
+    """W = 4 with the n-gram drafter: each decode row returns W verify outputs ([ne][nd x W]) and
+    accepts a in [1, W]. On the CPU reference the accepted tokens, in order, are W = 1's greedy
+    tokens (`lockstep generate`); on CUDA (whose fast mode keeps that promise only in invariant
+    mode) they are what `lockstep generate --verify-width 4 --drafter ngram` emits."""
+    spec = read_prompts()[0]  # request 1: greedy, 16 new tokens
+    extra = () if backend == "cpu" else ("--verify-width", "4", "--drafter", "ngram")
+    expected = cli_generate(lockstep_bin, tmp_path, [spec], backend, *extra)[1]
+    ex = lockstep.Executor(model="tiny", backend=backend, max_batch_rows=2, verify_width=4, drafter="ngram")
+    out = ex.step(lockstep.ForwardOp(**prefill(1, 1, spec["prompt"], [1, 2])))
+    tokens = out.output_tokens.tolist()
+    decode = lockstep.ForwardOp(request_ids=[1], request_pool_indices=[1], input_lengths=[4],
+                                sampling_params=[None])
+    while len(tokens) < len(expected):
+        out = ex.step(decode)
+        assert out.output_tokens.shape == (4,)
+        a = int(out.output_lengths[0])
+        assert 1 <= a <= 4
+        assert out.row_tokens(0) == out.output_tokens[:a].tolist()
+        tokens += out.row_tokens(0)
+    assert tokens[:len(expected)] == expected
+
+
+def test_numpy_arrays_in():
+    as_lists = lockstep.ForwardOp(**prefill(3, 1, [5, 6, 7], [1]))
+    as_numpy = lockstep.ForwardOp(request_ids=np.array([3], dtype=np.uint64),
+                                  request_pool_indices=np.array([1], dtype=np.int32),
+                                  input_lengths=np.array([3]), extend_prefix_lens=np.zeros(1, dtype=np.int64),
+                                  input_ids=np.array([5, 6, 7], dtype=np.int32), occupied_pages=np.array([[1]]),
+                                  begins=[0], sizes=[1], sampling_params=[lockstep.SamplingParams()])
+    assert as_lists == as_numpy
+    with pytest.raises(lockstep.Error, match=r"input_ids\[0\]"):
+        lockstep.ForwardOp(input_ids=np.array([5.0]))
+
+
+def test_copy_pages():
+    ex = lockstep.Executor(model="tiny", max_batch_rows=2, pages_count=16, host_pages_count=4)
+    ex.copy_pages("swap_out", device_pages=[3], host_pages=[0])
+    ex.copy_pages("swap_in", device_pages=[4], host_pages=[0])
+    with pytest.raises(lockstep.Error, match="host"):
+        ex.copy_pages("swap_out", device_pages=[3], host_pages=[9])
+    with pytest.raises(lockstep.Error, match="kind"):
+        ex.copy_pages("swap_sideways", device_pages=[3], host_pages=[0])
