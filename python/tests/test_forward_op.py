@@ -27,7 +27,8 @@ def test_extend_decode_mixed_idle(backend, lockstep_bin, tmp_path):
     # CPU: batch-invariant, so the CLI's batching does not matter. CUDA: the CLI runs request 1
     # alone, as the EXTEND and DECODE steps below do; the MIXED step is checked for shape only.
     expected = cli_generate(lockstep_bin, tmp_path, [r1, r4] if backend == "cpu" else [r1], backend)
-    ex = lockstep.Executor(model="tiny", backend=backend, max_batch_rows=4)
+    # The CLI's limits (B 16, L 512, P 16), so that CUDA runs the same kernels as the CLI did.
+    ex = lockstep.Executor(model="tiny", backend=backend)
 
     extend = lockstep.ForwardOp(**prefill(1, 1, r1["prompt"], [1]))
     assert extend.mode == "EXTEND" and extend.num_extends() == 1
@@ -120,7 +121,7 @@ def test_speculative_layout_and_greedy_equivalence(backend, lockstep_bin, tmp_pa
     spec = read_prompts()[0]  # request 1: greedy, 16 new tokens
     extra = () if backend == "cpu" else ("--verify-width", "4", "--drafter", "ngram")
     expected = cli_generate(lockstep_bin, tmp_path, [spec], backend, *extra)[1]
-    ex = lockstep.Executor(model="tiny", backend=backend, max_batch_rows=2, verify_width=4, drafter="ngram")
+    ex = lockstep.Executor(model="tiny", backend=backend, verify_width=4, drafter="ngram")
     out = ex.step(lockstep.ForwardOp(**prefill(1, 1, spec["prompt"], [1, 2])))
     tokens = out.output_tokens.tolist()
     decode = lockstep.ForwardOp(request_ids=[1], request_pool_indices=[1], input_lengths=[4],
