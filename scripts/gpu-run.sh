@@ -112,13 +112,16 @@ build_python_module() {
   ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
   [ -f "$DIST/pylib/liblockstep_kernels.a" ] && defs="-DLOCKSTEP_HAVE_CUDA"
   echo "compiler: $("$cxx" --version | head -1); python: $("$py" --version); includes: $includes"
-  for src in python/src/*.cpp; do
+  local pids=() pid
+  for src in python/src/*.cpp; do  # in parallel: one compiler per translation unit
     local obj="$work/obj/$(basename "$src" .cpp).o"
     # shellcheck disable=SC2086
     "$cxx" -std=c++20 -O2 -fPIC -fvisibility=hidden $defs $includes -I. -I"$DIST/include" \
-        -c "$src" -o "$obj" || return 1
+        -c "$src" -o "$obj" &
+    pids+=($!)
     objs+=("$obj")
   done
+  for pid in "${pids[@]}"; do wait "$pid" || return 1; done
   for a in $PY_ARCHIVES; do
     [ -f "$DIST/pylib/lib$a.a" ] && archives+=("$DIST/pylib/lib$a.a")
   done

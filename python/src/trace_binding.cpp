@@ -41,9 +41,9 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// The model a foreign executor ran: a named shape (its digest is computed from the seed unless
-// given) or a Hugging Face directory (its config.json is read; the digest is 0, "not recorded",
-// unless given: loading every weight just to hash it is the replay's job).
+// The model a foreign executor ran: a named shape with the seed of its random weights, or a
+// Hugging Face directory (only its config.json is read). The weight digest is the one given, else
+// 0 ("not recorded"): making or loading every weight just to hash it is the replay's job.
 void header_model(const Fields& f, trace::TraceHeader& h) {
   const auto model = field(f, "model");
   LS_REQUIRE(model.has_value(), "TraceWriter header: model is required (a named shape or a Hugging Face directory)");
@@ -65,8 +65,7 @@ void header_model(const Fields& f, trace::TraceHeader& h) {
   const auto seed = field(f, "weights_seed");
   h.model = model_config_named(name);
   h.weights = {WeightSource::Kind::kSeed, seed ? to_uint64(*seed, "TraceWriter header: weights_seed") : 0, ""};
-  h.weights_digest = digest ? to_uint64(*digest, "TraceWriter header: weights_digest")
-                            : weights_from_seed(h.model, h.weights.seed).digest();
+  h.weights_digest = digest ? to_uint64(*digest, "TraceWriter header: weights_digest") : 0;
 }
 
 trace::TraceHeader foreign_header(py::handle header) {
