@@ -35,6 +35,28 @@ _UNSUPPORTED_ARRAYS = (
 )
 
 
+# Sampling attributes of the seed's SamplingParams that lockstep's sampler does not implement:
+# refused unless at the value that leaves the distribution unchanged.
+_NEUTRAL_SAMPLING = {
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "min_new_tokens": 0,
+    "logit_bias": None,
+    "json_schema": None,
+    "regex": None,
+}
+
+
+def _check_sampling(params_list):
+    for i, params in enumerate(params_list):
+        for name, neutral in _NEUTRAL_SAMPLING.items():
+            value = params.get(name, neutral) if isinstance(params, dict) else getattr(params, name, neutral)
+            if value != neutral and not (neutral is None and not value):
+                raise Error(f"execute_forward_op: sampling_params_list[{i}].{name} = {value!r} is not "
+                            "supported by lockstep's sampler")
+
+
 class ModelExecutor:
     """execute_forward_op(forward_op, sampling_params_list) over a lockstep.Executor.
 
@@ -68,5 +90,6 @@ class ModelExecutor:
                             "pass sampling_params_list=[] or a seed-shaped op")
             op = forward_op
         else:
+            _check_sampling(sampling_params_list)
             op = ForwardOp.from_seed(forward_op, list(sampling_params_list))
         return self.executor.submit(op)

@@ -415,6 +415,14 @@ void bind_executor(py::module_& m) {
       .def_property_readonly("output_oov_flags", [](PyResult& r) { return flags_to_numpy(r.result().oov_flags); })
       .def_property_readonly("next_input_ids", [](PyResult& r) { return r.next_input_ids(r.width()); })
       .def_property_readonly("mode", [](PyResult& r) { return std::string(to_string(r.result().mode)); })
+      .def_property_readonly("logits", [](PyResult& r) -> py::object {
+        // [logits rows, V] float32 with capture_logits=True: one row per prefill row, W per decode row.
+        const StepResult& s = r.result();
+        if (s.logits.empty()) return py::none();
+        const auto rows = static_cast<py::ssize_t>(s.prefill_rows_count +
+                                                   (s.accepted_lengths.size() - s.prefill_rows_count) * s.verify_width);
+        return to_numpy(s.logits).reshape({rows, static_cast<py::ssize_t>(s.logits.size()) / std::max<py::ssize_t>(rows, 1)});
+      })
       .def_property_readonly("copy_event", [](const PyResult&) { return py::none(); })
       .def_property_readonly("grammar_completion", [](const PyResult&) { return py::none(); })
       .def("row_tokens", [](PyResult& r, int32_t row) {

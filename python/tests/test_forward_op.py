@@ -86,6 +86,14 @@ def test_overlap_submit_then_sync(backend):
     assert serial.step(decode).output_tokens.tolist() == b.output_tokens.tolist()
 
 
+def test_captured_logits_pick_the_greedy_token():
+    ex = lockstep.Executor(model="tiny", capture_logits=True)
+    out = ex.step(lockstep.ForwardOp(**prefill(3, 2, [9, 8, 7, 6], [5])))
+    assert out.logits.shape == (1, ex.vocab_size)
+    assert int(np.argmax(out.logits[0])) == int(out.output_tokens[0])  # greedy: argmax, lowest id
+    assert lockstep.Executor(model="tiny").step(lockstep.ForwardOp()).logits is None
+
+
 def test_logprobs_and_next_input_ids():
     ex = lockstep.Executor(model="tiny", want_logprobs=True, capture_next_input_ids=True)
     out = ex.step(lockstep.ForwardOp(**prefill(3, 2, [9, 8, 7, 6], [5])))

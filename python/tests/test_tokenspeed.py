@@ -79,3 +79,7 @@ def test_adapter_refuses_what_it_cannot_honour():
         model.execute_forward_op(op, [greedy()], frequency_penalty=0.5)
     with pytest.raises(lockstep.Error, match="capture_next_input_ids"):
         model.execute_forward_op(op, [greedy()], capture_next_input_ids=True)
+    with pytest.raises(lockstep.Error, match=r"sampling_params_list\[0\].repetition_penalty"):
+        plain = FlatForwardOp(request_ids=[1], request_pool_indices=[1], input_lengths=[1],
+                              extend_prefix_lens=[0], input_ids=[5])
+        model.execute_forward_op(plain, [SimpleNamespace(temperature=0.0, repetition_penalty=1.2)])
