@@ -256,14 +256,15 @@ class PyExecutor {
     return d;
   }
 
+  // Steps still in flight complete before the backend's buffers go away; a recording is closed.
   ~PyExecutor() {
-    if (!recorder_) return;
     py::gil_scoped_release release;
     try {
       drain();
-      recorder_->close();
+      if (recorder_) recorder_->close();
     } catch (const std::exception& e) {
-      fmt::print(stderr, "lockstep.Executor: closing the recording failed: {}\n", e.what());
+      fmt::print(stderr, "lockstep.Executor: finishing the steps in flight or the recording failed: {}\n",
+                 e.what());
     }
   }
 
