@@ -108,7 +108,7 @@ run_families() {
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== layer-op and backend GPU tests"
   timeout 120 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddSizes/TokenCounts.*:CudaBackend*:GraphsOffOn/TinyGreedy.*' \
+      --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
       --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -20
   echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
