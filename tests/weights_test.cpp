@@ -449,6 +449,36 @@ TEST(HfDirectory, TiedEmbeddingsTakeOnlyAnEqualLmHead) {
   EXPECT_THAT(load_error(dir.path()), HasSubstr("expected shape [512, 64], got [2, 4]"));
 }
 
+TEST(HfDirectory, ShardIndexMustAgreeWithTheShards) {
+  const ScratchDir dir;
+  const ModelWeights source = weights_from_seed(tiny_config(false), 17);
+  write_text(dir.path() / "config.json", tiny_config_json(false));
+  const std::vector<NamedTensor> tensors = hf_tensors(source);
+  write_shards(dir.path(), tensors, 10, DType::kF32);
+  auto write_index = [&](const std::string& moved, const std::string& to) {
+    std::string map;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string shard = tensors[i].name == moved ? to
+                                : i < 10 ? "model-00001-of-00002.safetensors"
+                                         : "model-00002-of-00002.safetensors";
+      map += fmt::format("{}\"{}\": \"{}\"", map.empty() ? "" : ", ", tensors[i].name, shard);
+    }
+    write_text(dir.path() / "model.safetensors.index.json",
+               "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {" + map + "}}");
+  };
+  write_index("", "");
+  EXPECT_EQ(load_hf_directory(dir.path()).digest(), source.digest());
+  write_index("model.norm.weight", "model-00001-of-00002.safetensors");
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("maps tensor 'model.norm.weight' to "
+                                                "model-00001-of-00002.safetensors, which does not hold it"));
+  write_index("model.norm.weight", "../elsewhere.safetensors");
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("is not a file name in the directory"));
+  write_index("", "");
+  write_safetensors(dir.path() / "stale.safetensors", std::span(tensors).first(1), DType::kF32);
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("stale.safetensors is not named by "
+                                                "model.safetensors.index.json"));
+}
+
 TEST(HfDirectory, MissingTensorNamesTensorAndDirectory) {
   const ScratchDir dir;
   const ModelWeights source = weights_from_seed(tiny_config(false), 14);
