@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -628,6 +629,46 @@ TEST(NamedShapes, QwenShapesAreTheReleasedModels) {
   EXPECT_EQ(q25.vocab_size, 152064);
   // Qwen2.5-7B's published count: 7.62 B.
   EXPECT_EQ(q25.parameters_count(), 7615616512);
+}
+
+// Random corruptions of real configs (each fixture family's) end in a clean ls::Error or a
+// config that validates — never a crash or another exception type (STYLE.md §18).
+TEST(HfConfigFuzz, CorruptedConfigsFailCleanly) {
+  const uint64_t seed = 0xC0F16;
+  SCOPED_TRACE(fmt::format("seed {:#x}", seed));
+  uint64_t state = seed;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  int errors_count = 0, accepted_count = 0;
+  for (const char* family : {"llama3", "llama3-legacy", "llama-linear", "qwen2", "qwen3", "mistral"}) {
+    std::ifstream in(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/hf" / family / "config.json");
+    const std::string valid{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    ASSERT_FALSE(valid.empty()) << family;
+    EXPECT_NO_THROW(model_config_from_hf_json(valid, family)) << family;
+    for (int round = 0; round < 400; ++round) {
+      std::string text = valid;
+      const uint64_t flips = 1 + next() % 3;
+      for (uint64_t f = 0; f < flips; ++f) {
+        const size_t at = next() % text.size();
+        // Digits and JSON punctuation reach the value checks more often than random bytes.
+        const char alphabet[] = "0123456789-.eE,:{}[]\"ntf ";
+        text[at] = next() % 2 ? alphabet[next() % (sizeof(alphabet) - 1)] : static_cast<char>(next());
+      }
+      try {
+        model_config_from_hf_json(text, family).validate();
+        ++accepted_count;
+      } catch (const Error&) {
+        ++errors_count;
+      }
+    }
+  }
+  EXPECT_GT(errors_count, 1000);  // the corruptions did reach the checks
+  std::printf("config fuzz: %d refused, %d accepted (a corruption can leave a valid config)\n",
+              errors_count, accepted_count);
 }
 
 }  // namespace
