@@ -24,8 +24,8 @@
 #                      the speculative-decoding benchmark's (lockstep_gpu_spec_bench) under
 #                      "speculative"; then the decode-attention kernel alone
 #                      (lockstep_gpu_attention_bench), appended to the log
-# The parts' time limits add up to about the device tool's 600 s per command; a full run takes
-# about 6 minutes.
+# The parts' time limits add up to more than the device tool's 600 s per command; a full run takes
+# about 7 minutes (the qwen shapes and the HF fixtures added about 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=build-gpu/dist
