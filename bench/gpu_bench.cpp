@@ -2,7 +2,8 @@
 // bandwidth of this GPU (a plain copy kernel, read + write, and a plain read kernel), then decode
 // step time of the CUDA backend for the llama-1b and llama-8b shapes (random bf16 weights made on
 // the device from a seed) at batch 1, 16, 64 and context 192, 1024 with CUDA graphs (and batch 1
-// eagerly), each with the bytes it must move (weights + KV read) and the fraction of the measured
+// eagerly), and for qwen3-0.6b and qwen2.5-7b (q/k head norms, q/k/v biases) at batch 1 and 64,
+// context 1024, each with the bytes it must move (weights + KV read) and the fraction of the measured
 // bandwidths it reached; prefill tokens/s at a 2048-token prompt; host time per step and the
 // host's critical path (the device's idle time between steps, from CUDA events), with step k+1
 // submitted before step k is collected as the serving loop runs, and one step at a time; and a
@@ -10,7 +11,7 @@
 // with lockstep's GEMV and with cuBLAS for the linear layers. Writes JSON (date, GPU, driver,
 // commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
 //
-//   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b]
+//   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
@@ -214,13 +215,17 @@ class Driver {
   RequestId first_id_ = 1;
 };
 
-// Bytes one decode step must move: every linear weight and the LM head once, plus the KV of
+// Bytes one decode step must move: every linear weight and the LM head once (bf16), the norm
+// weights, Qwen2's q/k/v biases and Qwen3's q/k head norms (fp32 on the device), plus the KV of
 // every row's context (read) — the floor a memory-bound step cannot beat.
 int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
   const int64_t h = m.hidden_size;
   const int64_t per_layer = h * (m.q_size() + 2 * m.kv_size()) + int64_t{m.q_size()} * h +
                             3 * h * m.ffn_size;
-  const int64_t weights = 2 * (per_layer * m.layers_count + int64_t{m.vocab_size} * h);
+  const int64_t fp32_per_layer = 2 * h + (m.qkv_bias ? m.q_size() + 2 * m.kv_size() : 0) +
+                                 (m.qk_norm ? 2 * m.head_dim : 0);
+  const int64_t weights = 2 * (per_layer * m.layers_count + int64_t{m.vocab_size} * h) +
+                          4 * (fp32_per_layer * m.layers_count + h);
   const int64_t kv = 2 * int64_t{rows} * context * m.layers_count * 2 * m.kv_size();
   return weights + kv;
 }
@@ -228,8 +233,13 @@ int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
 struct Options {
   std::string out_path;
   bool quick = false;
-  std::vector<std::string> shapes = {"llama-1b", "llama-8b"};
+  std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
 };
+
+// The Llama shapes get the whole set (profiles, contexts 192 and 1024, batches 1/16/64, eager);
+// the other families' shapes decode at batch 1 and 64, context 1024 (issue 11), which is what
+// tells a second family's step apart at little device time.
+bool full_set(const std::string& shape) { return shape.starts_with("llama-"); }
 
 constexpr int32_t kWarmupSteps = 5;
 
@@ -289,8 +299,12 @@ json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& mod
 
 json bench_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
-  const std::vector<int32_t> contexts = o.quick ? std::vector<int32_t>{192} : std::vector<int32_t>{192, 1024};
-  const std::vector<int32_t> batches = o.quick ? std::vector<int32_t>{1, 64} : std::vector<int32_t>{1, 16, 64};
+  const bool full = full_set(shape);
+  const std::vector<int32_t> contexts = o.quick  ? std::vector<int32_t>{192}
+                                        : full   ? std::vector<int32_t>{192, 1024}
+                                                 : std::vector<int32_t>{1024};
+  const std::vector<int32_t> batches =
+      o.quick || !full ? std::vector<int32_t>{1, 64} : std::vector<int32_t>{1, 16, 64};
   const int32_t steps = o.quick ? 10 : 20;
   ExecutorConfig config = bench_config(*std::max_element(contexts.begin(), contexts.end()));
   // KV pages sized at start-up from the default fraction of the memory left after weights and
@@ -306,6 +320,7 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
   size_t free_after = 0, total_bytes = 0;
   LS_CUDA(cudaMemGetInfo(&free_after, &total_bytes));
   json result = {{"shape", shape},
+                 {"family", std::string(to_string(model.family))},
                  {"graphs", true},
                  {"weight_bytes", memory.weight_bytes},
                  {"kv_bytes", memory.kv_bytes},
@@ -425,7 +440,7 @@ Options parse(int argc, char** argv) {
     } else if (o.out_path.empty() && !a.starts_with("--")) {
       o.out_path = a;
     } else {
-      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b]");
+      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,...]");
     }
   }
   LS_REQUIRE(!o.out_path.empty(), "usage: lockstep_gpu_bench OUT.json [--quick] [--shapes ...]");
@@ -456,14 +471,16 @@ int run(int argc, char** argv) {
               {"profile", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
   for (const std::string& shape : o.shapes) {
-    out["profile"].push_back(profile_shape(shape, true, o));
-    out["profile"].push_back(profile_shape(shape, false, o));
+    if (full_set(shape)) {
+      out["profile"].push_back(profile_shape(shape, true, o));
+      out["profile"].push_back(profile_shape(shape, false, o));
+    }
     // Where batch 64 at context 1024 goes (cuBLAS linear layers; attention reads 64 · 1024 rows).
     if (!o.quick && shape == "llama-8b") out["profile"].push_back(profile_shape(shape, true, o, 64, 1024));
     save();  // keep what is done if a later one fails
     out["shapes"].push_back(bench_shape(shape, o, bandwidth));
     save();
-    out["eager"].push_back(bench_eager(shape, o, bandwidth));
+    if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
     save();
   }
   return 0;

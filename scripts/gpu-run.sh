@@ -6,6 +6,9 @@
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
 #   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
 #                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
+#   scripts/gpu-run.sh families  # on the H200: only the checkpoint families (issue 11): layer-op
+#                                # tests, the HF oracle over tests/fixtures/hf on CUDA fp32 and
+#                                # bf16, qwen3-0.6b and qwen2.5-7b decode at batch 1 and 64, ~2 min
 #   scripts/gpu-run.sh python    # on the H200: compile the Python module's bindings (python/src)
 #                                # against the host's Python (PYTHON, default python3: pybind11,
 #                                # numpy, pytest) and link the archives `package` carried in
@@ -24,14 +27,16 @@
 #                      then the CLI on CUDA: generate/replay (W = 1 and W = 4 with the n-gram
 #                      drafter) and `lockstep sim --backend cuda --seeds 1..20`
 #   sanitizer.log      compute-sanitizer memcheck on a subset (when the tool is there)
-#   hf_oracle.log/json the independent oracle (HF transformers vs lockstep)
+#   hf_oracle.log/json the independent oracle (HF transformers vs lockstep): a model made by
+#                      tests/hf_oracle.py there, then every family of tests/fixtures/hf (the log
+#                      has each run; the JSON has the fixtures' figures under "fixtures")
 #   gpu_bench.log/json the benchmark's figures, with the PyTorch peer's (bench/torch_peer.py)
 #                      merged in under "peer" and a side-by-side table at the end of the log, and
 #                      the speculative-decoding benchmark's (lockstep_gpu_spec_bench) under
 #                      "speculative"; then the decode-attention kernel alone
 #                      (lockstep_gpu_attention_bench), appended to the log
-# The parts' time limits add up to about the device tool's 600 s per command; a full run takes
-# about 6 minutes.
+# The parts' time limits add up to more than the device tool's 600 s per command; a full run takes
+# about 7 minutes (the qwen shapes and the HF fixtures added about 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=${DIST:-build-gpu/dist}
@@ -185,6 +190,63 @@ run_python() {
   return $status
 }
 
+# The HF oracle over every fixture family (tests/fixtures/hf), appended to $1, figures merged into
+# the JSON $2 (one entry per family). llama3-legacy has only its config.json: it runs on a
+# directory assembled with llama3's weights and reference, as the CPU test does.
+hf_fixtures() {
+  local log="$1" json="$2" status=0 dir
+  rm -rf /tmp/hf_fixtures && mkdir -p /tmp/hf_fixtures/llama3-legacy
+  cp tests/fixtures/hf/llama3-legacy/config.json /tmp/hf_fixtures/llama3-legacy/
+  ln -s "$PWD/tests/fixtures/hf/llama3/model.safetensors" "$PWD/tests/fixtures/hf/llama3/hf_reference.json" \
+      /tmp/hf_fixtures/llama3-legacy/
+  for dir in tests/fixtures/hf/llama3 /tmp/hf_fixtures/llama3-legacy tests/fixtures/hf/llama-linear \
+             tests/fixtures/hf/qwen2 tests/fixtures/hf/qwen3 tests/fixtures/hf/mistral; do
+    echo "== HF fixture $dir" >> "$log"
+    timeout 60 "$DIST/bin/lockstep_hf_oracle_check" "$dir" "/tmp/hf_fixtures/$(basename "$dir").json" \
+        >> "$log" 2>&1 || status=1
+  done
+  grep -E "^== HF fixture|vs HF|hf oracle: (PASS|FAIL)|error" "$log" | tail -30
+  env -u LD_LIBRARY_PATH python3 - "$json" /tmp/hf_fixtures/*.json <<'PY' 2>&1 | tee -a "$log"
+import json, os, sys
+out = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {}
+out["fixtures"] = {}
+for path in sys.argv[2:]:
+    try:
+        out["fixtures"][os.path.basename(path)[:-5]] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"hf fixtures: {path}: {e}")
+out["fixtures_pass"] = bool(out["fixtures"]) and all(f.get("pass") for f in out["fixtures"].values())
+json.dump(out, open(sys.argv[1], "w"), indent=2)
+print(f"hf fixtures: {len(out['fixtures'])} families, all pass: {out['fixtures_pass']}")
+PY
+  return $status
+}
+
+run_families() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  if [ ! -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
+    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  echo "== layer-op and backend GPU tests"
+  timeout 120 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
+      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -20
+  echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
+  hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
+  echo "== benchmark: qwen3-0.6b and qwen2.5-7b"
+  timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" --shapes qwen3-0.6b,qwen2.5-7b \
+      > "$OUT/gpu_bench.log" 2>&1 || status=1
+  cat "$OUT/gpu_bench.log"
+  echo "gpu-run families: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 # Speculative decoding on CUDA through the CLI, appended to $1: generate with W = 4 and the
 # n-gram drafter, recorded and replayed exactly on CUDA (the drafter rebuilt from the header);
 # then the simulator's world on the CUDA backend over 20 seeds (checkers and twin runs).
@@ -316,9 +378,13 @@ run() {
     } > "$OUT/hf_oracle.log" 2>&1 || status=1
     tail -8 "$OUT/hf_oracle.log"
   fi
+  if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
+    echo "== HF fixtures (tests/fixtures/hf) on CUDA fp32 and bf16"
+    hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
+  fi
 
   echo "== benchmark"
-  timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
+  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
   cat "$OUT/gpu_bench.log"
   spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
   echo "== decode attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
@@ -371,7 +437,8 @@ case "${1:-run}" in
   package) package ;;
   run) run ;;
   spec) run_spec ;;
+  families) run_families ;;
   python) run_python ;;
   pack-python) pack_python "${2:-build-gpu}" ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|python|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|python|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac

@@ -214,6 +214,16 @@ py::dict model_config_to_dict(const ModelConfig& m) {
   d["rope_theta"] = m.rope_theta;
   d["rms_eps"] = m.rms_eps;
   d["tied_embeddings"] = m.tied_embeddings;
+  d["family"] = std::string(to_string(m.family));
+  d["rope_type"] = std::string(to_string(m.rope_type));
+  d["rope_factor"] = m.rope_factor;
+  d["rope_low_freq_factor"] = m.rope_low_freq_factor;
+  d["rope_high_freq_factor"] = m.rope_high_freq_factor;
+  d["rope_original_max_positions"] = m.rope_original_max_positions;
+  d["qkv_bias"] = m.qkv_bias;
+  d["qk_norm"] = m.qk_norm;
+  d["max_positions"] = m.max_positions;
+  d["sliding_window"] = m.sliding_window;
   return d;
 }
 

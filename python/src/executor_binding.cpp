@@ -84,7 +84,8 @@ class PyResult {
 const std::vector<std::string>& executor_option_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n = {"model", "backend", "weights_seed", "drafter", "want_logprobs",
-                                  "capture_logits", "capture_next_input_ids", "cuda_graphs"};
+                                  "capture_logits", "capture_next_input_ids", "cuda_graphs",
+                                  "context_beyond_max_positions"};
     n.insert(n.end(), executor_limit_names().begin(), executor_limit_names().end());
     return n;
   }();
@@ -125,13 +126,16 @@ class PyExecutor {
     options_.capture_logits = flag(f, "capture_logits", false);
     capture_next_ = flag(f, "capture_next_input_ids", false);
     const bool graphs = flag(f, "cuda_graphs", true);
+    const bool beyond_max_positions = flag(f, "context_beyond_max_positions", false);
     LS_REQUIRE(backend_name_ == "cuda" || !field(f, "cuda_graphs"),
                "Executor: cuda_graphs applies to backend='cuda', not '{}'", backend_name_);
     for (const char* used : {"model", "backend", "weights_seed", "drafter", "want_logprobs",
-                             "capture_logits", "capture_next_input_ids", "cuda_graphs"}) {
+                             "capture_logits", "capture_next_input_ids", "cuda_graphs",
+                             "context_beyond_max_positions"}) {
       f.erase(used);
     }
     config_ = executor_config_from_fields(f, "Executor");
+    check_context_length(weights_.config, config_.context_length, beyond_max_positions);
     LS_REQUIRE(drafter_ == kNoDrafterName || config_.verify_width > 1,
                "Executor: drafter '{}' proposes W - 1 drafts per step: it needs verify_width >= 2", drafter_);
     backend_ = make_backend(graphs);
