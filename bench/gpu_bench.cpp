@@ -2,7 +2,8 @@
 // bandwidth of this GPU (a plain copy kernel, read + write, and a plain read kernel), then decode
 // step time of the CUDA backend for the llama-1b and llama-8b shapes (random bf16 weights made on
 // the device from a seed) at batch 1, 16, 64 and context 192, 1024 with CUDA graphs (and batch 1
-// eagerly), each with the bytes it must move (weights + KV read) and the fraction of the measured
+// eagerly), and for qwen3-0.6b and qwen2.5-7b (q/k head norms, q/k/v biases) at batch 1 and 64,
+// context 1024, each with the bytes it must move (weights + KV read) and the fraction of the measured
 // bandwidths it reached; prefill tokens/s at a 2048-token prompt; host time per step and the
 // host's critical path (the device's idle time between steps, from CUDA events), with step k+1
 // submitted before step k is collected as the serving loop runs, and one step at a time; and a
@@ -16,7 +17,8 @@
 // file), alternating blocks of steps on the two, with the step time, the device idle between
 // steps and the trace bytes per step of each.
 //
-//   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b] [--recording]
+//   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
+//                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
@@ -239,13 +241,17 @@ class Driver {
   RequestId first_id_ = 1;
 };
 
-// Bytes one decode step must move: every linear weight and the LM head once, plus the KV of
+// Bytes one decode step must move: every linear weight and the LM head once (bf16), the norm
+// weights, Qwen2's q/k/v biases and Qwen3's q/k head norms (fp32 on the device), plus the KV of
 // every row's context (read) — the floor a memory-bound step cannot beat.
 int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
   const int64_t h = m.hidden_size;
   const int64_t per_layer = h * (m.q_size() + 2 * m.kv_size()) + int64_t{m.q_size()} * h +
                             3 * h * m.ffn_size;
-  const int64_t weights = 2 * (per_layer * m.layers_count + int64_t{m.vocab_size} * h);
+  const int64_t fp32_per_layer = 2 * h + (m.qkv_bias ? m.q_size() + 2 * m.kv_size() : 0) +
+                                 (m.qk_norm ? 2 * m.head_dim : 0);
+  const int64_t weights = 2 * (per_layer * m.layers_count + int64_t{m.vocab_size} * h) +
+                          4 * (fp32_per_layer * m.layers_count + h);
   const int64_t kv = 2 * int64_t{rows} * context * m.layers_count * 2 * m.kv_size();
   return weights + kv;
 }
@@ -253,9 +259,15 @@ int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
 struct Options {
   std::string out_path;
   bool quick = false;
-  bool recording = false;  // only the recording figures
-  std::vector<std::string> shapes = {"llama-1b", "llama-8b"};
+  bool recording = false;     // only the recording figures
+  bool shapes_given = false;
+  std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
 };
+
+// The Llama shapes get the whole set (profiles, contexts 192 and 1024, batches 1/16/64, eager);
+// the other families' shapes decode at batch 1 and 64, context 1024 (issue 11), which is what
+// tells a second family's step apart at little device time.
+bool full_set(const std::string& shape) { return shape.starts_with("llama-"); }
 
 constexpr int32_t kWarmupSteps = 5;
 
@@ -315,8 +327,12 @@ json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& mod
 
 json bench_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
-  const std::vector<int32_t> contexts = o.quick ? std::vector<int32_t>{192} : std::vector<int32_t>{192, 1024};
-  const std::vector<int32_t> batches = o.quick ? std::vector<int32_t>{1, 64} : std::vector<int32_t>{1, 16, 64};
+  const bool full = full_set(shape);
+  const std::vector<int32_t> contexts = o.quick  ? std::vector<int32_t>{192}
+                                        : full   ? std::vector<int32_t>{192, 1024}
+                                                 : std::vector<int32_t>{1024};
+  const std::vector<int32_t> batches =
+      o.quick || !full ? std::vector<int32_t>{1, 64} : std::vector<int32_t>{1, 16, 64};
   const int32_t steps = o.quick ? 10 : 20;
   ExecutorConfig config = bench_config(*std::max_element(contexts.begin(), contexts.end()));
   // KV pages sized at start-up from the default fraction of the memory left after weights and
@@ -332,6 +348,7 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
   size_t free_after = 0, total_bytes = 0;
   LS_CUDA(cudaMemGetInfo(&free_after, &total_bytes));
   json result = {{"shape", shape},
+                 {"family", std::string(to_string(model.family))},
                  {"graphs", true},
                  {"weight_bytes", memory.weight_bytes},
                  {"kv_bytes", memory.kv_bytes},
@@ -523,12 +540,13 @@ Options parse(int argc, char** argv) {
       o.recording = true;
     } else if (a == "--shapes" && i + 1 < argc) {
       o.shapes.clear();
+      o.shapes_given = true;
       std::stringstream list(argv[++i]);
       for (std::string s; std::getline(list, s, ',');) o.shapes.push_back(s);
     } else if (o.out_path.empty() && !a.starts_with("--")) {
       o.out_path = a;
     } else {
-      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b] "
+      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,...] "
                   "[--recording]");
     }
   }
@@ -562,21 +580,25 @@ int run(int argc, char** argv) {
   if (o.recording) {
     out["command"] = "lockstep_gpu_bench --recording";
     out["recording"] = json::array();
-    for (const std::string& shape : o.shapes) {
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
       out["recording"].push_back(recording_shape(shape, o, bandwidth));
       save();
     }
     return 0;
   }
   for (const std::string& shape : o.shapes) {
-    out["profile"].push_back(profile_shape(shape, true, o));
-    out["profile"].push_back(profile_shape(shape, false, o));
+    if (full_set(shape)) {
+      out["profile"].push_back(profile_shape(shape, true, o));
+      out["profile"].push_back(profile_shape(shape, false, o));
+    }
     // Where batch 64 at context 1024 goes (cuBLAS linear layers; attention reads 64 · 1024 rows).
     if (!o.quick && shape == "llama-8b") out["profile"].push_back(profile_shape(shape, true, o, 64, 1024));
     save();  // keep what is done if a later one fails
     out["shapes"].push_back(bench_shape(shape, o, bandwidth));
     save();
-    out["eager"].push_back(bench_eager(shape, o, bandwidth));
+    if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
     save();
   }
   return 0;

@@ -58,6 +58,9 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "lookup over the request's tokens)")
       ->check(CLI::IsMember({std::string(kNoDrafterName), std::string("ngram")}))
       ->capture_default_str();
+  app.add_flag("--context-beyond-max-positions", o.context_beyond_max_positions,
+               "Allow --context-length past the checkpoint's max_position_embeddings (warns: the "
+               "model was not made for those positions)");
   app.add_option("--prefill-chunk-tokens", o.executor.prefill_chunk_tokens,
                  "Prefill tokens in one step, summed over rows (longer prompts are chunked)")
       ->check(CLI::Range(1, 1 << 20))
@@ -67,13 +70,18 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
 namespace {
 
 ModelWeights load_weights(const ModelOptions& o, WeightSource& source) {
-  if (std::filesystem::is_directory(o.model)) {
+  // Anything at that path (a symlink loop or an unreadable entry too) is a directory to load:
+  // load_hf_directory names what is wrong with it. error_code: no filesystem_error escapes.
+  std::error_code error;
+  const auto entry = std::filesystem::symlink_status(o.model, error);
+  const auto names = model_config_names();
+  const bool named = std::find(names.begin(), names.end(), o.model) != names.end();
+  if (entry.type() != std::filesystem::file_type::not_found &&
+      (!named || entry.type() == std::filesystem::file_type::directory)) {
     source = {WeightSource::Kind::kDirectory, 0, o.model};
     return load_hf_directory(o.model);
   }
-  const auto names = model_config_names();
-  LS_REQUIRE(std::find(names.begin(), names.end(), o.model) != names.end(),
-             "--model '{}' is neither a named shape ({}) nor a directory", o.model,
+  LS_REQUIRE(named, "--model '{}' is neither a named shape ({}) nor a directory", o.model,
              fmt::join(names, ", "));
   source = {WeightSource::Kind::kSeed, o.weights_seed, ""};
   return weights_from_seed(model_config_named(o.model), o.weights_seed);
@@ -87,6 +95,12 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
              o.drafter);
   ModelWeights weights = load_weights(o, source);
   ExecutorConfig& c = o.executor;
+  check_context_length(weights.config, c.context_length, o.context_beyond_max_positions);
+  if (weights.config.max_positions > 0 && c.context_length > weights.config.max_positions) {
+    fmt::print(stderr, "lockstep: warning: --context-length {} exceeds the model's "
+               "max_position_embeddings = {}; positions past it were never trained\n",
+               c.context_length, weights.config.max_positions);
+  }
   const int32_t pages_per_row = (c.context_length + c.page_size - 1) / c.page_size + 1;
   if (o.pages_count > 0) {
     c.pages_count = o.pages_count;

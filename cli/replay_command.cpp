@@ -33,6 +33,10 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
   const trace::TraceHeader& h = r.header;
   fmt::print("trace {}: {}, recorded on {} ({}) by {}\n", o.trace, h.model.name, h.backend,
              h.machine.gpu_name.empty() ? h.machine.cpu_name : h.machine.gpu_name, h.build_id);
+  if (h.is_foreign()) {
+    fmt::print("recorded by a foreign executor: {}{}\n", h.foreign_executor,
+               h.weights_digest == 0 ? " (no weight digest recorded: replayed on the weights given)" : "");
+  }
   fmt::print("replayed on {} in {} mode: {} steps, {} compared\n", r.backend, o.mode,
              r.steps_replayed, r.steps_compared);
   if (o.isolate >= 0 && h.backend != "cpu") {
@@ -121,9 +125,10 @@ std::function<int()> add_replay_command(CLI::App& app) {
   cmd->add_option("--isolate", o->isolate,
                   "Replay one request alone (valid where batch invariance holds: the CPU reference)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--weights-dir", o->weights_dir,
+  cmd->add_option("--weights-dir,--model", o->weights_dir,
                   "Where the trace's model directory is on this machine (checked against the "
-                  "recorded weight digest)");
+                  "recorded weight digest; a foreign executor's trace that recorded none is "
+                  "replayed on these weights)");
   cmd->add_option("--backend", o->backend,
                   fmt::format("Backend to replay on ({}); exact mode expects the one that "
                               "recorded the trace",

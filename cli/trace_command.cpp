@@ -38,10 +38,18 @@ void print_header(const trace::TraceHeader& h) {
   const ModelConfig& m = h.model;
   const ExecutorConfig& e = h.executor;
   fmt::print("format v{}, written by {}\n", h.format_version, h.build_id);
+  if (h.is_foreign()) fmt::print("outputs from a foreign executor: {}\n", h.foreign_executor);
   fmt::print("model {}: hidden {}, layers {}, heads {}/{} x {}, ffn {}, vocab {}, rope theta {}, "
              "rms eps {}, tied {}\n", m.name, m.hidden_size, m.layers_count, m.query_heads_count,
              m.kv_heads_count, m.head_dim, m.ffn_size, m.vocab_size, m.rope_theta, m.rms_eps,
              m.tied_embeddings);
+  fmt::print("family {} ({}): qkv bias {}, qk norm {}, max positions {}, sliding window {}\n",
+             to_string(m.family), architecture_name(m.family), m.qkv_bias, m.qk_norm,
+             m.max_positions == 0 ? std::string("none") : std::to_string(m.max_positions),
+             m.sliding_window == 0 ? std::string("none") : std::to_string(m.sliding_window));
+  fmt::print("rope {}: factor {}, low freq factor {}, high freq factor {}, original max positions "
+             "{}\n", to_string(m.rope_type), m.rope_factor, m.rope_low_freq_factor,
+             m.rope_high_freq_factor, m.rope_original_max_positions);
   fmt::print("weights {} (digest {:016x})\n",
              h.weights.kind == WeightSource::Kind::kSeed ? fmt::format("from seed {}", h.weights.seed)
                                                          : fmt::format("from {}", h.weights.directory),

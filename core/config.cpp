@@ -4,12 +4,45 @@
 
 #include <fmt/ranges.h>
 
+#include <cmath>
+
 namespace ls {
+
+std::string_view to_string(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kLlama: return "llama";
+    case ModelFamily::kQwen2: return "qwen2";
+    case ModelFamily::kQwen3: return "qwen3";
+    case ModelFamily::kMistral: return "mistral";
+  }
+  return "unknown";
+}
+
+std::string_view architecture_name(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kLlama: return "LlamaForCausalLM";
+    case ModelFamily::kQwen2: return "Qwen2ForCausalLM";
+    case ModelFamily::kQwen3: return "Qwen3ForCausalLM";
+    case ModelFamily::kMistral: return "MistralForCausalLM";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(RopeType type) {
+  switch (type) {
+    case RopeType::kDefault: return "default";
+    case RopeType::kLinear: return "linear";
+    case RopeType::kLlama3: return "llama3";
+  }
+  return "unknown";
+}
 
 int64_t ModelConfig::parameters_count() const {
   const int64_t h = hidden_size;
+  const int64_t biases = qkv_bias ? int64_t{q_size()} + 2 * kv_size() : 0;
+  const int64_t head_norms = qk_norm ? 2 * int64_t{head_dim} : 0;
   const int64_t per_layer = 2 * h + h * q_size() + 2 * h * kv_size() + int64_t{q_size()} * h +
-                            3 * h * ffn_size;
+                            3 * h * ffn_size + biases + head_norms;
   const int64_t embeddings = int64_t{vocab_size} * h * (tied_embeddings ? 1 : 2);
   return embeddings + h + per_layer * layers_count;
 }
@@ -36,6 +69,38 @@ void ModelConfig::validate() const {
   LS_REQUIRE(rope_theta > 0.0f, "model config '{}': rope_theta must be > 0, got {}", name,
              rope_theta);
   LS_REQUIRE(rms_eps > 0.0f, "model config '{}': rms_eps must be > 0, got {}", name, rms_eps);
+  LS_REQUIRE(static_cast<uint8_t>(family) <= static_cast<uint8_t>(ModelFamily::kMistral),
+             "model config '{}': unknown family {}", name, static_cast<int>(family));
+  LS_REQUIRE(static_cast<uint8_t>(rope_type) <= static_cast<uint8_t>(RopeType::kLlama3),
+             "model config '{}': unknown rope type {}", name, static_cast<int>(rope_type));
+  LS_REQUIRE(rope_type == RopeType::kDefault || (rope_factor > 0.0f && std::isfinite(rope_factor)),
+             "model config '{}': rope factor must be > 0, got {}", name, rope_factor);
+  if (rope_type == RopeType::kLlama3) {
+    LS_REQUIRE(rope_low_freq_factor > 0.0f && rope_high_freq_factor > rope_low_freq_factor,
+               "model config '{}': llama3 rope needs 0 < low_freq_factor < high_freq_factor, got "
+               "{} and {}", name, rope_low_freq_factor, rope_high_freq_factor);
+    LS_REQUIRE(rope_original_max_positions > 0,
+               "model config '{}': llama3 rope original_max_position_embeddings must be > 0, got {}",
+               name, rope_original_max_positions);
+  }
+  LS_REQUIRE(max_positions >= 0, "model config '{}': max_positions must be >= 0, got {}", name,
+             max_positions);
+  LS_REQUIRE(sliding_window >= 0, "model config '{}': sliding_window must be >= 0, got {}", name,
+             sliding_window);
+}
+
+void check_context_length(const ModelConfig& model, int32_t context_length,
+                          bool allow_beyond_max_positions) {
+  // A window at least as long as the context never drops a key: attention is unchanged.
+  LS_REQUIRE(model.sliding_window == 0 || context_length <= model.sliding_window,
+             "model '{}': sliding_window = {} is shorter than the context length {}; sliding-window "
+             "attention is not implemented (use --context-length {} or less)", model.name,
+             model.sliding_window, context_length, model.sliding_window);
+  LS_REQUIRE(model.max_positions == 0 || context_length <= model.max_positions ||
+                 allow_beyond_max_positions,
+             "model '{}': context length {} exceeds max_position_embeddings = {} (pass "
+             "--context-beyond-max-positions to run it anyway)", model.name, context_length,
+             model.max_positions);
 }
 
 ModelConfig model_config_named(std::string_view name) {
@@ -53,6 +118,16 @@ ModelConfig model_config_named(std::string_view name) {
     c.hidden_size = 4096, c.layers_count = 32, c.query_heads_count = 32, c.kv_heads_count = 8;
     c.head_dim = 128, c.ffn_size = 14336, c.vocab_size = 128256, c.rope_theta = 500000.0f;
     c.rms_eps = 1e-5f, c.tied_embeddings = false;
+  } else if (name == "qwen3-0.6b") {
+    c.family = ModelFamily::kQwen3, c.qk_norm = true;
+    c.hidden_size = 1024, c.layers_count = 28, c.query_heads_count = 16, c.kv_heads_count = 8;
+    c.head_dim = 128, c.ffn_size = 3072, c.vocab_size = 151936, c.rope_theta = 1000000.0f;
+    c.rms_eps = 1e-6f, c.tied_embeddings = true;
+  } else if (name == "qwen2.5-7b") {
+    c.family = ModelFamily::kQwen2, c.qkv_bias = true;
+    c.hidden_size = 3584, c.layers_count = 28, c.query_heads_count = 28, c.kv_heads_count = 4;
+    c.head_dim = 128, c.ffn_size = 18944, c.vocab_size = 152064, c.rope_theta = 1000000.0f;
+    c.rms_eps = 1e-6f, c.tied_embeddings = false;
   } else {
     throw Error(fmt::format("unknown model shape '{}'; known shapes: {}", name,
                             fmt::join(model_config_names(), ", ")));
@@ -60,7 +135,9 @@ ModelConfig model_config_named(std::string_view name) {
   return c;
 }
 
-std::vector<std::string> model_config_names() { return {"tiny", "llama-1b", "llama-8b"}; }
+std::vector<std::string> model_config_names() {
+  return {"tiny", "llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
+}
 
 int32_t ExecutorConfig::table_width() const {
   if (verify_width == 1) return (context_length + page_size) / page_size;

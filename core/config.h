@@ -9,9 +9,41 @@
 
 namespace ls {
 
-// A Llama-family decoder: RMSNorm, GQA attention with RoPE (HF rotate-half convention), SwiGLU.
+// The checkpoint families lockstep computes exactly as Hugging Face does. Each is a Llama-shaped
+// decoder; the differences are data in ModelConfig (qkv_bias, qk_norm), decided once at load.
+enum class ModelFamily : uint8_t {
+  kLlama = 0,    // LlamaForCausalLM (Llama 2, 3.x)
+  kQwen2 = 1,    // Qwen2ForCausalLM (Qwen2.5): q/k/v projection biases
+  kQwen3 = 2,    // Qwen3ForCausalLM: per-head RMSNorm on q and k before RoPE
+  kMistral = 3,  // MistralForCausalLM
+};
+std::string_view to_string(ModelFamily family);
+// The HF architecture name ("LlamaForCausalLM", ...).
+std::string_view architecture_name(ModelFamily family);
+
+// How the RoPE inverse frequencies are derived from theta (transformers' rope_type).
+enum class RopeType : uint8_t {
+  kDefault = 0,  // inv_freq_i = theta^(−2i/d)
+  kLinear = 1,   // inv_freq / factor
+  kLlama3 = 2,   // Llama 3.1's band-wise scaling (factor, low/high frequency factors, original max)
+};
+std::string_view to_string(RopeType type);
+
+struct RopeConfig {
+  RopeType type = RopeType::kDefault;
+  float theta = 10000.0f;
+  float factor = 1.0f;                     // linear, llama3
+  float low_freq_factor = 1.0f;            // llama3
+  float high_freq_factor = 4.0f;           // llama3
+  int32_t original_max_positions = 8192;   // llama3
+  bool operator==(const RopeConfig&) const = default;
+};
+
+// A decoder: RMSNorm, GQA attention with RoPE (HF rotate-half convention), SwiGLU; per family,
+// q/k/v biases and q/k head norms.
 struct ModelConfig {
   std::string name;
+  ModelFamily family = ModelFamily::kLlama;
   int32_t hidden_size = 0;
   int32_t layers_count = 0;
   int32_t query_heads_count = 0;
@@ -19,19 +51,44 @@ struct ModelConfig {
   int32_t head_dim = 0;
   int32_t ffn_size = 0;
   int32_t vocab_size = 0;
-  float rope_theta = 10000.0f;
+  float rope_theta = 10000.0f;  // RoPE base (rope_parameters.rope_theta)
   float rms_eps = 1e-5f;
   bool tied_embeddings = false;
+  // RoPE frequency scaling. Its theta is rope_theta above (one value, never two).
+  RopeType rope_type = RopeType::kDefault;
+  float rope_factor = 1.0f;
+  float rope_low_freq_factor = 1.0f;
+  float rope_high_freq_factor = 4.0f;
+  int32_t rope_original_max_positions = 8192;
+  bool qkv_bias = false;  // q/k/v projections carry biases (Qwen2)
+  bool qk_norm = false;   // per-head RMSNorm on q and k before RoPE (Qwen3)
+  // max_position_embeddings: the context length the checkpoint was made for; 0 = no bound (the
+  // named random shapes). A longer context needs an explicit override (check_context_length).
+  int32_t max_positions = 0;
+  // A sliding attention window over all layers (Mistral's sliding_window, Qwen's with
+  // use_sliding_window); 0 = none. Not implemented: a context longer than it is refused.
+  int32_t sliding_window = 0;
 
   int32_t q_size() const { return query_heads_count * head_dim; }
   int32_t kv_size() const { return kv_heads_count * head_dim; }
+  RopeConfig rope() const {
+    return RopeConfig{rope_type, rope_theta, rope_factor, rope_low_freq_factor,
+                      rope_high_freq_factor, rope_original_max_positions};
+  }
   // Parameters, for reports; counts the LM head once when tied.
   int64_t parameters_count() const;
   // Throws ls::Error naming the first field that is out of range or inconsistent.
   void validate() const;
 };
 
-// The named shapes: `tiny` (CI-sized), `llama-1b` and `llama-8b` (GPU.md's shapes).
+// Refuses (ls::Error naming the field and both values) a context length the model cannot run as
+// Hugging Face would: past a sliding window (not implemented), or past max_positions unless
+// `allow_beyond_max_positions` (the caller warns).
+void check_context_length(const ModelConfig& model, int32_t context_length,
+                          bool allow_beyond_max_positions);
+
+// The named shapes: `tiny` (CI-sized), `llama-1b` and `llama-8b` (GPU.md's shapes), `qwen3-0.6b`
+// and `qwen2.5-7b` (a second and third family for the benchmarks).
 ModelConfig model_config_named(std::string_view name);
 std::vector<std::string> model_config_names();
 

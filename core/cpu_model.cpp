@@ -33,6 +33,10 @@ void rms_norm(const float* x, const std::vector<float>& weight, int32_t n, float
   for (int32_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
 }
 
+void add_bias(const std::vector<float>& bias, float* y) {
+  for (size_t i = 0; i < bias.size(); ++i) y[i] += bias[i];
+}
+
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
@@ -41,10 +45,11 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config)
     : weights_(weights),
       model_(weights.config),
       limits_(config),
-      rope_(build_rope_table(model_.head_dim, model_.rope_theta,
+      rope_(build_rope_table(model_.rope(), model_.head_dim,
                              config.table_width() * config.page_size)) {
-  model_.validate();
+  weights.validate();
   config.validate();
+  check_context_length(model_, config.context_length, /*allow_beyond_max_positions=*/true);
   kv_slots_count_ = int64_t{config.pages_count} * config.page_size;
   const uint64_t slot_bytes = uint64_t{sizeof(float)} * model_.layers_count * 2 * model_.kv_size();
   require_host_memory(slot_bytes * static_cast<uint64_t>(kv_slots_count_ +
@@ -135,6 +140,18 @@ void CpuModel::attention_layer_qkv(int32_t layer, const ForwardTokens& tokens) {
     matvec(w.wq, normed, model_.q_size(), h, q);
     matvec(w.wk, normed, model_.kv_size(), h, k);
     matvec(w.wv, normed, model_.kv_size(), h, v);
+    if (model_.qkv_bias) {
+      add_bias(w.q_bias, q), add_bias(w.k_bias, k), add_bias(w.v_bias, v);
+    }
+    if (model_.qk_norm) {
+      // Qwen3: RMSNorm over each head's head_dim, one weight shared by the heads, before RoPE.
+      for (int32_t head = 0; head < model_.query_heads_count; ++head) {
+        rms_norm(q + head * d, w.q_norm, d, model_.rms_eps, q + head * d);
+      }
+      for (int32_t head = 0; head < model_.kv_heads_count; ++head) {
+        rms_norm(k + head * d, w.k_norm, d, model_.rms_eps, k + head * d);
+      }
+    }
     const int32_t position = std::min(tokens.positions[t], rope_.positions_count - 1);
     for (int32_t head = 0; head < model_.query_heads_count; ++head) {
       apply_rope(rope_, position, q + head * d);

@@ -161,7 +161,8 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
   FixedBytes out;
   out.weights = e * (v * h * (model.tied_embeddings ? 1 : 2) + l * (qs + 2 * kvs) * h +
                      l * h * qs + l * 2 * f * h + l * h * f) +
-                4 * (2 * l * h + h);
+                4 * (2 * l * h + h) +
+                4 * l * ((model.qkv_bias ? qs + 2 * kvs : 0) + (model.qk_norm ? 2 * model.head_dim : 0));
   const kernels::AttentionShape shape{model.query_heads_count, model.kv_heads_count,
                                       model.head_dim, config.table_width(), config.page_size,
                                       config.table_width() * config.page_size};
@@ -213,6 +214,8 @@ struct CudaBackend::Impl {
 
   void upload_weights(const ModelWeights& weights);
   void generate_weights(uint64_t seed);
+  void upload_features(size_t layer, const LayerWeights& w);
+  void generate_features(uint64_t seed);
   // Writes elements [offset, offset + src.size()) of a typed-by-precision buffer.
   void upload_tensor(const DeviceArray<uint8_t>& dst, size_t offset, std::span<const float> src);
   void seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count, uint64_t seed,
@@ -284,6 +287,10 @@ struct CudaBackend::Impl {
   DeviceArray<float> attn_norm;    // [layers, hidden]
   DeviceArray<float> ffn_norm;     // [layers, hidden]
   DeviceArray<float> final_norm;   // [hidden]
+  // Family features, fp32 (added to and multiplied into fp32 QKV); empty when off.
+  DeviceArray<float> qkv_bias;     // [layers, q + 2·kv] (Qwen2)
+  DeviceArray<float> q_norm;       // [layers, head_dim] (Qwen3)
+  DeviceArray<float> k_norm;       // [layers, head_dim] (Qwen3)
   // KV and RoPE.
   DeviceArray<uint8_t> k_cache;    // [layers, slots, kv] E
   DeviceArray<uint8_t> v_cache;    // [layers, slots, kv] E
@@ -404,6 +411,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
                      config.table_width()) {
   model.validate();
   config.validate();
+  check_context_length(model, config.context_length, /*allow_beyond_max_positions=*/true);
   LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName ||
                  options.drafter == "ngram",
              "cuda backend: unknown drafter '{}'; the CUDA backend runs 'none' and 'ngram' "
@@ -442,6 +450,11 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   attn_norm = DeviceArray<float>(l * h, w);
   ffn_norm = DeviceArray<float>(l * h, w);
   final_norm = DeviceArray<float>(h, w);
+  if (model.qkv_bias) qkv_bias = DeviceArray<float>(l * (q_size + 2 * kv_size), w);
+  if (model.qk_norm) {
+    q_norm = DeviceArray<float>(l * model.head_dim, w);
+    k_norm = DeviceArray<float>(l * model.head_dim, w);
+  }
 
   const size_t kv_elems = l * static_cast<size_t>(slots_count) * kv_size;
   k_cache = elements(kv_elems, ledger.kv);
@@ -450,7 +463,8 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_CUDA(cudaMemsetAsync(v_cache.get(), 0, v_cache.bytes(), stream.get()));
   host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * l *
                                  config.page_size * kv_size * elem_bytes);
-  const RopeTable rope = build_rope_table(model.head_dim, model.rope_theta, positions_count);
+  // The same table as the CPU reference's: one function of the model's rope parameters.
+  const RopeTable rope = build_rope_table(model.rope(), model.head_dim, positions_count);
   auto& ws = ledger.workspace;
   rope_cos = DeviceArray<float>(rope.cos.size(), ws);
   rope_sin = DeviceArray<float>(rope.sin.size(), ws);
@@ -585,8 +599,9 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
   LS_REQUIRE(weights.config.hidden_size == hidden && weights.config.layers_count == layers &&
                  weights.config.vocab_size == vocab && weights.config.ffn_size == ffn,
              "cuda backend: the weights' shape does not match the model config");
-  LS_REQUIRE(static_cast<int32_t>(weights.layers.size()) == layers,
-             "cuda backend: {} layers of weights for {} layers", weights.layers.size(), layers);
+  weights.validate();
+  LS_REQUIRE(weights.config.qkv_bias == model.qkv_bias && weights.config.qk_norm == model.qk_norm,
+             "cuda backend: the weights' family features do not match the model config");
   const size_t h = static_cast<size_t>(hidden);
   upload_tensor(embedding, 0, weights.embedding);
   if (!model.tied_embeddings) upload_tensor(lm_head, 0, weights.lm_head);
@@ -605,8 +620,45 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
     upload_tensor(w_down, li * h * ffn, w.w_down);
     LS_CUDA(cudaMemcpy(attn_norm.get() + li * h, w.attn_norm.data(), h * 4, cudaMemcpyHostToDevice));
     LS_CUDA(cudaMemcpy(ffn_norm.get() + li * h, w.ffn_norm.data(), h * 4, cudaMemcpyHostToDevice));
+    upload_features(li, w);
   }
   LS_CUDA(cudaMemcpy(final_norm.get(), weights.final_norm.data(), h * 4, cudaMemcpyHostToDevice));
+}
+
+// Qwen2's biases side by side in QKV order; Qwen3's head norms.
+void CudaBackend::Impl::upload_features(size_t li, const LayerWeights& w) {
+  auto copy = [](float* dst, const std::vector<float>& src) {
+    LS_CUDA(cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+  };
+  if (model.qkv_bias) {
+    float* bias = qkv_bias.get() + li * static_cast<size_t>(q_size + 2 * kv_size);
+    copy(bias, w.q_bias), copy(bias + q_size, w.k_bias), copy(bias + q_size + kv_size, w.v_bias);
+  }
+  if (model.qk_norm) {
+    copy(q_norm.get() + li * model.head_dim, w.q_norm);
+    copy(k_norm.get() + li * model.head_dim, w.k_norm);
+  }
+}
+
+// weights_from_seed's family tensors (core/model/weights.cpp's index table): layer l's k-th at
+// tensor index 3 + 9·L + 5·l + k — q, k, v bias (uniform ±1/8), q, k norm (1 ± 1/8).
+void CudaBackend::Impl::generate_features(uint64_t seed) {
+  const cudaStream_t s = stream.get();
+  const int64_t d = model.head_dim;
+  for (int32_t i = 0; i < layers; ++i) {
+    const uint32_t base = 3 + 9 * static_cast<uint32_t>(layers) + 5 * static_cast<uint32_t>(i);
+    if (model.qkv_bias) {
+      float* bias = qkv_bias.get() + static_cast<size_t>(i) * (q_size + 2 * kv_size);
+      LS_CUDA(kernels::launch_seeded_f32(bias, q_size, seed, base, 0.0f, 0.125f, s));
+      LS_CUDA(kernels::launch_seeded_f32(bias + q_size, kv_size, seed, base + 1, 0.0f, 0.125f, s));
+      LS_CUDA(kernels::launch_seeded_f32(bias + q_size + kv_size, kv_size, seed, base + 2, 0.0f,
+                                         0.125f, s));
+    }
+    if (model.qk_norm) {
+      LS_CUDA(kernels::launch_seeded_f32(q_norm.get() + i * d, d, seed, base + 3, 1.0f, 0.125f, s));
+      LS_CUDA(kernels::launch_seeded_f32(k_norm.get() + i * d, d, seed, base + 4, 1.0f, 0.125f, s));
+    }
+  }
 }
 
 void CudaBackend::Impl::generate_weights(uint64_t seed) {
@@ -634,6 +686,7 @@ void CudaBackend::Impl::generate_weights(uint64_t seed) {
   const uint32_t tail = 1 + 9 * static_cast<uint32_t>(layers);
   LS_CUDA(kernels::launch_seeded_f32(final_norm.get(), h, seed, tail, 1.0f, 0.125f, s));
   if (!model.tied_embeddings) seed_tensor(lm_head, 0, vocab * h, seed, tail + 1, 0.0f, bound(h));
+  generate_features(seed);
   LS_CUDA(cudaStreamSynchronize(s));
 }
 
@@ -854,6 +907,14 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   mark(CudaPhase::kNorms);
   linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, qkv_rows, hidden, 0.0f);
   mark(CudaPhase::kGemmQkv);
+  if (model.qkv_bias || model.qk_norm) {
+    const size_t d = static_cast<size_t>(model.head_dim);
+    LS_CUDA(kernels::launch_qkv_bias_head_norm(
+        qkv.get(), tokens, model.query_heads_count, model.kv_heads_count, model.head_dim,
+        model.qkv_bias ? qkv_bias.get() + li * qkv_rows : nullptr,
+        model.qk_norm ? q_norm.get() + li * d : nullptr,
+        model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps, s));
+  }
   LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
                                    model.query_heads_count, model.kv_heads_count, model.head_dim,
                                    rope_cos.get(), rope_sin.get(), positions_count, q.get(),

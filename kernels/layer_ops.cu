@@ -147,6 +147,37 @@ __global__ void residual_add_kernel(float* residual, const float* delta, int64_t
   if (i < count) residual[i] += delta[i];
 }
 
+// One block per token, in place on its qkv row. First the bias over the whole row, then one warp
+// per q or k head: each lane sums the squares of elements lane, lane + 32, ... in ascending
+// order, a butterfly combines the lanes (a fixed order for a given head_dim), and the head is
+// scaled as rms_norm does: (x · scale) · weight.
+constexpr int32_t kHeadNormThreads = 256;
+
+__global__ void __launch_bounds__(kHeadNormThreads)
+qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int32_t head_dim,
+                          const float* bias, const float* q_norm, const float* k_norm, float eps) {
+  const int32_t row_size = (query_heads + 2 * kv_heads) * head_dim;
+  float* row = qkv + int64_t{blockIdx.x} * row_size;
+  if (bias != nullptr) {
+    for (int32_t i = threadIdx.x; i < row_size; i += blockDim.x) row[i] += bias[i];
+    __syncthreads();
+  }
+  if (q_norm == nullptr) return;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+  const int32_t warps = static_cast<int32_t>(blockDim.x) / 32;
+  for (int32_t head = static_cast<int32_t>(threadIdx.x) / 32; head < query_heads + kv_heads;
+       head += warps) {
+    float* x = row + head * head_dim;  // q heads, then k heads: contiguous in the row
+    const float* weight = head < query_heads ? q_norm : k_norm;
+    float sum = 0.0f;
+    for (int32_t i = lane; i < head_dim; i += 32) sum += x[i] * x[i];
+#pragma unroll
+    for (int32_t offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float scale = 1.0f / sqrtf(sum / static_cast<float>(head_dim) + eps);
+    for (int32_t i = lane; i < head_dim; i += 32) x[i] = x[i] * scale * weight[i];
+  }
+}
+
 constexpr int32_t kGuardThreads = 256;
 constexpr int32_t kGuardPerThread = kGuardChunk / kGuardThreads;
 constexpr int32_t kGuardPartialFloats = 4;  // max, argmax (int bits), NaN seen, Σ exp(x − max)
@@ -324,6 +355,20 @@ cudaError_t launch_residual_add(float* residual, const float* delta, int64_t cou
   if (count < 0) return cudaErrorInvalidValue;
   if (count == 0) return cudaSuccess;
   residual_add_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(residual, delta, count);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t query_heads,
+                                      int32_t kv_heads, int32_t head_dim, const float* bias,
+                                      const float* q_norm, const float* k_norm, float eps,
+                                      cudaStream_t stream) {
+  if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 1 || qkv == nullptr ||
+      (q_norm == nullptr) != (k_norm == nullptr) || !(eps > 0.0f)) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens_count == 0 || (bias == nullptr && q_norm == nullptr)) return cudaSuccess;
+  qkv_bias_head_norm_kernel<<<tokens_count, kHeadNormThreads, 0, stream>>>(
+      qkv, query_heads, kv_heads, head_dim, bias, q_norm, k_norm, eps);
   return cudaGetLastError();
 }
 

@@ -40,6 +40,16 @@ cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const in
                             int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
                             cudaStream_t stream);
 
+// The QKV epilogue of Qwen2/Qwen3, in place on qkv [tokens, q_size + 2·kv_size] fp32 before
+// RoPE: adds bias [q_size + 2·kv_size] fp32 (when not null; Qwen2's q/k/v biases side by side),
+// then RMSNorm over each q head's and each k head's head_dim with the shared weights q_norm and
+// k_norm [head_dim] fp32 (both or neither; Qwen3), eps as the layer norms'. V is not normed. The
+// CPU reference is the bias and head-norm loop of CpuModel::attention_layer_qkv.
+cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t query_heads,
+                                      int32_t kv_heads, int32_t head_dim, const float* bias,
+                                      const float* q_norm, const float* k_norm, float eps,
+                                      cudaStream_t stream);
+
 // out[t, i] = silu(g) · u with g = gate_up[t, i], u = gate_up[t, ffn + i]; silu(g) = g/(1+e^−g).
 // gate_up [tokens, 2·ffn] fp32, out [tokens, ffn] T.
 template <typename T>

@@ -19,6 +19,10 @@ ModelWeights weights_for(const trace::TraceHeader& h,
   ModelWeights weights;
   std::string origin;
   if (h.weights.kind == WeightSource::Kind::kSeed) {
+    LS_REQUIRE(!directory_override,
+               "the trace's weights are random weights of shape '{}' from seed {}, not a directory: "
+               "a model directory ({}) does not apply to it",
+               h.model.name, h.weights.seed, directory_override->string());
     weights = weights_from_seed(h.model, h.weights.seed);
     origin = fmt::format("random weights from seed {}", h.weights.seed);
   } else {
@@ -26,6 +30,9 @@ ModelWeights weights_for(const trace::TraceHeader& h,
     weights = load_hf_directory(dir);
     origin = fmt::format("weights in {}", dir.string());
   }
+  // A foreign executor may not know lockstep's weight digest (0: not recorded); then the weights
+  // the user names are taken as the ones it ran, and the replay reports their digest.
+  if (h.is_foreign() && h.weights_digest == 0) return weights;
   require_recorded_weights(h, weights, origin);
   return weights;
 }
@@ -59,6 +66,7 @@ struct Recorded {
 const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights& owned,
                                    const trace::TraceHeader& header) {
   if (!given) return owned;
+  if (header.is_foreign() && header.weights_digest == 0) return *given;
   require_recorded_weights(header, *given, "weights given");
   return *given;
 }
@@ -113,7 +121,10 @@ class Replayer {
         compare(*out);
         run_deferred();
       } else if (auto* ev = std::get_if<trace::TraceEvent>(&record)) {
-        if (ev->kind == trace::EventKind::kStepRejected) run_deferred();
+        if (ev->kind == trace::EventKind::kStepRejected) {
+          on_recorded_rejection(*ev);
+          run_deferred();
+        }
       }
       if (options_.on_progress && reader_.records_read() % 4096 == 0) {
         options_.on_progress(report_.steps_replayed, reader_.offset(), reader_.file_bytes());
@@ -135,7 +146,15 @@ class Replayer {
     if (options_.mode == ReplayMode::kTeacherForced) force_recorded_inputs(op);
     for (const CacheOp& c : in.cache_ops) executor_.copy_pages(c);
     executor_.inject_next_step(std::move(faults));
-    const StepResult result = executor_.step(op);
+    StepResult result;
+    try {
+      result = executor_.step(op);
+    } catch (const Error& e) {
+      // The executor refused the op (e.g. a request new to its pool row without sampling
+      // parameters); the recording must have refused it too (a stepRejected event follows).
+      rejected_.emplace(in.step, e.what());
+      return;
+    }
     Executed done{in.step, op, {}, recorded_row};
     // The step's own digests, top-k and state snapshot: what the recording backend computed.
     done.output = trace::make_step_output(in.step, result, StateSnapshot{},
@@ -185,6 +204,17 @@ class Replayer {
 
   void keep_logits(int64_t step, const StepResult& result) { logits_[step] = result.logits; }
 
+  // The recording refused step `e.step` after writing its input: the replay must have too.
+  void on_recorded_rejection(const trace::TraceEvent& e) {
+    if (rejected_.erase(e.step) > 0) return;
+    if (executed_.empty() || executed_.front().step != e.step) return;  // no input was written
+    const Executed done = std::move(executed_.front());
+    executed_.pop_front();
+    if (options_.mode != ReplayMode::kExact) return;
+    report_.divergence = Divergence{.step = e.step, .field = "rejected",
+                                    .expected = "rejected: " + e.detail, .actual = "ran"};
+  }
+
   void run_deferred() {
     if (!deferred_ || report_.divergence) return;
     trace::StepInputRecord in = std::move(*deferred_);
@@ -193,6 +223,11 @@ class Replayer {
   }
 
   void compare(const trace::StepOutputRecord& recorded_full) {
+    if (const auto it = rejected_.find(recorded_full.step); it != rejected_.end()) {
+      report_.divergence = Divergence{.step = it->first, .field = "rejected",
+                                      .expected = "ran", .actual = "rejected: " + it->second};
+      return;
+    }
     // Steps not executed (--isolate skipped them) have no replayed output to compare.
     if (executed_.empty() || executed_.front().step != recorded_full.step) return;
     Executed done = std::move(executed_.front());
@@ -291,6 +326,7 @@ class Replayer {
   std::optional<trace::StepInputRecord> deferred_;  // read while the step before it was open
   std::map<RequestId, Recorded> recorded_;
   std::map<int64_t, std::vector<float>> logits_;
+  std::map<int64_t, std::string> rejected_;  // steps the replay's executor refused, with why
 };
 
 }  // namespace
@@ -300,6 +336,12 @@ ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions
 }
 
 ReplayReport replay_trace(trace::TraceReader reader, const ReplayOptions& options) {
+  const trace::TraceHeader& h = reader.header();
+  LS_REQUIRE(!(h.is_foreign() && options.mode == ReplayMode::kExact),
+             "exact replay refuses this trace: it came from a foreign executor ({}), whose outputs "
+             "lockstep's executor is not built to reproduce bit for bit and whose state digests "
+             "were not recorded; replay it with --mode teacher-forced to measure the agreement",
+             h.foreign_executor);
   Replayer replayer(std::move(reader), options);
   return replayer.run();
 }

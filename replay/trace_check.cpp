@@ -187,7 +187,8 @@ class Checker {
       const bool poisoned = nan_poison && std::find(open.input.faults.poisoned_rows.begin(),
                                                     open.input.faults.poisoned_rows.end(), i) !=
                                               open.input.faults.poisoned_rows.end();
-      if (!r.nan_flags.empty() && (r.nan_flags[i] != 0) != poisoned) {
+      // A foreign executor's flags are its own findings, not faults planted by lockstep.
+      if (!h_.is_foreign() && !r.nan_flags.empty() && (r.nan_flags[i] != 0) != poisoned) {
         return violate(out.step, i, row.request_id, "nan_flags", fmt::format("nan_flags[{}]", i),
                        fmt::format("flag {} but the recorded faults {} this row with NaN", r.nan_flags[i],
                                    poisoned ? "poisoned" : "did not poison"));

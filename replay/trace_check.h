@@ -16,6 +16,7 @@
 //   valid_cache_length  vcl <= L, and grows by exactly what the step committed: prefill rows end at
 //                       prefix + input; decode rows at (hist_token_length, or the previous vcl) + a
 //   nan_flags           flagged rows are exactly the rows the recorded faults poisoned with NaN
+//                       (not checked for a foreign executor's trace: it plants no faults)
 //   greedy_token        a greedy row emits the recorded top-1 id of each logits row it emitted from
 //   (and, in the reader: top-k pairs in rank order with finite logits, ids in [0, V))
 #pragma once

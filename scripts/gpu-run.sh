@@ -6,6 +6,20 @@
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
 #   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
 #                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
+#   scripts/gpu-run.sh families  # on the H200: only the checkpoint families (issue 11): layer-op
+#                                # tests, the HF oracle over tests/fixtures/hf on CUDA fp32 and
+#                                # bf16, qwen3-0.6b and qwen2.5-7b decode at batch 1 and 64, ~2 min
+#   scripts/gpu-run.sh python    # on the H200: compile the Python module's bindings (python/src)
+#                                # against the host's Python (PYTHON, default python3: pybind11,
+#                                # numpy, pytest) and link the archives `package` carried in
+#                                # build-gpu/dist/pylib; run python/tests with backend cpu and cuda;
+#                                # then the Python engine loop against the C++ serving loop. Writes
+#                                # python_build.log, python_tests.log/xml, python_loop.log/json.
+#   scripts/gpu-run.sh pack-python [BUILD_DIR]
+#                                # here: what `package` adds for the python mode, from BUILD_DIR
+#                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
+#                                # PYTHON=/usr/bin/python3 the python mode runs here too (no GPU:
+#                                # the CUDA cases skip)
 #
 # What comes back from a device run is at most 8 files, so the run writes exactly these:
 #   env.txt            nvidia-smi, ldd of each binary, versions
@@ -13,18 +27,22 @@
 #                      then the CLI on CUDA: generate/replay (W = 1 and W = 4 with the n-gram
 #                      drafter) and `lockstep sim --backend cuda --seeds 1..20`
 #   sanitizer.log      compute-sanitizer memcheck on a subset (when the tool is there)
-#   hf_oracle.log/json the independent oracle (HF transformers vs lockstep)
+#   hf_oracle.log/json the independent oracle (HF transformers vs lockstep): a model made by
+#                      tests/hf_oracle.py there, then every family of tests/fixtures/hf (the log
+#                      has each run; the JSON has the fixtures' figures under "fixtures")
 #   gpu_bench.log/json the benchmark's figures, with the PyTorch peer's (bench/torch_peer.py)
 #                      merged in under "peer" and a side-by-side table at the end of the log, and
 #                      the speculative-decoding benchmark's (lockstep_gpu_spec_bench) under
 #                      "speculative"; then the decode-attention kernel alone
 #                      (lockstep_gpu_attention_bench), appended to the log
-# The parts' time limits add up to about the device tool's 600 s per command; a full run takes
-# about 6 minutes.
+# The parts' time limits add up to more than the device tool's 600 s per command; a full run takes
+# about 7 minutes (the qwen shapes and the HF fixtures added about 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DIST=build-gpu/dist
+DIST=${DIST:-build-gpu/dist}
 GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep"
+# The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
+PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 package() {
@@ -56,7 +74,177 @@ package() {
   for b in "$DIST"/bin/*; do
     echo "== ldd $b"; LD_LIBRARY_PATH="$DIST/lib" ldd "$b" | grep -v -E 'linux-vdso|ld-linux'
   done
+  pack_python build-gpu
   du -sh "$DIST"
+}
+
+# What the python mode needs besides the binaries: the lockstep archives of BUILD_DIR (with the
+# CUDA backend), this toolchain's static CUDA runtime they were compiled against, and fmt's
+# headers (core/check.h includes them; the H200 host has none). The binding sources compile
+# against only these, the repository's headers, pybind11 and the host's Python.
+pack_python() {
+  set -e
+  local build="${1:-build-gpu}" cuda_lib=/usr/local/cuda/lib64
+  # shellcheck disable=SC2086
+  ninja -C "$build" -j2 $PY_ARCHIVES lockstep
+  rm -rf "$DIST/pylib" "$DIST/include" && mkdir -p "$DIST/pylib" "$DIST/include" "$DIST/bin" "$DIST/lib"
+  for a in $PY_ARCHIVES; do
+    find "$build" -name "lib$a.a" -exec cp {} "$DIST/pylib/" \;
+  done
+  cp "$cuda_lib/libcudart_static.a" "$DIST/pylib/"
+  cp -r /usr/include/fmt "$DIST/include/"
+  # A dist made from another build (testing the python mode here) gets that build's CLI.
+  [ -x "$DIST/bin/lockstep" ] || cp "$build/lockstep" "$DIST/bin/"
+  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so; do
+    [ -f "$DIST/lib/$lib" ] || cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"
+  done
+  ls -la "$DIST/pylib"
+}
+
+# The highest GLIBCXX symbol version a libstdc++ provides, e.g. GLIBCXX_3.4.30.
+glibcxx_max() { grep -a -o 'GLIBCXX_3\.4\.[0-9]*' "$1" 2>/dev/null | sort -u -V | tail -1; }
+
+# Compiles python/src/*.cpp against $PYTHON's headers and pybind11, links the carried archives
+# and shared libraries, and lays the package out in build-py/ (PYTHONPATH=build-py).
+build_python_module() {
+  local py="$1" work=build-py cxx="${CXX:-$(command -v g++ || command -v c++)}"
+  local cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+  local includes ext defs="" objs=() archives=() src
+  rm -rf "$work" && mkdir -p "$work/lockstep" "$work/obj" "$work/libs"
+  # pybind11's own answer; Debian's pybind11-dev has no Python module (headers in /usr/include).
+  includes=$("$py" -m pybind11 --includes 2>/dev/null) ||
+    includes="-I$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])') -I/usr/include"
+  ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+  [ -f "$DIST/pylib/liblockstep_kernels.a" ] && defs="-DLOCKSTEP_HAVE_CUDA"
+  echo "compiler: $("$cxx" --version | head -1); python: $("$py" --version); includes: $includes"
+  local pids=() pid
+  for src in python/src/*.cpp; do  # in parallel: one compiler per translation unit
+    local obj="$work/obj/$(basename "$src" .cpp).o"
+    # shellcheck disable=SC2086
+    "$cxx" -std=c++20 -O2 -fPIC -fvisibility=hidden $defs $includes -I. -I"$DIST/include" \
+        -c "$src" -o "$obj" &
+    pids+=($!)
+    objs+=("$obj")
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || return 1; done
+  for a in $PY_ARCHIVES; do
+    [ -f "$DIST/pylib/lib$a.a" ] && archives+=("$DIST/pylib/lib$a.a")
+  done
+  # The carried shared libraries the archives need, beside the module. This toolchain's
+  # libstdc++/libgcc_s only where they are newer than the host compiler's (the newer one serves
+  # both: the archives were built here, the bindings there).
+  for lib in libfmt.so.9 libxxhash.so.0 libcapnp-0.9.2.so libkj-0.9.2.so; do
+    ln -s "$(realpath "$DIST")/lib/$lib" "$work/libs/$lib"
+  done
+  local ours host
+  ours=$(glibcxx_max "$DIST/lib/libstdc++.so.6")
+  host=$(glibcxx_max "$(readlink -f "$("$cxx" -print-file-name=libstdc++.so.6)")")
+  if [ "$(printf '%s\n%s\n' "$ours" "$host" | sort -V | tail -1)" = "$ours" ] && [ "$ours" != "$host" ]; then
+    ln -s "$(realpath "$DIST")/lib/libstdc++.so.6" "$work/libs/libstdc++.so.6"
+    ln -s "$(realpath "$DIST")/lib/libgcc_s.so.1" "$work/libs/libgcc_s.so.1"
+    ln -s "$(realpath "$DIST")/lib/libstdc++.so.6" "$work/libs/libstdc++.so"
+    echo "libstdc++: the carried one ($ours; the host compiler's has $host)"
+  else
+    echo "libstdc++: the host's ($host; the carried one has $ours)"
+  fi
+  local cuda_libs=()
+  [ -n "$defs" ] && cuda_libs=("$DIST/pylib/libcudart_static.a" -L"$cuda_home/lib64" -lcublas -lcublasLt
+                               -Wl,-rpath,"$cuda_home/lib64")
+  # shellcheck disable=SC2016
+  "$cxx" -shared -o "$work/lockstep/_lockstep$ext" "${objs[@]}" -L"$work/libs" \
+      -Wl,--start-group "${archives[@]}" -Wl,--end-group \
+      "$work/libs/libfmt.so.9" "$work/libs/libxxhash.so.0" "$work/libs/libcapnp-0.9.2.so" \
+      "$work/libs/libkj-0.9.2.so" "${cuda_libs[@]}" -lpthread -ldl -lrt \
+      -Wl,-rpath,'$ORIGIN/../libs' || return 1
+  cp python/lockstep/*.py "$work/lockstep/"
+  LD_LIBRARY_PATH="$PWD/$work/libs" ldd "$work/lockstep/_lockstep$ext" | grep -v -E 'linux-vdso|ld-linux'
+}
+
+run_python() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  local py="${PYTHON:-python3}" status=0
+  if [ ! -f "$DIST/pylib/liblockstep_core.a" ]; then
+    echo "gpu-run: $DIST/pylib is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  echo "== build the module against $py"
+  build_python_module "$py" > "$OUT/python_build.log" 2>&1 || status=1
+  tail -12 "$OUT/python_build.log"
+  [ $status -eq 0 ] || { echo "gpu-run python: the module did not build (see python_build.log)"; return 1; }
+  export LD_LIBRARY_PATH="$PWD/build-py/libs" PYTHONPATH="$PWD/build-py"
+  export LOCKSTEP_BIN="$(realpath "$DIST")/bin/lockstep" LOCKSTEP_SOURCE_DIR="$PWD"
+  echo "== python tests (backend cpu and cuda)"
+  timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider python/tests --junitxml="$OUT/python_tests.xml" \
+      > "$OUT/python_tests.log" 2>&1 || status=1
+  tail -15 "$OUT/python_tests.log"
+  echo "== Python engine loop against the C++ serving loop (llama-1b, CUDA)"
+  {
+    timeout 200 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" --model llama-1b \
+        --backend cuda --batch 16 --new-tokens 64 --json "$OUT/python_loop.json" &&
+    timeout 60 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" --model tiny --backend cuda \
+        --batch 16 --new-tokens 64
+  } > "$OUT/python_loop.log" 2>&1 || status=1
+  cat "$OUT/python_loop.log"
+  echo "gpu-run python: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
+# The HF oracle over every fixture family (tests/fixtures/hf), appended to $1, figures merged into
+# the JSON $2 (one entry per family). llama3-legacy has only its config.json: it runs on a
+# directory assembled with llama3's weights and reference, as the CPU test does.
+hf_fixtures() {
+  local log="$1" json="$2" status=0 dir
+  rm -rf /tmp/hf_fixtures && mkdir -p /tmp/hf_fixtures/llama3-legacy
+  cp tests/fixtures/hf/llama3-legacy/config.json /tmp/hf_fixtures/llama3-legacy/
+  ln -s "$PWD/tests/fixtures/hf/llama3/model.safetensors" "$PWD/tests/fixtures/hf/llama3/hf_reference.json" \
+      /tmp/hf_fixtures/llama3-legacy/
+  for dir in tests/fixtures/hf/llama3 /tmp/hf_fixtures/llama3-legacy tests/fixtures/hf/llama-linear \
+             tests/fixtures/hf/qwen2 tests/fixtures/hf/qwen3 tests/fixtures/hf/mistral; do
+    echo "== HF fixture $dir" >> "$log"
+    timeout 60 "$DIST/bin/lockstep_hf_oracle_check" "$dir" "/tmp/hf_fixtures/$(basename "$dir").json" \
+        >> "$log" 2>&1 || status=1
+  done
+  grep -E "^== HF fixture|vs HF|hf oracle: (PASS|FAIL)|error" "$log" | tail -30
+  env -u LD_LIBRARY_PATH python3 - "$json" /tmp/hf_fixtures/*.json <<'PY' 2>&1 | tee -a "$log"
+import json, os, sys
+out = json.load(open(sys.argv[1])) if os.path.exists(sys.argv[1]) else {}
+out["fixtures"] = {}
+for path in sys.argv[2:]:
+    try:
+        out["fixtures"][os.path.basename(path)[:-5]] = json.load(open(path))
+    except (OSError, ValueError) as e:
+        print(f"hf fixtures: {path}: {e}")
+out["fixtures_pass"] = bool(out["fixtures"]) and all(f.get("pass") for f in out["fixtures"].values())
+json.dump(out, open(sys.argv[1], "w"), indent=2)
+print(f"hf fixtures: {len(out['fixtures'])} families, all pass: {out['fixtures_pass']}")
+PY
+  return $status
+}
+
+run_families() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  if [ ! -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
+    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  echo "== layer-op and backend GPU tests"
+  timeout 120 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
+      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -20
+  echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
+  hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
+  echo "== benchmark: qwen3-0.6b and qwen2.5-7b"
+  timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" --shapes qwen3-0.6b,qwen2.5-7b \
+      > "$OUT/gpu_bench.log" 2>&1 || status=1
+  cat "$OUT/gpu_bench.log"
+  echo "gpu-run families: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
 }
 
 # Speculative decoding on CUDA through the CLI, appended to $1: generate with W = 4 and the
@@ -114,7 +302,7 @@ run_spec() {
     echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
     exit 2
   fi
-  export LD_LIBRARY_PATH="$PWD/$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== drafter GPU tests"
@@ -135,7 +323,7 @@ run() {
     echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
     exit 2
   fi
-  export LD_LIBRARY_PATH="$PWD/$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local status=0
   {
     echo "commit: $(cat "$DIST/commit.txt")"; date -u
@@ -190,9 +378,13 @@ run() {
     } > "$OUT/hf_oracle.log" 2>&1 || status=1
     tail -8 "$OUT/hf_oracle.log"
   fi
+  if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
+    echo "== HF fixtures (tests/fixtures/hf) on CUDA fp32 and bf16"
+    hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
+  fi
 
   echo "== benchmark"
-  timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
+  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
   cat "$OUT/gpu_bench.log"
   spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
   echo "== decode attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
@@ -245,5 +437,8 @@ case "${1:-run}" in
   package) package ;;
   run) run ;;
   spec) run_spec ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec]" >&2; exit 2 ;;
+  families) run_families ;;
+  python) run_python ;;
+  pack-python) pack_python "${2:-build-gpu}" ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|python|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac

@@ -7,6 +7,7 @@ packages=(
   capnproto libcapnp-dev
   librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev
+  pybind11-dev python3-dev python3-numpy python3-pytest
 )
 
 missing=()

@@ -373,9 +373,9 @@ TEST(SafetensorsErrors, HeaderNotJsonOrNotObject) {
   const ScratchDir dir;
   const fs::path path = dir.file("json.safetensors");
   write_bytes(path, raw_file(R"({"t": {"dtype": "F32",)", ""));
-  EXPECT_THAT(open_error(path), HasSubstr("header is not valid JSON"));
+  EXPECT_THAT(open_error(path), HasSubstr("header: not valid JSON"));
   write_bytes(path, raw_file("[1, 2]  ", ""));
-  EXPECT_THAT(open_error(path), HasSubstr("header must be a JSON object, got array"));
+  EXPECT_THAT(open_error(path), HasSubstr("header: must be a JSON object, got array"));
 }
 
 TEST(SafetensorsErrors, OffsetsPastEndOfData) {

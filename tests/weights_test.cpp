@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,11 @@ std::string load_error(const fs::path& dir) {
   }
   ADD_FAILURE() << "loading " << dir << " did not throw";
   return "";
+}
+
+// The configs below are Llama ones; the family must be named (architectures or model_type).
+std::string llama(const std::string& json) {
+  return "{\"architectures\": [\"LlamaForCausalLM\"], " + json.substr(json.find('{') + 1);
 }
 
 std::string config_error(const std::string& json) {
@@ -316,51 +322,63 @@ TEST(HfConfig, ReadsTinyConfig) {
 
 TEST(HfConfig, AppliesDefaults) {
   const ModelConfig c = model_config_from_hf_json(
-      R"({"hidden_size": 96, "num_hidden_layers": 1, "num_attention_heads": 6,
-          "intermediate_size": 200, "vocab_size": 10, "num_key_value_heads": null})",
+      llama(R"({"hidden_size": 96, "num_hidden_layers": 1, "num_attention_heads": 6,
+          "intermediate_size": 200, "vocab_size": 10, "num_key_value_heads": null})"),
       "defaults");
   EXPECT_EQ(c.kv_heads_count, 6);       // = num_attention_heads
   EXPECT_EQ(c.head_dim, 16);            // 96 / 6
   EXPECT_EQ(c.rope_theta, 10000.0f);
   EXPECT_EQ(c.rms_eps, 1e-6f);
   EXPECT_FALSE(c.tied_embeddings);
+  EXPECT_EQ(c.family, ModelFamily::kLlama);
+  EXPECT_EQ(c.rope_type, RopeType::kDefault);
+  EXPECT_EQ(c.max_positions, 2048);  // LlamaConfig's default
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
 }
 
 TEST(HfConfig, RejectsMissingAndMistypedKeys) {
   const std::string missing = R"({"num_hidden_layers": 2, "num_attention_heads": 4,
       "intermediate_size": 128, "vocab_size": 512})";
-  EXPECT_THAT(config_error(missing), HasSubstr("missing required key 'hidden_size'"));
+  EXPECT_THAT(config_error(llama(missing)), HasSubstr("missing required key 'hidden_size'"));
   const std::string as_string = R"({"hidden_size": "64", "num_hidden_layers": 2,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512})";
-  EXPECT_THAT(config_error(as_string), HasSubstr("'hidden_size' must be an integer, got string"));
+  EXPECT_THAT(config_error(llama(as_string)), HasSubstr("'hidden_size' must be an integer, got string"));
   const std::string as_float = R"({"hidden_size": 64, "num_hidden_layers": 2.0,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512})";
-  EXPECT_THAT(config_error(as_float), HasSubstr("'num_hidden_layers' must be an integer"));
+  EXPECT_THAT(config_error(llama(as_float)), HasSubstr("'num_hidden_layers' must be an integer"));
   const std::string huge = R"({"hidden_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 4294967296})";
-  EXPECT_THAT(config_error(huge), HasSubstr("'vocab_size' = 4294967296 does not fit in int32"));
+  EXPECT_THAT(config_error(llama(huge)), HasSubstr("'vocab_size' = 4294967296 does not fit in int32"));
   const std::string tie_string = R"({"hidden_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512,
       "tie_word_embeddings": "yes"})";
-  EXPECT_THAT(config_error(tie_string), HasSubstr("'tie_word_embeddings' must be true or false"));
+  EXPECT_THAT(config_error(llama(tie_string)), HasSubstr("'tie_word_embeddings' must be true or false"));
   const std::string theta_string = R"({"hidden_size": 64, "num_hidden_layers": 2,
       "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512, "rope_theta": "1e4"})";
-  EXPECT_THAT(config_error(theta_string), HasSubstr("'rope_theta' must be a number"));
+  EXPECT_THAT(config_error(llama(theta_string)), HasSubstr("'rope_theta' must be a number"));
   EXPECT_THAT(config_error("{not json"), HasSubstr("not valid JSON"));
   EXPECT_THAT(config_error("[1]"), HasSubstr("must be a JSON object"));
 }
 
 TEST(HfConfig, RejectsUnsupportedFeatures) {
-  const std::string base = R"("hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+  const std::string base = R"("architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
       "intermediate_size": 128, "vocab_size": 512)";
   EXPECT_THAT(config_error("{" + base + R"(, "attention_bias": true})"),
               HasSubstr("'attention_bias': true is not supported"));
   EXPECT_THAT(config_error("{" + base + R"(, "mlp_bias": true})"),
               HasSubstr("'mlp_bias': true is not supported"));
-  const std::string scaling = config_error(
-      "{" + base + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 32.0}})");
-  EXPECT_THAT(scaling, HasSubstr("rope_scaling"));
-  EXPECT_THAT(scaling, HasSubstr("not supported yet"));
+  // Llama 3 scaling needs all four of its parameters.
+  EXPECT_THAT(config_error("{" + base + R"(, "rope_scaling": {"rope_type": "llama3", "factor": 32.0}})"),
+              HasSubstr("rope_type \"llama3\" needs 'rope_scaling.low_freq_factor'"));
+  EXPECT_THAT(config_error("{" + base + R"(, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})"),
+              HasSubstr("'rope_scaling.rope_type' \"yarn\" is not supported"));
+  EXPECT_THAT(config_error("{" + base + R"(, "model_type": "gpt2"})"),
+              HasSubstr("'model_type' \"gpt2\" is not supported"));
+  EXPECT_THAT(config_error(R"({"hidden_size": 64})"), HasSubstr("names no 'architectures' or 'model_type'"));
+  EXPECT_THAT(config_error("{" + base + R"(, "quantization_config": {"quant_method": "awq"}})"),
+              HasSubstr("'quantization_config' {\"quant_method\":\"awq\"} is not supported"));
+  EXPECT_THAT(config_error("{" + base + R"(, "num_hidden_layers": 3})"), HasSubstr("appears twice"));
   EXPECT_THAT(config_error("{" + base + R"(, "hidden_act": "gelu"})"),
               HasSubstr("'hidden_act' \"gelu\" is not supported"));
   // Validation of the assembled config: 4 query heads cannot share 3 KV heads.
@@ -402,7 +420,7 @@ TEST(HfDirectory, Bf16ShardsLoadRoundedValues) {
   EXPECT_NE(loaded.digest(), source.digest());  // the rounding did change bytes
 }
 
-TEST(HfDirectory, TiedEmbeddingsIgnoreAStrayLmHead) {
+TEST(HfDirectory, TiedEmbeddingsTakeOnlyAnEqualLmHead) {
   const ScratchDir dir;
   const ModelWeights source = weights_from_seed(tiny_config(true), 13);
   write_text(dir.path() / "config.json", tiny_config_json(true));
@@ -415,11 +433,51 @@ TEST(HfDirectory, TiedEmbeddingsIgnoreAStrayLmHead) {
   expect_same_weights(loaded, source);
   EXPECT_EQ(loaded.digest(), source.digest());
 
-  // Some tied checkpoints still carry lm_head.weight (here with a wrong shape): it is ignored.
-  const std::vector<float> stray(8, 5.0f);
-  tensors.push_back({"lm_head.weight", {2, 4}, stray});
+  // A copy of the embedding under lm_head.weight (as some tied checkpoints carry) is the same model.
+  tensors.push_back({"lm_head.weight", {512, 64}, source.embedding});
   write_shards(dir.path(), tensors, 12, DType::kF32);
   EXPECT_EQ(load_hf_directory(dir.path()).digest(), source.digest());
+  // Any other lm_head.weight is an untied model under a tied config: refused.
+  std::vector<float> other = source.embedding;
+  other[100] += 1.0f;
+  tensors.back().values = other;
+  write_shards(dir.path(), tensors, 12, DType::kF32);
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("lm_head.weight differs from "
+                                                "model.embed_tokens.weight (first at element 100)"));
+  const std::vector<float> stray(8, 5.0f);
+  tensors.back() = {"lm_head.weight", {2, 4}, stray};
+  write_shards(dir.path(), tensors, 12, DType::kF32);
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("expected shape [512, 64], got [2, 4]"));
+}
+
+TEST(HfDirectory, ShardIndexMustAgreeWithTheShards) {
+  const ScratchDir dir;
+  const ModelWeights source = weights_from_seed(tiny_config(false), 17);
+  write_text(dir.path() / "config.json", tiny_config_json(false));
+  const std::vector<NamedTensor> tensors = hf_tensors(source);
+  write_shards(dir.path(), tensors, 10, DType::kF32);
+  auto write_index = [&](const std::string& moved, const std::string& to) {
+    std::string map;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const std::string shard = tensors[i].name == moved ? to
+                                : i < 10 ? "model-00001-of-00002.safetensors"
+                                         : "model-00002-of-00002.safetensors";
+      map += fmt::format("{}\"{}\": \"{}\"", map.empty() ? "" : ", ", tensors[i].name, shard);
+    }
+    write_text(dir.path() / "model.safetensors.index.json",
+               "{\"metadata\": {\"total_size\": 1}, \"weight_map\": {" + map + "}}");
+  };
+  write_index("", "");
+  EXPECT_EQ(load_hf_directory(dir.path()).digest(), source.digest());
+  write_index("model.norm.weight", "model-00001-of-00002.safetensors");
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("maps tensor 'model.norm.weight' to "
+                                                "model-00001-of-00002.safetensors, which does not hold it"));
+  write_index("model.norm.weight", "../elsewhere.safetensors");
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("is not a file name in the directory"));
+  write_index("", "");
+  write_safetensors(dir.path() / "stale.safetensors", std::span(tensors).first(1), DType::kF32);
+  EXPECT_THAT(load_error(dir.path()), HasSubstr("stale.safetensors is not named by "
+                                                "model.safetensors.index.json"));
 }
 
 TEST(HfDirectory, MissingTensorNamesTensorAndDirectory) {
@@ -465,7 +523,9 @@ TEST(HfDirectory, WrongShapeAndDuplicateTensor) {
 
 TEST(HfDirectory, MissingConfigOrShardsOrDirectory) {
   const ScratchDir dir;
-  EXPECT_THAT(load_error(dir.path() / "absent"), HasSubstr("does not exist or is not a directory"));
+  EXPECT_THAT(load_error(dir.path() / "absent"), HasSubstr("does not exist"));
+  write_text(dir.path() / "file", "x");
+  EXPECT_THAT(load_error(dir.path() / "file"), HasSubstr("is not a directory"));
   EXPECT_THAT(load_error(dir.path()), HasSubstr("no config.json"));
   write_text(dir.path() / "config.json", tiny_config_json(false));
   write_text(dir.path() / "model.bin", "not safetensors");
@@ -476,12 +536,139 @@ TEST(HfDirectory, BadConfigNamesTheFile) {
   const ScratchDir dir;
   const ModelWeights source = weights_from_seed(tiny_config(false), 16);
   write_shards(dir.path(), hf_tensors(source), 10, DType::kF32);
-  write_text(dir.path() / "config.json", R"({"hidden_size": 64, "rope_scaling": {"factor": 8}})");
+  std::string config = tiny_config_json(false);
+  config.replace(config.find(R"("rope_scaling": null)"), 20, R"("rope_scaling": {"factor": 8})");
+  write_text(dir.path() / "config.json", config);
   const std::string message = load_error(dir.path());
   EXPECT_THAT(message, HasSubstr((dir.path() / "config.json").string()));
-  EXPECT_THAT(message, HasSubstr("rope_scaling"));
+  EXPECT_THAT(message, HasSubstr("'rope_scaling.factor' is not supported with rope_type \"default\""));
   write_text(dir.path() / "config.json", "{");
   EXPECT_THAT(load_error(dir.path()), HasSubstr("not valid JSON"));
+}
+
+// ---- families ------------------------------------------------------------------------------
+
+// The digest of `tiny` from seed 0 as a850c79 (before the families) recorded it in a trace header:
+// the seeded bits and the digest of a plain Llama must not have moved.
+TEST(SeededWeights, TinyDigestIsUnchangedByTheFamilies) {
+  EXPECT_EQ(weights_from_seed(model_config_named("tiny"), 0).digest(), 0xfba3b684ac54ae9aull);
+}
+
+TEST(SeededWeights, FamilyTensorsFollowTheDocumentedIndices) {
+  const uint64_t seed = 77;
+  SCOPED_TRACE(fmt::format("seed {}", seed));
+  ModelConfig config = tiny_config(false);
+  config.family = ModelFamily::kQwen2;
+  config.qkv_bias = true;
+  config.qk_norm = true;  // both features at once, to check every index
+  const ModelWeights w = weights_from_seed(config, seed);
+  const ModelWeights plain = weights_from_seed(tiny_config(false), seed);
+  // The Llama tensors keep their bits; the new ones sit at 3 + 9·L + 5·l + k (L = 2 → base 21).
+  expect_same_bits("layer 1 wq", w.layers[1].wq, plain.layers[1].wq);
+  expect_same_bits("lm_head", w.lm_head, plain.lm_head);
+  ASSERT_EQ(w.layers[0].q_bias.size(), 64u);
+  ASSERT_EQ(w.layers[1].k_bias.size(), 32u);
+  ASSERT_EQ(w.layers[1].k_norm.size(), 16u);
+  EXPECT_EQ(w.layers[0].q_bias[5], philox_value(seed, 21, 5, 0.0f, 0.125f));
+  EXPECT_EQ(w.layers[0].v_bias[31], philox_value(seed, 23, 31, 0.0f, 0.125f));
+  EXPECT_EQ(w.layers[0].q_norm[15], philox_value(seed, 24, 15, 1.0f, 0.125f));
+  EXPECT_EQ(w.layers[1].k_bias[0], philox_value(seed, 27, 0, 0.0f, 0.125f));
+  EXPECT_EQ(w.layers[1].k_norm[3], philox_value(seed, 30, 3, 1.0f, 0.125f));
+  EXPECT_GT(sum_of_squares(w.layers[1].v_bias), 0.0);
+  EXPECT_NO_THROW(w.validate());
+}
+
+TEST(WeightDigest, CoversBiasesHeadNormsAndTheFamilyFields) {
+  ModelConfig config = tiny_config(false);
+  config.family = ModelFamily::kQwen3;
+  config.qkv_bias = true;
+  config.qk_norm = true;
+  const ModelWeights base = weights_from_seed(config, 5);
+  const uint64_t digest = base.digest();
+  auto changed = [&](auto mutate) {
+    ModelWeights copy = base;
+    mutate(copy);
+    return copy.digest() != digest;
+  };
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.layers[0].q_bias[1] += 1.0f; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.layers[1].k_bias[2] += 1.0f; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.layers[1].v_bias[3] += 1.0f; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.layers[0].q_norm[4] += 1.0f; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.layers[1].k_norm[5] += 1.0f; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.config.family = ModelFamily::kQwen2; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.config.rope_type = RopeType::kLinear; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.config.rope_factor = 2.0f; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.config.rope_original_max_positions = 4096; }));
+}
+
+TEST(NamedShapes, QwenShapesAreTheReleasedModels) {
+  const ModelConfig q3 = model_config_named("qwen3-0.6b");
+  EXPECT_EQ(q3.family, ModelFamily::kQwen3);
+  EXPECT_TRUE(q3.qk_norm);
+  EXPECT_FALSE(q3.qkv_bias);
+  EXPECT_TRUE(q3.tied_embeddings);
+  EXPECT_EQ(q3.hidden_size, 1024);
+  EXPECT_EQ(q3.layers_count, 28);
+  EXPECT_EQ(q3.query_heads_count, 16);
+  EXPECT_EQ(q3.kv_heads_count, 8);
+  EXPECT_EQ(q3.head_dim, 128);  // not hidden / heads = 64
+  EXPECT_EQ(q3.ffn_size, 3072);
+  EXPECT_EQ(q3.vocab_size, 151936);
+  EXPECT_EQ(q3.rope_theta, 1e6f);
+  // Qwen3-0.6B has 596 M parameters with its tied head (0.44 B without the embedding).
+  EXPECT_EQ(q3.parameters_count(), 596049920);
+  const ModelConfig q25 = model_config_named("qwen2.5-7b");
+  EXPECT_EQ(q25.family, ModelFamily::kQwen2);
+  EXPECT_TRUE(q25.qkv_bias);
+  EXPECT_FALSE(q25.qk_norm);
+  EXPECT_FALSE(q25.tied_embeddings);
+  EXPECT_EQ(q25.hidden_size, 3584);
+  EXPECT_EQ(q25.query_heads_count, 28);
+  EXPECT_EQ(q25.kv_heads_count, 4);
+  EXPECT_EQ(q25.ffn_size, 18944);
+  EXPECT_EQ(q25.vocab_size, 152064);
+  // Qwen2.5-7B's published count: 7.62 B.
+  EXPECT_EQ(q25.parameters_count(), 7615616512);
+}
+
+// Random corruptions of real configs (each fixture family's) end in a clean ls::Error or a
+// config that validates — never a crash or another exception type (STYLE.md §18).
+TEST(HfConfigFuzz, CorruptedConfigsFailCleanly) {
+  const uint64_t seed = 0xC0F16;
+  SCOPED_TRACE(fmt::format("seed {:#x}", seed));
+  uint64_t state = seed;
+  auto next = [&state] {  // splitmix64
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  int errors_count = 0, accepted_count = 0;
+  for (const char* family : {"llama3", "llama3-legacy", "llama-linear", "qwen2", "qwen3", "mistral"}) {
+    std::ifstream in(fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/hf" / family / "config.json");
+    const std::string valid{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    ASSERT_FALSE(valid.empty()) << family;
+    EXPECT_NO_THROW(model_config_from_hf_json(valid, family)) << family;
+    for (int round = 0; round < 400; ++round) {
+      std::string text = valid;
+      const uint64_t flips = 1 + next() % 3;
+      for (uint64_t f = 0; f < flips; ++f) {
+        const size_t at = next() % text.size();
+        // Digits and JSON punctuation reach the value checks more often than random bytes.
+        const char alphabet[] = "0123456789-.eE,:{}[]\"ntf ";
+        text[at] = next() % 2 ? alphabet[next() % (sizeof(alphabet) - 1)] : static_cast<char>(next());
+      }
+      try {
+        model_config_from_hf_json(text, family).validate();
+        ++accepted_count;
+      } catch (const Error&) {
+        ++errors_count;
+      }
+    }
+  }
+  EXPECT_GT(errors_count, 1000);  // the corruptions did reach the checks
+  std::printf("config fuzz: %d refused, %d accepted (a corruption can leave a valid config)\n",
+              errors_count, accepted_count);
 }
 
 }  // namespace

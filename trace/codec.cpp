@@ -95,6 +95,24 @@ schema::ForwardMode encode_mode(ForwardMode mode) {
   return schema::ForwardMode::IDLE;
 }
 
+// The header's family and rope type names; "" is what a trace from before them holds.
+ModelFamily family_named(const std::string& name) {
+  for (const ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3,
+                              ModelFamily::kMistral}) {
+    if (name == to_string(f)) return f;
+  }
+  LS_REQUIRE(name.empty(), "model.family '{}' is not a family this build knows", name);
+  return ModelFamily::kLlama;
+}
+
+RopeType rope_type_named(const std::string& name) {
+  for (const RopeType t : {RopeType::kDefault, RopeType::kLinear, RopeType::kLlama3}) {
+    if (name == to_string(t)) return t;
+  }
+  LS_REQUIRE(name.empty(), "model.ropeType '{}' is not a rope type this build knows", name);
+  return RopeType::kDefault;
+}
+
 }  // namespace
 
 void encode(const TraceHeader& h, schema::Header::Builder out) {
@@ -113,6 +131,16 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   m.setRopeTheta(h.model.rope_theta);
   m.setRmsEps(h.model.rms_eps);
   m.setTiedEmbeddings(h.model.tied_embeddings);
+  m.setFamily(std::string(to_string(h.model.family)));
+  m.setRopeType(std::string(to_string(h.model.rope_type)));
+  m.setRopeFactor(h.model.rope_factor);
+  m.setRopeLowFreqFactor(h.model.rope_low_freq_factor);
+  m.setRopeHighFreqFactor(h.model.rope_high_freq_factor);
+  m.setRopeOriginalMaxPositions(h.model.rope_original_max_positions);
+  m.setQkvBias(h.model.qkv_bias);
+  m.setQkNorm(h.model.qk_norm);
+  m.setMaxPositions(h.model.max_positions);
+  m.setSlidingWindow(h.model.sliding_window);
   auto w = out.initWeights();
   if (h.weights.kind == WeightSource::Kind::kSeed) {
     w.getSource().setSeed(h.weights.seed);
@@ -135,6 +163,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setDeterminismMode(h.determinism_mode);
   out.setIndexStride(h.index_stride);
   out.setDrafter(h.drafter);
+  out.setForeignExecutor(h.foreign_executor);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -159,6 +188,16 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.model.rope_theta = m.getRopeTheta();
   out.model.rms_eps = m.getRmsEps();
   out.model.tied_embeddings = m.getTiedEmbeddings();
+  out.model.family = family_named(text(m.getFamily()));
+  out.model.rope_type = rope_type_named(text(m.getRopeType()));
+  out.model.rope_factor = m.getRopeFactor();
+  out.model.rope_low_freq_factor = m.getRopeLowFreqFactor();
+  out.model.rope_high_freq_factor = m.getRopeHighFreqFactor();
+  out.model.rope_original_max_positions = m.getRopeOriginalMaxPositions();
+  out.model.qkv_bias = m.getQkvBias();
+  out.model.qk_norm = m.getQkNorm();
+  out.model.max_positions = m.getMaxPositions();
+  out.model.sliding_window = m.getSlidingWindow();
   const auto w = in.getWeights();
   switch (w.getSource().which()) {
     case schema::Weights::Source::SEED:
@@ -192,6 +231,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.index_stride = in.getIndexStride();
   // Traces from before drafters carry no name: they ran without one.
   out.drafter = in.hasDrafter() ? text(in.getDrafter()) : std::string(kNoDrafterName);
+  out.foreign_executor = text(in.getForeignExecutor());
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());

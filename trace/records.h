@@ -53,6 +53,12 @@ struct TraceHeader {
   MachineInfo machine;
   int32_t index_stride = 16;  // the footer indexes step input records 0, stride, 2·stride, …
   std::string drafter = "none";  // the backend's drafter (core/drafter.h); replay rebuilds it
+  // Empty: lockstep's executor produced the outputs. Else the engine whose own executor did (a
+  // trace written by a foreign executor through lockstep.TraceWriter): its outputs carry no state
+  // digests and its weights digest may be 0 (not recorded), and exact replay refuses it.
+  std::string foreign_executor;
+
+  bool is_foreign() const { return !foreign_executor.empty(); }
 };
 
 struct StepInputRecord {

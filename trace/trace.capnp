@@ -120,6 +120,11 @@ struct Header {
   machine @11 :Machine;
   indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
   drafter @13 :Text;         # "none" (or empty: a trace from before drafters), "ngram", …
+  foreignExecutor @14 :Text; # empty: lockstep's executor produced the outputs; else the engine
+                             # whose own executor did (TraceWriter). Such a trace has no state
+                             # digests (futureInputDigests may be empty), and its weights digest
+                             # may be 0 (not recorded); `check` and teacher-forced replay accept
+                             # it, exact replay refuses it.
 }
 
 struct ModelShape {
@@ -134,6 +139,18 @@ struct ModelShape {
   ropeTheta @8 :Float32;
   rmsEps @9 :Float32;
   tiedEmbeddings @10 :Bool;
+  # Issue 11: the family and everything that changes its arithmetic, so replay rebuilds the same
+  # model. A trace from before these fields reads as a Llama with default RoPE, which it was.
+  family @11 :Text;                  # "llama", "qwen2", "qwen3", "mistral" ("" = llama)
+  ropeType @12 :Text;                # "default", "linear", "llama3" ("" = default)
+  ropeFactor @13 :Float32 = 1.0;     # linear, llama3
+  ropeLowFreqFactor @14 :Float32 = 1.0;        # llama3
+  ropeHighFreqFactor @15 :Float32 = 4.0;       # llama3
+  ropeOriginalMaxPositions @16 :Int32 = 8192;  # llama3
+  qkvBias @17 :Bool;                 # q/k/v projection biases (Qwen2)
+  qkNorm @18 :Bool;                  # per-head RMSNorm on q and k (Qwen3)
+  maxPositions @19 :Int32;           # max_position_embeddings; 0 = no bound
+  slidingWindow @20 :Int32;          # 0 = none
 }
 
 struct Weights {

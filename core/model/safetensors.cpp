@@ -1,6 +1,7 @@
 #include "core/model/safetensors.h"
 
 #include "core/check.h"
+#include "core/model/strict_json.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -176,13 +177,25 @@ Json parse_header(const std::filesystem::path& path, std::span<const std::byte> 
              "safetensors file {}: header length {} exceeds the limit of {} bytes", path.string(),
              header_bytes, kHeaderBytesMax);
   const auto* text = reinterpret_cast<const char*>(bytes.data() + kLengthPrefixBytes);
-  // allow_exceptions = false: a malformed header becomes a `discarded` value we report ourselves.
-  Json header = Json::parse(text, text + header_bytes, nullptr, /*allow_exceptions=*/false);
-  LS_REQUIRE(!header.is_discarded(), "safetensors file {}: header is not valid JSON",
-             path.string());
-  LS_REQUIRE(header.is_object(), "safetensors file {}: header must be a JSON object, got {}",
-             path.string(), header.type_name());
-  return header;
+  // A duplicate key would leave two readers disagreeing about which entry the file holds.
+  return parse_json_object(std::string_view(text, static_cast<size_t>(header_bytes)),
+                           fmt::format("safetensors file {}: header", path.string()));
+}
+
+// Each tensor owns its bytes: two ranges that overlap would make one tensor read another's data.
+void require_disjoint(const std::filesystem::path& path, std::vector<TensorInfo> tensors) {
+  std::ranges::sort(tensors, {}, [](const TensorInfo& t) { return std::pair(t.data_begin, t.data_end); });
+  const TensorInfo* previous = nullptr;
+  for (const TensorInfo& t : tensors) {
+    if (t.data_begin == t.data_end) continue;  // an empty tensor owns no byte
+    if (previous != nullptr) {
+      LS_REQUIRE(t.data_begin >= previous->data_end,
+                 "safetensors file {}: tensors '{}' [{}, {}) and '{}' [{}, {}) overlap in the data "
+                 "section", path.string(), previous->name, previous->data_begin,
+                 previous->data_end, t.name, t.data_begin, t.data_end);
+    }
+    previous = &t;
+  }
 }
 
 void write_u64_le(std::ofstream& out, uint64_t value) {
@@ -318,6 +331,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
     if (name == "__metadata__") continue;  // free-form string map; nothing we need
     impl->tensors.push_back(parse_entry(path, name, entry, impl->data.size()));
   }
+  require_disjoint(path, impl->tensors);
   std::ranges::sort(impl->tensors, {}, &TensorInfo::name);
   return SafetensorsFile(std::move(impl));
 }

@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/host_memory.h"
 #include "core/model/safetensors.h"
+#include "core/model/strict_json.h"
 #include "core/sampling.h"
 
 #include <fmt/format.h>
@@ -12,18 +13,19 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 namespace ls {
 namespace {
-
-using Json = nlohmann::json;
 
 // The digest hashes fp32 bytes as they sit in memory; that is only platform-stable on
 // little-endian hosts, which is every host lockstep targets.
@@ -33,7 +35,7 @@ static_assert(std::endian::native == std::endian::little, "weight digest assumes
 constexpr std::uintmax_t kConfigBytesMax = std::uintmax_t{16} << 20;
 
 // The widths a weight dimension can take, resolved against a ModelConfig.
-enum class Dim : uint8_t { kNone, kHidden, kQ, kKv, kFfn };
+enum class Dim : uint8_t { kNone, kHidden, kQ, kKv, kFfn, kHeadDim };
 
 int64_t dim_size(const ModelConfig& config, Dim dim) {
   switch (dim) {
@@ -42,6 +44,7 @@ int64_t dim_size(const ModelConfig& config, Dim dim) {
     case Dim::kQ: return config.q_size();
     case Dim::kKv: return config.kv_size();
     case Dim::kFfn: return config.ffn_size;
+    case Dim::kHeadDim: return config.head_dim;
   }
   LS_ASSERT(false, "dim {}", static_cast<int>(dim));
 }
@@ -69,6 +72,30 @@ constexpr std::array<LayerTensorSpec, 9> kLayerTensors = {{
     {&LayerWeights::w_down, "mlp.down_proj.weight", Dim::kHidden, Dim::kFfn},
 }};
 
+// The family features' per-layer vectors, present exactly when their flag is on. Seeded tensor
+// indices follow the existing ones (see the table below), so adding them changed no old model.
+enum class Feature : uint8_t { kQkvBias, kQkNorm };
+
+struct FeatureTensorSpec {
+  std::vector<float> LayerWeights::*field;
+  const char* hf_suffix;
+  Dim rows;
+  Feature feature;
+  bool is_norm;  // seeded as 1 + u/8, not u/8
+};
+
+constexpr std::array<FeatureTensorSpec, 5> kFeatureTensors = {{
+    {&LayerWeights::q_bias, "self_attn.q_proj.bias", Dim::kQ, Feature::kQkvBias, false},
+    {&LayerWeights::k_bias, "self_attn.k_proj.bias", Dim::kKv, Feature::kQkvBias, false},
+    {&LayerWeights::v_bias, "self_attn.v_proj.bias", Dim::kKv, Feature::kQkvBias, false},
+    {&LayerWeights::q_norm, "self_attn.q_norm.weight", Dim::kHeadDim, Feature::kQkNorm, true},
+    {&LayerWeights::k_norm, "self_attn.k_norm.weight", Dim::kHeadDim, Feature::kQkNorm, true},
+}};
+
+bool has_feature(const ModelConfig& config, Feature feature) {
+  return feature == Feature::kQkvBias ? config.qkv_bias : config.qk_norm;
+}
+
 std::vector<int64_t> spec_shape(const ModelConfig& config, const LayerTensorSpec& spec) {
   if (spec.cols == Dim::kNone) return {dim_size(config, spec.rows)};
   return {dim_size(config, spec.rows), dim_size(config, spec.cols)};
@@ -83,11 +110,19 @@ std::vector<int64_t> spec_shape(const ModelConfig& config, const LayerTensorSpec
 //                    attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down
 //   1 + 9·L          final_norm                     [hidden]
 //   2 + 9·L          lm_head, only when embeddings are not tied   [vocab, hidden]
+//   3 + 9·L + 5·l + k  layer l's family tensors, k = 0..4 (kFeatureTensors), only when the
+//                    config has the feature: q_bias, k_bias, v_bias (qkv_bias), q_norm, k_norm
+//                    (qk_norm). Index 2 + 9·L stays lm_head's even when tied.
 // Values: linear weights bound·(2u − 1) with bound = 1/sqrt(in); embeddings 2u − 1; norms
-// 1 + (2u − 1)/8. 2u − 1 is exact (u has 24 bits) and so is the /8, so each value takes at most
+// 1 + (2u − 1)/8; biases (2u − 1)/8. 2u − 1 is exact (u has 24 bits) and so is the /8, so each value takes at most
 // one rounding and a fused multiply-add could not change it: the bits are the same everywhere.
 
 constexpr uint32_t kLayerTensorsCount = kLayerTensors.size();
+constexpr uint32_t kFeatureTensorsCount = kFeatureTensors.size();
+
+uint32_t feature_tensor_index(uint32_t layers_count, uint32_t layer, uint32_t k) {
+  return 3 + kLayerTensorsCount * layers_count + kFeatureTensorsCount * layer + k;
+}
 
 // value = center + half_width·(2u − 1)
 std::vector<float> seeded_tensor(uint64_t seed, uint32_t tensor_index, int64_t count,
@@ -135,6 +170,23 @@ class Xxh3Stream {
   std::unique_ptr<XXH3_state_t, Free> state_;
 };
 
+// The fields that came with the families, as a second line only when one differs from a plain
+// Llama with default RoPE: digests of models from before the families stay what they were.
+// max_positions and sliding_window are left out: they bound the context, not the arithmetic.
+std::string config_extension_text(const ModelConfig& c) {
+  const bool plain = c.family == ModelFamily::kLlama && c.rope_type == RopeType::kDefault &&
+                     !c.qkv_bias && !c.qk_norm;
+  if (plain) return "";
+  return fmt::format(
+      "lockstep.model_config.families.v1 family={} rope_type={} rope_factor_bits={:08x} "
+      "rope_low_freq_factor_bits={:08x} rope_high_freq_factor_bits={:08x} "
+      "rope_original_max_positions={} qkv_bias={} qk_norm={}\n",
+      to_string(c.family), to_string(c.rope_type), std::bit_cast<uint32_t>(c.rope_factor),
+      std::bit_cast<uint32_t>(c.rope_low_freq_factor),
+      std::bit_cast<uint32_t>(c.rope_high_freq_factor), c.rope_original_max_positions,
+      c.qkv_bias ? 1 : 0, c.qk_norm ? 1 : 0);
+}
+
 // The shape fields as one fixed-format line, floats by bit pattern so the text is exact. The name
 // is left out on purpose: it is a label, and the same weights loaded from a directory or built
 // from a seed under another name must digest the same.
@@ -145,77 +197,36 @@ std::string config_canonical_text(const ModelConfig& c) {
       "rms_eps_bits={:08x} tied_embeddings={}\n",
       c.hidden_size, c.layers_count, c.query_heads_count, c.kv_heads_count, c.head_dim,
       c.ffn_size, c.vocab_size, std::bit_cast<uint32_t>(c.rope_theta),
-      std::bit_cast<uint32_t>(c.rms_eps), c.tied_embeddings ? 1 : 0);
-}
-
-// ---- Hugging Face config -------------------------------------------------------------------
-
-// Present and not null. HF writes null for "use the default", so null counts as absent.
-const Json* find_set(const Json& json, const char* key) {
-  const auto it = json.find(key);
-  return it == json.end() || it->is_null() ? nullptr : &*it;
-}
-
-int32_t int32_field(const Json& value, const char* key, const std::string& name) {
-  LS_REQUIRE(value.is_number_integer(), "HF config '{}': '{}' must be an integer, got {}", name,
-             key, value.type_name());
-  const bool fits = value.is_number_unsigned()
-                        ? value.get<uint64_t>() <= uint64_t{std::numeric_limits<int32_t>::max()}
-                        : value.get<int64_t>() >= std::numeric_limits<int32_t>::min();
-  LS_REQUIRE(fits, "HF config '{}': '{}' = {} does not fit in int32", name, key, value.dump());
-  return static_cast<int32_t>(value.get<int64_t>());
-}
-
-int32_t required_int32(const Json& json, const char* key, const std::string& name) {
-  const Json* value = find_set(json, key);
-  LS_REQUIRE(value != nullptr, "HF config '{}': missing required key '{}'", name, key);
-  return int32_field(*value, key, name);
-}
-
-std::optional<int32_t> optional_int32(const Json& json, const char* key, const std::string& name) {
-  const Json* value = find_set(json, key);
-  if (value == nullptr) return std::nullopt;
-  return int32_field(*value, key, name);
-}
-
-float optional_float(const Json& json, const char* key, float fallback, const std::string& name) {
-  const Json* value = find_set(json, key);
-  if (value == nullptr) return fallback;
-  LS_REQUIRE(value->is_number(), "HF config '{}': '{}' must be a number, got {}", name, key,
-             value->type_name());
-  const auto number = value->get<double>();
-  LS_REQUIRE(std::isfinite(number) && std::abs(number) <= std::numeric_limits<float>::max(),
-             "HF config '{}': '{}' = {} is out of float range", name, key, number);
-  return static_cast<float>(number);
-}
-
-bool optional_bool(const Json& json, const char* key, bool fallback, const std::string& name) {
-  const Json* value = find_set(json, key);
-  if (value == nullptr) return fallback;
-  LS_REQUIRE(value->is_boolean(), "HF config '{}': '{}' must be true or false, got {}", name, key,
-             value->type_name());
-  return value->get<bool>();
-}
-
-// Features the Llama step does not implement: refuse them rather than run a different model.
-void reject_unsupported(const Json& json, const std::string& name) {
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    LS_REQUIRE(!optional_bool(json, key, false, name),
-               "HF config '{}': '{}': true is not supported (Llama without biases only)", name,
-               key);
-  }
-  const Json* scaling = find_set(json, "rope_scaling");
-  LS_REQUIRE(scaling == nullptr, "HF config '{}': 'rope_scaling' {} is not supported yet", name,
-             scaling == nullptr ? "" : scaling->dump());
-  const Json* act = find_set(json, "hidden_act");
-  if (act == nullptr) return;  // LlamaConfig's default is silu
-  LS_REQUIRE(act->is_string(), "HF config '{}': 'hidden_act' must be a string, got {}", name,
-             act->type_name());
-  LS_REQUIRE(act->get_ref<const std::string&>() == "silu",
-             "HF config '{}': 'hidden_act' {} is not supported (only \"silu\")", name, act->dump());
+      std::bit_cast<uint32_t>(c.rms_eps), c.tied_embeddings ? 1 : 0) + config_extension_text(c);
 }
 
 // ---- Hugging Face directory ----------------------------------------------------------------
+//
+// Every filesystem call takes an error_code: a std::filesystem_error must never escape as
+// something other than ls::Error (a symlink loop once aborted the CLI). Each error names the path.
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+
+enum class PathKind : uint8_t { kMissing, kFile, kDirectory, kOther };
+
+// What is at `path` (symlinks followed, as in Hugging Face cache snapshots); a path that cannot be
+// examined (a loop, a permission) is an error naming it.
+PathKind path_kind(const std::filesystem::path& path, const std::string& what) {
+  std::error_code error;
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (status.type() == std::filesystem::file_type::not_found) return PathKind::kMissing;
+  LS_REQUIRE(!error, "{} {}: cannot access: {}", what, path.string(), error.message());
+  if (status.type() == std::filesystem::file_type::regular) return PathKind::kFile;
+  if (status.type() == std::filesystem::file_type::directory) return PathKind::kDirectory;
+  return PathKind::kOther;
+}
+
+void require_regular_file(const std::filesystem::path& path, const std::string& what) {
+  const PathKind kind = path_kind(path, what);
+  LS_REQUIRE(kind != PathKind::kMissing, "{} {} is missing", what, path.string());
+  LS_REQUIRE(kind != PathKind::kDirectory, "{} {} is a directory, not a file", what, path.string());
+  LS_REQUIRE(kind == PathKind::kFile, "{} {} is not a regular file", what, path.string());
+}
 
 std::string read_text_file(const std::filesystem::path& path) {
   std::error_code error;
@@ -223,57 +234,151 @@ std::string read_text_file(const std::filesystem::path& path) {
   LS_REQUIRE(!error, "{}: cannot read: {}", path.string(), error.message());
   LS_REQUIRE(size <= kConfigBytesMax, "{}: {} bytes is larger than the limit of {} bytes",
              path.string(), size, kConfigBytesMax);
+  errno = 0;
   std::ifstream in(path, std::ios::binary);
-  LS_REQUIRE(in.is_open(), "{}: cannot open", path.string());
+  LS_REQUIRE(in.is_open(), "{}: cannot open: {}", path.string(),
+             errno != 0 ? std::strerror(errno) : "unknown error");
   std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   LS_REQUIRE(!in.bad(), "{}: read failed", path.string());
   return text;
 }
 
-// Every tensor of every *.safetensors file in a directory, each name owned by exactly one file.
-class TensorDirectory {
- public:
-  explicit TensorDirectory(const std::filesystem::path& directory);
-  std::vector<float> read(const std::string& name, const std::vector<int64_t>& shape) const;
-
- private:
-  std::filesystem::path directory_;
-  std::vector<SafetensorsFile> files_;
-  std::map<std::string, size_t> owner_;  // tensor name → index in files_
-};
-
-TensorDirectory::TensorDirectory(const std::filesystem::path& directory) : directory_(directory) {
-  // error_code overloads throughout: a filesystem_error would escape as something other than
-  // ls::Error. is_regular_file follows symlinks, as in Hugging Face cache snapshots.
+// The *.safetensors entries of a directory, sorted (directory order is unspecified; errors must
+// not depend on it). An entry so named that is not a readable regular file is an error, not a
+// file to skip: it is most likely a shard that did not download.
+std::vector<std::filesystem::path> list_safetensors(const std::filesystem::path& directory) {
   std::vector<std::filesystem::path> paths;
   std::error_code error;
   for (auto it = std::filesystem::directory_iterator(directory, error);
        !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
-    std::error_code ignored;  // an entry we cannot stat is not a shard we can read
-    if (it->is_regular_file(ignored) && it->path().extension() == ".safetensors") {
-      paths.push_back(it->path());
-    }
+    if (it->path().extension() != ".safetensors") continue;
+    require_regular_file(it->path(), "safetensors file");
+    paths.push_back(it->path());
   }
   LS_REQUIRE(!error, "model directory {}: cannot list: {}", directory.string(), error.message());
-  LS_REQUIRE(!paths.empty(), "model directory {}: no *.safetensors files", directory.string());
-  std::ranges::sort(paths);  // directory order is unspecified; errors must not depend on it
-  for (const auto& path : paths) {
-    files_.push_back(SafetensorsFile::open(path));
-    for (const TensorInfo& info : files_.back().tensors()) {
-      const auto [it, inserted] = owner_.emplace(info.name, files_.size() - 1);
-      LS_REQUIRE(inserted, "model directory {}: tensor '{}' appears in both {} and {}",
-                 directory.string(), info.name, files_[it->second].path().filename().string(),
-                 path.filename().string());
-    }
+  std::ranges::sort(paths);
+  return paths;
+}
+
+// model.safetensors.index.json's weight_map: tensor name → shard file name.
+std::map<std::string, std::string> read_index(const std::filesystem::path& path) {
+  const nlohmann::json index = parse_json_object(read_text_file(path), path.string());
+  for (const auto& [key, value] : index.items()) {
+    LS_REQUIRE(key == "weight_map" || key == "metadata", "{}: key '{}' is not supported (only "
+               "'weight_map' and 'metadata')", path.string(), key);
+  }
+  const auto map = index.find("weight_map");
+  LS_REQUIRE(map != index.end() && map->is_object(), "{}: 'weight_map' must be an object",
+             path.string());
+  std::map<std::string, std::string> out;
+  for (const auto& [tensor, shard] : map->items()) {
+    LS_REQUIRE(shard.is_string(), "{}: weight_map['{}'] must be a file name, got {}", path.string(),
+               tensor, shard.dump());
+    const std::string& file = shard.get_ref<const std::string&>();
+    // A shard is a file beside the index; a path out of the directory is not a shard.
+    LS_REQUIRE(!file.empty() && file != "." && file != ".." && file.find('/') == std::string::npos,
+               "{}: weight_map['{}'] = \"{}\" is not a file name in the directory", path.string(),
+               tensor, file);
+    out.emplace(tensor, file);
+  }
+  LS_REQUIRE(!out.empty(), "{}: 'weight_map' is empty", path.string());
+  return out;
+}
+
+// Every tensor of a checkpoint's shards, each name owned by exactly one file, with a record of
+// which ones the loader consumed: whatever is left at the end is a tensor the model would ignore.
+class TensorDirectory {
+ public:
+  explicit TensorDirectory(const std::filesystem::path& directory);
+  bool contains(const std::string& name) const { return owner_.contains(name); }
+  std::vector<float> read(const std::string& name, const std::vector<int64_t>& shape);
+  // Throws naming the first tensor no read consumed.
+  void require_all_consumed(const ModelConfig& config) const;
+
+ private:
+  void add_file(const std::filesystem::path& path);
+  void check_index(const std::filesystem::path& index_path,
+                   const std::map<std::string, std::string>& weight_map) const;
+
+  std::filesystem::path directory_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> owner_;  // tensor name → index in files_
+  std::set<std::string> consumed_;
+};
+
+TensorDirectory::TensorDirectory(const std::filesystem::path& directory) : directory_(directory) {
+  const std::vector<std::filesystem::path> listed = list_safetensors(directory);
+  const std::filesystem::path index_path = directory / kIndexName;
+  if (path_kind(index_path, "shard index") == PathKind::kMissing) {
+    LS_REQUIRE(!listed.empty(), "model directory {}: no *.safetensors files", directory.string());
+    for (const auto& path : listed) add_file(path);
+    return;
+  }
+  require_regular_file(index_path, "shard index");
+  const std::map<std::string, std::string> weight_map = read_index(index_path);
+  std::set<std::string> shards;
+  for (const auto& [tensor, shard] : weight_map) shards.insert(shard);
+  for (const std::string& shard : shards) {
+    const std::filesystem::path path = directory / shard;
+    LS_REQUIRE(path_kind(path, "safetensors file") != PathKind::kMissing,
+               "model directory {}: shard {} named by {} is missing", directory.string(),
+               path.string(), kIndexName);
+    require_regular_file(path, "safetensors file");
+    add_file(path);
+  }
+  for (const auto& path : listed) {
+    LS_REQUIRE(shards.contains(path.filename().string()),
+               "model directory {}: {} is not named by {}: a stale shard or a second copy of the "
+               "weights", directory.string(), path.filename().string(), kIndexName);
+  }
+  check_index(index_path, weight_map);
+}
+
+void TensorDirectory::add_file(const std::filesystem::path& path) {
+  files_.push_back(SafetensorsFile::open(path));
+  for (const TensorInfo& info : files_.back().tensors()) {
+    const auto [it, inserted] = owner_.emplace(info.name, files_.size() - 1);
+    LS_REQUIRE(inserted, "model directory {}: tensor '{}' appears in both {} and {}",
+               directory_.string(), info.name, files_[it->second].path().filename().string(),
+               path.filename().string());
+  }
+}
+
+// The index and the shards must agree tensor for tensor: a reader trusting either would load the
+// same model.
+void TensorDirectory::check_index(const std::filesystem::path& index_path,
+                                  const std::map<std::string, std::string>& weight_map) const {
+  for (const auto& [tensor, shard] : weight_map) {
+    const auto it = owner_.find(tensor);
+    LS_REQUIRE(it != owner_.end() && files_[it->second].path().filename() == shard,
+               "{}: maps tensor '{}' to {}, which does not hold it", index_path.string(), tensor,
+               shard);
+  }
+  for (const auto& [tensor, file_index] : owner_) {
+    LS_REQUIRE(weight_map.contains(tensor), "{}: tensor '{}' of {} is not in its weight_map",
+               index_path.string(), tensor, files_[file_index].path().filename().string());
   }
 }
 
 std::vector<float> TensorDirectory::read(const std::string& name,
-                                         const std::vector<int64_t>& shape) const {
+                                         const std::vector<int64_t>& shape) {
   const auto it = owner_.find(name);
   LS_REQUIRE(it != owner_.end(), "model directory {}: tensor '{}' not found in any of its {} "
              "*.safetensors files", directory_.string(), name, files_.size());
+  consumed_.insert(name);
   return files_[it->second].read_f32(name, shape);
+}
+
+void TensorDirectory::require_all_consumed(const ModelConfig& config) const {
+  for (const auto& [name, file_index] : owner_) {
+    LS_REQUIRE(consumed_.contains(name),
+               "model directory {}: tensor '{}' in {} is not used by a {} with this config.json "
+               "(num_hidden_layers = {}, tie_word_embeddings = {}); {} of {} tensors are unused: "
+               "refusing to ignore them", directory_.string(), name,
+               files_[file_index].path().filename().string(), architecture_name(config.family),
+               config.layers_count, config.tied_embeddings, owner_.size() - consumed_.size(),
+               owner_.size());
+  }
 }
 
 std::string directory_label(const std::filesystem::path& directory) {
@@ -285,9 +390,9 @@ std::string directory_label(const std::filesystem::path& directory) {
 
 ModelConfig read_hf_config(const std::filesystem::path& directory) {
   const std::filesystem::path path = directory / "config.json";
-  std::error_code error;
-  LS_REQUIRE(std::filesystem::is_regular_file(path, error), "model directory {}: no config.json",
+  LS_REQUIRE(path_kind(path, "config") != PathKind::kMissing, "model directory {}: no config.json",
              directory.string());
+  require_regular_file(path, "config");
   const std::string text = read_text_file(path);
   try {
     return model_config_from_hf_json(text, directory_label(directory));
@@ -296,13 +401,42 @@ ModelConfig read_hf_config(const std::filesystem::path& directory) {
   }
 }
 
+void read_layer(TensorDirectory& tensors, const ModelConfig& config, size_t index,
+                LayerWeights& layer) {
+  for (const LayerTensorSpec& spec : kLayerTensors) {
+    const std::string name = fmt::format("model.layers.{}.{}", index, spec.hf_suffix);
+    layer.*spec.field = tensors.read(name, spec_shape(config, spec));
+  }
+  for (const FeatureTensorSpec& spec : kFeatureTensors) {
+    if (!has_feature(config, spec.feature)) continue;  // left over: require_all_consumed names it
+    const std::string name = fmt::format("model.layers.{}.{}", index, spec.hf_suffix);
+    layer.*spec.field = tensors.read(name, {dim_size(config, spec.rows)});
+  }
+}
+
+// With tied embeddings the LM head is the embedding. A checkpoint may still carry lm_head.weight:
+// it is consumed only when it equals the embedding bit for bit; otherwise the two would disagree
+// about the model and the load fails.
+void read_tied_head(TensorDirectory& tensors, const ModelWeights& weights,
+                    const std::filesystem::path& directory) {
+  const ModelConfig& c = weights.config;
+  if (!tensors.contains("lm_head.weight")) return;
+  const std::vector<float> head = tensors.read("lm_head.weight", {c.vocab_size, c.hidden_size});
+  const auto same = [](float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); };
+  const auto [mismatch, unused] = std::ranges::mismatch(head, weights.embedding, same);
+  LS_REQUIRE(mismatch == head.end(), "model directory {}: tie_word_embeddings is true but "
+             "lm_head.weight differs from model.embed_tokens.weight (first at element {}): the "
+             "files hold an untied model", directory.string(), mismatch - head.begin());
+}
+
 }  // namespace
 
 ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed) {
   config.validate();
-  // Tensor indices up to 2 + 9·L must fit Philox's 32-bit counter word.
+  // Tensor indices up to 3 + 9·L + 5·L must fit Philox's 32-bit counter word.
   const auto layers_count = static_cast<uint32_t>(config.layers_count);  // > 0 after validate()
-  LS_REQUIRE(layers_count <= (std::numeric_limits<uint32_t>::max() - 2) / kLayerTensorsCount,
+  LS_REQUIRE(layers_count <= (std::numeric_limits<uint32_t>::max() - 3) /
+                                 (kLayerTensorsCount + kFeatureTensorsCount),
              "weights_from_seed: layers_count {} is too large", layers_count);
   require_host_memory(static_cast<uint64_t>(config.parameters_count()) * sizeof(float),
                       fmt::format("the fp32 weights of model '{}' ({} parameters)", config.name,
@@ -328,6 +462,15 @@ ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed) {
   // embedding + 9 per layer + final_norm (+ lm_head)
   LS_ASSERT(tensor_index == 2 + kLayerTensorsCount * layers_count + (config.tied_embeddings ? 0 : 1),
             "tensor index {} after {} layers", tensor_index, layers_count);
+  for (uint32_t l = 0; l < layers_count; ++l) {
+    for (uint32_t k = 0; k < kFeatureTensorsCount; ++k) {
+      const FeatureTensorSpec& spec = kFeatureTensors[k];
+      if (!has_feature(config, spec.feature)) continue;
+      weights.layers[l].*spec.field =
+          seeded_tensor(seed, feature_tensor_index(layers_count, l, k), dim_size(config, spec.rows),
+                        spec.is_norm ? 1.0f : 0.0f, 0.125f);
+    }
+  }
   return weights;
 }
 
@@ -338,63 +481,65 @@ uint64_t ModelWeights::digest() const {
   stream.update(embedding);
   for (const LayerWeights& layer : layers) {
     for (const LayerTensorSpec& spec : kLayerTensors) stream.update(layer.*spec.field);
+    // Empty (and so hashing nothing) without the features: older digests are unchanged.
+    for (const FeatureTensorSpec& spec : kFeatureTensors) stream.update(layer.*spec.field);
   }
   stream.update(final_norm);
   if (!config.tied_embeddings) stream.update(lm_head_view());
   return stream.digest();
 }
 
-ModelConfig model_config_from_hf_json(const std::string& json_text, const std::string& name) {
-  const Json json = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  LS_REQUIRE(!json.is_discarded(), "HF config '{}': not valid JSON", name);
-  LS_REQUIRE(json.is_object(), "HF config '{}': must be a JSON object, got {}", name,
-             json.type_name());
-  reject_unsupported(json, name);
-  ModelConfig c;
-  c.name = name;
-  c.hidden_size = required_int32(json, "hidden_size", name);
-  c.layers_count = required_int32(json, "num_hidden_layers", name);
-  c.query_heads_count = required_int32(json, "num_attention_heads", name);
-  c.kv_heads_count = optional_int32(json, "num_key_value_heads", name).value_or(c.query_heads_count);
-  c.ffn_size = required_int32(json, "intermediate_size", name);
-  c.vocab_size = required_int32(json, "vocab_size", name);
-  const std::optional<int32_t> head_dim = optional_int32(json, "head_dim", name);
-  if (head_dim.has_value()) {
-    c.head_dim = *head_dim;
-  } else {
-    // HF's default is hidden_size / num_attention_heads; refuse to guess when it is not exact.
-    LS_REQUIRE(c.query_heads_count > 0 && c.hidden_size % c.query_heads_count == 0,
-               "HF config '{}': no 'head_dim', and hidden_size {} is not a multiple of "
-               "num_attention_heads {}", name, c.hidden_size, c.query_heads_count);
-    c.head_dim = c.hidden_size / c.query_heads_count;
+void ModelWeights::validate() const {
+  config.validate();
+  const ModelConfig& c = config;
+  auto require_size = [&](const std::vector<float>& values, int64_t expected, const std::string& what) {
+    LS_REQUIRE(static_cast<int64_t>(values.size()) == expected,
+               "model weights '{}': {} has {} values, expected {}", c.name, what, values.size(),
+               expected);
+  };
+  require_size(embedding, int64_t{c.vocab_size} * c.hidden_size, "the embedding");
+  LS_REQUIRE(static_cast<int64_t>(layers.size()) == c.layers_count,
+             "model weights '{}': {} layers for layers_count {}", c.name, layers.size(),
+             c.layers_count);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    for (const LayerTensorSpec& spec : kLayerTensors) {
+      const int64_t cols = spec.cols == Dim::kNone ? 1 : dim_size(c, spec.cols);
+      require_size(layers[i].*spec.field, dim_size(c, spec.rows) * cols,
+                   fmt::format("layer {} {}", i, spec.hf_suffix));
+    }
+    for (const FeatureTensorSpec& spec : kFeatureTensors) {
+      require_size(layers[i].*spec.field, has_feature(c, spec.feature) ? dim_size(c, spec.rows) : 0,
+                   fmt::format("layer {} {}", i, spec.hf_suffix));
+    }
   }
-  c.rope_theta = optional_float(json, "rope_theta", 10000.0f, name);
-  c.rms_eps = optional_float(json, "rms_norm_eps", 1e-6f, name);
-  c.tied_embeddings = optional_bool(json, "tie_word_embeddings", false, name);
-  c.validate();
-  return c;
+  require_size(final_norm, c.hidden_size, "the final norm");
+  require_size(lm_head, c.tied_embeddings ? 0 : int64_t{c.vocab_size} * c.hidden_size,
+               "the LM head");
 }
 
 ModelWeights load_hf_directory(const std::filesystem::path& directory) {
-  std::error_code error;
-  LS_REQUIRE(std::filesystem::is_directory(directory, error),
-             "model directory {} does not exist or is not a directory", directory.string());
+  const PathKind kind = path_kind(directory, "model directory");
+  LS_REQUIRE(kind != PathKind::kMissing, "model directory {} does not exist", directory.string());
+  LS_REQUIRE(kind == PathKind::kDirectory, "model directory {} is not a directory",
+             directory.string());
   ModelWeights weights;
   weights.config = read_hf_config(directory);
   const ModelConfig& config = weights.config;
-  const TensorDirectory tensors(directory);
+  TensorDirectory tensors(directory);
   const std::vector<int64_t> vocab_by_hidden = {config.vocab_size, config.hidden_size};
   weights.embedding = tensors.read("model.embed_tokens.weight", vocab_by_hidden);
   weights.layers.resize(static_cast<size_t>(config.layers_count));
   for (size_t i = 0; i < weights.layers.size(); ++i) {
-    for (const LayerTensorSpec& spec : kLayerTensors) {
-      const std::string name = fmt::format("model.layers.{}.{}", i, spec.hf_suffix);
-      weights.layers[i].*spec.field = tensors.read(name, spec_shape(config, spec));
-    }
+    read_layer(tensors, config, i, weights.layers[i]);
   }
   weights.final_norm = tensors.read("model.norm.weight", {config.hidden_size});
-  // With tied embeddings some checkpoints still carry a copy of lm_head.weight; it is ignored.
-  if (!config.tied_embeddings) weights.lm_head = tensors.read("lm_head.weight", vocab_by_hidden);
+  if (config.tied_embeddings) {
+    read_tied_head(tensors, weights, directory);
+  } else {
+    weights.lm_head = tensors.read("lm_head.weight", vocab_by_hidden);
+  }
+  tensors.require_all_consumed(config);
+  weights.validate();
   return weights;
 }
 

@@ -22,6 +22,12 @@ struct LayerWeights {
   std::vector<float> w_gate;     // [ffn, hidden]
   std::vector<float> w_up;       // [ffn, hidden]
   std::vector<float> w_down;     // [hidden, ffn]
+  // Family features; empty when the config's flag is off.
+  std::vector<float> q_bias;     // [q_heads·head_dim] when qkv_bias
+  std::vector<float> k_bias;     // [kv_heads·head_dim] when qkv_bias
+  std::vector<float> v_bias;     // [kv_heads·head_dim] when qkv_bias
+  std::vector<float> q_norm;     // [head_dim] when qk_norm, shared by every query head
+  std::vector<float> k_norm;     // [head_dim] when qk_norm, shared by every KV head
 };
 
 struct ModelWeights {
@@ -34,9 +40,14 @@ struct ModelWeights {
   std::span<const float> lm_head_view() const {
     return config.tied_embeddings ? std::span<const float>(embedding) : std::span<const float>(lm_head);
   }
-  // XXH3-64 over every tensor's fp32 bytes in a fixed order (embedding, layers 0.., final norm,
-  // lm head): the weight digest a trace header records and replay checks.
+  // XXH3-64 over the config and every tensor's fp32 bytes in a fixed order (embedding, layers
+  // 0.. with their biases and head norms after the 9 Llama tensors, final norm, lm head): the
+  // weight digest a trace header records and replay checks. A Llama model with none of the
+  // family features digests as it did before they existed.
   uint64_t digest() const;
+  // Throws ls::Error when a tensor's size disagrees with the config (a feature's tensors present
+  // exactly when its flag is on).
+  void validate() const;
 };
 
 // Where the weights came from, as a trace header records it.
@@ -49,14 +60,19 @@ struct WeightSource {
 // Platform-stable random weights: every element is a pure function of (seed, tensor index,
 // element index) through Philox4x32-10, so two machines produce bit-identical weights.
 // Linear weights are uniform in [-1/sqrt(in), 1/sqrt(in)); embeddings uniform in [-1, 1);
-// norm weights 1 + uniform in [-1/8, 1/8).
+// norm weights (q/k head norms too) 1 + uniform in [-1/8, 1/8); biases uniform in [-1/8, 1/8).
 ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed);
 
-// A Hugging Face Llama directory: config.json plus one or more *.safetensors files (bf16, fp16 or
-// fp32). Throws ls::Error naming the file and tensor on any problem.
+// A Hugging Face checkpoint directory of a supported family (Llama, Qwen2, Qwen3, Mistral):
+// config.json plus one or more *.safetensors files (bf16, fp16 or fp32), listed by
+// model.safetensors.index.json when there is one. Every tensor in the files is consumed or the
+// load fails naming it. Throws ls::Error naming the path, field or tensor on any problem
+// (filesystem errors included).
 ModelWeights load_hf_directory(const std::filesystem::path& directory);
 
-// Reads a Hugging Face LlamaConfig JSON text. Throws ls::Error naming a missing or bad field.
+// Reads a Hugging Face config.json text of a supported family. Every key is either implemented,
+// known not to change the arithmetic, or refused by name (see the policy in weights.cpp).
+// Throws ls::Error naming a missing, bad, unknown or unsupported field.
 ModelConfig model_config_from_hf_json(const std::string& json_text, const std::string& name);
 
 }  // namespace ls

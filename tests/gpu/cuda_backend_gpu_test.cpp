@@ -88,6 +88,43 @@ TEST_P(TinyGreedy, ThirtyTwoPromptsSixtyFourStepsAllEqualTheCpu) {
 
 INSTANTIATE_TEST_SUITE_P(GraphsOffOn, TinyGreedy, ::testing::Values(false, true));
 
+// The family features on the device: a tiny model with Qwen2's q/k/v biases and Qwen3's q/k head
+// norms at once (head_dim 64 ≠ hidden / heads), random from a seed. Weights made on the device
+// (DeviceSeededWeights, fp32) must be the host's weights_from_seed bit for bit — the same tokens
+// as the uploaded ones — and the fp32 mode must give the CPU reference's tokens.
+TEST(CudaFamilies, SeededBiasesAndHeadNormsOnTheDeviceMatchTheHostAndTheCpu) {
+  LS_SKIP_WITHOUT_DEVICE();
+  ModelConfig model = model_config_named("tiny");
+  model.family = ModelFamily::kQwen3;
+  model.head_dim = 64;
+  model.qkv_bias = true;
+  model.qk_norm = true;
+  model.rope_theta = 1e6f;
+  const ModelWeights weights = weights_from_seed(model, 21);
+  const SchedulerConfig sc = tiny_scheduler();
+  const ExecutorConfig ec = executor_config_for(sc);
+  const auto requests = greedy_requests(16, 40, 32, kTinyVocab, 3);
+  CpuBackend cpu(weights, ec);
+  const Outcomes expected = generate(cpu, sc, kTinyVocab, requests);
+  const CudaBackendOptions fp32{.precision = CudaPrecision::kFp32, .graphs = true};
+  CudaBackend uploaded(weights, ec, fp32);
+  const Outcomes from_host = generate(uploaded, sc, kTinyVocab, requests);
+  CudaBackend seeded(DeviceSeededWeights{model, 21}, ec, fp32);
+  EXPECT_EQ(generate(seeded, sc, kTinyVocab, requests), from_host);
+  const auto agreement = compare(expected, from_host);
+  print_agreement("tiny qkv bias + qk norm, CUDA (fp32, graphs) vs CPU (fp32)", agreement);
+  EXPECT_EQ(agreement.equal_count, 16) << "first mismatch: request " << agreement.first_mismatch
+                                       << " at token " << agreement.first_mismatch_index;
+  // The features matter: without them the same weights give other tokens.
+  ModelWeights plain = weights;
+  plain.config.qkv_bias = plain.config.qk_norm = false;
+  for (LayerWeights& l : plain.layers) {
+    l.q_bias.clear(), l.k_bias.clear(), l.v_bias.clear(), l.q_norm.clear(), l.k_norm.clear();
+  }
+  CudaBackend without(plain, ec, fp32);
+  EXPECT_LT(compare(expected, generate(without, sc, kTinyVocab, requests)).equal_count, 16);
+}
+
 TEST(CudaDeterminism, RunTwiceAndGraphVersusEagerGiveIdenticalTokens) {
   LS_SKIP_WITHOUT_DEVICE();
   const SchedulerConfig sc = tiny_scheduler();

@@ -101,7 +101,9 @@ TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
   const int32_t tokens = GetParam(), qh = 4, kvh = 2, d = 16, positions_count = 3000;
   const int32_t q_size = qh * d, kv_size = kvh * d, width = q_size + 2 * kv_size;
   const int64_t slots_count = 5000;
-  const RopeTable rope = build_rope_table(d, 500000.0f, positions_count);
+  // Llama 3 scaling: the table the backend uploads for a scaled model.
+  const RopeTable rope = build_rope_table(
+      RopeConfig{RopeType::kLlama3, 500000.0f, 8.0f, 1.0f, 4.0f, 128}, d, positions_count);
   const std::vector<float> qkv = random_floats(size_t(tokens) * width, 4, -2, 2);
   std::vector<int32_t> positions(tokens);
   std::vector<int64_t> slots(tokens);
@@ -138,6 +140,75 @@ TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
   EXPECT_LT(relative_error(q_out, q_ref), kFp32);
   EXPECT_LT(relative_error(k_out, k_ref), kBf16Output);
   EXPECT_LT(relative_error(v_out, v_ref), kBf16Output);
+}
+
+// CPU reference: the bias and head-norm loop of core/cpu_model.cpp attention_layer_qkv (biases
+// added to the whole row, then each q and k head normed over head_dim with a double sum here).
+std::vector<float> bias_head_norm_ref(std::vector<float> qkv, int32_t tokens, int32_t qh,
+                                      int32_t kvh, int32_t d, const std::vector<float>* bias,
+                                      const std::vector<float>* q_norm,
+                                      const std::vector<float>* k_norm, float eps) {
+  const int32_t width = (qh + 2 * kvh) * d;
+  for (int32_t t = 0; t < tokens; ++t) {
+    float* row = qkv.data() + size_t(t) * width;
+    if (bias != nullptr) {
+      for (int32_t i = 0; i < width; ++i) row[i] += (*bias)[i];
+    }
+    if (q_norm == nullptr) continue;
+    for (int32_t h = 0; h < qh + kvh; ++h) {
+      float* x = row + h * d;
+      const std::vector<float>& w = h < qh ? *q_norm : *k_norm;
+      double ms = 0;
+      for (int32_t i = 0; i < d; ++i) ms += double{x[i]} * x[i];
+      const float scale = static_cast<float>(1.0 / std::sqrt(ms / d + eps));
+      for (int32_t i = 0; i < d; ++i) x[i] = x[i] * scale * w[i];
+    }
+  }
+  return qkv;
+}
+
+// Qwen2 (bias only), Qwen3 (head norms only) and both, at head_dim 24, 64 and 128 and odd head
+// counts (5 q, 3 kv: the kernel does not need a GQA ratio).
+TEST_P(TokenCounts, QkvBiasAndHeadNormMatchTheReference) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam(), qh = 5, kvh = 3;
+  const float eps = 1e-6f;
+  for (const int32_t d : {24, 64, 128}) {
+    const int32_t width = (qh + 2 * kvh) * d;
+    const std::vector<float> qkv = random_floats(size_t(tokens) * width, 11, -3, 3);
+    const std::vector<float> bias = random_floats(size_t(width), 12, -1, 1);
+    const std::vector<float> q_norm = random_floats(size_t(d), 13, 0.5f, 1.5f);
+    const std::vector<float> k_norm = random_floats(size_t(d), 14, 0.5f, 1.5f);
+    DeviceBuffer<float> d_bias(bias), d_qn(q_norm), d_kn(k_norm);
+    for (const int variant : {0, 1, 2}) {  // bias, norms, both
+      SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " head_dim " << d << " variant "
+                                        << variant);
+      const bool with_bias = variant != 1, with_norm = variant != 0;
+      DeviceBuffer<float> d_qkv(qkv);
+      ASSERT_EQ(kernels::launch_qkv_bias_head_norm(
+                    d_qkv.ptr, tokens, qh, kvh, d, with_bias ? d_bias.ptr : nullptr,
+                    with_norm ? d_qn.ptr : nullptr, with_norm ? d_kn.ptr : nullptr, eps, nullptr),
+                cudaSuccess);
+      const std::vector<float> out = d_qkv.download();
+      const std::vector<float> ref =
+          bias_head_norm_ref(qkv, tokens, qh, kvh, d, with_bias ? &bias : nullptr,
+                             with_norm ? &q_norm : nullptr, with_norm ? &k_norm : nullptr, eps);
+      ASSERT_GT(gpu_test::norm(ref), 0.0);
+      EXPECT_LT(relative_error(out, ref), kFp32);
+      // V is never normed: with norms only, the V part is the input unchanged.
+      if (variant == 1) {
+        for (int32_t t = 0; t < tokens; ++t) {
+          const size_t v_at = size_t(t) * width + size_t(qh + kvh) * d;
+          ASSERT_TRUE(std::equal(out.begin() + v_at, out.begin() + v_at + size_t(kvh) * d,
+                                 qkv.begin() + v_at)) << "token " << t;
+        }
+      }
+    }
+  }
+  float* null_qkv = nullptr;
+  EXPECT_EQ(kernels::launch_qkv_bias_head_norm(null_qkv, 1, qh, kvh, 64, nullptr, nullptr, nullptr,
+                                               eps, nullptr),
+            cudaErrorInvalidValue);
 }
 
 TEST_P(TokenCounts, SwigluMatchesTheReference) {

@@ -180,6 +180,34 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   EXPECT_EQ(reader.offset(), reader.file_bytes());
 }
 
+// Issue 11: the family, every RoPE parameter and the feature flags come back from the header, so
+// replay rebuilds the same model (weights_from_seed of a Qwen shape needs them all).
+TEST(TraceRoundTrip, HeaderKeepsTheFamilyAndEveryRopeParameter) {
+  TempPath file("family");
+  TraceHeader header = header_for(ls::testing::small_config(), {});
+  header.model = model_config_named("qwen2.5-7b");
+  header.model.name = "qwen-like";
+  header.model.rope_type = RopeType::kLlama3;
+  header.model.rope_factor = 8.0f;
+  header.model.rope_low_freq_factor = 1.5f;
+  header.model.rope_high_freq_factor = 3.5f;
+  header.model.rope_original_max_positions = 4096;
+  header.model.qk_norm = true;
+  header.model.max_positions = 32768;
+  header.model.sliding_window = 4096;
+  Recorder::open(file.path(), header)->close();
+  const ModelConfig& m = TraceReader::open(file.path()).header().model;
+  EXPECT_EQ(m.family, ModelFamily::kQwen2);
+  EXPECT_EQ(m.rope(), header.model.rope());
+  EXPECT_EQ(m.rope_theta, 1e6f);
+  EXPECT_TRUE(m.qkv_bias);
+  EXPECT_TRUE(m.qk_norm);
+  EXPECT_EQ(m.max_positions, 32768);
+  EXPECT_EQ(m.sliding_window, 4096);
+  EXPECT_EQ(m.head_dim, 128);
+}
+
+
 // trace.capnp's "DIGESTS" definition of a logits row's digest, written out again from the text
 // (64-bit sums truncated at the end), so that a change of either shows.
 uint64_t spec_logits_digest(const std::vector<float>& row) {
