@@ -234,7 +234,13 @@ void Recorder::State::process(Item& item) {
       try {
         sequence.on_output(item.output);
       } catch (const Error& e) {
-        LS_ASSERT(false, "recorder: step output {} is inconsistent: {}", item.output.step, e.what());
+        // The caller's records do not match its own header (e.g. an executor that does not
+        // compute the digests the header promises): an error for the caller, as an I/O error
+        // is (every later record_* call and close() throw it); the records before it stay.
+        throw Error(fmt::format("step output {} does not match the trace's header: {} (an "
+                                "executor recording with this header needs its options: "
+                                "trace::recording_executor_options())",
+                                item.output.step, e.what()));
       }
       append(item.output, [](const StepOutputRecord& r, schema::Record::Builder root) {
         codec::encode(r, root.initStepOutput());
@@ -244,7 +250,7 @@ void Recorder::State::process(Item& item) {
       try {
         sequence.on_event(item.event);
       } catch (const Error& e) {
-        LS_ASSERT(false, "recorder: event is invalid: {}", e.what());
+        throw Error(fmt::format("event of step {} is invalid: {}", item.event.step, e.what()));
       }
       append(item.event, [](const TraceEvent& r, schema::Record::Builder root) {
         codec::encode(r, root.initEvent());
@@ -288,8 +294,14 @@ void Recorder::State::writer_main() {
         process(*item);
         if (buffer.size() >= options.write_batch_bytes) flush();
       } catch (const Error& e) {
+        // The records before the failing one are whole frames: keep them in the file.
+        const std::string what = e.what();
+        try {
+          flush();
+        } catch (const Error&) {
+        }
         std::lock_guard lock(mutex);
-        if (error.empty()) error = e.what();
+        if (error.empty()) error = what;
         failed = true;
       }
     }

@@ -16,7 +16,9 @@ int main(int argc, char** argv) {
   const ls::ModelWeights weights = ls::weights_from_seed(ls::model_config_named("tiny"), 0);
   const ls::ExecutorConfig config{.max_batch_rows = 2, .context_length = 64, .pages_count = 16};
   ls::CpuBackend backend(weights, config);
-  ls::Executor executor(config, weights.config.vocab_size, backend);
+  // The options the trace header names: the step computes what the records carry.
+  ls::Executor executor(config, weights.config.vocab_size, backend,
+                        ls::trace::recording_executor_options());
   auto recorder = ls::trace::Recorder::open(
       path, ls::trace::make_trace_header(weights, {}, config, backend.name()));
   ls::ForwardOp prefill;

@@ -156,3 +156,39 @@ TEST(Recorder, UnwritablePathIsAnError) {
 
 }  // namespace
 }  // namespace ls::trace
+
+namespace ls::trace {
+namespace {
+
+// An output that does not match its header (the header promises logits digests, the executor
+// computed none) is the caller's error, reported by the next call, never an abort; what was
+// written before it stays readable.
+TEST(Recorder, AnOutputThatBreaksTheHeaderIsAnErrorForTheCaller) {
+  TempPath file("mismatch");
+  const ExecutorConfig config = ls::testing::small_config();
+  ls::testing::Harness h(config, nullptr);
+  ForwardOp op;
+  op.rows.push_back(ls::testing::prefill_row(1, 1, 0, 4, 4));
+  op.rows[0].refresh = {0, {1, 2}};
+  op.rows[0].sampling = SamplingParams{};
+  op.prefill_token_ids = {1, 2, 3, 4};
+  auto recorder = Recorder::open(file.path(), testing::header_for(config, {.capture_logits = true}));
+  recorder->record_input(0, op);
+  StepResult r = h.executor.step(op);
+  r.logits.clear();  // no digests can be made: the header says there are
+  recorder->record_output(0, r, {});
+  EXPECT_THAT([&] { recorder->close(); },
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(
+                  ::testing::HasSubstr("step output 0 does not match the trace's header"),
+                  ::testing::HasSubstr("logits_digests holds 0 digests, expected 1"))));
+  TraceReader reader = TraceReader::open(file.path());
+  TraceRecord record;
+  ASSERT_TRUE(reader.next(record));
+  EXPECT_TRUE(std::holds_alternative<StepInputRecord>(record));
+  EXPECT_FALSE(reader.next(record));
+  ASSERT_TRUE(reader.truncation());
+  EXPECT_TRUE(reader.truncation()->footer_missing);
+}
+
+}  // namespace
+}  // namespace ls::trace
