@@ -15,6 +15,13 @@
 #                                # build-gpu/dist/pylib; run python/tests with backend cpu and cuda;
 #                                # then the Python engine loop against the C++ serving loop. Writes
 #                                # python_build.log, python_tests.log/xml, python_loop.log/json.
+#   scripts/gpu-run.sh recording # on the H200: only recording (issue 12): the record kernel against
+#                                # the CPU reference, recorded steps, run-ahead with the recorder,
+#                                # CUDA trace → exact replay on CUDA and teacher-forced on the CPU,
+#                                # `generate --record` / replay / check on CUDA, and
+#                                # `lockstep_gpu_bench --recording` (llama-1b, llama-8b; batch 1,
+#                                # 16, 64; context 1024; with and without the recorder), ~1 min.
+#                                # Writes env.txt, recording_tests.log, recording_bench.log/json.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -433,12 +440,41 @@ PY
   return $status
 }
 
+run_recording() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  if [ ! -x "$DIST/bin/lockstep_gpu_bench" ]; then
+    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local status=0 log="$OUT/recording_tests.log" trace=/tmp/gpu_run_recording.trace
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  timeout 150 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='OddVocabularies/RecordKernel.*:CudaRecord.*:CudaDeterminism.*' > "$log" 2>&1 || status=1
+  {
+    echo "== CLI on CUDA: generate --record, replay --backend cuda, replay teacher-forced (CPU), check"
+    timeout 40 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
+        --record "$trace" -o /tmp/gpu_run_recording.jsonl -q && echo "generate rc=0" || status=1
+    timeout 40 "$DIST/bin/lockstep" replay "$trace" --backend cuda -q || status=1
+    timeout 60 "$DIST/bin/lockstep" replay "$trace" --mode teacher-forced -q || true  # agreement
+    timeout 30 "$DIST/bin/lockstep" check "$trace" || status=1
+  } >> "$log" 2>&1
+  grep -E '^\[  (PASSED|FAILED) |FAILED TEST|determinism:|cuda record:|IDENTICAL|agreement|invariant|VIOLATION' "$log" | tail -20
+  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/recording_bench.json" --recording \
+      > "$OUT/recording_bench.log" 2>&1 || status=1
+  cat "$OUT/recording_bench.log"
+  echo "gpu-run recording: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 case "${1:-run}" in
   package) package ;;
   run) run ;;
   spec) run_spec ;;
   families) run_families ;;
   python) run_python ;;
+  recording) run_recording ;;
   pack-python) pack_python "${2:-build-gpu}" ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|python|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|python|recording|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac
