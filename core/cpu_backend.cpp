@@ -196,6 +196,10 @@ void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
   result.top_logits_count = plan.top_logits_count;
   result.logits_digests.clear();
   result.top_logits.clear();
+  // One allocation each (the step's result is new every step), not one per doubling.
+  const size_t rows = static_cast<size_t>(plan.logits_rows_count());
+  result.logits_digests.reserve(rows);
+  result.top_logits.reserve(rows * static_cast<size_t>(plan.top_logits_count));
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const std::span<const float> row(logits_.data() + static_cast<size_t>(r) * vocab_size_,
                                      static_cast<size_t>(vocab_size_));
@@ -364,6 +368,10 @@ void CpuBackend::snapshot_rows(std::span<const int32_t> pool_rows, StateSnapshot
   s.future_inputs.clear();
   s.table.clear();
   const int32_t w = config_.verify_width;
+  s.pool_rows.reserve(pool_rows.size());
+  s.valid_cache_length.reserve(pool_rows.size());
+  s.future_inputs.reserve(pool_rows.size() * static_cast<size_t>(w));
+  s.table.reserve(pool_rows.size() * static_cast<size_t>(table_width_));
   for (int32_t rpi : pool_rows) {
     LS_ASSERT(rpi >= 0 && rpi < config_.pool_rows_count(), "pool row {}", rpi);
     s.pool_rows.push_back(rpi);
