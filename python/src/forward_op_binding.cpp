@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <regex>
+#include <optional>
 
 namespace ls::py_bindings {
 
@@ -177,22 +177,58 @@ py::dict forward_op_to_dict(const ForwardOp& op) {
 }
 
 
+namespace {
+
+// The decimal number at `at` in `text` (std::nullopt when there is none). Plain parsing rather than
+// std::regex: libstdc++'s regex crashed inside this function in the module the H200's g++ 13 built.
+std::optional<int32_t> number_at(const std::string& text, size_t at, size_t* end = nullptr) {
+  size_t i = at;
+  int64_t value = 0;
+  while (i < text.size() && i - at < 9 && text[i] >= '0' && text[i] <= '9') value = value * 10 + (text[i++] - '0');
+  if (i == at) return std::nullopt;
+  if (end != nullptr) *end = i;
+  return static_cast<int32_t>(value);
+}
+
+// "NAME[N]" anywhere in `text` → N.
+std::optional<int32_t> index_after(const std::string& text, const std::string& name) {
+  const size_t at = text.find(name + "[");
+  return at == std::string::npos ? std::nullopt : number_at(text, at + name.size() + 1);
+}
+
+// validate_forward_op's "forward op row R (...): " or trace/checks.cpp's "rows[R]." → R and the
+// text after the prefix.
+std::optional<std::pair<int32_t, std::string>> row_prefix(const std::string& message) {
+  static const std::string kOpRow = "forward op row ";
+  size_t end = 0;
+  if (const size_t at = message.find(kOpRow); at != std::string::npos) {
+    const auto row = number_at(message, at + kOpRow.size(), &end);
+    const size_t close = message.find("): ", end);
+    if (row && end < message.size() && message[end] == ' ' && close != std::string::npos) {
+      return std::pair{*row, message.substr(close + 3)};
+    }
+  }
+  if (const size_t at = message.find("rows["); at != std::string::npos) {
+    const auto row = number_at(message, at + 5, &end);
+    if (row && message.compare(end, 2, "].") == 0) return std::pair{*row, message.substr(end + 2)};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string with_seed_field(const std::string& message, const ForwardOp& op) {
   // validate_forward_op's "forward op row R (...): " and trace/checks.cpp's "rows[R]."
-  static const std::regex row_prefix(R"((?:forward op row (\d+) \([^)]*\): |rows\[(\d+)\]\.))");
-  static const std::regex token_index(R"(prefill_token_ids\[(\d+)\])");
-  std::smatch m;
   std::string name;
-  if (std::regex_search(message, m, token_index)) {
-    name = fmt::format("input_ids[{}]", m[1].str());
-  } else if (std::regex_search(message, m, row_prefix)) {
-    const int32_t row = std::stoi(m[1].matched ? m[1].str() : m[2].str());
+  if (const auto token = index_after(message, "prefill_token_ids")) {
+    name = fmt::format("input_ids[{}]", *token);
+  } else if (const auto prefixed = row_prefix(message)) {
+    const auto& [row, tail] = *prefixed;
     if (row < 0 || row >= op.rows_count()) return message;
-    const std::string tail = m.suffix().str();
     const int32_t decode_index = row - op.prefill_rows_count();
-    std::smatch page;
-    if (std::regex_search(tail, page, std::regex(R"(^refresh\.pages\[(\d+)\])"))) {
-      name = fmt::format("occupied_pages[{}][{}]", row, op.rows[row].refresh.begin + std::stoi(page[1].str()));
+    const auto page = tail.rfind("refresh.pages[", 0) == 0 ? index_after(tail, "refresh.pages") : std::nullopt;
+    if (page) {
+      name = fmt::format("occupied_pages[{}][{}]", row, op.rows[row].refresh.begin + *page);
     } else {
       // The field each message leads with, in lockstep's name, and the seed's name for it.
       static const std::vector<std::pair<std::string, std::string>> leads = {
