@@ -3,6 +3,7 @@
 #include "cli/generate_command.h"
 #include "cli/replay_command.h"
 #include "cli/sim_command.h"
+#include "cli/sweep_command.h"
 #include "cli/trace_command.h"
 #include "core/check.h"
 
@@ -19,6 +20,7 @@ int main(int argc, char** argv) {
   std::vector<std::function<int()>> commands;
   commands.push_back(ls::cli::add_generate_command(app));
   commands.push_back(ls::cli::add_sim_command(app));
+  commands.push_back(ls::cli::add_sweep_command(app));
   commands.push_back(ls::cli::add_replay_command(app));
   commands.push_back(ls::cli::add_trace_command(app));
   commands.push_back(ls::cli::add_check_command(app));

@@ -2,6 +2,7 @@
 
 #include "cli/backend_factory.h"
 #include "cli/model_options.h"
+#include "cli/sweep_results.h"
 #include "core/check.h"
 #include "core/model/weights.h"
 #include "sim/sweep.h"
@@ -29,6 +30,16 @@ struct SimOptions {
   bool spec = false;
   std::string backend = "cpu";
   std::string drafter;  // "": the seed's
+  std::string shard;    // "I/N": the seeds of --seeds whose index in the range is I mod N
+  std::string results;  // JSONL, one line per seed
+  std::string junit;    // JUnit XML
+};
+
+// Seeds A..B split over N shards: shard I runs the seeds whose index (seed − A) is I mod N, so
+// a seed's shard is fixed by the range and N alone and its run does not depend on either.
+struct Shard {
+  uint64_t index = 0;
+  uint64_t count = 1;
 };
 
 constexpr uint64_t kSimWeightsSeed = 0;
@@ -95,17 +106,62 @@ std::string reproduce(const SimOptions& o, const sim::SimParams& params,
   return o.backend == "cpu" ? command : fmt::format("{} --backend {}", command, o.backend);
 }
 
-std::pair<uint64_t, uint64_t> parse_seed_range(const std::string& text) {
-  const size_t dots = text.find("..");
-  LS_REQUIRE(dots != std::string::npos, "--seeds '{}': expected A..B, e.g. 1..200", text);
-  try {
-    const uint64_t a = std::stoull(text.substr(0, dots));
-    const uint64_t b = std::stoull(text.substr(dots + 2));
-    LS_REQUIRE(a <= b, "--seeds '{}': the first seed is larger than the last", text);
-    return {a, b};
-  } catch (const std::logic_error&) {
-    throw Error(fmt::format("--seeds '{}': expected A..B with two integers", text));
+Shard parse_shard(const std::string& text) {
+  if (text.empty()) return {};
+  const size_t slash = text.find('/');
+  const auto digits = [](const std::string& t) {
+    return !t.empty() && t.size() <= 18 && t.find_first_not_of("0123456789") == std::string::npos;
+  };
+  LS_REQUIRE(slash != std::string::npos && digits(text.substr(0, slash)) && digits(text.substr(slash + 1)),
+             "--shard '{}': expected I/N with 0 <= I < N, e.g. 2/7", text);
+  const Shard shard{std::stoull(text.substr(0, slash)), std::stoull(text.substr(slash + 1))};
+  LS_REQUIRE(shard.count >= 1, "--shard '{}': the shard count N must be at least 1", text);
+  LS_REQUIRE(shard.index < shard.count,
+             "--shard '{}': the shard index I must be below the count N (shards are 0..{})", text,
+             shard.count - 1);
+  return shard;
+}
+
+// The seeds of shard `shard` in first..last, in order (the loop never overflows at the top of
+// the range).
+std::vector<uint64_t> shard_seeds(uint64_t first, uint64_t last, Shard shard) {
+  std::vector<uint64_t> seeds;
+  const uint64_t span = last - first;
+  for (uint64_t index = shard.index; index <= span; index += shard.count) {
+    seeds.push_back(first + index);
+    if (span - index < shard.count) break;
   }
+  return seeds;
+}
+
+// The optional result files of a run, opened before it starts so a bad path fails at once; the
+// JSONL gets each seed's line as soon as it is known (a killed sweep keeps the seeds it ran).
+class ResultFiles {
+ public:
+  ResultFiles(const SimOptions& o, std::string suite) : o_(o), suite_(std::move(suite)) {
+    if (!o.results.empty()) results_ = open_output_file(o.results);
+    if (!o.junit.empty()) junit_ = open_output_file(o.junit);
+  }
+
+  void add(SeedResult result) {
+    if (results_.is_open()) write_results(results_, {result}, o_.results);
+    all_.push_back(std::move(result));
+  }
+
+  void close() {
+    if (junit_.is_open()) write_junit(junit_, all_, suite_, o_.junit);
+  }
+
+ private:
+  const SimOptions& o_;
+  std::string suite_;
+  std::ofstream results_;
+  std::ofstream junit_;
+  std::vector<SeedResult> all_;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 void print_summary(const sim::SeedVerdict& v) {
@@ -142,6 +198,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
   fmt::print("{}\n", params.describe());
   if (o.backend != "cpu") fmt::print("backend: {}\n", o.backend);
   sim::WorldOptions world = world_options(o);
+  ResultFiles files(o, fmt::format("lockstep sim seed {}", o.seed));
   std::unique_ptr<trace::Recorder> recorder;
   std::unique_ptr<sim::SimTraceObserver> observer;
   if (!o.record.empty()) {
@@ -156,7 +213,10 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
     world.observer = observer.get();
     world.executor_options = trace::recording_executor_options();
   }
+  const auto start = std::chrono::steady_clock::now();
   const sim::SeedVerdict v = sim::run_seed(params, weights, world, !o.no_twin);
+  files.add(seed_result_of(params, v, reproduce(o, params, overrides), seconds_since(start)));
+  files.close();
   if (recorder) {
     recorder->close();
     fmt::print("recorded {} step records to {} (replay: lockstep replay {})\n",
@@ -166,37 +226,44 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
   return v.passed() ? 0 : 1;
 }
 
+std::string failure_line(const SeedResult& r) {
+  const std::string why = fmt::format("{}: {}", r.failures[0].checker, r.failures[0].detail);
+  return fmt::format("seed {}: {}\n    reproduce: {}", r.seed, why, r.reproduce);
+}
+
 int run_sweep(const SimOptions& o, const ModelWeights& weights) {
-  const auto [first, last] = parse_seed_range(o.seeds);
+  const auto [first, last] = parse_seed_range(o.seeds, "--seeds");
+  const Shard shard = parse_shard(o.shard);
   const sim::SimOverrides overrides = overrides_of(o);
   const sim::WorldOptions world = world_options(o);
+  const std::string range = fmt::format("{}..{}", first, last);
+  const std::string label = o.shard.empty() ? range : fmt::format("{} shard {}/{}", range, shard.index, shard.count);
+  ResultFiles files(o, "lockstep sim " + label);
+  const std::vector<uint64_t> seeds = shard_seeds(first, last, shard);
   std::vector<std::string> failed;
   int64_t steps = 0, tokens = 0, retractions = 0, faults = 0;
   const auto start = std::chrono::steady_clock::now();
-  const uint64_t total = last - first + 1;
-  for (uint64_t seed = first; seed <= last; ++seed) {
-    const sim::SimParams params = sim::derive_params(seed, overrides);
+  for (size_t done = 0; done < seeds.size(); ++done) {
+    const sim::SimParams params = sim::derive_params(seeds[done], overrides);
+    const auto seed_start = std::chrono::steady_clock::now();
     const sim::SeedVerdict v = sim::run_seed(params, weights, world, !o.no_twin);
+    SeedResult result = seed_result_of(params, v, reproduce(o, params, overrides), seconds_since(seed_start));
     steps += v.summary.steps_count;
     tokens += v.summary.tokens_generated;
     retractions += v.summary.retractions_swap + v.summary.retractions_recompute;
     for (int64_t n : v.summary.faults_fired) faults += n;
-    if (!v.passed()) {
-      const std::string why = v.summary.failures.empty()
-                                  ? "twin run fingerprint differs"
-                                  : fmt::format("{}: {}", v.summary.failures[0].checker, v.summary.failures[0].detail);
-      failed.push_back(fmt::format("seed {}: {}\n    reproduce: {}", seed, why, reproduce(o, params, overrides)));
-    }
-    const uint64_t done = seed - first + 1;
-    fmt::print(stderr, "\rsim: [{:<30}] {}/{} seeds, {} failed", std::string(30 * done / total, '#'), done,
-               total, failed.size());
+    if (!result.passed()) failed.push_back(failure_line(result));
+    files.add(std::move(result));
+    fmt::print(stderr, "\rsim: [{:<30}] {}/{} seeds, {} failed", std::string(30 * (done + 1) / seeds.size(), '#'),
+               done + 1, seeds.size(), failed.size());
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  files.close();
+  const double seconds = seconds_since(start);
   fmt::print(stderr, "\n");
-  fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9}\n", "seeds", "failed", "steps", "tokens",
-             "retractions", "faults", "seconds");
-  fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9.1f}\n", fmt::format("{}..{}", first, last),
-             failed.size(), steps, tokens, retractions, faults, seconds);
+  fmt::print("{:<10} {:>8} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9}\n", "seeds", "run", "failed", "steps",
+             "tokens", "retractions", "faults", "seconds");
+  fmt::print("{:<10} {:>8} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9.1f}\n", label, seeds.size(), failed.size(),
+             steps, tokens, retractions, faults, seconds);
   for (const std::string& f : failed) fmt::print("FAILED {}\n", f);
   return failed.empty() ? 0 : 1;
 }
@@ -209,8 +276,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
       "sim", "Run a deterministic simulated serving world (scheduler + executor on the CPU "
              "reference, or --backend) from a seed, with checkers after every step and a "
              "twin-run check");
-  cmd->add_option("--seed", o->seed, "The seed that derives every parameter of the world")
-      ->capture_default_str();
+  CLI::Option* seed = cmd->add_option("--seed", o->seed, "The seed that derives every parameter of the world")
+                          ->capture_default_str();
   cmd->add_option("--seeds", o->seeds, "A sweep over seeds A..B (inclusive) with a summary table");
   cmd->add_option("--requests", o->requests, "Requests in the world (default: derived from the seed)")
       ->check(CLI::Range(1, 100000));
@@ -219,6 +286,13 @@ std::function<int()> add_sim_command(CLI::App& app) {
                   "page-pressure, abort-mid-prefill, context-limit, late-result (default: the "
                   "seed switches each on with probability 1/2)");
   cmd->add_option("--record", o->record, "Record the run (single seed) to this trace file");
+  cmd->add_option("--shard", o->shard,
+                  "With --seeds A..B: run shard I of N (I/N, 0 <= I < N), the seeds whose index "
+                  "seed - A is I mod N; a seed's result does not depend on N");
+  cmd->add_option("--results", o->results,
+                  "Write one JSON line per seed: seed, verdict, failures, fingerprints, the "
+                  "reproduce command, wall time, derived parameters, summary");
+  cmd->add_option("--junit", o->junit, "Write JUnit XML, one test case per seed");
   cmd->add_flag("--stub-model", o->stub_model,
                 "Replace the model arithmetic with cheap deterministic logits (control plane only)");
   cmd->add_flag("--no-twin", o->no_twin, "Skip the twin run that re-runs each seed and compares fingerprints");
@@ -235,10 +309,14 @@ std::function<int()> add_sim_command(CLI::App& app) {
       ->check(backend_validator())
       ->capture_default_str();
   cmd->footer("Exit status: 0 every checker and twin check passed, 1 a seed failed, 2 bad usage.");
-  return [cmd, o]() {
+  return [cmd, o, seed]() {
     if (!cmd->parsed()) return -1;
+    LS_REQUIRE(seed->count() == 0 || o->seeds.empty(), "--seed {} and --seeds {}: give one of the two",
+               o->seed, o->seeds);
     const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
     LS_REQUIRE(o->seeds.empty() || o->record.empty(), "--record takes a single --seed, not --seeds");
+    LS_REQUIRE(o->shard.empty() || !o->seeds.empty(), "--shard {} splits a --seeds range: add --seeds A..B",
+               o->shard);
     return o->seeds.empty() ? run_single(*o, weights) : run_sweep(*o, weights);
   };
 }
