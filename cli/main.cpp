@@ -2,6 +2,7 @@
 #include "cli/check_command.h"
 #include "cli/generate_command.h"
 #include "cli/replay_command.h"
+#include "cli/report_command.h"
 #include "cli/sim_command.h"
 #include "cli/sweep_command.h"
 #include "cli/trace_command.h"
@@ -22,12 +23,15 @@ int main(int argc, char** argv) {
   commands.push_back(ls::cli::add_sim_command(app));
   commands.push_back(ls::cli::add_sweep_command(app));
   commands.push_back(ls::cli::add_replay_command(app));
+  commands.push_back(ls::cli::add_report_command(app));
   commands.push_back(ls::cli::add_trace_command(app));
   commands.push_back(ls::cli::add_check_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help); every usage error exits 2, as the commands'
+    // footers say, not CLI11's own codes (105, 109, …).
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     for (const auto& command : commands) {

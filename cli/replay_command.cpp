@@ -4,10 +4,13 @@
 #include "cli/model_options.h"
 #include "core/check.h"
 #include "replay/replay.h"
+#include "replay/replay_json.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <unistd.h>
 
@@ -23,6 +26,7 @@ struct ReplayCliOptions {
   std::string weights_dir;
   std::string backend = "cpu";
   bool quiet = false;
+  std::string json;  // the result as JSON (replay/replay_json.h)
 };
 
 std::string replay_command_until(const ReplayCliOptions& o, int64_t step) {
@@ -74,6 +78,15 @@ int report_teacher_forced(const replay::ReplayReport& r) {
   return r.identical() ? 0 : 1;
 }
 
+void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, const ReplayCliOptions& o) {
+  const replay::ReplayedTrace trace{o.trace, std::filesystem::file_size(o.trace)};
+  const std::string until = report.divergence ? replay_command_until(o, report.divergence->step) : "";
+  std::ofstream out(o.json);
+  out << replay::replay_result_json(report, mode, trace, until).dump(2) << '\n';
+  out.flush();
+  LS_REQUIRE(out.good(), "--json {}: cannot write", o.json);
+}
+
 int run_replay(const ReplayCliOptions& o) {
   replay::ReplayOptions options;
   options.mode = o.mode == "exact" ? replay::ReplayMode::kExact : replay::ReplayMode::kTeacherForced;
@@ -102,6 +115,7 @@ int run_replay(const ReplayCliOptions& o) {
     return 2;
   }
   if (!o.quiet && tty) fmt::print(stderr, "\r\033[K");
+  if (!o.json.empty()) write_json(report, options.mode, o);
   print_header(report, o);
   if (report.truncation) fmt::print("note: {} (the complete prefix was replayed)\n", report.truncation->describe());
   return options.mode == replay::ReplayMode::kExact ? report_exact(report, o)
@@ -136,6 +150,10 @@ std::function<int()> add_replay_command(CLI::App& app) {
       ->check(backend_validator())
       ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No progress line");
+  cmd->add_option("--json", o->json,
+                  "Also write the result as JSON (verdict, steps, the first divergence with the "
+                  "command that replays up to it, teacher-forced agreement): what `lockstep "
+                  "report --replay-json` reads");
   cmd->footer("Exit status: 0 identical, 1 diverged, 2 unusable trace (corrupt, or weights that do "
               "not match the recorded digest).");
   return [cmd, o]() { return cmd->parsed() ? run_replay(*o) : -1; };

@@ -8,6 +8,7 @@ packages=(
   librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
+  chromium  # headless, for the test that renders `lockstep report` (cli_report_in_chromium)
 )
 
 missing=()
