@@ -6,6 +6,7 @@
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
 #   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
 #                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
+#   scripts/gpu-run.sh report    # on the H200: only the report of a CUDA trace (cuda_report.tar), ~20 s
 #   scripts/gpu-run.sh families  # on the H200: only the checkpoint families (issue 11): layer-op
 #                                # tests, the HF oracle over tests/fixtures/hf on CUDA fp32 and
 #                                # bf16, qwen3-0.6b and qwen2.5-7b decode at batch 1 and 64, ~2 min
@@ -32,8 +33,11 @@
 #   env.txt            nvidia-smi, ldd of each binary, versions
 #   gpu_tests.log/json GoogleTest output of lockstep_gpu_tests (every kernel and backend test),
 #                      then the CLI on CUDA: generate/replay (W = 1 and W = 4 with the n-gram
-#                      drafter) and `lockstep sim --backend cuda --seeds 1..20`
-#   sanitizer.log      compute-sanitizer memcheck on a subset (when the tool is there)
+#                      drafter) and `lockstep sim --backend cuda --seeds 1..20`; compute-sanitizer
+#                      memcheck on a subset (when the tool is there) appended to the log
+#   cuda_report.tar    `lockstep report` of a trace recorded on CUDA (generate --backend cuda
+#                      --record, llama-1b, W = 4 with the n-gram drafter, 64 prompts): report.html,
+#                      report.json, replay.json (the exact CUDA replay it shows), report.log
 #   hf_oracle.log/json the independent oracle (HF transformers vs lockstep): a model made by
 #                      tests/hf_oracle.py there, then every family of tests/fixtures/hf (the log
 #                      has each run; the JSON has the fixtures' figures under "fixtures")
@@ -280,6 +284,49 @@ spec_cli() {
   return $status
 }
 
+# `lockstep report` of a trace recorded on CUDA (llama-1b, random weights): 64 prompts (seeded, 16 to 256 tokens, 32 to 192
+# new tokens), W = 4 with the device n-gram drafter, replayed exactly on CUDA; the page, its JSON,
+# the replay's JSON and the log go into one file, $1 (a tar), so the run keeps to 8 files.
+cuda_report() {
+  local tar="$1" dir=/tmp/cuda_report status=0
+  rm -rf "$dir" && mkdir -p "$dir"
+  env -u LD_LIBRARY_PATH python3 - "$dir/prompts.jsonl" <<'PY'
+import json, random, sys
+r = random.Random(17)
+with open(sys.argv[1], "w") as f:
+    for i in range(64):
+        prompt = [r.randrange(3, 500) for _ in range(r.randrange(16, 257))]
+        f.write(json.dumps({"id": 1000 + i, "prompt": prompt, "max_new_tokens": r.randrange(32, 193)}) + "\n")
+PY
+  {
+    echo "== report of a CUDA trace: generate --backend cuda --verify-width 4 --drafter ngram --record"
+    timeout 60 "$DIST/bin/lockstep" generate --model llama-1b --prompts "$dir/prompts.jsonl" --backend cuda --verify-width 4 \
+        --drafter ngram --record "$dir/cuda.trace" -o "$dir/out.jsonl" -q &&
+    timeout 60 "$DIST/bin/lockstep" replay "$dir/cuda.trace" --backend cuda -q --json "$dir/replay.json" &&
+    "$DIST/bin/lockstep" report "$dir/cuda.trace" -o "$dir/report.html" --json "$dir/report.json" \
+        --replay-json "$dir/replay.json" &&
+    env -u LD_LIBRARY_PATH python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("step_latency", json.dumps(d["step_latency"])); print("requests", json.dumps(d["requests"])); print("accept", json.dumps(d["accept"]))' "$dir/report.json"
+  } > "$dir/report.log" 2>&1 || status=1
+  tail -6 "$dir/report.log"
+  tar -C "$dir" -cf "$tar" report.log $(cd "$dir" && ls report.html report.json replay.json 2>/dev/null)
+  return $status
+}
+
+run_report() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  if [ ! -x "$DIST/bin/lockstep" ]; then
+    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$PWD/$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  local status=0
+  cuda_report "$OUT/cuda_report.tar" || status=1
+  echo "gpu-run report: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 # The speculative-decoding benchmark: its log appended to $1, its JSON merged into $2 (when that
 # file exists) under "speculative", else written there.
 spec_bench() {
@@ -365,14 +412,17 @@ run() {
   } >> "$OUT/gpu_tests.log" 2>&1
   grep -E "IDENTICAL|DIVERGED|agreement|SMs|error" "$OUT/gpu_tests.log" | tail -6
   spec_cli "$OUT/gpu_tests.log" || status=1
+  echo "== report of a CUDA trace (cuda_report.tar)"
+  cuda_report "$OUT/cuda_report.tar" || status=1
 
   if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     echo "== compute-sanitizer memcheck (subset)"
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     timeout 45 "$SAN" --tool memcheck --print-limit 20 "$DIST/bin/lockstep_gpu_tests" \
         --gtest_filter='CudaStateOps.VerifyWidthThreeLikeTheCpu:OddSizes/PrefillChunk.*/1:OddBatches/DecodeBatch.*/1:AttentionFp32.*:OddBatches/GemvTokens.*/1:OddBatches/LogitsRows.*/1:OddBatches/SampleRows.*/2:OddBatches/VerifyRows.*/2' \
-        > "$OUT/sanitizer.log" 2>&1 || echo "(sanitizer exit $?: informational; it may not work under gVisor)"
-    tail -5 "$OUT/sanitizer.log"
+        > /tmp/sanitizer.log 2>&1 || echo "(sanitizer exit $?: informational; it may not work under gVisor)"
+    tail -5 /tmp/sanitizer.log
+    { echo "== compute-sanitizer memcheck (subset)"; cat /tmp/sanitizer.log; } >> "$OUT/gpu_tests.log"
   fi
 
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ] && [ -f tests/hf_oracle.py ]; then
@@ -476,5 +526,6 @@ case "${1:-run}" in
   python) run_python ;;
   recording) run_recording ;;
   pack-python) pack_python "${2:-build-gpu}" ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|python|recording|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  report) run_report ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac
