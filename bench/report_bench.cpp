@@ -43,6 +43,8 @@ trace::TraceHeader sim_header(const sim::SimParams& params, const ModelWeights& 
   trace::TraceHeader h = trace::make_trace_header(weights, source, sim::executor_config_for(params), "cpu",
                                                   trace::MachineInfo{.cpu_name = "bench"});
   h.drafter = params.drafter_name();
+  h.step_clock = "simulated";
+  h.device_timer = "simulated";
   return h;
 }
 

@@ -38,7 +38,8 @@ std::string backend_name_error(const std::string& name) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const ExecutorConfig& limits, const std::string& drafter) {
+                                      const ExecutorConfig& limits, const std::string& drafter,
+                                      bool time_steps) {
   const std::string error = backend_name_error(name);
   LS_REQUIRE(error.empty(), "--backend {}: {}", name, error);
   if (name == "cpu") {
@@ -47,8 +48,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
   options.drafter = drafter;
+  options.time_steps = time_steps;
   return make_cuda_backend(weights, limits, options);
 #else
+  (void)time_steps;
   throw Error(kNoCuda);
 #endif
 }

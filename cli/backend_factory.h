@@ -25,9 +25,11 @@ std::string backend_name_error(const std::string& name);
 // drafting with the drafter called `drafter` ("none" or "ngram", core/drafter.h) when
 // limits.verify_width > 1. Throws ls::Error for an unknown backend or drafter name (oracle-mix
 // included: it cannot be rebuilt outside the simulator) or a CUDA backend in a build without one.
+// `time_steps`: the device times each step with events (CUDA; what a recorded run's step stats
+// carry).
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits,
-                                      const std::string& drafter = "none");
+                                      const std::string& drafter = "none", bool time_steps = false);
 
 // KV pages sized from the device memory left after weights and workspaces (`fraction` of it)
 // for backend `name` with drafter `drafter` (whose token history is a workspace); nullopt for a

@@ -67,9 +67,10 @@ int run_generate(GenerateOptions& o) {
   const ExecutorConfig limits = executor_config_for(scheduler_limits);
   Scheduler scheduler(scheduler_limits);
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
-  const std::unique_ptr<Backend> backend =
-      make_backend(o.model.backend, weights, limits, o.model.drafter);
   const bool recording = !o.record.empty();
+  // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
+  const std::unique_ptr<Backend> backend =
+      make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording);
   Executor executor(limits, weights.config.vocab_size, *backend,
                     recording ? trace::recording_executor_options() : ExecutorOptions{});
   std::unique_ptr<trace::Recorder> recorder;
@@ -78,12 +79,16 @@ int run_generate(GenerateOptions& o) {
     trace::TraceHeader header = trace::make_trace_header(weights, source, limits, backend->name(),
                                                          machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
+    header.step_clock = "steady";
+    header.device_timer = backend->name() == "cuda" ? "cuda-events" : "host-clock";
     recorder = trace::Recorder::open(o.record, header);
     observer = std::make_unique<trace::TraceObserver>(*recorder);
   }
   const auto start = std::chrono::steady_clock::now();
+  const SteadyClock clock;
   ServingLoopOptions loop;
   loop.observer = observer.get();
+  loop.clock = &clock;
   loop.on_step = [&](const ServingProgress& p) {
     if (o.quiet || p.steps_count % 64 != 0) return;
     fmt::print(stderr, "\rgenerate: step {}, {}/{} requests finished, {} tokens", p.steps_count,

@@ -57,6 +57,7 @@ void print_header(const trace::TraceHeader& h) {
   fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}; drafter {}\n",
              e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
              e.verify_width, e.prefill_chunk_tokens, h.drafter.empty() ? "none" : h.drafter);
+  if (!h.step_clock.empty()) fmt::print("step stats: clock {}, device timer {}\n", h.step_clock, h.device_timer);
   fmt::print("backend {} ({}), machine: {}{}\n", h.backend, h.determinism_mode, h.machine.cpu_name,
              h.machine.gpu_name.empty() ? "" : fmt::format(", {} ({} SMs, driver {}, CUDA {}, cuBLAS {})",
                                                            h.machine.gpu_name, h.machine.sm_count,
@@ -103,6 +104,14 @@ void print_event(const trace::TraceEvent& e) {
              e.hist_token_length ? fmt::format(" hist_token_length {}", *e.hist_token_length) : "");
 }
 
+void print_stats(const trace::StepStatsRecord& s) {
+  fmt::print("step {:>6}  stats: {:.1f} us (device {:.1f} us, wait {:.1f} us{}), pages {} used {} free, "
+             "{} running, {} queued, {} prefix-hit tokens\n",
+             s.step, double(s.done_ns - s.submit_ns) / 1e3, double(s.device_busy_ns) / 1e3, double(s.wait_ns) / 1e3,
+             s.device_idle_before_ns < 0 ? "" : fmt::format(", idle before {:.1f} us", double(s.device_idle_before_ns) / 1e3),
+             s.pages_used, s.pages_free, s.running_count, s.queue_length, s.prefix_hit_tokens);
+}
+
 int run_inspect(const InspectOptions& o) {
   trace::TraceReader reader = trace::TraceReader::open(o.trace);
   print_header(reader.header());
@@ -111,6 +120,7 @@ int run_inspect(const InspectOptions& o) {
   const bool timeline = o.request >= 0;
   const RequestId id = static_cast<RequestId>(o.request);
   std::map<std::string, int64_t> event_counts;
+  int64_t stats_count = 0;
   std::map<int64_t, trace::StepInputRecord> open_inputs;  // for the timeline's outputs
   trace::TraceRecord record;
   while (reader.next(record)) {
@@ -125,6 +135,9 @@ int run_inspect(const InspectOptions& o) {
         print_request_output(*out, open_inputs[out->step], id);
         open_inputs.erase(out->step);
       }
+    } else if (auto* st = std::get_if<trace::StepStatsRecord>(&record)) {
+      ++stats_count;
+      if (table && st->step >= first && st->step <= last) print_stats(*st);
     } else if (auto* e = std::get_if<trace::TraceEvent>(&record)) {
       ++event_counts[std::string(trace::to_string(e->kind))];
       const bool in_table = table && e->step >= first && e->step <= last;
@@ -133,9 +146,10 @@ int run_inspect(const InspectOptions& o) {
   }
   std::vector<std::string> events;
   for (const auto& [kind, n] : event_counts) events.push_back(fmt::format("{} {}", kind, n));
-  fmt::print("records {}: {} step inputs, {} step outputs, {} events ({}); {} complete steps; {}\n",
+  fmt::print("records {}: {} step inputs, {} step outputs, {} events ({}), {} step stats; {} complete steps; {}\n",
              reader.records_read(), reader.step_inputs_read(), reader.step_outputs_read(),
              reader.events_read(), events.empty() ? "none" : fmt::format("{}", fmt::join(events, ", ")),
+             stats_count,
              reader.complete_steps(), reader.footer() ? "closed cleanly (footer present)" : "no footer");
   if (reader.truncation()) fmt::print("truncated: {}\n", reader.truncation()->describe());
   return 0;
@@ -171,6 +185,13 @@ std::string record_difference(const trace::TraceRecord& a, const trace::TraceRec
   }
   if (auto* x = std::get_if<trace::TraceEvent>(&a)) {
     return *x == std::get<trace::TraceEvent>(b) ? "" : "events differ";
+  }
+  if (auto* x = std::get_if<trace::StepStatsRecord>(&a)) {
+    // Times differ between any two real runs; what the scheduler held must not.
+    trace::StepStatsRecord y = std::get<trace::StepStatsRecord>(b);
+    y.submit_ns = x->submit_ns, y.done_ns = x->done_ns, y.wait_ns = x->wait_ns;
+    y.device_busy_ns = x->device_busy_ns, y.device_idle_before_ns = x->device_idle_before_ns;
+    return *x == y ? "" : fmt::format("step stats {} differ (pages, queue or prefix hits)", x->step);
   }
   return "";
 }

@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "core/step_plan.h"
 #include "core/step_result.h"
+#include "core/step_stats.h"
 
 #include <cstdint>
 #include <span>
@@ -72,6 +73,10 @@ class Backend {
   // let the executor run ahead (the serving loop does not when it has an observer).
   virtual StateSnapshot read_state(std::span<const int32_t> pool_rows) const = 0;
   virtual InputSnapshot read_inputs() const = 0;
+
+  // What the device measured of the last collected step (step stats; a backend that computes on
+  // the host measures nothing and keeps the default).
+  virtual DeviceStepTime last_device_time() const { return {}; }
 };
 
 }  // namespace ls

@@ -98,6 +98,7 @@ void Scheduler::submit(const RequestSpec& request, int32_t vocab_size) {
              "request {}: needs up to {} pages of {} tokens but pages_count = {} leaves {}", id,
              s.pages_for(tokens_max), c.page_size, c.pages_count, c.pages_count - 1);
   s.requests.emplace(id, std::move(r));
+  ++s.live_count;
   s.pending_events.push_back({.kind = SchedulerEvent::Kind::kArrive, .request_id = id});
 }
 
@@ -214,6 +215,7 @@ void Scheduler::Impl::finish(SchedRequest& r, FinishReason reason,
   if (keep_kv && !r.pages.empty()) cache_kv_pages(r, r.token_size() - 1);
   free_host_pages.insert(r.host_pages.begin(), r.host_pages.end());
   r.host_pages.clear();
+  if (!r.finished()) --live_count;
   r.state = RequestState::kFinished;
   r.finish_reason = reason;
   outcomes[r.spec.id] = RequestOutcome{
@@ -266,6 +268,7 @@ int32_t Scheduler::held_pages_count() const { return impl_->pages.held_count(); 
 int32_t Scheduler::free_pool_rows_count() const {
   return static_cast<int32_t>(impl_->free_pool_rows.size());
 }
+int32_t Scheduler::live_requests_count() const { return impl_->live_count; }
 int32_t Scheduler::steps_in_flight_count() const {
   return static_cast<int32_t>(impl_->in_flight.size());
 }

@@ -118,6 +118,7 @@ class Scheduler {
   int32_t held_pages_count() const;        // pages at least one request references
   int32_t free_pool_rows_count() const;
   int32_t steps_in_flight_count() const;   // planned steps whose result is not applied yet
+  int32_t live_requests_count() const;     // submitted and not finished
   std::optional<RequestState> state_of(RequestId id) const;
   // Pages a live request holds, in table order (empty when it holds none).
   std::vector<int32_t> pages_of(RequestId id) const;

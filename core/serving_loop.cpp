@@ -14,6 +14,28 @@ std::vector<int32_t> pool_rows_of(const ForwardOp& op) {
   return rows;
 }
 
+StepStats plan_stats(int64_t step, const std::vector<SchedulerEvent>& plan_events, const Scheduler& scheduler) {
+  StepStats s{.step = step};
+  s.pages_free = scheduler.free_pages_count();
+  s.pages_used = scheduler.held_pages_count() + scheduler.cached_pages_count();
+  s.running_count = scheduler.config().max_batch_rows - scheduler.free_pool_rows_count();
+  s.queue_length = std::max(0, scheduler.live_requests_count() - s.running_count);
+  for (const SchedulerEvent& e : plan_events) {
+    if (e.kind == SchedulerEvent::Kind::kPrefixHit) s.prefix_hit_tokens += e.tokens;
+  }
+  return s;
+}
+
+void time_stats(StepStats& s, int64_t submit_ns, int64_t done_ns, const DeviceStepTime& device) {
+  s.submit_ns = submit_ns;
+  s.done_ns = done_ns;
+  // A backend that measures nothing computed the step on this thread: the clock is its timer and
+  // the whole step was a wait for the result.
+  s.device_busy_ns = device.busy_ns >= 0 ? device.busy_ns : done_ns - submit_ns;
+  s.wait_ns = device.wait_ns >= 0 ? device.wait_ns : done_ns - submit_ns;
+  s.device_idle_before_ns = device.idle_before_ns;
+}
+
 namespace {
 
 // A step run and not yet applied to the scheduler.
@@ -27,6 +49,7 @@ struct InFlight {
 struct Submitted {
   ForwardOp op;
   int64_t step = 0;
+  StepStats stats;  // as planned, with its submit time (when the loop has a clock)
 };
 
 class ServingLoop {
@@ -68,6 +91,7 @@ class ServingLoop {
   // overlap (plan k before apply k − 1), so the ops, and so the tokens, are the same.
   ServingProgress run_ahead() {
     int64_t idle = 0;
+    StepStats stats;
     while (!scheduler_.done()) {
       StepPlanOut plan = scheduler_.plan();
       notify_events(plan.events);
@@ -83,6 +107,8 @@ class ServingLoop {
           options_.observer->on_step_input(step_, plan.op, plan.cache_ops,
                                            executor_.pending_faults());
         }
+        stats = timed() ? plan_stats(step_, plan.events, scheduler_) : StepStats{};
+        stats.submit_ns = timed() ? options_.clock->now_ns() : 0;
         executor_.submit(plan.op);
       } catch (const Error& e) {
         collect_submitted();  // as one step at a time: step k − 1 applied, step k rejected
@@ -90,7 +116,7 @@ class ServingLoop {
         throw;
       }
       collect_submitted();
-      submitted_ = Submitted{std::move(plan.op), step_++};
+      submitted_ = Submitted{std::move(plan.op), step_++, stats};
     }
     collect_submitted();
     return progress_;
@@ -99,10 +125,17 @@ class ServingLoop {
   void collect_submitted() {
     if (!submitted_) return;
     executor_.collect(result_);
-    const Submitted s = std::exchange(submitted_, std::nullopt).value();
+    Submitted s = std::exchange(submitted_, std::nullopt).value();
     if (options_.observer) options_.observer->on_step_output(s.step, s.op, result_, result_.state);
+    if (timed()) {
+      time_stats(s.stats, s.stats.submit_ns, options_.clock->now_ns(), executor_.backend().last_device_time());
+      options_.observer->on_step_stats(s.stats);
+    }
     apply(s.op, result_, s.step);
   }
+
+  // Step stats go to the observer when the loop has a clock.
+  bool timed() const { return options_.observer != nullptr && options_.clock != nullptr; }
 
   void count_idle(int64_t& idle) const {
     LS_REQUIRE(++idle <= options_.idle_steps_max || scheduler_.done(),
@@ -115,18 +148,22 @@ class ServingLoop {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
     }
     StepResult result;
+    StepStats stats = timed() ? plan_stats(step_, plan.events, scheduler_) : StepStats{};
+    const int64_t submit_ns = timed() ? options_.clock->now_ns() : 0;
     try {
       result = executor_.step(plan.op);
     } catch (const Error& e) {
       if (options_.observer) options_.observer->on_step_rejected(step_, e.what());
       throw;
     }
+    if (timed()) time_stats(stats, submit_ns, options_.clock->now_ns(), executor_.backend().last_device_time());
     if (options_.observer && executor_.options().record) {
       options_.observer->on_step_output(step_, plan.op, result, result.state);
     } else if (options_.observer) {
       options_.observer->on_step_output(step_, plan.op, result,
                                         executor_.backend().read_state(pool_rows_of(plan.op)));
     }
+    if (timed()) options_.observer->on_step_stats(stats);
     InFlight done{std::move(plan.op), std::move(result), step_++};
     if (scheduler_.config().overlap) {
       in_flight_ = std::move(done);

@@ -4,6 +4,7 @@
 // apply k−1: see ServingLoopOptions::run_ahead).
 #pragma once
 
+#include "core/clock.h"
 #include "core/executor.h"
 #include "core/scheduler.h"
 #include "core/step_observer.h"
@@ -24,6 +25,9 @@ struct ServingLoopOptions {
   // the executor records (ExecutorOptions::record; the loop still runs ahead), else read from the
   // backend after the step (then the loop runs one step at a time, so the state is exact).
   StepObserver* observer = nullptr;
+  // With an observer: the clock its step stats are read from (StepObserver::on_step_stats);
+  // null, no stats.
+  const Clock* clock = nullptr;
   // With the scheduler's overlap on, a backend that can run ahead and no observer that reads
   // device state (see `observer`): plan k,
   // submit k, collect and apply k − 1, so the device never waits for the host's planning.
@@ -36,6 +40,13 @@ struct ServingLoopOptions {
 // Runs until every submitted request has finished. Returns the final progress.
 ServingProgress run_serving_loop(Scheduler& scheduler, Executor& executor,
                                  const ServingLoopOptions& options = {});
+
+// A step's stats as the scheduler stands after planning it (`plan_events`: that plan's events,
+// for its prefix hits); the times are filled in by time_stats once it has run.
+StepStats plan_stats(int64_t step, const std::vector<SchedulerEvent>& plan_events, const Scheduler& scheduler);
+// The times of a step that ran from submit_ns to done_ns on the loop's clock; `device` is the
+// backend's own measure (-1 fields: none, the clock stands in).
+void time_stats(StepStats& stats, int64_t submit_ns, int64_t done_ns, const DeviceStepTime& device);
 
 // The pool rows of an op, in row order (what observers snapshot).
 std::vector<int32_t> pool_rows_of(const ForwardOp& op);

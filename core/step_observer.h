@@ -8,6 +8,7 @@
 #include "core/forward_op.h"
 #include "core/scheduler.h"
 #include "core/step_result.h"
+#include "core/step_stats.h"
 
 #include <cstdint>
 #include <string>
@@ -25,6 +26,8 @@ class StepObserver {
   virtual void on_step_output(int64_t step, const ForwardOp& op, const StepResult& result,
                               const StateSnapshot& state) = 0;
   virtual void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) = 0;
+  // After on_step_output, when the loop has a clock: when and how the step ran (core/step_stats.h).
+  virtual void on_step_stats(const StepStats& /*stats*/) {}
   // The executor rejected the step's op (ls::Error); nothing of it ran.
   virtual void on_step_rejected(int64_t /*step*/, const std::string& /*message*/) {}
 };

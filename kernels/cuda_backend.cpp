@@ -1415,6 +1415,13 @@ int64_t CudaBackend::last_finish_ns() const {
 
 CudaStepTiming CudaBackend::last_step_timing() const { return impl_->last_timing; }
 
+DeviceStepTime CudaBackend::last_device_time() const {
+  const auto ns = [](double ms) { return std::isnan(ms) ? int64_t{-1} : static_cast<int64_t>(std::llround(ms * 1e6)); };
+  return DeviceStepTime{.busy_ns = ns(impl_->last_timing.busy_ms),
+                        .idle_before_ns = ns(impl_->last_timing.idle_before_ms),
+                        .wait_ns = impl_->last_wait_ns};
+}
+
 CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_totals; }
 
 void CudaBackend::reset_phase_times() {

@@ -170,6 +170,9 @@ class CudaBackend final : public Backend {
   // Both synchronize the stream: with a step in flight they wait for it and show its effects.
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
+  // From last_step_timing() (CUDA events; busy and idle need options.time_steps) and
+  // last_wait_ns().
+  DeviceStepTime last_device_time() const override;
 
   CudaMemoryReport memory_report() const;
   int64_t graph_replays_count() const;

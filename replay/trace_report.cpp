@@ -103,6 +103,11 @@ struct StepPoint {
   int64_t kv_pages_max = 0;
   int64_t retractions = 0, recoveries = 0, finished = 0, aborted = 0, faults = 0, rejected = 0;
   int64_t drafts_proposed = 0, drafts_accepted = 0;
+  // From step stats records (trace/trace.capnp StepStats), when the trace has them.
+  int64_t timed_steps = 0;
+  int64_t step_ns = 0, step_ns_max = 0, device_busy_ns = 0, wait_ns = 0;
+  int64_t first_submit_ns = -1;  // the bucket's first timed step, on the trace's step clock
+  int64_t pages_used_max = 0, queue_max = 0, running_max = 0, prefix_hit_tokens = 0;
 
   void merge(const StepPoint& o) {
     steps += o.steps;
@@ -112,6 +117,13 @@ struct StepPoint {
     retractions += o.retractions, recoveries += o.recoveries, finished += o.finished, aborted += o.aborted;
     faults += o.faults, rejected += o.rejected;
     drafts_proposed += o.drafts_proposed, drafts_accepted += o.drafts_accepted;
+    if (first_submit_ns < 0) first_submit_ns = o.first_submit_ns;
+    timed_steps += o.timed_steps;
+    step_ns += o.step_ns, step_ns_max = std::max(step_ns_max, o.step_ns_max);
+    device_busy_ns += o.device_busy_ns, wait_ns += o.wait_ns;
+    pages_used_max = std::max(pages_used_max, o.pages_used_max);
+    queue_max = std::max(queue_max, o.queue_max), running_max = std::max(running_max, o.running_max);
+    prefix_hit_tokens += o.prefix_hit_tokens;
   }
   bool empty() const {
     return steps == 0 && retractions == 0 && recoveries == 0 && finished == 0 && aborted == 0 &&
@@ -134,13 +146,14 @@ class StepSeries {
     return points_[index];
   }
 
-  Json json() const {
+  // `t0_ns`: the trace's first submit time (times are seconds since it); -1: no step stats.
+  Json json(int64_t t0_ns) const {
     Json points = Json::array();
     for (size_t i = 0; i < points_.size(); ++i) {
       if (points_[i].empty()) continue;
       const StepPoint& p = points_[i];
       const double steps = static_cast<double>(std::max<int64_t>(p.steps, 1));
-      points.push_back(Json{
+      Json point{
           {"step_first", static_cast<int64_t>(i) * width_},
           {"step_last", (static_cast<int64_t>(i) + 1) * width_ - 1},
           {"steps", p.steps},
@@ -158,12 +171,32 @@ class StepSeries {
           {"faults", p.faults},
           {"accept_rate", p.drafts_proposed ? Json(static_cast<double>(p.drafts_accepted) /
                                                    static_cast<double>(p.drafts_proposed))
-                                            : Json(nullptr)}});
+                                            : Json(nullptr)}};
+      if (t0_ns >= 0) timed_fields(p, t0_ns, point);
+      points.push_back(std::move(point));
     }
     return Json{{"bucket_steps", width_}, {"points_max", points_max_}, {"points", points}};
   }
 
  private:
+  // A bucket's figures from step stats (null where none of its steps was timed).
+  static void timed_fields(const StepPoint& p, int64_t t0_ns, Json& point) {
+    const bool timed = p.timed_steps > 0;
+    const double n = static_cast<double>(std::max<int64_t>(p.timed_steps, 1));
+    const auto or_null = [timed](double v) { return timed ? Json(v) : Json(nullptr); };
+    point["time_s"] = timed ? Json(static_cast<double>(p.first_submit_ns - t0_ns) / 1e9) : Json(nullptr);
+    point["step_us_mean"] = or_null(static_cast<double>(p.step_ns) / n / 1e3);
+    point["step_us_max"] = or_null(static_cast<double>(p.step_ns_max) / 1e3);
+    point["device_busy_us_mean"] = or_null(static_cast<double>(p.device_busy_ns) / n / 1e3);
+    point["wait_us_mean"] = or_null(static_cast<double>(p.wait_ns) / n / 1e3);
+    point["tokens_per_s"] = timed && p.step_ns > 0 ? Json(static_cast<double>(p.emitted_tokens) * 1e9 /
+                                                          static_cast<double>(p.step_ns))
+                                                   : Json(nullptr);
+    point["pages_used_max"] = timed ? Json(p.pages_used_max) : Json(nullptr);
+    point["queue_max"] = timed ? Json(p.queue_max) : Json(nullptr);
+    point["running_max"] = timed ? Json(p.running_max) : Json(nullptr);
+  }
+
   void halve() {
     std::vector<StepPoint> merged((points_.size() + 1) / 2);
     for (size_t i = 0; i < points_.size(); ++i) merged[i / 2].merge(points_[i]);
@@ -183,6 +216,9 @@ struct RequestTrack {
   int64_t last_token_step = -1;
   int64_t tokens = 0;
   int64_t kv_pages = 0;
+  // On the step clock (step stats): the submit of the first step at or after the arrival, the
+  // done of the steps that carried its first and latest tokens; -1 unknown.
+  int64_t arrival_ns = -1, first_token_ns = -1, last_token_ns = -1;
 };
 
 // Finished requests for the timeline: every `every`-th one is kept; when the sample is full,
@@ -223,6 +259,8 @@ class ReportBuilder {
     LS_ASSERT(!open_.empty() && open_.front().step == out.step, "output of step {} without its input", out.step);
     const trace::StepInputRecord in = std::move(open_.front());
     open_.pop_front();
+    emitters_.clear();
+    emitters_step_ = out.step;
     forget_ended_before(out.step - trace::kOpenStepsMax);
     StepPoint& point = series_.at(out.step);
     ++point.steps;
@@ -262,9 +300,9 @@ class ReportBuilder {
            {"trace", std::move(trace_facts)},
            {"totals", totals()},
            {"accept", accept()},
-           {"step_latency", nullptr},
+           {"step_latency", step_latency()},
            {"requests", requests()},
-           {"series", series_.json()},
+           {"series", series_.json(timed_steps_ > 0 ? t0_ns_ : -1)},
            {"timeline", timeline()},
            {"replay", std::move(replay)}};
     return j;
@@ -319,6 +357,54 @@ class ReportBuilder {
     }
     t.last_token_step = out.step;
     t.tokens += emitted;
+    emitters_.push_back(r.request_id);  // timed when this step's stats follow
+  }
+
+ public:
+  // A step's stats follow its output (trace/trace.capnp): they time that step's tokens and the
+  // arrivals before it.
+  void on_stats(const trace::StepStatsRecord& s) {
+    if (t0_ns_ < 0) t0_ns_ = s.submit_ns;
+    StepPoint& point = series_.at(s.step);
+    const int64_t step_ns = s.done_ns - s.submit_ns;
+    if (point.first_submit_ns < 0) point.first_submit_ns = s.submit_ns;
+    ++point.timed_steps;
+    point.step_ns += step_ns, point.step_ns_max = std::max(point.step_ns_max, step_ns);
+    point.device_busy_ns += s.device_busy_ns, point.wait_ns += s.wait_ns;
+    point.pages_used_max = std::max<int64_t>(point.pages_used_max, s.pages_used);
+    point.queue_max = std::max<int64_t>(point.queue_max, s.queue_length);
+    point.running_max = std::max<int64_t>(point.running_max, s.running_count);
+    point.prefix_hit_tokens += s.prefix_hit_tokens;
+    step_ns_.add(step_ns), device_busy_ns_.add(s.device_busy_ns), wait_ns_.add(s.wait_ns);
+    if (s.device_idle_before_ns >= 0) device_idle_ns_.add(s.device_idle_before_ns);
+    ++timed_steps_, timed_ns_ += step_ns, prefix_hit_tokens_ += s.prefix_hit_tokens;
+    last_done_ns_ = s.done_ns;
+    pages_used_max_ = std::max<int64_t>(pages_used_max_, s.pages_used);
+    queue_max_ = std::max<int64_t>(queue_max_, s.queue_length);
+    // Arrivals first: a request may get its first token in the step it arrived before.
+    for (RequestId id : awaiting_arrival_time_) {
+      const auto it = running_.find(id);
+      if (it != running_.end() && it->second.arrival_ns < 0) it->second.arrival_ns = s.submit_ns;
+    }
+    awaiting_arrival_time_.clear();
+    if (s.step == emitters_step_) time_tokens(s.done_ns);
+    emitters_.clear();
+  }
+
+ private:
+  void time_tokens(int64_t done_ns) {
+    for (RequestId id : emitters_) {
+      const auto it = running_.find(id);
+      if (it == running_.end()) continue;
+      RequestTrack& t = it->second;
+      if (t.first_token_ns < 0) {
+        t.first_token_ns = done_ns;
+        if (t.arrival_ns >= 0) ttft_ns_.add(done_ns - t.arrival_ns);
+      } else {
+        itl_ns_.add(done_ns - t.last_token_ns);
+      }
+      t.last_token_ns = done_ns;
+    }
   }
 
   // A request seen in a step before (or without) its arrival event arrives at that step.
@@ -343,6 +429,7 @@ class ReportBuilder {
     auto [it, inserted] = running_.try_emplace(e.request_id);
     it->second.arrival_step = e.step;
     if (!inserted) --arrivals_unseen_;
+    awaiting_arrival_time_.push_back(e.request_id);
   }
 
   void drop_pages(RequestId id) {
@@ -358,6 +445,7 @@ class ReportBuilder {
     if (it == running_.end()) return;  // an end without any step or arrival: counted, not drawn
     const RequestTrack& t = it->second;
     if (t.tokens > 1) tpot_millisteps_.add((t.last_token_step - t.first_token_step) * 1000 / (t.tokens - 1));
+    if (t.tokens > 1 && t.first_token_ns >= 0) tpot_ns_.add((t.last_token_ns - t.first_token_ns) / (t.tokens - 1));
     timeline_row(e.request_id, t, e.kind == trace::EventKind::kFinish ? "finish" : "abort", e.detail, e.step);
     kv_pages_ -= t.kv_pages;
     running_.erase(it);
@@ -410,6 +498,25 @@ class ReportBuilder {
                 {"accepted_length_histogram", histogram}};
   }
 
+  // The step stats' figures, or null for a trace without them.
+  Json step_latency() const {
+    if (timed_steps_ == 0) return nullptr;
+    const double wall_s = static_cast<double>(last_done_ns_ - t0_ns_) / 1e9;
+    return Json{{"clock", header_.step_clock},
+                {"device_timer", header_.device_timer},
+                {"timed_steps", timed_steps_},
+                {"wall_s", wall_s},
+                {"tokens_per_s_wall", wall_s > 0 ? Json(static_cast<double>(emitted_tokens_) / wall_s) : Json(nullptr)},
+                {"tokens_per_s_in_steps", static_cast<double>(emitted_tokens_) * 1e9 / static_cast<double>(std::max<int64_t>(timed_ns_, 1))},
+                {"step_us", step_ns_.json(1e3)},
+                {"device_busy_us", device_busy_ns_.json(1e3)},
+                {"wait_us", wait_ns_.json(1e3)},
+                {"device_idle_before_us", device_idle_ns_.json(1e3)},
+                {"pages_used_max", pages_used_max_},
+                {"queue_max", queue_max_},
+                {"prefix_hit_tokens", prefix_hit_tokens_}};
+  }
+
   Json requests() const {
     return Json{{"arrived", arrived_},
                 {"seen_without_arrival", arrivals_unseen_},
@@ -418,7 +525,10 @@ class ReportBuilder {
                 {"running_at_end", running_.size()},
                 {"ttft_steps", ttft_steps_.json(1)},
                 {"tpot_steps", tpot_millisteps_.json(1000)},
-                {"itl_steps", itl_steps_.json(1)}};
+                {"itl_steps", itl_steps_.json(1)},
+                {"ttft_ms", ttft_ns_.json(1e6)},
+                {"tpot_ms", tpot_ns_.json(1e6)},
+                {"itl_ms", itl_ns_.json(1e6)}};
   }
 
   Json timeline() const {
@@ -441,6 +551,13 @@ class ReportBuilder {
   int64_t arrived_ = 0, arrivals_unseen_ = 0, rejected_ = 0;
   std::map<std::string, int64_t> finished_, aborted_, retractions_, recoveries_, faults_;
   Histogram ttft_steps_, itl_steps_, tpot_millisteps_;
+  // Step stats.
+  Histogram step_ns_, device_busy_ns_, wait_ns_, device_idle_ns_, ttft_ns_, tpot_ns_, itl_ns_;
+  int64_t t0_ns_ = -1, last_done_ns_ = 0, timed_steps_ = 0, timed_ns_ = 0, prefix_hit_tokens_ = 0;
+  int64_t pages_used_max_ = 0, queue_max_ = 0;
+  std::vector<RequestId> emitters_;  // requests that got tokens from the last output
+  int64_t emitters_step_ = -1;
+  std::vector<RequestId> awaiting_arrival_time_;  // arrived; timed by the next step's stats
 };
 
 Json trace_facts(const std::filesystem::path& path, const trace::TraceReader& reader) {
@@ -501,6 +618,8 @@ Json build_trace_report(const std::filesystem::path& path, const ReportOptions& 
       builder.on_output(*out);
     } else if (auto* e = std::get_if<trace::TraceEvent>(&record)) {
       builder.on_event(*e);
+    } else if (auto* s = std::get_if<trace::StepStatsRecord>(&record)) {
+      builder.on_stats(*s);
     }
   }
   return builder.finish(trace_facts(path, reader), replay ? replay_facts(*replay) : Json(nullptr));

@@ -22,6 +22,7 @@ class SimTraceObserver final : public SimObserver {
   void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) override {
     trace_.on_scheduler_events(step, events);
   }
+  void on_step_stats(const StepStats& stats) override { trace_.on_step_stats(stats); }
   void on_step_rejected(int64_t step, const std::string& message) override {
     trace_.on_step_rejected(step, message);
   }

@@ -41,6 +41,20 @@ namespace {
 
 constexpr uint32_t kFaultStream = 3;
 
+// The simulated clock (step stats in a recorded trace): a step costs a fixed part and a part per
+// token it computes, planning a fixed part, an idle tick its own; made-up magnitudes of a small
+// GPU model, fixed so that a seed's times are a function of the seed alone.
+constexpr int64_t kHostPlanNs = 20'000;
+constexpr int64_t kStepBaseNs = 400'000;
+constexpr int64_t kStepTokenNs = 2'000;
+constexpr int64_t kIdleTickNs = 1'000'000;
+
+int64_t step_cost_ns(const ForwardOp& op) {
+  int64_t tokens = 0;
+  for (const OpRow& row : op.rows) tokens += row.input_length;
+  return kStepBaseNs + kStepTokenNs * tokens;
+}
+
 std::unique_ptr<Backend> make_world_backend(const SimParams& p, const ModelWeights& weights,
                                             const WorldOptions& options,
                                             const ExecutorConfig& config) {
@@ -98,7 +112,10 @@ class World {
   }
 
   void run_one_step() {
+    const int64_t step_before = step_;
     deliver_arrivals();
+    // An idle stretch the clock jumped over (nothing live: straight to the next arrival).
+    clock_.advance_ns((step_ - step_before) * kIdleTickNs + kHostPlanNs);
     client_aborts();
     if (enabled(FaultSite::kAbortMidPrefill) && faults_.chance(params_.fault_rate)) abort_mid_prefill();
     StepPlanOut plan = scheduler_.plan();
@@ -106,6 +123,7 @@ class World {
     if (in_flight_) apply(*in_flight_), in_flight_.reset();
     if (plan.op.rows.empty() && plan.cache_ops.empty()) {
       ++step_;  // an idle tick of the simulated clock: nothing runs
+      clock_.advance_ns(kIdleTickNs);
       return;
     }
     for (const CacheOp& c : plan.cache_ops) executor_.copy_pages(c);
@@ -124,14 +142,23 @@ class World {
     if (options_.observer) {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
     }
+    const int64_t submit_ns = clock_.now_ns();
     StepResult result = executor_.step(plan.op);
+    clock_.advance_ns(step_cost_ns(plan.op));
+    const int64_t done_ns = clock_.now_ns();
     const StateSnapshot after = backend_->read_state(rows);
     const InputSnapshot inputs = backend_->read_inputs();
     const StepObservation o{step_, &plan.op, &result, &before, &after, &inputs,
                             executor_.vocab_size(), &config_};
     check_step(o, scheduler_, summary_.failures);
     if (config_.verify_width > 1) count_accepted(plan.op, result);
-    if (options_.observer) options_.observer->on_step_output(step_, plan.op, result, after);
+    if (options_.observer) {
+      options_.observer->on_step_output(step_, plan.op, result, after);
+      // The simulated device is the clock: no device time of its own, no wait but the step.
+      StepStats stats = plan_stats(step_, plan.events, scheduler_);
+      time_stats(stats, submit_ns, done_ns, {});
+      options_.observer->on_step_stats(stats);
+    }
     fingerprint(plan.op, result);
     InFlight done{plan.op, std::move(result)};
     if (params_.overlap) {
@@ -300,6 +327,7 @@ class World {
 
   SimParams params_;
   WorldOptions options_;
+  ManualClock clock_;  // simulated time (step stats): advanced by the world, never by the host
   ExecutorConfig config_;
   std::unique_ptr<Backend> backend_;
   Executor executor_;

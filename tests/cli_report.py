@@ -22,7 +22,7 @@ import tempfile
 
 LOCKSTEP, CHROMIUM, WORKDIR = sys.argv[1:4]
 SEED_ARGS = ["sim", "--seed", "7", "--spec", "--faults", "all", "--requests", "80"]
-CHART_NAMES = ["rows", "tokens", "pages", "accept", "ended"]
+CHART_NAMES = ["rows", "tokens", "latency", "throughput", "pages", "queue", "accept", "ended"]
 
 
 def path(name):
@@ -126,7 +126,8 @@ def check_charts(dom, report):
         expected = sum(1 for p in points if p[a["data-series"]] is not None)
         assert drawn == expected, f"{a['data-series']}: {drawn} points drawn, {expected} in the series"
     assert {a["data-series"] for a in polylines} >= {"prefill_tokens", "decode_tokens", "emitted_tokens",
-                                                       "kv_pages_max", "accept_rate"}
+                                                       "kv_pages_max", "accept_rate", "step_us_mean",
+                                                       "tokens_per_s", "pages_used_max", "queue_max"}
     bars = [a for t, a in dom.elements if t == "rect" and a.get("data-series") == "recovered_rows"]
     assert len(bars) == len(points)
     markers = [a for t, a in dom.elements if a.get("data-marker") == "retractions"]
@@ -159,6 +160,14 @@ def check_against_simulator(report, sim_out, inspect_out):
     assert requests["finished"].get("numerical_error", 0) + requests["aborted"].get("numerical_error", 0) == numerical
     steps = int(re.search(r"(\d+) complete steps", inspect_out).group(1))
     assert totals["steps"] == steps == report["trace"]["complete_steps"], (totals["steps"], steps)
+    # The simulator's clock charges a step 400 us and 2 us per input token (sim/world.cpp), so the
+    # step stats (written by the world, read back from the trace) must add up to that over the
+    # input records' tokens.
+    latency = report["step_latency"]
+    assert latency["clock"] == "simulated" and latency["timed_steps"] == steps
+    expected_us = 400 * steps + 2 * (totals["prefill_tokens"] + totals["decode_tokens"])
+    assert abs(latency["step_us"]["mean"] * steps - expected_us) < 1e-6 * expected_us, (latency, expected_us)
+    assert 0 < latency["pages_used_max"] <= report["trace"]["pages"] - 1 and latency["queue_max"] > 0
 
 
 def check_no_network(page):
@@ -195,6 +204,20 @@ def main():
     marks = [a for t, a in dom.elements if a.get("data-divergence-step") == str(step)]
     assert len(marks) == len(CHART_NAMES), f"the divergence at step {step} is marked on {len(marks)} charts"
     print(f"divergence at step {step}: shown and marked on every chart")
+
+    # A recorded `generate` (the serving loop on the host's steady clock) carries a step's stats
+    # for every step: its times in order.
+    generated = path("generate.trace")
+    prompts = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "prompts.jsonl")
+    run("generate", "--prompts", prompts, "--record", generated, "-o", path("generate.jsonl"), "-q")
+    run("report", generated, "--json", path("generate.json"))
+    g = json.load(open(path("generate.json")))
+    latency = g["step_latency"]
+    assert latency["clock"] == "steady" and latency["device_timer"] == "host-clock", latency
+    assert latency["timed_steps"] == g["totals"]["steps"] > 0 and latency["step_us"]["max"] > 0
+    times = [p["time_s"] for p in g["series"]["points"] if p.get("time_s") is not None]
+    assert times == sorted(times) and g["requests"]["ttft_ms"]["count"] == g["requests"]["arrived"] > 0
+    print(f"generate: {latency['timed_steps']} steps timed on the steady clock, step p50 {latency['step_us']['p50']} us")
 
     other = path("other.trace")
     run("sim", "--seed", "3", "--no-twin", "--record", other)

@@ -216,6 +216,27 @@ void check_event(const TraceEvent& event, const TraceHeader& h) {
   }
 }
 
+void check_step_stats(const StepStatsRecord& s, const TraceHeader& h) {
+  LS_REQUIRE(!h.step_clock.empty() && !h.device_timer.empty(),
+             "step stats of step {} in a trace whose header names no step_clock or device_timer", s.step);
+  LS_REQUIRE(s.done_ns >= s.submit_ns, "step stats {}: done_ns = {} is before submit_ns = {}", s.step,
+             s.done_ns, s.submit_ns);
+  LS_REQUIRE(s.wait_ns >= 0 && s.device_busy_ns >= 0, "step stats {}: wait_ns = {} or device_busy_ns = {} is negative",
+             s.step, s.wait_ns, s.device_busy_ns);
+  LS_REQUIRE(s.device_idle_before_ns >= -1, "step stats {}: device_idle_before_ns = {} is below -1 (unknown)",
+             s.step, s.device_idle_before_ns);
+  LS_REQUIRE(s.pages_used >= 0 && s.pages_free >= 0 &&
+                 int64_t{s.pages_used} + s.pages_free <= int64_t{h.executor.pages_count} - 1,
+             "step stats {}: pages_used = {} + pages_free = {} exceed the pages_count - 1 = {} usable pages",
+             s.step, s.pages_used, s.pages_free, h.executor.pages_count - 1);
+  LS_REQUIRE(s.prefix_hit_tokens >= 0 && s.queue_length >= 0,
+             "step stats {}: prefix_hit_tokens = {} or queue_length = {} is negative", s.step,
+             s.prefix_hit_tokens, s.queue_length);
+  LS_REQUIRE(s.running_count >= 0 && s.running_count <= h.executor.max_batch_rows,
+             "step stats {}: running_count = {} is outside [0, max_batch_rows = {}]", s.step, s.running_count,
+             h.executor.max_batch_rows);
+}
+
 void OffsetsDigest::add(uint64_t offset) {
   ++count;
   hash = XXH3_64bits_withSeed(&offset, sizeof offset, hash);
@@ -261,6 +282,7 @@ void TraceSequence::on_output(const StepOutputRecord& record) {
              oldest_open().step);
   check_step_output(record, oldest_open(), *header_);
   pop_open();
+  last_output_step_ = record.step;
   ++outputs_count_;
   ++complete_steps_;
 }
@@ -325,6 +347,16 @@ void TraceSequence::on_event(const TraceEvent& event) {
     ++complete_steps_;
   }
   ++events_count_;
+}
+
+void TraceSequence::on_stats(const StepStatsRecord& stats) {
+  LS_REQUIRE(!footer_seen_, "step stats follow the footer");
+  LS_REQUIRE(stats.step == last_output_step_ && stats.step > last_stats_step_,
+             "step stats {} do not follow that step's output (the last output is step {}; the "
+             "last stats step {})",
+             stats.step, last_output_step_, last_stats_step_);
+  check_step_stats(stats, *header_);
+  last_stats_step_ = stats.step;
 }
 
 void TraceSequence::on_footer(const TraceFooter& footer, const OffsetsDigest& seen) {

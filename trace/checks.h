@@ -39,6 +39,8 @@ bool header_records_logits(const TraceHeader& header);
 // One step's top-k pairs, [logits rows, k]: ids in range and distinct within a row (the order
 // implies it), finite logits in rank order.
 void check_top_logits(std::span<const TopLogit> top, int32_t k, int32_t vocab);
+// Times in order, counts within the header's limits, and a header that names its clocks.
+void check_step_stats(const StepStatsRecord& stats, const TraceHeader& header);
 
 // The footer's step index, compared in O(1) memory: a count and a running hash of the offsets.
 struct OffsetsDigest {
@@ -61,6 +63,8 @@ class TraceSequence {
   void on_output(const StepOutputRecord& record);
   // A stepRejected event for the oldest open step closes it.
   void on_event(const TraceEvent& event);
+  // A stepStats record follows its step's output: the last completed step, once.
+  void on_stats(const StepStatsRecord& stats);
   // `seen`: the byte offsets of step input records 0, stride, 2·stride, … as read.
   void on_footer(const TraceFooter& footer, const OffsetsDigest& seen);
 
@@ -90,6 +94,8 @@ class TraceSequence {
   // still carry them (overlap) without making them live again.
   std::vector<std::pair<RequestId, int64_t>> recently_ended_;
   std::vector<RequestId> last_input_requests_;  // a fault event may name a row of the last step
+  int64_t last_output_step_ = -1;
+  int64_t last_stats_step_ = -1;
   int64_t inputs_count_ = 0;
   int64_t outputs_count_ = 0;
   int64_t events_count_ = 0;

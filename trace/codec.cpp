@@ -164,6 +164,8 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setIndexStride(h.index_stride);
   out.setDrafter(h.drafter);
   out.setForeignExecutor(h.foreign_executor);
+  out.setStepClock(h.step_clock);
+  out.setDeviceTimer(h.device_timer);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -232,6 +234,8 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   // Traces from before drafters carry no name: they ran without one.
   out.drafter = in.hasDrafter() ? text(in.getDrafter()) : std::string(kNoDrafterName);
   out.foreign_executor = text(in.getForeignExecutor());
+  out.step_clock = text(in.getStepClock());
+  out.device_timer = text(in.getDeviceTimer());
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());
@@ -386,6 +390,34 @@ void decode(schema::Footer::Reader in, TraceFooter& out) {
   out.events_count = in.getEventsCount();
   out.index_stride = in.getIndexStride();
   copy_list(in.getStepOffsets(), out.step_offsets);
+}
+
+void encode(const StepStatsRecord& s, schema::StepStats::Builder out) {
+  out.setStep(s.step);
+  out.setSubmitNs(s.submit_ns);
+  out.setDoneNs(s.done_ns);
+  out.setWaitNs(s.wait_ns);
+  out.setDeviceBusyNs(s.device_busy_ns);
+  out.setDeviceIdleBeforeNs(s.device_idle_before_ns);
+  out.setPagesUsed(s.pages_used);
+  out.setPagesFree(s.pages_free);
+  out.setPrefixHitTokens(s.prefix_hit_tokens);
+  out.setQueueLength(s.queue_length);
+  out.setRunningCount(s.running_count);
+}
+
+void decode(schema::StepStats::Reader in, StepStatsRecord& out) {
+  out = StepStatsRecord{.step = in.getStep(),
+                        .submit_ns = in.getSubmitNs(),
+                        .done_ns = in.getDoneNs(),
+                        .wait_ns = in.getWaitNs(),
+                        .device_busy_ns = in.getDeviceBusyNs(),
+                        .device_idle_before_ns = in.getDeviceIdleBeforeNs(),
+                        .pages_used = in.getPagesUsed(),
+                        .pages_free = in.getPagesFree(),
+                        .prefix_hit_tokens = in.getPrefixHitTokens(),
+                        .queue_length = in.getQueueLength(),
+                        .running_count = in.getRunningCount()};
 }
 
 }  // namespace ls::trace::codec

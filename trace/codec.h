@@ -16,6 +16,7 @@ void encode(const StepInputRecord& record, schema::StepInput::Builder out);
 void encode(const StepOutputRecord& record, schema::StepOutput::Builder out);
 void encode(const TraceEvent& event, schema::Event::Builder out);
 void encode(const TraceFooter& footer, schema::Footer::Builder out);
+void encode(const StepStatsRecord& stats, schema::StepStats::Builder out);
 
 // Decoders reuse the capacity of `out`'s vectors.
 void decode(schema::Header::Reader in, TraceHeader& out);
@@ -23,5 +24,6 @@ void decode(schema::StepInput::Reader in, StepInputRecord& out);
 void decode(schema::StepOutput::Reader in, StepOutputRecord& out);
 void decode(schema::Event::Reader in, TraceEvent& out);
 void decode(schema::Footer::Reader in, TraceFooter& out);
+void decode(schema::StepStats::Reader in, StepStatsRecord& out);
 
 }  // namespace ls::trace::codec

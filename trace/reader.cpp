@@ -410,6 +410,15 @@ TraceReader::Impl::Read TraceReader::Impl::read_record(TraceRecord& out) {
       sequence->on_event(event);
       break;
     }
+    case schema::Record::STEP_STATS: {
+      kind_label = "step stats";
+      const auto in = root.getStepStats();
+      step = in.getStep();
+      StepStatsRecord& stats = reuse<StepStatsRecord>(out);
+      codec::decode(in, stats);
+      sequence->on_stats(stats);
+      break;
+    }
     case schema::Record::FOOTER: {
       kind_label = "footer";
       TraceFooter& record = reuse<TraceFooter>(out);

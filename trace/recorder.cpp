@@ -31,13 +31,14 @@ constexpr size_t kScratchWords = size_t{16} << 10;
 
 // One queued record. Items are recycled so that their vectors keep their capacity.
 struct Item {
-  enum class Kind : uint8_t { kInput, kRawOutput, kOutput, kEvent } kind = Kind::kInput;
+  enum class Kind : uint8_t { kInput, kRawOutput, kOutput, kEvent, kStats } kind = Kind::kInput;
   int64_t step = 0;
   StepInputRecord input;    // kInput
   StepResult result;        // kRawOutput
   StateSnapshot touched;    // kRawOutput
   StepOutputRecord output;  // kOutput
   TraceEvent event;         // kEvent
+  StepStatsRecord stats;    // kStats
   uint64_t bytes = 0;       // estimate of the memory this record holds, for the in-flight bound
 };
 
@@ -256,6 +257,16 @@ void Recorder::State::process(Item& item) {
         codec::encode(r, root.initEvent());
       });
       return;
+    case Item::Kind::kStats:
+      try {
+        sequence.on_stats(item.stats);
+      } catch (const Error& e) {
+        LS_ASSERT(false, "recorder: step stats are invalid: {}", e.what());
+      }
+      append(item.stats, [](const StepStatsRecord& r, schema::Record::Builder root) {
+        codec::encode(r, root.initStepStats());
+      });
+      return;
   }
 }
 
@@ -416,6 +427,14 @@ void Recorder::record_event(TraceEvent event) {
   item->kind = Item::Kind::kEvent;
   item->bytes = kItemOverheadBytes + event.detail.size();
   item->event = std::move(event);
+  state_->push(std::move(item));
+}
+
+void Recorder::record_stats(const StepStatsRecord& stats) {
+  std::unique_ptr<Item> item = state_->take_item();
+  item->kind = Item::Kind::kStats;
+  item->bytes = kItemOverheadBytes;
+  item->stats = stats;
   state_->push(std::move(item));
 }
 

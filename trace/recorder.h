@@ -73,6 +73,8 @@ class Recorder {
   // A record built by the caller (e.g. with make_step_output).
   void record_output(StepOutputRecord&& record);
   void record_event(TraceEvent event);
+  // After the step's output: when and how it ran (header.step_clock and device_timer set).
+  void record_stats(const StepStatsRecord& stats);
   // The executor rejected the op of an open step: a stepRejected event closes it.
   void record_rejection(int64_t step, std::string message);
 

@@ -8,6 +8,7 @@
 #include "core/forward_op.h"
 #include "core/model/weights.h"
 #include "core/step_result.h"
+#include "core/step_stats.h"
 
 #include <cstdint>
 #include <optional>
@@ -57,6 +58,10 @@ struct TraceHeader {
   // trace written by a foreign executor through lockstep.TraceWriter): its outputs carry no state
   // digests and its weights digest may be 0 (not recorded), and exact replay refuses it.
   std::string foreign_executor;
+  // The clocks of the stepStats records ("" when the trace has none): stepClock "steady" or
+  // "simulated"; deviceTimer "cuda-events", "host-clock" or "simulated".
+  std::string step_clock;
+  std::string device_timer;
 
   bool is_foreign() const { return !foreign_executor.empty(); }
 };
@@ -119,6 +124,11 @@ struct TraceFooter {
 };
 
 // What TraceReader::next yields after the header.
-using TraceRecord = std::variant<StepInputRecord, StepOutputRecord, TraceEvent, TraceFooter>;
+// When and how a step ran, after its output (core/step_stats.h; not replayed: timing is not
+// execution).
+using StepStatsRecord = StepStats;
+
+using TraceRecord =
+    std::variant<StepInputRecord, StepOutputRecord, TraceEvent, TraceFooter, StepStatsRecord>;
 
 }  // namespace ls::trace

@@ -24,6 +24,7 @@
 #   frames 1..n      Record.stepInput   written BEFORE the step executes,
 #                    Record.stepOutput  written after the step completed,
 #                    Record.event       request lifecycle and fault events, in between.
+#                    Record.stepStats   when and how a step ran (optional; after its output).
 #   last (optional)  Record.footer      written by a clean close: counts and a sparse index.
 #
 # READING
@@ -43,6 +44,8 @@
 #     steps are open at once (an overlapped executor records input k+1 before output k).
 #   - An event carries the step at which it happened (>= 0); a stepRejected event whose step is
 #     the oldest open step closes that step.
+#   - A stepStats record follows the output of its step (its step is the last completed one),
+#     at most one per step.
 #   - Nothing follows a footer.
 #   - Events: steps never decrease from one event to the next, and an event's step is at least
 #     the last step input's (and a step input's at least the last event's). An event names a
@@ -100,6 +103,7 @@ struct Record {
     stepOutput @2 :StepOutput;
     event @3 :Event;
     footer @4 :Footer;
+    stepStats @5 :StepStats;   # issue 17; a reader from before skips it
   }
 }
 
@@ -125,6 +129,10 @@ struct Header {
                              # digests (futureInputDigests may be empty), and its weights digest
                              # may be 0 (not recorded); `check` and teacher-forced replay accept
                              # it, exact replay refuses it.
+  # Issue 17: the clocks of the stepStats records ("" when the trace has none).
+  stepClock @15 :Text;       # "steady" (the host's monotonic clock), "simulated" (the simulator's)
+  deviceTimer @16 :Text;     # "cuda-events", "host-clock" (the CPU computes the step on the host
+                             # thread: the clock is its timer), "simulated"
 }
 
 struct ModelShape {
@@ -293,4 +301,21 @@ struct Footer {
   eventsCount @2 :Int64;
   indexStride @3 :Int32;         # stepOffsets[j] is the byte offset of stepInput record j·stride
   stepOffsets @4 :List(UInt64);
+}
+
+# When and how one step ran (issue 17), measured outside the executor's rules. Times are
+# nanoseconds on header.stepClock (only differences mean anything); durations on
+# header.deviceTimer.
+struct StepStats {
+  step @0 :Int64;
+  submitNs @1 :Int64;              # the op handed to the executor
+  doneNs @2 :Int64;                # its result in the host's hands
+  waitNs @3 :Int64;                # host time blocked on the step's completion
+  deviceBusyNs @4 :Int64;          # the step's first to last device operation
+  deviceIdleBeforeNs @5 :Int64;    # device idle since the previous step ended; -1 unknown
+  pagesUsed @6 :Int32;             # device pages held by requests or the prefix cache
+  pagesFree @7 :Int32;
+  prefixHitTokens @8 :Int32;       # prompt tokens this step's plan found in the prefix cache
+  queueLength @9 :Int32;           # live requests without a pool row (waiting or retracted)
+  runningCount @10 :Int32;         # requests holding a pool row
 }

@@ -67,6 +67,12 @@ void TraceObserver::on_scheduler_events(int64_t step, const std::vector<Schedule
   }
 }
 
+// Stats are recorded into a trace whose header names their clocks (generate and sim set them);
+// one opened without (an embedding's own header) records its steps as before.
+void TraceObserver::on_step_stats(const StepStats& stats) {
+  if (!recorder_.header().step_clock.empty()) recorder_.record_stats(stats);
+}
+
 void TraceObserver::record_fault(int64_t step, RequestId request, const std::string& detail) {
   recorder_.record_event(
       TraceEvent{.kind = EventKind::kFaultFired, .request_id = request, .step = step, .detail = detail});

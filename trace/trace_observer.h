@@ -19,6 +19,7 @@ class TraceObserver : public StepObserver {
   void on_step_output(int64_t step, const ForwardOp& op, const StepResult& result,
                       const StateSnapshot& state) override;
   void on_scheduler_events(int64_t step, const std::vector<SchedulerEvent>& events) override;
+  void on_step_stats(const StepStats& stats) override;
   void on_step_rejected(int64_t step, const std::string& message) override {
     recorder_.record_rejection(step, message);
   }

@@ -23,10 +23,10 @@ from ._lockstep import (  # noqa: F401
     model_config,
     model_names,
 )
-from .records import Event, Footer, Header, Record, StepInput, StepOutput, TraceFile, open_trace  # noqa: F401
+from .records import Event, Footer, Header, Record, StepInput, StepOutput, StepStats, TraceFile, open_trace  # noqa: F401
 
 __all__ = [
     "Error", "Executor", "ForwardOp", "Result", "SamplingParams", "TraceWriter", "open_trace",
-    "TraceFile", "Header", "StepInput", "StepOutput", "Event", "Footer", "Record",
+    "TraceFile", "Header", "StepInput", "StepOutput", "Event", "Footer", "StepStats", "Record",
     "cuda_device_available", "has_cuda", "model_config", "model_names",
 ]

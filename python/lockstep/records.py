@@ -72,7 +72,14 @@ class Footer(Record):
     kind = "footer"
 
 
-_MAKE = {"step_input": StepInput, "step_output": StepOutput, "event": Event, "footer": Footer}
+class StepStats(Record):
+    """When and how a step ran (issue 17): times on the header's step_clock, serving counts."""
+    __slots__ = ()
+    kind = "step_stats"
+
+
+_MAKE = {"step_input": StepInput, "step_output": StepOutput, "event": Event, "footer": Footer,
+         "step_stats": StepStats}
 
 
 class TraceFile:

@@ -235,6 +235,8 @@ py::dict header_to_dict(const trace::TraceHeader& h) {
   d["index_stride"] = h.index_stride;
   d["drafter"] = h.drafter;
   d["foreign_executor"] = h.foreign_executor.empty() ? py::object(py::none()) : py::cast(h.foreign_executor);
+  d["step_clock"] = h.step_clock;
+  d["device_timer"] = h.device_timer;
   return d;
 }
 
@@ -302,8 +304,24 @@ py::dict footer_to_dict(const trace::TraceFooter& f) {
   return d;
 }
 
+py::dict stats_to_dict(const trace::StepStatsRecord& s) {
+  py::dict d;
+  d["step"] = s.step;
+  d["submit_ns"] = s.submit_ns;
+  d["done_ns"] = s.done_ns;
+  d["wait_ns"] = s.wait_ns;
+  d["device_busy_ns"] = s.device_busy_ns;
+  d["device_idle_before_ns"] = s.device_idle_before_ns;
+  d["pages_used"] = s.pages_used;
+  d["pages_free"] = s.pages_free;
+  d["prefix_hit_tokens"] = s.prefix_hit_tokens;
+  d["queue_length"] = s.queue_length;
+  d["running_count"] = s.running_count;
+  return d;
+}
+
 // The reader behind lockstep.open_trace: `make` maps a record kind ("step_input", "step_output",
-// "event", "footer") to the Python class its dict becomes.
+// "event", "footer", "step_stats") to the Python class its dict becomes.
 class PyTraceReader {
  public:
   PyTraceReader(const std::string& path, py::dict make)
@@ -321,6 +339,7 @@ class PyTraceReader {
     if (auto* in = std::get_if<trace::StepInputRecord>(&record_)) return make_["step_input"](input_to_dict(*in));
     if (auto* out = std::get_if<trace::StepOutputRecord>(&record_)) return make_["step_output"](output_to_dict(*out));
     if (auto* ev = std::get_if<trace::TraceEvent>(&record_)) return make_["event"](event_to_dict(*ev));
+    if (auto* st = std::get_if<trace::StepStatsRecord>(&record_)) return make_["step_stats"](stats_to_dict(*st));
     return make_["footer"](footer_to_dict(std::get<trace::TraceFooter>(record_)));
   }
 

@@ -16,8 +16,9 @@ struct Record {
     stepOutput @2 :StepOutput;
     event @3 :Event;
     footer @4 :Footer;
+    stepStats @5 :StepStats;
     # FUTURE: a record kind this reader does not know; it must be skipped.
-    futureNote @5 :FutureNote;
+    futureNote @6 :FutureNote;
   }
 }
 
@@ -43,8 +44,11 @@ struct Header {
   machine @11 :Machine;
   indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
   drafter @13 :Text;
+  foreignExecutor @14 :Text;
+  stepClock @15 :Text;
+  deviceTimer @16 :Text;
   # FUTURE: a new header field.
-  hostName @14 :Text;
+  hostName @17 :Text;
 }
 
 struct ModelShape {
@@ -183,4 +187,18 @@ struct Footer {
   eventsCount @2 :Int64;
   indexStride @3 :Int32;         # stepOffsets[j] is the byte offset of stepInput record j·stride
   stepOffsets @4 :List(UInt64);
+}
+
+struct StepStats {
+  step @0 :Int64;
+  submitNs @1 :Int64;
+  doneNs @2 :Int64;
+  waitNs @3 :Int64;
+  deviceBusyNs @4 :Int64;
+  deviceIdleBeforeNs @5 :Int64;
+  pagesUsed @6 :Int32;
+  pagesFree @7 :Int32;
+  prefixHitTokens @8 :Int32;
+  queueLength @9 :Int32;
+  runningCount @10 :Int32;
 }
