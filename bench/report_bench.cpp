@@ -207,6 +207,9 @@ int main(int argc, char** argv) {
   trace::TraceHeader header;
   const std::vector<trace::TraceRecord> records = record_seed(seed_trace, header);
   const int64_t period = last_step(records) + 1;
+  const int64_t inputs = std::count_if(records.begin(), records.end(), [](const trace::TraceRecord& r) {
+    return std::holds_alternative<trace::StepInputRecord>(r);
+  });
   const uint64_t target = static_cast<uint64_t>(gib * double(uint64_t{1} << 30));
   const auto write_start = std::chrono::steady_clock::now();
   int64_t repetitions = 0;
@@ -220,8 +223,9 @@ int main(int argc, char** argv) {
   }
   const double write_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
   const uint64_t bytes = std::filesystem::file_size(big);
-  fmt::print("trace: {:.2f} GiB, {} repetitions of a {}-step run (seed 7, W 5, faults all), {} steps, written in {:.1f} s\n",
-             double(bytes) / double(uint64_t{1} << 30), repetitions, period, repetitions * period, write_seconds);
+  fmt::print("trace: {:.2f} GiB, {} repetitions of a run of {} steps over {} step numbers (seed 7, W 5, faults all), "
+             "{} steps, written in {:.1f} s\n",
+             double(bytes) / double(uint64_t{1} << 30), repetitions, inputs, period, repetitions * inputs, write_seconds);
   const Outcome own = run_launcher(library, big);
   fmt::print("report (the library, in a small process): exit {}, {:.1f} s ({:.0f} MB/s), peak RSS {:.1f} MiB "
              "(getrusage; bound {:.0f} MiB); page {} bytes, JSON {} bytes\n",
