@@ -257,7 +257,7 @@ struct CudaBackend::Impl {
   kernels::TokenBuffers token_buffers() const;
   kernels::ResultBuffers result_buffers() const;
   kernels::RecordBuffers record_buffers() const;
-  void enqueue_record(int32_t logits_rows_grid, int32_t rows_grid, int32_t k);
+  void enqueue_record(int32_t logits_rows_grid, int32_t op_rows_grid, int32_t k);
   void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
   kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
 
@@ -732,9 +732,9 @@ kernels::RecordBuffers CudaBackend::Impl::record_buffers() const {
 
 // What a trace records of the step, after the commit and the drafter: digests and top-k of the
 // (sanitised) logits rows and the rows' state, into the results the step copies back.
-void CudaBackend::Impl::enqueue_record(int32_t logits_rows_grid, int32_t rows_grid, int32_t k) {
+void CudaBackend::Impl::enqueue_record(int32_t logits_rows_grid, int32_t op_rows_grid, int32_t k) {
   LS_CUDA(kernels::launch_record_step(step_inputs(), device_state(), logits.get(), vocab,
-                                      logits_rows_grid, rows_grid, k, record_workspace.get(),
+                                      logits_rows_grid, op_rows_grid, k, record_workspace.get(),
                                       logits_rows_max, record_buffers(), stream.get()));
 }
 
