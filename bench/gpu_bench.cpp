@@ -23,6 +23,7 @@
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
+#include "kernels/record_ops.h"
 #include "kernels/weight_init.h"
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
@@ -448,6 +449,49 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
           {"phase_ms_sum", total}};
 }
 
+// The record kernel alone (digests and top-8 of `rows` rows of llama's 128,256 logits, as a
+// recorded step runs it), back to back: what a recorded step's device time gains at most from it.
+json record_kernel_alone(int32_t rows) {
+  constexpr int32_t kVocab = 128256;
+  constexpr int32_t kLaunches = 200;
+  const size_t count = static_cast<size_t>(rows) * kVocab;
+  float* logits = nullptr;
+  void* workspace = nullptr;
+  uint64_t* digests = nullptr;
+  int32_t* top = nullptr;
+  const size_t workspace_bytes = kernels::record_workspace_bytes(rows, kVocab);
+  LS_CUDA(cudaMalloc(&logits, count * sizeof(float)));
+  LS_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  LS_CUDA(cudaMalloc(&digests, static_cast<size_t>(rows) * sizeof(uint64_t)));
+  LS_CUDA(cudaMalloc(&top, static_cast<size_t>(rows) * kTopLogitsCountMax * 2 * sizeof(int32_t)));
+  LS_CUDA(cudaMemset(logits, 0x3c, count * sizeof(float)));  // 0x3c3c3c3c ≈ 0.0115: all equal
+  LS_CUDA(cudaMemset(workspace, 0, workspace_bytes));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LS_CUDA(cudaEventCreate(&start));
+  LS_CUDA(cudaEventCreate(&stop));
+  auto launch = [&] {
+    LS_CUDA(kernels::launch_record_logits(logits, rows, kVocab, kTopLogitsCountMax, workspace, rows,
+                                          digests, top, nullptr));
+  };
+  for (int32_t i = 0; i < 10; ++i) launch();
+  LS_CUDA(cudaEventRecord(start));
+  for (int32_t i = 0; i < kLaunches; ++i) launch();
+  LS_CUDA(cudaEventRecord(stop));
+  LS_CUDA(cudaEventSynchronize(stop));
+  float ms = 0;
+  LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(top);
+  cudaFree(digests);
+  cudaFree(workspace);
+  cudaFree(logits);
+  const double us = static_cast<double>(ms) * 1e3 / kLaunches;
+  std::printf("  record kernel alone, %2d rows of 128256 logits: %.2f us a launch (back to back)\n",
+              rows, us);
+  return {{"rows", rows}, {"vocab", kVocab}, {"us_per_launch", us}};
+}
+
 // One shape's recording cost: two executors over one backend (one recording, one not), each
 // prefilling its own requests into pool rows 1..rows before its blocks of decode steps; blocks
 // alternate so that drift falls on both alike. The recorder writes to a file as `generate
@@ -580,6 +624,8 @@ int run(int argc, char** argv) {
   if (o.recording) {
     out["command"] = "lockstep_gpu_bench --recording";
     out["recording"] = json::array();
+    out["record_kernel_alone"] = json::array();
+    for (const int32_t rows : {1, 16, 64}) out["record_kernel_alone"].push_back(record_kernel_alone(rows));
     const std::vector<std::string> shapes =
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {

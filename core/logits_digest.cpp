@@ -56,11 +56,11 @@ struct TopKeys {
   }
 };
 
-// The fast path works on chunks of kChunk logits viewed as rows of kColumns: block c of a chunk
-// is its column c (ids c, c + kColumns, …). A block whose largest number is below the k-th
-// largest block maximum of its chunk holds none of the chunk's k best (the k-th largest of a
-// subset is at most the k-th largest of the whole), so only the few blocks at or above it are
-// ranked exactly. Column maxima are an elementwise max over contiguous rows: it vectorises.
+// The fast path works on chunks of kChunk logits viewed as rows of kColumns. Column maxima (an
+// elementwise max over contiguous rows: it vectorises) give a lower bound on the chunk's k-th
+// largest logit; a logit below it is not among the chunk's k best, so a block of kTestBlock
+// with none at or above it is skipped by one vectorised test and only the few logits that pass are
+// ranked exactly.
 constexpr size_t kColumns = 64;
 constexpr size_t kChunk = 4096;
 
@@ -82,13 +82,31 @@ bool column_maxima(const float* x, size_t n, float* maxima) {
   return nan != 0;
 }
 
-// The k-th largest of values[0, n) (n >= k >= 1).
-float kth_largest(const float* values, size_t n, size_t k) {
+// A lower bound on the k-th largest value of the chunk, from its column maxima, without a
+// selection: split the columns into k groups; each group's maximum is a distinct element of the
+// chunk, so at least k elements are >= the least of them. Branch-free (it vectorises), and
+// tight enough that only a few logits a row pass it.
+float kth_lower_bound(const float* maxima, size_t k) {
+  float bound = std::numeric_limits<float>::infinity();
+  for (size_t g = 0; g < k; ++g) {
+    float group = -std::numeric_limits<float>::infinity();
+    for (size_t c = g * kColumns / k; c < (g + 1) * kColumns / k; ++c) {
+      group = maxima[c] > group ? maxima[c] : group;
+    }
+    bound = group < bound ? group : bound;
+  }
+  return bound;
+}
+
+// The k-th largest column maximum, the tightest such bound: a column whose maximum is below it
+// holds none of the chunk's k best. Ranked among only the maxima at or above the loose bound (at
+// least k are: the groups' maxima), so few of the kColumns maxima reach the insertion.
+float kth_column_maximum(const float* maxima, size_t k, float loose) {
   float best[kTopLogitsCountMax];
   size_t held = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const float v = values[i];
-    if (held == k && !(v > best[k - 1])) continue;
+  for (size_t c = 0; c < kColumns; ++c) {
+    const float v = maxima[c];
+    if (!(v >= loose) || (held == k && !(v > best[k - 1]))) continue;
     size_t at = held < k ? held++ : k - 1;
     while (at > 0 && v > best[at - 1]) {
       best[at] = best[at - 1];
@@ -100,28 +118,26 @@ float kth_largest(const float* values, size_t n, size_t k) {
 }
 
 // One chunk: the plain ascending scan when it holds a NaN (NaN ranks last and maxima ignore it)
-// or is too short to have more blocks than k.
+// or is too short to have more columns than k; otherwise only the columns whose maximum reaches
+// the k-th largest column maximum are scanned, and only their logits at or above it are ranked
+// exactly (ids out of ascending order: a tie may still rank first, so >=; insert() compares the
+// exact keys).
 void chunk_top(std::span<const float> row, size_t begin, size_t n, TopKeys& top) {
-  if (n < kColumns * 2 || top.k >= kColumns) {
-    for (size_t v = begin; v < begin + n; ++v) {
-      if (top.may_enter(row[v])) top.insert(row, v);
-    }
-    return;
-  }
   float maxima[kColumns];
-  if (column_maxima(row.data() + begin, n, maxima)) {
+  if (n < kColumns * 2 || top.k >= kColumns || column_maxima(row.data() + begin, n, maxima)) {
     for (size_t v = begin; v < begin + n; ++v) {
       if (top.may_enter(row[v])) top.insert(row, v);
     }
     return;
   }
-  const float threshold = kth_largest(maxima, kColumns, top.k);
+  const float bound = kth_column_maximum(maxima, top.k, kth_lower_bound(maxima, top.k));
   for (size_t c = 0; c < kColumns; ++c) {
-    if (!(maxima[c] >= threshold)) continue;
-    // Ids out of ascending order: a tie with the k-th may still rank before it (a lower id), so
-    // only values below it are skipped here and insert() compares the exact keys.
+    if (!(maxima[c] >= bound)) continue;
     for (size_t v = begin + c; v < begin + n; v += kColumns) {
-      if (top.held < top.k || top.threshold_nan || row[v] >= top.threshold) top.insert(row, v);
+      if (row[v] >= bound &&
+          (top.held < top.k || top.threshold_nan || row[v] >= top.threshold)) {
+        top.insert(row, v);
+      }
     }
   }
 }

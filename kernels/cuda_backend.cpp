@@ -257,7 +257,7 @@ struct CudaBackend::Impl {
   kernels::TokenBuffers token_buffers() const;
   kernels::ResultBuffers result_buffers() const;
   kernels::RecordBuffers record_buffers() const;
-  void enqueue_record(const StepPlan& plan);
+  void enqueue_record(int32_t logits_rows_grid, int32_t op_rows_grid, int32_t k);
   void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
   kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
 
@@ -361,6 +361,10 @@ struct CudaBackend::Impl {
   // verify/commit, drafter) in one graph; the step's results copy stays outside (it targets the
   // step parity's pinned buffer).
   std::vector<CudaGraph> tail_graphs;
+  // [buckets], as tail_graphs with the record kernel last (ExecutorOptions::record with k =
+  // record_graph_k): a recorded step adds no launch of its own and no gap after the graph.
+  std::vector<CudaGraph> record_tail_graphs;
+  int32_t record_graph_k = 0;
   int64_t steps_count = 0;      // steps whose finish was enqueued
   int64_t collected_count = 0;  // steps collected (≤ steps_count, at most two behind)
   int64_t graph_replays = 0;
@@ -374,6 +378,7 @@ struct CudaBackend::Impl {
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
   bool tail_in_graph = false;  // this step replays tail_graphs[graph_index_]
+  bool record_in_graph = false;  // ... or record_tail_graphs[graph_index_]
   // Phase profile (options.profile): timing events recorded between phases, captured into the
   // graphs as external event nodes. Mark 0 opens the step; mark k closes phase mark_phases[k].
   std::vector<CudaEvent> mark_events;   // [marks_max]
@@ -727,10 +732,9 @@ kernels::RecordBuffers CudaBackend::Impl::record_buffers() const {
 
 // What a trace records of the step, after the commit and the drafter: digests and top-k of the
 // (sanitised) logits rows and the rows' state, into the results the step copies back.
-void CudaBackend::Impl::enqueue_record(const StepPlan& plan) {
+void CudaBackend::Impl::enqueue_record(int32_t logits_rows_grid, int32_t op_rows_grid, int32_t k) {
   LS_CUDA(kernels::launch_record_step(step_inputs(), device_state(), logits.get(), vocab,
-                                      plan.logits_rows_count(), plan.rows_count,
-                                      plan.top_logits_count, record_workspace.get(),
+                                      logits_rows_grid, op_rows_grid, k, record_workspace.get(),
                                       logits_rows_max, record_buffers(), stream.get()));
 }
 
@@ -833,6 +837,8 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   tail_in_graph = graph_index_ >= 0 && !tail_graphs.empty() && !plan.logits_poisoned &&
                   std::all_of(plan.sampling.begin(), plan.sampling.end(),
                               [](const ResolvedSampling& x) { return x.top_k == 1; });
+  record_in_graph = tail_in_graph && plan.record && !record_tail_graphs.empty() &&
+                    plan.top_logits_count == record_graph_k;
   if (graph_index_ < 0 && steps_in_flight() > 0) {
     // An eager step is not launched ahead: its hundreds of launches queued behind a running step
     // made that step slower on the H200 (llama-8b batch 1: 6.3 ms against 5.1 ms one step at a
@@ -999,7 +1005,9 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
     enqueue_tail_kernels(plan.logits_rows_count(), plan.rows_count, stochastic,
                          plan.want_logprobs);
   }
-  if (plan.record) enqueue_record(plan);
+  if (plan.record && !record_in_graph) {
+    enqueue_record(plan.logits_rows_count(), plan.rows_count, plan.top_logits_count);
+  }
   // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
   LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
                           results_layout.copy_words(plan) * sizeof(int32_t),
@@ -1182,25 +1190,31 @@ void CudaBackend::Impl::capture_graphs() {
   }
   // The same with the greedy tail (profiling keeps the tail eager: its phases stay measurable).
   tail_graphs.clear();
-  for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
-    const int32_t tokens = grid * config.verify_width;
-    auto enqueue = [&] {
-      enqueue_table_writes(grid);
-      enqueue_resets();
-      enqueue_fill(grid);
-      enqueue_forward(tokens, tokens);
-      enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true);
-    };
-    enqueue();
-    LS_CUDA(cudaStreamSynchronize(s));
-    capturing = true;
-    try {
-      tail_graphs.push_back(CudaGraph::capture(s, enqueue));
-    } catch (...) {
+  record_tail_graphs.clear();
+  record_graph_k = std::min(kTopLogitsCountMax, vocab);
+  for (const bool record : {false, true}) {
+    for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
+      const int32_t tokens = grid * config.verify_width;
+      auto enqueue = [&] {
+        enqueue_table_writes(grid);
+        enqueue_resets();
+        enqueue_fill(grid);
+        enqueue_forward(tokens, tokens);
+        enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true);
+        // Padded grids: the kernel reads the staged header's counts.
+        if (record) enqueue_record(tokens, grid, record_graph_k);
+      };
+      enqueue();
+      LS_CUDA(cudaStreamSynchronize(s));
+      capturing = true;
+      try {
+        (record ? record_tail_graphs : tail_graphs).push_back(CudaGraph::capture(s, enqueue));
+      } catch (...) {
+        capturing = false;
+        throw;
+      }
       capturing = false;
-      throw;
     }
-    capturing = false;
   }
   LS_CUDA(cudaStreamSynchronize(s));
   marks_count = 0;
@@ -1247,7 +1261,9 @@ void CudaBackend::forward(const StepPlan& plan) {
   m.stage(plan);
   if (plan.rows_count == 0) return;
   if (m.graph_step()) {
-    const auto& graphs = m.tail_in_graph ? m.tail_graphs : m.graphs;
+    const auto& graphs = m.record_in_graph ? m.record_tail_graphs
+                         : m.tail_in_graph ? m.tail_graphs
+                                           : m.graphs;
     LS_CUDA(cudaGraphLaunch(graphs[static_cast<size_t>(m.graph_index_)].get(), m.stream.get()));
     ++m.graph_replays;
     m.tail_graph_replays += m.tail_in_graph ? 1 : 0;

@@ -10,7 +10,10 @@ constexpr int32_t kThreads = 256;
 constexpr int32_t kPerThread = kRecordChunk / kThreads;
 constexpr int32_t kK = kTopLogitsCountMax;
 constexpr int32_t kWarps = kThreads / 32;
+constexpr uint32_t kFull = 0xffffffffu;
 static_assert(kRecordChunk % kThreads == 0);
+static_assert(kWarps * kK == 64, "the block's candidates are two per lane of one warp");
+static_assert(kPerThread >= kK, "the combine keeps a thread's kK best in its kPerThread keys");
 
 // One chunk's share of a row: its lane sums and its k best keys (0 = none: every real key is
 // larger, its low half being an id's complement).
@@ -23,6 +26,7 @@ struct Partial {
 int32_t chunks_of(int32_t vocab) { return (vocab + kRecordChunk - 1) / kRecordChunk; }
 
 // Inserts `key` into `best` (descending): a compare-and-swap chain, unrolled into registers.
+// Only the combine of more than kCombineDirect chunks uses it (vocabularies above 512 Ki).
 __device__ __forceinline__ void insert_key(unsigned long long (&best)[kK], unsigned long long key) {
   if (key <= best[kK - 1]) return;
 #pragma unroll
@@ -35,48 +39,105 @@ __device__ __forceinline__ void insert_key(unsigned long long (&best)[kK], unsig
   }
 }
 
-__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long x) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    const unsigned long long other = __shfl_xor_sync(0xffffffffu, x, offset);
-    x = other > x ? other : x;
-  }
-  return x;
-}
-
-__device__ __forceinline__ uint32_t warp_sum_u32(uint32_t x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
-  return x;
-}
-
-// Sum over the block (exact: integer addition). Every thread receives it.
-__device__ uint32_t block_sum_u32(uint32_t x, uint32_t* scratch) {
-  x = warp_sum_u32(x);
-  __syncthreads();
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
-  __syncthreads();
-  uint32_t total = 0;
-  for (int32_t w = 0; w < kWarps; ++w) total += scratch[w];
-  return total;
-}
-
-// The block's kK best keys, each thread holding a descending list: kK rounds of a block-wide
-// max of the lists' heads, the owner of the winner popping it (keys are distinct: ids are).
-__device__ void block_top(unsigned long long (&best)[kK], unsigned long long* scratch,
-                          unsigned long long* out) {
-  for (int32_t round = 0; round < kK; ++round) {
-    const unsigned long long head = warp_max_key(best[0]);
-    __syncthreads();
-    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = head;
-    __syncthreads();
-    unsigned long long winner = 0;
-    for (int32_t w = 0; w < kWarps; ++w) winner = scratch[w] > winner ? scratch[w] : winner;
-    if (winner != 0 && best[0] == winner) {
+template <int32_t N>
+__device__ __forceinline__ unsigned long long max_key(const unsigned long long (&keys)[N]) {
+  unsigned long long m = keys[0];
 #pragma unroll
-      for (int32_t j = 0; j + 1 < kK; ++j) best[j] = best[j + 1];
-      best[kK - 1] = 0;
+  for (int32_t j = 1; j < N; ++j) m = keys[j] > m ? keys[j] : m;
+  return m;
+}
+
+// The warp's largest key, by two single-instruction reductions (redux.sync is 32-bit): the
+// high halves, then the low halves of the lanes that hold that high half.
+__device__ __forceinline__ unsigned long long warp_max_key(unsigned long long x) {
+  const uint32_t hi = __reduce_max_sync(kFull, static_cast<uint32_t>(x >> 32));
+  const uint32_t lo =
+      __reduce_max_sync(kFull, static_cast<uint32_t>(x >> 32) == hi ? static_cast<uint32_t>(x) : 0u);
+  return (static_cast<unsigned long long>(hi) << 32) | lo;
+}
+
+// The warp's k best keys over every lane's `keys` (distinct, 0 = none): lane r < k receives the
+// r-th best, other lanes 0. k rounds of a warp max of the lanes' heads; only the winner's lane
+// (one lane: keys are distinct) recomputes its head, so no lane keeps a sorted list.
+template <int32_t N>
+__device__ unsigned long long warp_top(unsigned long long (&keys)[N], int32_t k) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  unsigned long long head = max_key(keys);
+  unsigned long long mine = 0;
+  for (int32_t r = 0; r < k; ++r) {
+    const unsigned long long winner = warp_max_key(head);
+    if (lane == r) mine = winner;
+    if (winner != 0 && head == winner) {
+#pragma unroll
+      for (int32_t j = 0; j < N; ++j) keys[j] = keys[j] == winner ? 0 : keys[j];
+      head = max_key(keys);
     }
-    if (threadIdx.x == 0) out[round] = winner;
   }
+  return mine;
+}
+
+// The block's lane sums (exact: integer addition) into `sums` and its k best keys into `top`
+// [kK], from every thread's `keys`; thread 0 holds the sums on return, `top` is valid after the
+// caller's __syncthreads().
+template <int32_t N>
+__device__ void block_partial(uint32_t a, uint32_t b, unsigned long long (&keys)[N], int32_t k,
+                              uint32_t (&sums)[2][kWarps], unsigned long long (&candidates)[kWarps * kK],
+                              unsigned long long* top, uint32_t& block_a, uint32_t& block_b) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
+  a = __reduce_add_sync(kFull, a);
+  b = __reduce_add_sync(kFull, b);
+  const unsigned long long mine = k > 0 ? warp_top(keys, k) : 0;
+  if (lane == 0) {
+    sums[0][warp] = a;
+    sums[1][warp] = b;
+  }
+  if (lane < kK) candidates[warp * kK + lane] = mine;
+  __syncthreads();
+  if (warp != 0) return;
+  uint32_t ta = lane < kWarps ? sums[0][lane] : 0u;
+  uint32_t tb = lane < kWarps ? sums[1][lane] : 0u;
+  block_a = __reduce_add_sync(kFull, ta);
+  block_b = __reduce_add_sync(kFull, tb);
+  unsigned long long two[2] = {candidates[lane], candidates[lane + 32]};
+  const unsigned long long best = k > 0 ? warp_top(two, k) : 0;
+  if (lane < kK) top[lane] = best;
+}
+
+// Chunks whose partials the combine reads in one load per key (kPerThread keys a thread).
+constexpr int32_t kCombineDirect = kThreads * kPerThread / kK;
+
+// The row's combine, by the block that finished its last chunk: the same two-level reduction
+// over every chunk's partial (read past L1: other blocks wrote them).
+__device__ void combine_row(const Partial* all, int32_t chunks, int32_t k,
+                            uint32_t (&sums)[2][kWarps], unsigned long long (&candidates)[kWarps * kK],
+                            unsigned long long* top, uint32_t& row_a, uint32_t& row_b) {
+  uint32_t a = 0, b = 0;
+  unsigned long long keys[kPerThread];
+#pragma unroll
+  for (int32_t j = 0; j < kPerThread; ++j) {
+    const int32_t slot = j * kThreads + static_cast<int32_t>(threadIdx.x);  // chunk slot / kK
+    const int32_t c = slot / kK;
+    keys[j] = c < chunks && k > 0 ? __ldcg(&all[c].keys[slot % kK]) : 0;
+  }
+  for (int32_t c = static_cast<int32_t>(threadIdx.x); c < chunks; c += kThreads) {
+    a += __ldcg(&all[c].a);
+    b += __ldcg(&all[c].b);
+  }
+  if (chunks > kCombineDirect && k > 0) {  // past 512 Ki logits: the rest inserted
+    unsigned long long extra[kK];
+#pragma unroll
+    for (int32_t j = 0; j < kK; ++j) extra[j] = 0;
+    for (int32_t c = kCombineDirect + static_cast<int32_t>(threadIdx.x); c < chunks; c += kThreads) {
+      for (int32_t j = 0; j < kK; ++j) insert_key(extra, __ldcg(&all[c].keys[j]));
+    }
+    for (int32_t j = 0; j < kK; ++j) insert_key(extra, keys[j]);
+#pragma unroll
+    for (int32_t j = 0; j < kK; ++j) keys[j] = extra[j];
+#pragma unroll
+    for (int32_t j = kK; j < kPerThread; ++j) keys[j] = 0;
+  }
+  block_partial(a, b, keys, k, sums, candidates, top, row_a, row_b);
 }
 
 // grid (chunks + 1, rows): blocks x < chunks digest and rank chunk x of logits row y; the last
@@ -85,8 +146,8 @@ __global__ void __launch_bounds__(kThreads)
 record_kernel(const StepHeader* header, int32_t static_logits_rows, StepInputs in,
               DeviceState state, const float* logits, int32_t vocab, int32_t k,
               Partial* partials, uint32_t* counters, RecordBuffers out) {
-  __shared__ uint32_t sums[kWarps];
-  __shared__ unsigned long long heads[kWarps];
+  __shared__ uint32_t sums[2][kWarps];
+  __shared__ unsigned long long candidates[kWarps * kK];
   __shared__ unsigned long long chunk_keys[kK];
   __shared__ int32_t last;
   const int32_t chunks = static_cast<int32_t>(gridDim.x) - 1;
@@ -108,47 +169,38 @@ record_kernel(const StepHeader* header, int32_t static_logits_rows, StepInputs i
   if (y >= rows) return;
   const float* row = logits + int64_t{y} * vocab;
   const int32_t begin = blockIdx.x * kRecordChunk;
+  // Every load issued before any use (independent, coalesced); the digest mix is a few integer
+  // operations per logit, and the top-k costs k warp-wide rounds, not a per-logit insertion.
   uint32_t a = 0, b = 0;
-  unsigned long long best[kK];
+  unsigned long long keys[kPerThread];
 #pragma unroll
-  for (int32_t j = 0; j < kK; ++j) best[j] = 0;
-#pragma unroll 8
   for (int32_t j = 0; j < kPerThread; ++j) {
     const int32_t i = begin + j * kThreads + static_cast<int32_t>(threadIdx.x);
-    if (i >= vocab) break;
-    const uint32_t bits = __float_as_uint(row[i]);
-    a += digest::lane_a(bits, static_cast<uint32_t>(i));
-    b += digest::lane_b(bits, static_cast<uint32_t>(i));
-    if (k > 0) insert_key(best, digest::rank_key(bits, i));
+    const uint32_t bits = i < vocab ? __float_as_uint(row[i]) : 0u;
+    keys[j] = i < vocab ? digest::rank_key(bits, i) : 0;
+    a += i < vocab ? digest::lane_a(bits, static_cast<uint32_t>(i)) : 0u;
+    b += i < vocab ? digest::lane_b(bits, static_cast<uint32_t>(i)) : 0u;
   }
-  a = block_sum_u32(a, sums);
-  b = block_sum_u32(b, sums);
-  if (k > 0) block_top(best, heads, chunk_keys);
-  __syncthreads();
+  uint32_t chunk_a = 0, chunk_b = 0;
+  block_partial(a, b, keys, k, sums, candidates, chunk_keys, chunk_a, chunk_b);
   Partial* mine = partials + int64_t{y} * chunks + blockIdx.x;
+  if (threadIdx.x < kK) mine->keys[threadIdx.x] = chunk_keys[threadIdx.x];  // warp 0 wrote them
   if (threadIdx.x == 0) {
-    mine->a = a;
-    mine->b = b;
-    for (int32_t j = 0; j < kK; ++j) mine->keys[j] = k > 0 ? chunk_keys[j] : 0;
+    mine->a = chunk_a;
+    mine->b = chunk_b;
+  }
+  if (threadIdx.x < 32) {
     __threadfence();  // the partial is visible before the count that announces it
-    last = atomicAdd(counters + y, 1u) == static_cast<uint32_t>(chunks - 1) ? 1 : 0;
+    __syncwarp();
+    if (threadIdx.x == 0) {
+      last = atomicAdd(counters + y, 1u) == static_cast<uint32_t>(chunks - 1) ? 1 : 0;
+    }
   }
   __syncthreads();
   if (!last) return;
-  // The row's last chunk: combine every chunk's partial (read past L1: other blocks wrote them).
   __threadfence();
-  const Partial* all = partials + int64_t{y} * chunks;
   uint32_t ra = 0, rb = 0;
-#pragma unroll
-  for (int32_t j = 0; j < kK; ++j) best[j] = 0;
-  for (int32_t c = threadIdx.x; c < chunks; c += kThreads) {
-    ra += __ldcg(&all[c].a);
-    rb += __ldcg(&all[c].b);
-    for (int32_t j = 0; j < kK; ++j) insert_key(best, __ldcg(&all[c].keys[j]));
-  }
-  ra = block_sum_u32(ra, sums);
-  rb = block_sum_u32(rb, sums);
-  if (k > 0) block_top(best, heads, chunk_keys);
+  combine_row(partials + int64_t{y} * chunks, chunks, k, sums, candidates, chunk_keys, ra, rb);
   __syncthreads();
   if (threadIdx.x == 0) {
     counters[y] = 0;  // ready for the next step (stream-ordered)

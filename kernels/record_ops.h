@@ -15,8 +15,9 @@
 
 namespace ls::kernels {
 
-// Logits a block of the record kernel covers: 32 per thread of 256.
-constexpr int32_t kRecordChunk = 8192;
+// Logits a block of the record kernel covers: 8 per thread of 256, so that a batch-1 row of a
+// 128 Ki vocabulary spreads over 63 blocks (the H200 has 132 SMs) and the combine reads 504 keys.
+constexpr int32_t kRecordChunk = 2048;
 
 // The record's part of the packed results, [rows] by op row and [logits rows] by logits row.
 struct RecordBuffers {

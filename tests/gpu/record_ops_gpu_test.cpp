@@ -1,6 +1,7 @@
 // What a trace records, computed on the device (issue 12): the record kernel's logits digests and
 // top-k pairs equal the CPU reference's (core/logits_digest.cpp) on the same logits bits — odd
-// vocabularies (1, 7, 111, 500, one and two chunks, llama's 128256), rows 1, 3, 17, values with
+// vocabularies (1, 7, 111, 500, one and two chunks of 2048, llama's 128256, 600000: more chunks
+// than the combine reads directly), rows 1, 3, 17, values with
 // ties, ±0, ±inf and NaN — and the CUDA backend's recorded step (digests, top-k, the rows' state
 // after the commit) equals the same computed on the host from its captured logits and its state
 // read after the step; running ahead with recording on gives the same bits as one step at a time,
@@ -80,7 +81,7 @@ TEST_P(RecordKernel, DigestsAndTopKEqualTheCpuReferenceOnTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddVocabularies, RecordKernel,
-                         ::testing::Values(1, 7, 111, 500, 8192, 8193, 128256));
+                         ::testing::Values(1, 7, 111, 500, 2048, 2049, 8193, 128256, 600000));
 
 ExecutorConfig record_config() {
   ExecutorConfig c;
