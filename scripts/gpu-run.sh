@@ -159,8 +159,9 @@ build_python_module() {
     echo "libstdc++: the host's ($host; the carried one has $ours)"
   fi
   local cuda_libs=()
-  [ -n "$defs" ] && cuda_libs=("$DIST/pylib/libcudart_static.a" -L"$cuda_home/lib64" -lcublas -lcublasLt
-                               -Wl,-rpath,"$cuda_home/lib64")
+  # cuBLAS is loaded by the archives' kernels/cublas_loader.cpp at first use (dlopen by soname):
+  # the rpath lets it find the host's.
+  [ -n "$defs" ] && cuda_libs=("$DIST/pylib/libcudart_static.a" -ldl -Wl,-rpath,"$cuda_home/lib64")
   # shellcheck disable=SC2016
   "$cxx" -shared -o "$work/lockstep/_lockstep$ext" "${objs[@]}" -L"$work/libs" \
       -Wl,--start-group "${archives[@]}" -Wl,--end-group \
