@@ -76,32 +76,96 @@ __device__ unsigned long long warp_top(unsigned long long (&keys)[N], int32_t k)
   return mine;
 }
 
-// The block's lane sums (exact: integer addition) into `sums` and its k best keys into `top`
-// [kK], from every thread's `keys`; thread 0 holds the sums on return, `top` is valid after the
-// caller's __syncthreads().
+// Where a block ranks its candidates: the keys at or above its threshold, one a thread at most.
+constexpr int32_t kPool = kThreads;
+
+// The block's shared memory for block_partial.
+struct BlockScratch {
+  uint32_t sums[2][kWarps];
+  unsigned long long candidates[kWarps * kK];  // the general path's per-warp k best
+  unsigned long long warp_max[kWarps];         // each warp's largest key
+  unsigned long long pool[kPool];              // the threshold path's candidates
+  uint32_t pool_count;
+};
+
+// The general path (any keys, e.g. all logits equal): k rounds of a warp max per warp, then k
+// over the warps' candidates in warp 0. Writes top[0, kK) from warp 0.
+template <int32_t N>
+__device__ void block_top_rounds(unsigned long long (&keys)[N], int32_t k, BlockScratch& s,
+                                 unsigned long long* top) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
+  const unsigned long long mine = warp_top(keys, k);
+  if (lane < kK) s.candidates[warp * kK + lane] = mine;
+  __syncthreads();
+  if (warp != 0) return;
+  unsigned long long two[2] = {s.candidates[lane], s.candidates[lane + 32]};
+  const unsigned long long best = warp_top(two, k);
+  if (lane < kK) top[lane] = best;
+}
+
+// The threshold path, when at most kPool keys reach `bound` (a lower bound on the block's kK-th
+// best key, so the candidates hold every key of the k best): each candidate's rank is the number
+// of candidates above it (keys are distinct), in one pass over the pool, no dependent rounds.
+// Slots from min(candidates, k) to kK get 0 (none), as the general path leaves them.
+__device__ void block_top_ranked(int32_t n, int32_t k, const BlockScratch& s,
+                                 unsigned long long* top) {
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
+  if (t < kK && t >= (n < k ? n : k)) top[t] = 0;
+  if (t >= n) return;
+  const unsigned long long mine = s.pool[t];
+  int32_t rank = 0;
+  for (int32_t i = 0; i < n; ++i) rank += s.pool[i] > mine ? 1 : 0;
+  if (rank < k) top[rank] = mine;
+}
+
+// The block's lane sums (exact: integer addition) into block_a/block_b (thread 0) and its k best
+// keys into `top` [kK], from every thread's `keys` (0 = none); `top` is valid after the caller's
+// __syncthreads(). The bound: the least of the kWarps warps' largest keys — kWarps >= kK distinct
+// keys are at or above it, so it is <= the block's kK-th best and every key of the k best passes
+// it (>=: ties at the bound are the bound itself). Typically ~20 of 2048 pass and are ranked in
+// one pass; when more than kPool do (many equal logits), the general path ranks them.
 template <int32_t N>
 __device__ void block_partial(uint32_t a, uint32_t b, unsigned long long (&keys)[N], int32_t k,
-                              uint32_t (&sums)[2][kWarps], unsigned long long (&candidates)[kWarps * kK],
-                              unsigned long long* top, uint32_t& block_a, uint32_t& block_b) {
+                              BlockScratch& s, unsigned long long* top, uint32_t& block_a,
+                              uint32_t& block_b) {
+  static_assert(kWarps >= kK, "the bound needs kK distinct warp maxima");
   const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
   const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
   a = __reduce_add_sync(kFull, a);
   b = __reduce_add_sync(kFull, b);
-  const unsigned long long mine = k > 0 ? warp_top(keys, k) : 0;
+  const unsigned long long warp_max = k > 0 ? warp_max_key(max_key(keys)) : 0;
   if (lane == 0) {
-    sums[0][warp] = a;
-    sums[1][warp] = b;
+    s.sums[0][warp] = a;
+    s.sums[1][warp] = b;
+    s.warp_max[warp] = warp_max;
   }
-  if (lane < kK) candidates[warp * kK + lane] = mine;
+  if (threadIdx.x == 0) s.pool_count = 0;
   __syncthreads();
+  if (k > 0) {
+    unsigned long long bound = s.warp_max[0];
+#pragma unroll
+    for (int32_t w = 1; w < kWarps; ++w) bound = s.warp_max[w] < bound ? s.warp_max[w] : bound;
+#pragma unroll
+    for (int32_t j = 0; j < N; ++j) {
+      if (keys[j] != 0 && keys[j] >= bound) {
+        const uint32_t slot = atomicAdd(&s.pool_count, 1u);
+        if (slot < static_cast<uint32_t>(kPool)) s.pool[slot] = keys[j];
+      }
+    }
+  }
+  __syncthreads();
+  const uint32_t n = s.pool_count;  // the same for every thread: the branch below is uniform
+  if (n > static_cast<uint32_t>(kPool)) {
+    block_top_rounds(keys, k, s, top);
+  } else {
+    block_top_ranked(static_cast<int32_t>(n), k, s, top);  // k == 0: n == 0, top all 0
+  }
   if (warp != 0) return;
-  uint32_t ta = lane < kWarps ? sums[0][lane] : 0u;
-  uint32_t tb = lane < kWarps ? sums[1][lane] : 0u;
+  uint32_t ta = lane < kWarps ? s.sums[0][lane] : 0u;
+  uint32_t tb = lane < kWarps ? s.sums[1][lane] : 0u;
   block_a = __reduce_add_sync(kFull, ta);
   block_b = __reduce_add_sync(kFull, tb);
-  unsigned long long two[2] = {candidates[lane], candidates[lane + 32]};
-  const unsigned long long best = k > 0 ? warp_top(two, k) : 0;
-  if (lane < kK) top[lane] = best;
 }
 
 // Chunks whose partials the combine reads in one load per key (kPerThread keys a thread).
@@ -109,8 +173,7 @@ constexpr int32_t kCombineDirect = kThreads * kPerThread / kK;
 
 // The row's combine, by the block that finished its last chunk: the same two-level reduction
 // over every chunk's partial (read past L1: other blocks wrote them).
-__device__ void combine_row(const Partial* all, int32_t chunks, int32_t k,
-                            uint32_t (&sums)[2][kWarps], unsigned long long (&candidates)[kWarps * kK],
+__device__ void combine_row(const Partial* all, int32_t chunks, int32_t k, BlockScratch& s,
                             unsigned long long* top, uint32_t& row_a, uint32_t& row_b) {
   uint32_t a = 0, b = 0;
   unsigned long long keys[kPerThread];
@@ -137,7 +200,7 @@ __device__ void combine_row(const Partial* all, int32_t chunks, int32_t k,
 #pragma unroll
     for (int32_t j = kK; j < kPerThread; ++j) keys[j] = 0;
   }
-  block_partial(a, b, keys, k, sums, candidates, top, row_a, row_b);
+  block_partial(a, b, keys, k, s, top, row_a, row_b);
 }
 
 // grid (chunks + 1, rows): blocks x < chunks digest and rank chunk x of logits row y; the last
@@ -146,8 +209,7 @@ __global__ void __launch_bounds__(kThreads)
 record_kernel(const StepHeader* header, int32_t static_logits_rows, StepInputs in,
               DeviceState state, const float* logits, int32_t vocab, int32_t k,
               Partial* partials, uint32_t* counters, RecordBuffers out) {
-  __shared__ uint32_t sums[2][kWarps];
-  __shared__ unsigned long long candidates[kWarps * kK];
+  __shared__ BlockScratch scratch;
   __shared__ unsigned long long chunk_keys[kK];
   __shared__ int32_t last;
   const int32_t chunks = static_cast<int32_t>(gridDim.x) - 1;
@@ -170,7 +232,7 @@ record_kernel(const StepHeader* header, int32_t static_logits_rows, StepInputs i
   const float* row = logits + int64_t{y} * vocab;
   const int32_t begin = blockIdx.x * kRecordChunk;
   // Every load issued before any use (independent, coalesced); the digest mix is a few integer
-  // operations per logit, and the top-k costs k warp-wide rounds, not a per-logit insertion.
+  // operations per logit, and the top-k ranks only the few keys at or above a bound (block_partial).
   uint32_t a = 0, b = 0;
   unsigned long long keys[kPerThread];
 #pragma unroll
@@ -182,9 +244,10 @@ record_kernel(const StepHeader* header, int32_t static_logits_rows, StepInputs i
     b += i < vocab ? digest::lane_b(bits, static_cast<uint32_t>(i)) : 0u;
   }
   uint32_t chunk_a = 0, chunk_b = 0;
-  block_partial(a, b, keys, k, sums, candidates, chunk_keys, chunk_a, chunk_b);
+  block_partial(a, b, keys, k, scratch, chunk_keys, chunk_a, chunk_b);
+  __syncthreads();  // chunk_keys: any thread may have written a rank
   Partial* mine = partials + int64_t{y} * chunks + blockIdx.x;
-  if (threadIdx.x < kK) mine->keys[threadIdx.x] = chunk_keys[threadIdx.x];  // warp 0 wrote them
+  if (threadIdx.x < kK) mine->keys[threadIdx.x] = chunk_keys[threadIdx.x];
   if (threadIdx.x == 0) {
     mine->a = chunk_a;
     mine->b = chunk_b;
@@ -200,7 +263,7 @@ record_kernel(const StepHeader* header, int32_t static_logits_rows, StepInputs i
   if (!last) return;
   __threadfence();
   uint32_t ra = 0, rb = 0;
-  combine_row(partials + int64_t{y} * chunks, chunks, k, sums, candidates, chunk_keys, ra, rb);
+  combine_row(partials + int64_t{y} * chunks, chunks, k, scratch, chunk_keys, ra, rb);
   __syncthreads();
   if (threadIdx.x == 0) {
     counters[y] = 0;  // ready for the next step (stream-ordered)

@@ -507,7 +507,7 @@ run_recording() {
   local status=0 log="$OUT/recording_tests.log" trace=/tmp/gpu_run_recording.trace
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   timeout 150 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddVocabularies/RecordKernel.*:CudaRecord.*:CudaDeterminism.*' > "$log" 2>&1 || status=1
+      --gtest_filter='OddVocabularies/RecordKernel.*:Vocabularies/RecordKernelAdversarial.*:CudaRecord.*:CudaDeterminism.*' > "$log" 2>&1 || status=1
   {
     echo "== CLI on CUDA: generate --record, replay --backend cuda, replay teacher-forced (CPU), check"
     timeout 40 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \

@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <string>
 
 namespace ls {
 namespace {
@@ -42,46 +43,112 @@ std::vector<float> odd_logits(int32_t rows, int32_t vocab, uint64_t seed) {
   return v;
 }
 
+// Runs the record kernel twice on `logits` (rows × vocab; the counters are ready again after a
+// launch) and checks every row's digest and top-k pairs against the CPU reference, bit for bit.
+void expect_kernel_equals_reference(const std::vector<float>& logits, int32_t rows, int32_t vocab,
+                                    const std::string& what) {
+  const int32_t k = std::min(kTopLogitsCountMax, vocab);
+  gpu_test::DeviceBuffer<float> d_logits(logits);
+  gpu_test::DeviceBuffer<uint8_t> workspace(kernels::record_workspace_bytes(rows, vocab));
+  ASSERT_EQ(cudaMemset(workspace.ptr, 0, workspace.count), cudaSuccess);
+  gpu_test::DeviceBuffer<uint64_t> digests(static_cast<size_t>(rows));
+  gpu_test::DeviceBuffer<int32_t> top(static_cast<size_t>(rows) * kTopLogitsCountMax * 2);
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    ASSERT_EQ(kernels::launch_record_logits(d_logits.ptr, rows, vocab, k, workspace.ptr, rows,
+                                            digests.ptr, top.ptr, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint64_t> got = digests.download();
+    const std::vector<int32_t> pairs = top.download();
+    for (int32_t r = 0; r < rows; ++r) {
+      const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab,
+                                       static_cast<size_t>(vocab));
+      ASSERT_EQ(got[r], logits_row_digest(row)) << what << " vocab " << vocab << " row " << r;
+      std::vector<TopLogit> expected;
+      append_top_logits(row, k, expected);
+      for (int32_t j = 0; j < k; ++j) {
+        const int32_t* pair = pairs.data() + (static_cast<size_t>(r) * kTopLogitsCountMax + j) * 2;
+        uint32_t expected_bits = 0;
+        std::memcpy(&expected_bits, &expected[j].logit, 4);
+        ASSERT_EQ(pair[0], expected[j].id)
+            << what << " vocab " << vocab << " row " << r << " rank " << j;
+        ASSERT_EQ(static_cast<uint32_t>(pair[1]), expected_bits)
+            << what << " vocab " << vocab << " row " << r << " rank " << j;
+      }
+    }
+  }
+}
+
 class RecordKernel : public ::testing::TestWithParam<int32_t> {};
 
 TEST_P(RecordKernel, DigestsAndTopKEqualTheCpuReferenceOnTheSameBits) {
   LS_SKIP_WITHOUT_DEVICE();
   const int32_t vocab = GetParam();
   for (const int32_t rows : {1, 3, 17}) {
-    const int32_t k = std::min(kTopLogitsCountMax, vocab);
-    const std::vector<float> logits = odd_logits(rows, vocab, 1000 + rows);
-    gpu_test::DeviceBuffer<float> d_logits(logits);
-    gpu_test::DeviceBuffer<uint8_t> workspace(kernels::record_workspace_bytes(rows, vocab));
-    ASSERT_EQ(cudaMemset(workspace.ptr, 0, workspace.count), cudaSuccess);
-    gpu_test::DeviceBuffer<uint64_t> digests(static_cast<size_t>(rows));
-    gpu_test::DeviceBuffer<int32_t> top(static_cast<size_t>(rows) * kTopLogitsCountMax * 2);
-    for (int repeat = 0; repeat < 2; ++repeat) {  // the counters are ready again after a launch
-      ASSERT_EQ(kernels::launch_record_logits(d_logits.ptr, rows, vocab, k, workspace.ptr, rows,
-                                              digests.ptr, top.ptr, nullptr),
-                cudaSuccess);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<uint64_t> got = digests.download();
-      const std::vector<int32_t> pairs = top.download();
-      for (int32_t r = 0; r < rows; ++r) {
-        const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab,
-                                         static_cast<size_t>(vocab));
-        ASSERT_EQ(got[r], logits_row_digest(row)) << "vocab " << vocab << " row " << r;
-        std::vector<TopLogit> expected;
-        append_top_logits(row, k, expected);
-        for (int32_t j = 0; j < k; ++j) {
-          const int32_t* pair = pairs.data() + (static_cast<size_t>(r) * kTopLogitsCountMax + j) * 2;
-          uint32_t expected_bits = 0;
-          std::memcpy(&expected_bits, &expected[j].logit, 4);
-          ASSERT_EQ(pair[0], expected[j].id) << "vocab " << vocab << " row " << r << " rank " << j;
-          ASSERT_EQ(static_cast<uint32_t>(pair[1]), expected_bits) << "vocab " << vocab << " row " << r;
-        }
-      }
-    }
+    expect_kernel_equals_reference(odd_logits(rows, vocab, 1000 + rows), rows, vocab, "odd");
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(OddVocabularies, RecordKernel,
-                         ::testing::Values(1, 7, 111, 500, 2048, 2049, 8193, 128256, 600000));
+                         ::testing::Values(1, 7, 111, 500, 2048, 2049, 8192, 8193, 128256, 600000));
+
+// Rows built against the kernel's threshold: every logit equal (each key passes: the general
+// path), ±0 only, NaN only, −inf only, fewer numbers than k among NaNs, the k best in one chunk
+// with ties at the k-th, many ties at the k-th spread over chunks, +inf ties, plain normal logits
+// (the threshold path on its usual input), and all logits rising or falling with the id.
+std::vector<float> adversarial_logits(int32_t pattern, int32_t rows, int32_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> v(static_cast<size_t>(rows) * vocab);
+  for (int32_t r = 0; r < rows; ++r) {
+    float* x = v.data() + static_cast<size_t>(r) * vocab;
+    const auto at = [&]() { return static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)); };
+    for (int32_t i = 0; i < vocab; ++i) {
+      switch (pattern) {
+        case 0: x[i] = 1.5f; break;
+        case 1: x[i] = (rng() & 1) ? 0.0f : -0.0f; break;
+        case 2: x[i] = nan; break;
+        case 3: x[i] = -inf; break;
+        case 4: x[i] = nan; break;
+        case 5: case 6: case 7: case 8: x[i] = normal(rng); break;
+        case 9: x[i] = static_cast<float>(i % 4096); break;
+        default: x[i] = -static_cast<float>(i % 4096); break;
+      }
+    }
+    if (pattern == 4) {
+      for (int j = 0; j < 3; ++j) x[at()] = normal(rng);  // fewer numbers than k
+    }
+    if (pattern == 5) {  // the k best in one chunk, 20 equal at the k-th
+      const int32_t base = (vocab / 2) / kernels::kRecordChunk * kernels::kRecordChunk;
+      for (int32_t j = 0; j < 25 && base + j < vocab; ++j) x[base + j] = j < 5 ? 20.0f + static_cast<float>(j) : 10.0f;
+    }
+    if (pattern == 6) {  // 5 above, then 60 equal at the k-th, spread over the row
+      for (int j = 0; j < 60; ++j) x[at()] = 10.0f;
+      for (int j = 0; j < 5; ++j) x[at()] = 11.0f + static_cast<float>(j);
+    }
+    if (pattern == 7) {  // +inf ties and a NaN or two
+      for (int j = 0; j < 20; ++j) x[at()] = inf;
+      for (int j = 0; j < 2; ++j) x[at()] = nan;
+    }
+  }
+  return v;
+}
+
+class RecordKernelAdversarial : public ::testing::TestWithParam<int32_t> {};
+
+TEST_P(RecordKernelAdversarial, TiesNansAndTheThresholdEqualTheCpuReference) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t vocab = GetParam();
+  for (int32_t pattern = 0; pattern <= 10; ++pattern) {
+    expect_kernel_equals_reference(adversarial_logits(pattern, 3, vocab, 77 + pattern), 3, vocab,
+                                   "pattern " + std::to_string(pattern));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Vocabularies, RecordKernelAdversarial,
+                         ::testing::Values(7, 2049, 8193, 128256, 600000));
 
 ExecutorConfig record_config() {
   ExecutorConfig c;
