@@ -168,22 +168,39 @@ SamplingParams sampling_from_python(py::handle value, const std::string& where) 
   return s;
 }
 
+namespace {
+
+// The limits of ExecutorConfig a Python caller names: one table for reading, writing and listing.
+struct ExecutorLimit {
+  const char* name;
+  int32_t ExecutorConfig::*member;
+};
+constexpr ExecutorLimit kExecutorLimits[] = {
+    {"max_batch_rows", &ExecutorConfig::max_batch_rows},
+    {"context_length", &ExecutorConfig::context_length},
+    {"page_size", &ExecutorConfig::page_size},
+    {"pages_count", &ExecutorConfig::pages_count},
+    {"verify_width", &ExecutorConfig::verify_width},
+    {"prefill_chunk_tokens", &ExecutorConfig::prefill_chunk_tokens},
+    {"host_pages_count", &ExecutorConfig::host_pages_count},
+};
+
+}  // namespace
+
 const std::vector<std::string>& executor_limit_names() {
-  static const std::vector<std::string> names = {
-      "max_batch_rows", "context_length", "page_size", "pages_count",
-      "verify_width",   "prefill_chunk_tokens",      "host_pages_count"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const ExecutorLimit& limit : kExecutorLimits) n.emplace_back(limit.name);
+    return n;
+  }();
   return names;
 }
 
 ExecutorConfig executor_config_from_fields(Fields& f, const std::string& where) {
   ExecutorConfig c;
-  int32_t* targets[] = {&c.max_batch_rows, &c.context_length,       &c.page_size,
-                        &c.pages_count,    &c.verify_width,         &c.prefill_chunk_tokens,
-                        &c.host_pages_count};
-  const std::vector<std::string>& names = executor_limit_names();
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (auto v = field(f, names[i])) *targets[i] = to_int32(*v, fmt::format("{}: {}", where, names[i]));
-    f.erase(names[i]);
+  for (const ExecutorLimit& limit : kExecutorLimits) {
+    if (auto v = field(f, limit.name)) c.*limit.member = to_int32(*v, fmt::format("{}: {}", where, limit.name));
+    f.erase(limit.name);
   }
   c.validate();
   return c;
@@ -191,13 +208,7 @@ ExecutorConfig executor_config_from_fields(Fields& f, const std::string& where) 
 
 py::dict executor_config_to_dict(const ExecutorConfig& c) {
   py::dict d;
-  d["max_batch_rows"] = c.max_batch_rows;
-  d["context_length"] = c.context_length;
-  d["page_size"] = c.page_size;
-  d["pages_count"] = c.pages_count;
-  d["verify_width"] = c.verify_width;
-  d["prefill_chunk_tokens"] = c.prefill_chunk_tokens;
-  d["host_pages_count"] = c.host_pages_count;
+  for (const ExecutorLimit& limit : kExecutorLimits) d[limit.name] = c.*limit.member;
   return d;
 }
 
