@@ -56,6 +56,18 @@ GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep_gpu_spec_bench locks
 PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
+# The start of every device mode: $OUT made, the carried binaries there (the first argument is
+# the one the mode needs), and their libraries on the loader's path.
+begin_mode() {
+  OUT="${OUT:-out/gpu-run}"
+  mkdir -p "$OUT"
+  if [ ! -x "$DIST/bin/$1" ]; then
+    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
+    exit 2
+  fi
+  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
 package() {
   set -e
   if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -235,13 +247,7 @@ PY
 }
 
 run_families() {
-  OUT="${OUT:-out/gpu-run}"
-  mkdir -p "$OUT"
-  if [ ! -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
-    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
-    exit 2
-  fi
-  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  begin_mode lockstep_hf_oracle_check
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== layer-op and backend GPU tests"
@@ -319,13 +325,7 @@ PY
 }
 
 run_report() {
-  OUT="${OUT:-out/gpu-run}"
-  mkdir -p "$OUT"
-  if [ ! -x "$DIST/bin/lockstep" ]; then
-    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
-    exit 2
-  fi
-  export LD_LIBRARY_PATH="$PWD/$DIST/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  begin_mode lockstep
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   local status=0
   cuda_report "$OUT/cuda_report.tar" || status=1
@@ -356,13 +356,7 @@ PY
 }
 
 run_spec() {
-  OUT="${OUT:-out/gpu-run}"
-  mkdir -p "$OUT"
-  if [ ! -x "$DIST/bin/lockstep_gpu_spec_bench" ]; then
-    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
-    exit 2
-  fi
-  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  begin_mode lockstep_gpu_spec_bench
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== drafter GPU tests"
@@ -377,13 +371,7 @@ run_spec() {
 }
 
 run() {
-  OUT="${OUT:-out/gpu-run}"
-  mkdir -p "$OUT"
-  if [ ! -x "$DIST/bin/lockstep_gpu_tests" ]; then
-    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
-    exit 2
-  fi
-  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  begin_mode lockstep_gpu_tests
   local status=0
   {
     echo "commit: $(cat "$DIST/commit.txt")"; date -u
@@ -497,13 +485,7 @@ PY
 }
 
 run_recording() {
-  OUT="${OUT:-out/gpu-run}"
-  mkdir -p "$OUT"
-  if [ ! -x "$DIST/bin/lockstep_gpu_bench" ]; then
-    echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
-    exit 2
-  fi
-  export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  begin_mode lockstep_gpu_bench
   local status=0 log="$OUT/recording_tests.log" trace=/tmp/gpu_run_recording.trace
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   timeout 150 "$DIST/bin/lockstep_gpu_tests" \
