@@ -9,19 +9,17 @@ namespace ls::kernels {
 namespace {
 
 constexpr int32_t kThreads = 256;
-constexpr int32_t kPerThread = kGuardChunk / kThreads;
 constexpr int32_t kWarps = kThreads / 32;
 constexpr int32_t kK = kTopLogitsCountMax;
 constexpr int32_t kGuardPartialFloats = 4;  // max, argmax (int bits), NaN seen, Σ exp(x − max)
-constexpr uint32_t kFull = 0xffffffffu;
-static_assert(kGuardChunk % kThreads == 0);
-static_assert(kWarps >= kK, "the record's bound needs kK distinct warp maxima");
+constexpr uint32_t kAllLanes = 0xffffffffu;
+static_assert(kK <= 8, "the record's bound is the least of 8 groups' maxima");
 
-int32_t chunks_of(int32_t vocab) { return (vocab + kGuardChunk - 1) / kGuardChunk; }
+int32_t segments_of(int32_t vocab) { return (vocab + kLogitsSegment - 1) / kLogitsSegment; }
 
 size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// A chunk's share of the record: its digest lane sums and its k best keys (digest::rank_key; 0 =
+// A segment's share of the record: its digest lane sums and its k best keys (digest::rank_key; 0 =
 // none: every real key is larger, its low half being an id's complement), best first.
 struct RecordPartial {
   uint32_t a;
@@ -29,14 +27,14 @@ struct RecordPartial {
   unsigned long long keys[kK];
 };
 
-// The workspace: the guard's partials [rows, chunks, 4] floats, then the record's [rows, chunks].
+// The workspace: the guard's partials [rows, segments, 4] floats, then the record's [rows, segments].
 struct Workspace {
   float* guard;
   RecordPartial* record;
 };
 
 size_t guard_bytes(int32_t rows, int32_t vocab) {
-  return align_up(static_cast<size_t>(rows) * static_cast<size_t>(chunks_of(vocab)) *
+  return align_up(static_cast<size_t>(rows) * static_cast<size_t>(segments_of(vocab)) *
                   kGuardPartialFloats * sizeof(float));
 }
 
@@ -72,9 +70,9 @@ __device__ __forceinline__ unsigned long long max_key(const unsigned long long (
 // The warp's largest key, by two single-instruction reductions (redux.sync is 32-bit): the
 // high halves, then the low halves of the lanes that hold that high half.
 __device__ __forceinline__ unsigned long long warp_max_key(unsigned long long x) {
-  const uint32_t hi = __reduce_max_sync(kFull, static_cast<uint32_t>(x >> 32));
+  const uint32_t hi = __reduce_max_sync(kAllLanes, static_cast<uint32_t>(x >> 32));
   const uint32_t lo =
-      __reduce_max_sync(kFull, static_cast<uint32_t>(x >> 32) == hi ? static_cast<uint32_t>(x) : 0u);
+      __reduce_max_sync(kAllLanes, static_cast<uint32_t>(x >> 32) == hi ? static_cast<uint32_t>(x) : 0u);
   return (static_cast<unsigned long long>(hi) << 32) | lo;
 }
 
@@ -98,190 +96,226 @@ __device__ unsigned long long warp_top(unsigned long long (&keys)[N], int32_t k)
   return mine;
 }
 
-// Where a block ranks its candidates: the logits at or above its bound, one a thread at most.
-constexpr int32_t kPool = kThreads;
+// ---- the pass: one warp a segment of kSegment logits ----
 
-struct RecordScratch {
-  uint32_t sums[2][kWarps];
-  float warp_max[kWarps];
-  unsigned long long warp_keys[kWarps];
-  unsigned long long pool[kPool];
-  unsigned long long top[kK];
-  uint32_t pool_count;
-};
+// A lane holds kLaneValues logits of its warp's segment: vector j of lane l is logits
+// [(j·32 + l)·4, +4) of the segment (coalesced float4 loads), so a lane's values rise with the id.
+constexpr int32_t kLaneValues = kLogitsSegment / 32;
+constexpr int32_t kVectors = kLaneValues / 4;
+static_assert(kLogitsSegment % 128 == 0);
 
-// The usual path: every candidate's rank is the number of candidates above it (keys are
-// distinct), in one pass over the pool. Slots from min(n, k) to kK get 0 (none).
-__device__ void top_of_pool(int32_t n, int32_t k, RecordScratch& s) {
-  const int32_t t = static_cast<int32_t>(threadIdx.x);
-  if (t < kK && t >= (n < k ? n : k)) s.top[t] = 0;
-  if (t >= n) return;
-  const unsigned long long mine = s.pool[t];
-  int32_t rank = 0;
-  for (int32_t i = 0; i < n; ++i) rank += s.pool[i] > mine ? 1 : 0;
-  if (rank < k) s.top[rank] = mine;
+__device__ __forceinline__ int32_t local_index(int32_t e, int32_t lane) {
+  return ((e / 4) * 32 + lane) * 4 + e % 4;
 }
 
-// When more than kPool logits reach the bound (many equal logits): kK rounds of a block max over
+// Where a warp ranks its candidates: the logits at or above its bound.
+constexpr int32_t kPool = 64;
+
+// The usual path: n <= kPool candidates (keys distinct) in `pool`; each one's rank is the number
+// of candidates above it. Writes keys[0, kK) of the segment's partial, best first, 0 past n.
+__device__ __forceinline__ void rank_pool(const unsigned long long* pool, int32_t n, int32_t k,
+                                          unsigned long long* keys) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  if (lane < kK && lane >= (n < k ? n : k)) keys[lane] = 0;
+  for (int32_t c = lane; c < n; c += 32) {
+    const unsigned long long mine = pool[c];
+    int32_t rank = 0;
+    for (int32_t m = 0; m < n; ++m) rank += pool[m] > mine ? 1 : 0;
+    if (rank < k) keys[rank] = mine;
+  }
+}
+
+// When more than kPool logits reach the bound (many equal logits): k rounds of a warp max over
 // the keys below the previous round's winner (distinct keys: round r finds the r-th best).
-__device__ __forceinline__ void top_by_rounds(const float (&x)[kPerThread], int32_t begin, int32_t vocab, int32_t k,
-                              RecordScratch& s) {
-  const int32_t t = static_cast<int32_t>(threadIdx.x);
+template <bool kFull>
+__device__ __forceinline__ void rank_rounds(const float (&x)[kLaneValues], int32_t begin,
+                                            int32_t limit, int32_t k, unsigned long long* keys) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
   unsigned long long last = ~0ull;
   for (int32_t r = 0; r < kK; ++r) {
     unsigned long long m = 0;
     if (r < k) {
 #pragma unroll
-      for (int32_t j = 0; j < kPerThread; ++j) {
-        const int32_t i = begin + j * kThreads + t;
-        const unsigned long long key = i < vocab ? digest::rank_key(__float_as_uint(x[j]), i) : 0;
+      for (int32_t e = 0; e < kLaneValues; ++e) {
+        const int32_t local = local_index(e, lane);
+        if (!kFull && local >= limit) continue;
+        const unsigned long long key = digest::rank_key(__float_as_uint(x[e]), begin + local);
         m = key < last && key > m ? key : m;
       }
     }
     m = warp_max_key(m);
-    if (t % 32 == 0) s.warp_keys[t / 32] = m;
-    __syncthreads();
-    unsigned long long best = s.warp_keys[0];
-#pragma unroll
-    for (int32_t w = 1; w < kWarps; ++w) best = s.warp_keys[w] > best ? s.warp_keys[w] : best;
-    __syncthreads();  // every read of this round before the next round's writes
-    if (t == 0) s.top[r] = best;
-    last = best;
+    if (lane == 0) keys[r] = m;  // 0 once the segment has no more, and for r >= k
+    last = m;
   }
 }
 
-// The chunk's record partial from its sanitised values x (−inf past the vocabulary) and each
-// thread's largest. The bound, the least of the kWarps warps' largest values, has kWarps >= kK
-// logits at or above it (a warp with no logit makes it −inf), so every one of the chunk's k best
-// reaches it; typically ~20 of 4096 do and are ranked in one pass, the rounds take the rest.
-__device__ __forceinline__ void record_chunk(const float (&x)[kPerThread], int32_t begin, int32_t vocab,
-                             float thread_max, int32_t k, RecordPartial* out) {
-  __shared__ RecordScratch s;
-  const int32_t t = static_cast<int32_t>(threadIdx.x);
-  const int32_t lane = t % 32;
-  const int32_t warp = t / 32;
+// The segment's record partial from its sanitised values (the lanes' largest in lane_max, −inf
+// for a lane without one). The bound, the least of the 8 largest values of the warp's groups of
+// 4 lanes, has 8 >= kK logits at or above it, so every one of the segment's k best reaches it;
+// typically ~20 of 1024 do and are ranked in one pass.
+template <bool kFull>
+__device__ __forceinline__ void record_segment(const float (&x)[kLaneValues], int32_t begin,
+                                               int32_t limit, float lane_max, int32_t k,
+                                               unsigned long long* pool, RecordPartial* out) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
   uint32_t a = 0, b = 0;
 #pragma unroll
-  for (int32_t j = 0; j < kPerThread; ++j) {
-    const int32_t i = begin + j * kThreads + t;
-    const uint32_t bits = __float_as_uint(x[j]);
-    a += i < vocab ? digest::lane_a(bits, static_cast<uint32_t>(i)) : 0u;
-    b += i < vocab ? digest::lane_b(bits, static_cast<uint32_t>(i)) : 0u;
-  }
-  a = __reduce_add_sync(kFull, a);
-  b = __reduce_add_sync(kFull, b);
-  const float largest = warp_max(thread_max);
-  if (lane == 0) {
-    s.sums[0][warp] = a;
-    s.sums[1][warp] = b;
-    s.warp_max[warp] = largest;
-  }
-  if (t == 0) s.pool_count = 0;
-  __syncthreads();
-  if (k > 0) {
-    float bound = s.warp_max[0];
-#pragma unroll
-    for (int32_t w = 1; w < kWarps; ++w) bound = fminf(bound, s.warp_max[w]);
-#pragma unroll
-    for (int32_t j = 0; j < kPerThread; ++j) {
-      const int32_t i = begin + j * kThreads + t;
-      if (i < vocab && x[j] >= bound) {
-        const uint32_t slot = atomicAdd(&s.pool_count, 1u);
-        if (slot < static_cast<uint32_t>(kPool)) s.pool[slot] = digest::rank_key(__float_as_uint(x[j]), i);
-      }
+  for (int32_t e = 0; e < kLaneValues; ++e) {
+    const int32_t local = local_index(e, lane);
+    const uint32_t i = static_cast<uint32_t>(begin + local);
+    const uint32_t bits = __float_as_uint(x[e]);
+    if (kFull || local < limit) {
+      a += digest::lane_a(bits, i);
+      b += digest::lane_b(bits, i);
     }
   }
-  __syncthreads();
-  const uint32_t n = s.pool_count;  // the same for every thread: the branch is uniform
-  if (n > static_cast<uint32_t>(kPool)) {
-    top_by_rounds(x, begin, vocab, k, s);
-  } else {
-    top_of_pool(static_cast<int32_t>(n), k, s);  // k == 0: n == 0, top all 0
-  }
-  __syncthreads();
-  if (t < kK) out->keys[t] = s.top[t];
-  if (warp != 0) return;
-  const uint32_t ta = __reduce_add_sync(kFull, lane < kWarps ? s.sums[0][lane] : 0u);
-  const uint32_t tb = __reduce_add_sync(kFull, lane < kWarps ? s.sums[1][lane] : 0u);
+  a = __reduce_add_sync(kAllLanes, a);
+  b = __reduce_add_sync(kAllLanes, b);
   if (lane == 0) {
-    out->a = ta;
-    out->b = tb;
+    out->a = a;
+    out->b = b;
   }
+  if (k == 0) {
+    if (lane < kK) out->keys[lane] = 0;
+    return;
+  }
+  float bound = fmaxf(lane_max, __shfl_xor_sync(kAllLanes, lane_max, 1));
+  bound = fmaxf(bound, __shfl_xor_sync(kAllLanes, bound, 2));
+  bound = fminf(bound, __shfl_xor_sync(kAllLanes, bound, 4));
+  bound = fminf(bound, __shfl_xor_sync(kAllLanes, bound, 8));
+  bound = fminf(bound, __shfl_xor_sync(kAllLanes, bound, 16));
+  int32_t mine = 0;
+#pragma unroll
+  for (int32_t e = 0; e < kLaneValues; ++e) {
+    const int32_t local = local_index(e, lane);
+    mine += (kFull || local < limit) && x[e] >= bound ? 1 : 0;
+  }
+  int32_t before = mine;  // inclusive scan over the lanes, then exclusive
+#pragma unroll
+  for (int32_t d = 1; d < 32; d *= 2) {
+    const int32_t other = __shfl_up_sync(kAllLanes, before, d);
+    before += lane >= d ? other : 0;
+  }
+  const int32_t n = __shfl_sync(kAllLanes, before, 31);
+  before -= mine;
+  if (n > kPool) {
+    rank_rounds<kFull>(x, begin, limit, k, out->keys);
+    return;
+  }
+#pragma unroll
+  for (int32_t e = 0; e < kLaneValues; ++e) {
+    const int32_t local = local_index(e, lane);
+    if ((kFull || local < limit) && x[e] >= bound) {
+      pool[before++] = digest::rank_key(__float_as_uint(x[e]), begin + local);
+    }
+  }
+  __syncwarp();
+  rank_pool(pool, n, k, out->keys);
 }
 
-// ---- the pass ----
-
-// grid: (chunks, rows). Sanitises one chunk of one row in place and writes its partials.
-template <bool kRecord>
-__global__ void __launch_bounds__(kThreads)
-guard_chunk_kernel(float* logits, int32_t vocab, bool want_sum, Workspace w, int32_t top_k) {
-  __shared__ float values[32];
-  __shared__ int32_t indices[32];
-  const int32_t chunk = blockIdx.x;
-  const int32_t begin = chunk * kGuardChunk;
-  float* row = logits + int64_t{blockIdx.y} * vocab;
-  float x[kPerThread];
+// One warp's segment [begin, begin + kLogitsSegment) of a row (limit: the logits it holds, fewer
+// in a row's last segment): sanitise in place, then its guard partial and (kRecord) record partial.
+template <bool kRecord, bool kFull>
+__device__ __forceinline__ void pass_segment(float* row, int32_t begin, int32_t limit,
+                                             bool vectorised, bool want_sum, float* guard_partial,
+                                             RecordPartial* record_partial, int32_t k,
+                                             unsigned long long* pool) {
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  float x[kLaneValues];
+  if (kFull && vectorised) {
+    const float4* v = reinterpret_cast<const float4*>(row + begin);
+#pragma unroll
+    for (int32_t j = 0; j < kVectors; ++j) {
+      const float4 q = v[j * 32 + lane];
+      x[4 * j] = q.x, x[4 * j + 1] = q.y, x[4 * j + 2] = q.z, x[4 * j + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int32_t e = 0; e < kLaneValues; ++e) {
+      const int32_t local = local_index(e, lane);
+      x[e] = kFull || local < limit ? row[begin + local] : -INFINITY;
+    }
+  }
   ArgMax best{-INFINITY, 0x7fffffff};
   int32_t saw_nan = 0;
 #pragma unroll
-  for (int32_t k = 0; k < kPerThread; ++k) {
-    const int32_t i = begin + k * kThreads + static_cast<int32_t>(threadIdx.x);
-    x[k] = i < vocab ? row[i] : -INFINITY;
-  }
-#pragma unroll
-  for (int32_t k = 0; k < kPerThread; ++k) {
-    const int32_t i = begin + k * kThreads + static_cast<int32_t>(threadIdx.x);
-    if (i >= vocab) continue;
-    if (isnan(x[k])) {
+  for (int32_t e = 0; e < kLaneValues; ++e) {
+    const int32_t local = local_index(e, lane);
+    if (!kFull && local >= limit) continue;
+    if (isnan(x[e])) {
       saw_nan = 1;
-      x[k] = -kSanitisedMagnitude;
-      row[i] = x[k];
-    } else if (isinf(x[k])) {
-      x[k] = x[k] > 0.0f ? kSanitisedMagnitude : -kSanitisedMagnitude;
-      row[i] = x[k];
+      x[e] = -kSanitisedMagnitude;
+      row[begin + local] = x[e];
+    } else if (isinf(x[e])) {
+      x[e] = x[e] > 0.0f ? kSanitisedMagnitude : -kSanitisedMagnitude;
+      row[begin + local] = x[e];
     }
-    if (x[k] > best.value) best = ArgMax{x[k], i};  // ascending i: the first keeps a tie
+    if (x[e] > best.value) best = ArgMax{x[e], begin + local};  // rising ids: the first keeps a tie
   }
-  const int64_t partial = int64_t{blockIdx.y} * gridDim.x + chunk;
-  if constexpr (kRecord) record_chunk(x, begin, vocab, best.value, top_k, w.record + partial);
-  const int32_t any_nan = __syncthreads_or(saw_nan);
-  best = block_argmax(best, values, indices);
+  if constexpr (kRecord) record_segment<kFull>(x, begin, limit, best.value, k, pool, record_partial);
+  best = warp_argmax(best);
   float sum = 0.0f;
   if (want_sum) {
 #pragma unroll
-    for (int32_t k = 0; k < kPerThread; ++k) {
-      const int32_t i = begin + k * kThreads + static_cast<int32_t>(threadIdx.x);
-      if (i < vocab) sum += expf(x[k] - best.value);
+    for (int32_t e = 0; e < kLaneValues; ++e) {
+      if (kFull || local_index(e, lane) < limit) sum += expf(x[e] - best.value);
     }
-    sum = block_sum(sum, values);
+    sum = warp_sum(sum);
   }
-  if (threadIdx.x == 0) {
-    float* p = w.guard + partial * kGuardPartialFloats;
-    p[0] = best.value;
-    p[1] = __int_as_float(best.index);
-    p[2] = static_cast<float>(any_nan);
-    p[3] = sum;
+  const int32_t any_nan = __any_sync(kAllLanes, saw_nan) ? 1 : 0;
+  if (lane == 0) {
+    guard_partial[0] = best.value;
+    guard_partial[1] = __int_as_float(best.index);
+    guard_partial[2] = static_cast<float>(any_nan);
+    guard_partial[3] = sum;
   }
 }
 
-// The row's digest and k best pairs from its chunks' record partials, on one warp: the lane
-// sums (integer addition: any order gives the same bits), each lane's k best of its chunks, then
-// k rounds of a warp max.
-__device__ void combine_record(const LogitsPassArgs& g, const RecordPartial* p, int32_t chunks,
+// grid: (⌈segments / kWarps⌉, rows); warp w of block x takes segment x·kWarps + w of row y. Warps
+// are independent: no block barrier.
+template <bool kRecord>
+__global__ void __launch_bounds__(kThreads)
+pass_kernel(float* logits, int32_t vocab, int32_t segments, bool want_sum, Workspace w,
+            int32_t top_k) {
+  __shared__ unsigned long long pools[kRecord ? kWarps : 1][kPool];
+  const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
+  const int32_t segment = static_cast<int32_t>(blockIdx.x) * kWarps + warp;
+  if (segment >= segments) return;
+  const int32_t begin = segment * kLogitsSegment;
+  const int32_t limit = vocab - begin;
+  float* row = logits + int64_t{blockIdx.y} * vocab;
+  const int64_t partial = int64_t{blockIdx.y} * segments + segment;
+  float* guard_partial = w.guard + partial * kGuardPartialFloats;
+  RecordPartial* record_partial = w.record + partial;
+  unsigned long long* pool = pools[kRecord ? warp : 0];
+  const bool vectorised = vocab % 4 == 0;  // rows start 16-byte aligned (cudaMalloc'd base)
+  if (limit >= kLogitsSegment) {
+    pass_segment<kRecord, true>(row, begin, limit, vectorised, want_sum, guard_partial,
+                                record_partial, top_k, pool);
+  } else {
+    pass_segment<kRecord, false>(row, begin, limit, vectorised, want_sum, guard_partial,
+                                 record_partial, top_k, pool);
+  }
+}
+
+// The row's digest and k best pairs from its segments' record partials, on one warp: the lane
+// sums (integer addition: any order gives the same bits), each lane's k best of its segments,
+// then k rounds of a warp max.
+__device__ void combine_record(const LogitsPassArgs& g, const RecordPartial* p, int32_t segments,
                                int32_t r) {
   const int32_t lane = static_cast<int32_t>(threadIdx.x);
   uint32_t a = 0, b = 0;
   unsigned long long best[kK];
 #pragma unroll
   for (int32_t j = 0; j < kK; ++j) best[j] = 0;
-  for (int32_t c = lane; c < chunks; c += 32) {
+  for (int32_t c = lane; c < segments; c += 32) {
     a += p[c].a;
     b += p[c].b;
 #pragma unroll
     for (int32_t j = 0; j < kK; ++j) insert_key(best, p[c].keys[j]);
   }
-  a = __reduce_add_sync(kFull, a);
-  b = __reduce_add_sync(kFull, b);
+  a = __reduce_add_sync(kAllLanes, a);
+  b = __reduce_add_sync(kAllLanes, b);
   const unsigned long long mine = warp_top(best, g.top_k);
   if (lane == 0) g.digests[r] = digest::finish(a, b, static_cast<uint32_t>(g.vocab));
   if (lane < g.top_k) {
@@ -292,29 +326,29 @@ __device__ void combine_record(const LogitsPassArgs& g, const RecordPartial* p, 
   }
 }
 
-// One warp per row: the chunk partials combined in a fixed order (lane-strided, then butterfly).
+// One warp per row: the segment partials combined in a fixed order (lane-strided, then butterfly).
 template <bool kRecord>
-__global__ void guard_combine_kernel(LogitsPassArgs g, Workspace w, int32_t chunks) {
+__global__ void combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   const int32_t r = blockIdx.x;
   const int32_t lane = threadIdx.x;
-  const float* p = w.guard + int64_t{r} * chunks * kGuardPartialFloats;
+  const float* p = w.guard + int64_t{r} * segments * kGuardPartialFloats;
   ArgMax best{-INFINITY, 0x7fffffff};
   int32_t nan = 0;
-  for (int32_t c = lane; c < chunks; c += 32) {
+  for (int32_t c = lane; c < segments; c += 32) {
     const float* q = p + c * kGuardPartialFloats;
     best = better(best, ArgMax{q[0], __float_as_int(q[1])});
     nan |= q[2] != 0.0f ? 1 : 0;
   }
   best = warp_argmax(best);
-  nan = __any_sync(kFull, nan) ? 1 : 0;
+  nan = __any_sync(kAllLanes, nan) ? 1 : 0;
   if (lane == 0) {
     g.nan_flags[r] = nan;
     g.argmax[r] = best.index;
   }
-  if constexpr (kRecord) combine_record(g, w.record + int64_t{r} * chunks, chunks, r);
+  if constexpr (kRecord) combine_record(g, w.record + int64_t{r} * segments, segments, r);
   if (g.row_max == nullptr) return;
   float sum = 0.0f;
-  for (int32_t c = lane; c < chunks; c += 32) {
+  for (int32_t c = lane; c < segments; c += 32) {
     const float* q = p + c * kGuardPartialFloats;
     sum += q[3] * expf(q[0] - best.value);
   }
@@ -327,18 +361,18 @@ __global__ void guard_combine_kernel(LogitsPassArgs g, Workspace w, int32_t chun
 
 template <bool kRecord>
 void launch(const LogitsPassArgs& g, cudaStream_t stream) {
-  const int32_t chunks = chunks_of(g.vocab);
+  const int32_t segments = segments_of(g.vocab);
   const Workspace w = carve(g.workspace, g.rows, g.vocab);
-  guard_chunk_kernel<kRecord><<<dim3(chunks, g.rows), kThreads, 0, stream>>>(
-      g.logits, g.vocab, g.row_max != nullptr, w, g.top_k);
-  guard_combine_kernel<kRecord><<<g.rows, 32, 0, stream>>>(g, w, chunks);
+  pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
+      g.logits, g.vocab, segments, g.row_max != nullptr, w, g.top_k);
+  combine_kernel<kRecord><<<g.rows, 32, 0, stream>>>(g, w, segments);
 }
 
 }  // namespace
 
 size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab) {
   return guard_bytes(rows, vocab) +
-         align_up(static_cast<size_t>(rows) * static_cast<size_t>(chunks_of(vocab)) *
+         align_up(static_cast<size_t>(rows) * static_cast<size_t>(segments_of(vocab)) *
                   sizeof(RecordPartial));
 }
 

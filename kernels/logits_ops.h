@@ -13,10 +13,11 @@
 
 namespace ls::kernels {
 
-// Each row is cut into fixed chunks of kGuardChunk ids that blocks scan in parallel (a batch-1
-// row is 128 Ki logits: 32 blocks); a second kernel, one warp a row, combines a row's chunk
-// partials in a fixed order, so every result depends only on the row.
-constexpr int32_t kGuardChunk = 4096;
+// Each row is cut into fixed segments of kLogitsSegment ids, one a warp (a batch-1 row of 128 Ki
+// logits is 126 warps over the 132 SMs; every warp is independent, no block barrier); a second
+// kernel, one warp a row, combines a row's segment partials in a fixed order, so every result
+// depends only on the row.
+constexpr int32_t kLogitsSegment = 512;
 
 struct LogitsPassArgs {
   float* logits = nullptr;  // [rows, vocab] fp32: NaN → −1e30, ±inf → ±1e30 in place

@@ -1,7 +1,7 @@
 // What a trace records, computed on the device (issue 12): the logits pass's digests and top-k
 // pairs equal the CPU reference's (core/logits_digest.cpp) on the same (sanitised) logits bits,
 // and recording leaves the guard's results unchanged — odd vocabularies (1, 7, 111, 500, one and
-// two chunks of 4096, llama's 128256, 600000: more chunks than a warp's lanes), rows 1, 3, 17,
+// two segments of 1024 and of 4096, llama's 128256, 600000), rows 1, 3, 17,
 // values with ties, ±0, ±inf and NaN — and the CUDA backend's recorded step (digests, top-k, the
 // rows' state after the commit) equals the same computed on the host from its captured logits and its state
 // read after the step; running ahead with recording on gives the same bits as one step at a time,
@@ -115,7 +115,7 @@ TEST_P(RecordKernel, DigestsAndTopKEqualTheCpuReferenceOnTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddVocabularies, RecordKernel,
-                         ::testing::Values(1, 7, 111, 500, 4096, 4097, 8192, 8193, 128256, 600000));
+                         ::testing::Values(1, 7, 111, 500, 1024, 1025, 4096, 4097, 8193, 128256, 600000));
 
 // Rows built against the kernel's threshold: every logit equal (each key passes: the general
 // path), ±0 only, NaN only, −inf only, fewer numbers than k among NaNs, the k best in one chunk
@@ -146,7 +146,7 @@ std::vector<float> adversarial_logits(int32_t pattern, int32_t rows, int32_t voc
       for (int j = 0; j < 3; ++j) x[at()] = normal(rng);  // fewer numbers than k
     }
     if (pattern == 5) {  // the k best in one chunk, 20 equal at the k-th
-      const int32_t base = (vocab / 2) / kernels::kGuardChunk * kernels::kGuardChunk;
+      const int32_t base = (vocab / 2) / kernels::kLogitsSegment * kernels::kLogitsSegment;
       for (int32_t j = 0; j < 25 && base + j < vocab; ++j) x[base + j] = j < 5 ? 20.0f + static_cast<float>(j) : 10.0f;
     }
     if (pattern == 6) {  // 5 above, then 60 equal at the k-th, spread over the row
@@ -173,7 +173,7 @@ TEST_P(RecordKernelAdversarial, TiesNansAndTheThresholdEqualTheCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, RecordKernelAdversarial,
-                         ::testing::Values(7, 4097, 8193, 128256, 600000));
+                         ::testing::Values(7, 1025, 8193, 128256, 600000));
 
 ExecutorConfig record_config() {
   ExecutorConfig c;
