@@ -298,65 +298,96 @@ pass_kernel(float* logits, int32_t vocab, int32_t segments, bool want_sum, Works
   }
 }
 
-// The row's digest and k best pairs from its segments' record partials, on one warp: the lane
-// sums (integer addition: any order gives the same bits), each lane's k best of its segments,
-// then k rounds of a warp max.
+// ---- the combine: one block a row ----
+
+constexpr int32_t kCombineThreads = 256;
+constexpr int32_t kCombineWarps = kCombineThreads / 32;
+static_assert(kCombineWarps * kK == 64, "warp 0 ranks the warps' k best, two keys a lane");
+
+struct CombineScratch {
+  float values[32];
+  int32_t indices[32];
+  uint32_t sums[2][kCombineWarps];
+  unsigned long long candidates[kCombineWarps * kK];
+};
+
+// The row's digest and k best pairs from its segments' record partials: thread t holds segment
+// t's k best (and inserts those of t + 256, … in a longer row), each warp ranks its lanes', warp 0
+// the warps'. The lane sums are integer sums: any order gives the same bits.
 __device__ void combine_record(const LogitsPassArgs& g, const RecordPartial* p, int32_t segments,
-                               int32_t r) {
-  const int32_t lane = static_cast<int32_t>(threadIdx.x);
+                               int32_t r, CombineScratch& s) {
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
+  const int32_t lane = t % 32;
+  const int32_t warp = t / 32;
   uint32_t a = 0, b = 0;
   unsigned long long best[kK];
 #pragma unroll
-  for (int32_t j = 0; j < kK; ++j) best[j] = 0;
-  for (int32_t c = lane; c < segments; c += 32) {
+  for (int32_t j = 0; j < kK; ++j) best[j] = t < segments ? p[t].keys[j] : 0;  // best first
+  for (int32_t c = t; c < segments; c += kCombineThreads) {
     a += p[c].a;
     b += p[c].b;
+    if (c == t) continue;
 #pragma unroll
     for (int32_t j = 0; j < kK; ++j) insert_key(best, p[c].keys[j]);
   }
   a = __reduce_add_sync(kAllLanes, a);
   b = __reduce_add_sync(kAllLanes, b);
   const unsigned long long mine = warp_top(best, g.top_k);
-  if (lane == 0) g.digests[r] = digest::finish(a, b, static_cast<uint32_t>(g.vocab));
+  if (lane < kK) s.candidates[warp * kK + lane] = mine;
+  if (lane == 0) {
+    s.sums[0][warp] = a;
+    s.sums[1][warp] = b;
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  unsigned long long two[2] = {s.candidates[lane], s.candidates[lane + 32]};
+  const unsigned long long winner = warp_top(two, g.top_k);
+  const uint32_t ra = __reduce_add_sync(kAllLanes, lane < kCombineWarps ? s.sums[0][lane] : 0u);
+  const uint32_t rb = __reduce_add_sync(kAllLanes, lane < kCombineWarps ? s.sums[1][lane] : 0u);
+  if (lane == 0) g.digests[r] = digest::finish(ra, rb, static_cast<uint32_t>(g.vocab));
   if (lane < g.top_k) {
-    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(mine));
+    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(winner));
     int32_t* pair = g.top + (int64_t{r} * kK + lane) * 2;
     pair[0] = id;
     pair[1] = __float_as_int(g.logits[int64_t{r} * g.vocab + id]);
   }
 }
 
-// One warp per row: the segment partials combined in a fixed order (lane-strided, then butterfly).
+// One block per row: the segment partials combined in a fixed order (thread-strided, then the
+// block reductions of kernels/reduce.cuh).
 template <bool kRecord>
-__global__ void combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+__global__ void __launch_bounds__(kCombineThreads)
+combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+  __shared__ CombineScratch s;
   const int32_t r = blockIdx.x;
-  const int32_t lane = threadIdx.x;
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
   const float* p = w.guard + int64_t{r} * segments * kGuardPartialFloats;
   ArgMax best{-INFINITY, 0x7fffffff};
   int32_t nan = 0;
-  for (int32_t c = lane; c < segments; c += 32) {
+  for (int32_t c = t; c < segments; c += kCombineThreads) {
     const float* q = p + c * kGuardPartialFloats;
     best = better(best, ArgMax{q[0], __float_as_int(q[1])});
     nan |= q[2] != 0.0f ? 1 : 0;
   }
-  best = warp_argmax(best);
-  nan = __any_sync(kAllLanes, nan) ? 1 : 0;
-  if (lane == 0) {
-    g.nan_flags[r] = nan;
+  nan = __syncthreads_or(nan);
+  best = block_argmax(best, s.values, s.indices);
+  if (t == 0) {
+    g.nan_flags[r] = nan != 0 ? 1 : 0;
     g.argmax[r] = best.index;
   }
-  if constexpr (kRecord) combine_record(g, w.record + int64_t{r} * segments, segments, r);
-  if (g.row_max == nullptr) return;
-  float sum = 0.0f;
-  for (int32_t c = lane; c < segments; c += 32) {
-    const float* q = p + c * kGuardPartialFloats;
-    sum += q[3] * expf(q[0] - best.value);
+  if (g.row_max != nullptr) {
+    float sum = 0.0f;
+    for (int32_t c = t; c < segments; c += kCombineThreads) {
+      const float* q = p + c * kGuardPartialFloats;
+      sum += q[3] * expf(q[0] - best.value);
+    }
+    sum = block_sum(sum, s.values);
+    if (t == 0) {
+      g.row_max[r] = best.value;
+      g.row_sum[r] = sum;
+    }
   }
-  sum = warp_sum(sum);
-  if (lane == 0) {
-    g.row_max[r] = best.value;
-    g.row_sum[r] = sum;
-  }
+  if constexpr (kRecord) combine_record(g, w.record + int64_t{r} * segments, segments, r, s);
 }
 
 template <bool kRecord>
@@ -365,7 +396,7 @@ void launch(const LogitsPassArgs& g, cudaStream_t stream) {
   const Workspace w = carve(g.workspace, g.rows, g.vocab);
   pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
       g.logits, g.vocab, segments, g.row_max != nullptr, w, g.top_k);
-  combine_kernel<kRecord><<<g.rows, 32, 0, stream>>>(g, w, segments);
+  combine_kernel<kRecord><<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
 }
 
 }  // namespace
