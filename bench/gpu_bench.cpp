@@ -23,7 +23,7 @@
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
-#include "kernels/record_ops.h"
+#include "kernels/logits_ops.h"
 #include "kernels/weight_init.h"
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
@@ -40,6 +40,7 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -449,47 +450,70 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
           {"phase_ms_sum", total}};
 }
 
-// The record kernel alone (digests and top-8 of `rows` rows of llama's 128,256 logits, as a
-// recorded step runs it), back to back: what a recorded step's device time gains at most from it.
-json record_kernel_alone(int32_t rows) {
+// The logits pass alone (the guard, argmax and logprob sums of `rows` rows of llama's 128,256
+// logits, as a graph's tail runs it), back to back, without and with the record's digests and
+// top-8: what recording adds to a step's device time at most. Two inputs: normal logits (the
+// usual, thresholded top-k path) and every logit equal (each one reaches the bound: the rounds).
+json logits_pass_alone(int32_t rows) {
   constexpr int32_t kVocab = 128256;
   constexpr int32_t kLaunches = 200;
   const size_t count = static_cast<size_t>(rows) * kVocab;
+  std::vector<float> normal(count);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (float& x : normal) x = dist(rng);
   float* logits = nullptr;
   void* workspace = nullptr;
   uint64_t* digests = nullptr;
-  int32_t* top = nullptr;
-  const size_t workspace_bytes = kernels::record_workspace_bytes(rows, kVocab);
+  int32_t *top = nullptr, *flags = nullptr;
+  float* sums = nullptr;
+  const size_t workspace_bytes = kernels::logits_pass_workspace_bytes(rows, kVocab);
   LS_CUDA(cudaMalloc(&logits, count * sizeof(float)));
   LS_CUDA(cudaMalloc(&workspace, workspace_bytes));
   LS_CUDA(cudaMalloc(&digests, static_cast<size_t>(rows) * sizeof(uint64_t)));
   LS_CUDA(cudaMalloc(&top, static_cast<size_t>(rows) * kTopLogitsCountMax * 2 * sizeof(int32_t)));
-  LS_CUDA(cudaMemset(logits, 0x3c, count * sizeof(float)));  // 0x3c3c3c3c ≈ 0.0115: all equal
-  LS_CUDA(cudaMemset(workspace, 0, workspace_bytes));
+  LS_CUDA(cudaMalloc(&flags, static_cast<size_t>(rows) * 2 * sizeof(int32_t)));
+  LS_CUDA(cudaMalloc(&sums, static_cast<size_t>(rows) * 2 * sizeof(float)));
   cudaEvent_t start = nullptr, stop = nullptr;
   LS_CUDA(cudaEventCreate(&start));
   LS_CUDA(cudaEventCreate(&stop));
-  auto launch = [&] {
-    LS_CUDA(kernels::launch_record_logits(logits, rows, kVocab, kTopLogitsCountMax, workspace, rows,
-                                          digests, top, nullptr));
+  auto time_us = [&](bool record) {
+    const kernels::LogitsPassArgs pass{.logits = logits, .rows = rows, .vocab = kVocab,
+                                       .workspace = workspace, .nan_flags = flags,
+                                       .argmax = flags + rows, .row_max = sums,
+                                       .row_sum = sums + rows,
+                                       .digests = record ? digests : nullptr,
+                                       .top = record ? top : nullptr,
+                                       .top_k = record ? kTopLogitsCountMax : 0};
+    for (int32_t i = 0; i < 10; ++i) LS_CUDA(kernels::launch_logits_pass(pass, nullptr));
+    LS_CUDA(cudaEventRecord(start));
+    for (int32_t i = 0; i < kLaunches; ++i) LS_CUDA(kernels::launch_logits_pass(pass, nullptr));
+    LS_CUDA(cudaEventRecord(stop));
+    LS_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    return static_cast<double>(ms) * 1e3 / kLaunches;
   };
-  for (int32_t i = 0; i < 10; ++i) launch();
-  LS_CUDA(cudaEventRecord(start));
-  for (int32_t i = 0; i < kLaunches; ++i) launch();
-  LS_CUDA(cudaEventRecord(stop));
-  LS_CUDA(cudaEventSynchronize(stop));
-  float ms = 0;
-  LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+  json out = {{"rows", rows}, {"vocab", kVocab}};
+  for (const bool equal : {false, true}) {
+    if (equal) {
+      LS_CUDA(cudaMemset(logits, 0x3c, count * sizeof(float)));  // 0x3c3c3c3c ≈ 0.0115
+    } else {
+      LS_CUDA(cudaMemcpy(logits, normal.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    const double without = time_us(false), with = time_us(true);
+    const char* input = equal ? "equal" : "normal";
+    std::printf("  logits pass, %2d rows of 128256 %-6s logits: %6.2f us, with the record %6.2f us "
+                "(+%.2f)\n", rows, input, without, with, with - without);
+    out[input] = {{"us_per_launch_without_record", without}, {"us_per_launch_with_record", with}};
+  }
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
-  cudaFree(top);
-  cudaFree(digests);
-  cudaFree(workspace);
-  cudaFree(logits);
-  const double us = static_cast<double>(ms) * 1e3 / kLaunches;
-  std::printf("  record kernel alone, %2d rows of 128256 logits: %.2f us a launch (back to back)\n",
-              rows, us);
-  return {{"rows", rows}, {"vocab", kVocab}, {"us_per_launch", us}};
+  for (void* p : {static_cast<void*>(sums), static_cast<void*>(flags), static_cast<void*>(top),
+                  static_cast<void*>(digests), workspace, static_cast<void*>(logits)}) {
+    cudaFree(p);
+  }
+  return out;
 }
 
 // One shape's recording cost: two executors over one backend (one recording, one not), each
@@ -624,8 +648,8 @@ int run(int argc, char** argv) {
   if (o.recording) {
     out["command"] = "lockstep_gpu_bench --recording";
     out["recording"] = json::array();
-    out["record_kernel_alone"] = json::array();
-    for (const int32_t rows : {1, 16, 64}) out["record_kernel_alone"].push_back(record_kernel_alone(rows));
+    out["logits_pass_alone"] = json::array();
+    for (const int32_t rows : {1, 16, 64}) out["logits_pass_alone"].push_back(logits_pass_alone(rows));
     const std::vector<std::string> shapes =
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {

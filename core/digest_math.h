@@ -38,8 +38,14 @@ LS_HOST_DEVICE inline uint64_t fmix64(uint64_t k) {
   return k;
 }
 
+// Both halves of one 32 × 32 → 64-bit product, folded: every input bit reaches the high half, so
+// a change of any bits (a sign flip included) moves a_i by a value with no fixed low pattern, and
+// sums over many changed logits do not cancel by construction. Two multiplies, where fmix32 (the
+// definition of format 2) took two multiplies and six shift/xor steps: the device computes it for
+// every logit of every recorded step.
 LS_HOST_DEVICE inline uint32_t lane_a(uint32_t bits, uint32_t i) {
-  return fmix32(bits ^ (i * 0x9E3779B1u));
+  const uint64_t product = static_cast<uint64_t>(bits ^ (i * 0x9E3779B1u)) * 0x85EBCA6Bu;
+  return static_cast<uint32_t>(product >> 32) ^ static_cast<uint32_t>(product);
 }
 
 LS_HOST_DEVICE inline uint32_t lane_b(uint32_t bits, uint32_t i) {

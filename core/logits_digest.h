@@ -6,15 +6,18 @@
 //
 // Digest of a row of V float32 values x[0..V) (the sanitised logits the sampler read):
 //   u_i = the bits of x[i] (uint32)
-//   a_i = fmix32(u_i XOR (i · 0x9E3779B1))
-//   b_i = (u_i XOR 0x7F4A7C15) · (2i + 1)                                   (all mod 2^32)
+//   p_i = (u_i XOR (i · 0x9E3779B1 mod 2^32)) · 0x85EBCA6B                  (a 64-bit product)
+//   a_i = (p_i >> 32) XOR (p_i mod 2^32)
+//   b_i = (u_i XOR 0x7F4A7C15) · (2i + 1)                                   (mod 2^32)
 //   A = Σ a_i mod 2^32, B = Σ b_i mod 2^32
 //   digest = fmix64(((A << 32) | B) XOR (V · 0x9E3779B97F4A7C15))
 // The sums make the digest independent of the order in which a parallel reduction adds the terms
-// (integer addition is associative); for a fixed i both a_i and b_i are bijections of u_i (fmix32
-// is one, and so is a product with an odd number), so every change of one value changes both A
-// and B. fmix32 / fmix64 are MurmurHash3's finalisers. b_i costs one multiply: the digest runs
-// over every logit of every step.
+// (integer addition is associative). For a fixed i, b_i is a bijection of u_i (a product with an
+// odd number), so every change of one value changes B; a_i folds the product's high half, which
+// every bit of u_i reaches, so structured changes of many values (every sign flipped, say) move
+// A by no fixed pattern. fmix64 is MurmurHash3's 64-bit finaliser. Each lane costs one or two
+// multiplies: the digest runs over every logit of every recorded step (format 3; format 2's a_i
+// was fmix32, two multiplies and six shift/xor steps).
 //
 // Top-k: the k largest (id, logit) pairs by the key (logit descending, lower id first on ties,
 // NaN after every number, −0 equal to +0).

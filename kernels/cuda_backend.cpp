@@ -10,6 +10,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/layer_ops.h"
+#include "kernels/logits_ops.h"
 #include "kernels/record_ops.h"
 #include "kernels/sampling_ops.h"
 #include "kernels/state_ops.h"
@@ -179,8 +180,8 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
       + 4 * t * h + e * t * h + 4 * t * (qs + 2 * kvs) + 4 * t * qs       // residual .. q
       + e * t * qs + 4 * t * 2 * f + e * t * f                            // attn_out .. act
       + 4 * attention + e * r * h + 4 * r * v + options.cublas_workspace_bytes
-      + 4 * static_cast<int64_t>(kernels::guard_partials_floats(config.logits_rows_max(),
-                                                                model.vocab_size))
+      + static_cast<int64_t>(kernels::logits_pass_workspace_bytes(config.logits_rows_max(),
+                                                                  model.vocab_size))
       + 4 * 4 * r + 8 * 2 * r * v + 4 * (r + 1)                          // guard .. offsets
       + static_cast<int64_t>(kernels::sort_sampling_keys_temp_bytes(config.logits_rows_max(),
                                                                     model.vocab_size))
@@ -189,9 +190,7 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
       + 4 * static_cast<int64_t>(layout.words)                            // staging
       + 4 * static_cast<int64_t>(ResultsLayout(config.max_batch_rows, config.logits_rows_max(),
                                                config.verify_width, config.table_width())
-                                     .words)                              // results
-      + static_cast<int64_t>(kernels::record_workspace_bytes(config.logits_rows_max(),
-                                                             model.vocab_size));
+                                     .words);                             // results
   if (drafts_ngram(config, options)) {
     out.workspace += 4 * pool * (int64_t{config.context_length} + config.verify_width)  // history
                      + 4 * pool;                                                         // begins
@@ -246,7 +245,10 @@ struct CudaBackend::Impl {
   void linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out, int32_t in,
               float beta);
   void enqueue_tail(const StepPlan& plan);
-  void enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic, bool sums);
+  // record_k: the top-k pairs a recorded step writes a logits row; kNotRecorded: none.
+  static constexpr int32_t kNotRecorded = -1;
+  void enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic, bool sums,
+                            int32_t record_k);
   bool graph_step() const { return graph_index_ >= 0; }
   void check_step_launches() const;
   void unpack(const StepPlan& plan, size_t parity, StepResult& result);
@@ -257,7 +259,6 @@ struct CudaBackend::Impl {
   kernels::TokenBuffers token_buffers() const;
   kernels::ResultBuffers result_buffers() const;
   kernels::RecordBuffers record_buffers() const;
-  void enqueue_record(int32_t logits_rows_grid, int32_t op_rows_grid, int32_t k);
   void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
   kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
 
@@ -311,7 +312,7 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> cublas_workspace;
   std::unique_ptr<kernels::GemmPlans> gemm_plans;  // bf16 linear layers: pinned per shape
   // Guard and sampler.
-  DeviceArray<float> guard_partials;   // [logits_rows_max, ⌈vocab / kGuardChunk⌉, 4]
+  DeviceArray<uint8_t> logits_workspace;  // the logits pass's chunk partials (guard, record)
   DeviceArray<int32_t> argmax;         // [logits_rows_max]
   DeviceArray<int32_t> row_nan_flags;  // [logits_rows_max]
   DeviceArray<float> row_max;          // [logits_rows_max]
@@ -340,7 +341,6 @@ struct CudaBackend::Impl {
   std::array<PinnedArray<int32_t>, 2> host_staging;  // by step parity
   std::array<CudaEvent, 2> upload_done;
   DeviceArray<int32_t> results;                    // [results_layout.words] packed results
-  DeviceArray<uint8_t> record_workspace;           // the record kernel's partials and counters
   // By step parity, so that with two steps in flight step k+1's copy never lands in the buffer
   // the host unpacks step k from. The device buffers (staging, results, activations) are single:
   // the one stream orders step k+1's writes after step k's reads.
@@ -498,7 +498,8 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   gemm_plans = std::make_unique<kernels::GemmPlans>(stream.get(), cublas_workspace.get(),
                                                     cublas_workspace.bytes());
 
-  guard_partials = DeviceArray<float>(kernels::guard_partials_floats(logits_rows_max, vocab), ws);
+  logits_workspace =
+      DeviceArray<uint8_t>(kernels::logits_pass_workspace_bytes(logits_rows_max, vocab), ws);
   argmax = DeviceArray<int32_t>(r, ws);
   row_nan_flags = DeviceArray<int32_t>(r, ws);
   row_max = DeviceArray<float>(r, ws);
@@ -543,8 +544,6 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   for (auto& event : upload_done) event = CudaEvent::create();
   results = DeviceArray<int32_t>(results_layout.words, ws);
   for (auto& buffer : host_results) buffer = PinnedArray<int32_t>(results.count());
-  record_workspace = DeviceArray<uint8_t>(kernels::record_workspace_bytes(logits_rows_max, vocab), ws);
-  LS_CUDA(cudaMemsetAsync(record_workspace.get(), 0, record_workspace.bytes(), stream.get()));
   for (auto& event : step_done) event = CudaEvent::create();
   if (options.time_steps) {
     for (auto& event : step_begin_marks) event = CudaEvent::create(true);
@@ -730,14 +729,6 @@ kernels::RecordBuffers CudaBackend::Impl::record_buffers() const {
                                 base + o.vcl, base + o.future_inputs, base + o.table};
 }
 
-// What a trace records of the step, after the commit and the drafter: digests and top-k of the
-// (sanitised) logits rows and the rows' state, into the results the step copies back.
-void CudaBackend::Impl::enqueue_record(int32_t logits_rows_grid, int32_t op_rows_grid, int32_t k) {
-  LS_CUDA(kernels::launch_record_step(step_inputs(), device_state(), logits.get(), vocab,
-                                      logits_rows_grid, op_rows_grid, k, record_workspace.get(),
-                                      logits_rows_max, record_buffers(), stream.get()));
-}
-
 // Decode steps run at their bucket's batch size (eager and graph alike, so the two give the same
 // bits); other steps at their own size.
 int32_t CudaBackend::Impl::rows_grid_for(const StepPlan& plan) const {
@@ -833,12 +824,15 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
       static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), rows_grid) - buckets.begin());
   graph_index_ = plan.mode == ForwardMode::kDecode && !graphs.empty() ? static_cast<int32_t>(bucket) : -1;
   // The tail joins the graph when every row is greedy (the sampler's weights and sort are not in
-  // it) and no fault poisons the logits between the forward and the guard.
-  tail_in_graph = graph_index_ >= 0 && !tail_graphs.empty() && !plan.logits_poisoned &&
-                  std::all_of(plan.sampling.begin(), plan.sampling.end(),
-                              [](const ResolvedSampling& x) { return x.top_k == 1; });
-  record_in_graph = tail_in_graph && plan.record && !record_tail_graphs.empty() &&
+  // it) and no fault poisons the logits between the forward and the guard; a recorded step's tail
+  // only when a record tail graph writes its count of top-k pairs (the record is in the guard).
+  const bool greedy_tail =
+      graph_index_ >= 0 && !tail_graphs.empty() && !plan.logits_poisoned &&
+      std::all_of(plan.sampling.begin(), plan.sampling.end(),
+                  [](const ResolvedSampling& x) { return x.top_k == 1; });
+  record_in_graph = greedy_tail && plan.record && !record_tail_graphs.empty() &&
                     plan.top_logits_count == record_graph_k;
+  tail_in_graph = greedy_tail && (!plan.record || record_in_graph);
   if (graph_index_ < 0 && steps_in_flight() > 0) {
     // An eager step is not launched ahead: its hundreds of launches queued behind a running step
     // made that step slower on the H200 (llama-8b batch 1: 6.3 ms against 5.1 ms one step at a
@@ -1003,10 +997,7 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
     const bool stochastic = std::any_of(plan.sampling.begin(), plan.sampling.end(),
                                         [](const ResolvedSampling& x) { return x.top_k != 1; });
     enqueue_tail_kernels(plan.logits_rows_count(), plan.rows_count, stochastic,
-                         plan.want_logprobs);
-  }
-  if (plan.record && !record_in_graph) {
-    enqueue_record(plan.logits_rows_count(), plan.rows_count, plan.top_logits_count);
+                         plan.want_logprobs, plan.record ? plan.top_logits_count : kNotRecorded);
   }
   // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
   LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
@@ -1020,14 +1011,28 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
 // the guard's work on padding rows is never read). `sums`: the guard's row max and sum of
 // exponentials, for log-probabilities (a graph always computes them; the header says whether
 // the finish uses them). Greedy rows read the guard's argmax: the sampler's weights and sort run
-// only when a row samples (top_k != 1).
+// only when a row samples (top_k != 1). A recorded step's digests and top-k pairs come from the
+// guard's pass over the logits; its rows' state is snapshotted last, after the commit and the
+// drafter, so the one packed copy brings back all a record needs (issue 12).
 void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic,
-                                             bool sums) {
+                                             bool sums, int32_t record_k) {
   const cudaStream_t s = stream.get();
-  LS_CUDA(kernels::launch_guard_logits(logits.get(), logits_rows, vocab, guard_partials.get(),
-                                       row_nan_flags.get(), argmax.get(),
-                                       sums ? row_max.get() : nullptr,
-                                       sums ? row_sum.get() : nullptr, s));
+  const bool record = record_k != kNotRecorded;
+  const kernels::RecordBuffers recorded = record_buffers();
+  const kernels::LogitsPassArgs pass{
+      .logits = logits.get(),
+      .rows = logits_rows,
+      .vocab = vocab,
+      .workspace = logits_workspace.get(),
+      .nan_flags = row_nan_flags.get(),
+      .argmax = argmax.get(),
+      .row_max = sums ? row_max.get() : nullptr,
+      .row_sum = sums ? row_sum.get() : nullptr,
+      .digests = record ? recorded.digests : nullptr,
+      .top = record ? recorded.top : nullptr,
+      .top_k = record ? record_k : 0,
+  };
+  LS_CUDA(kernels::launch_logits_pass(pass, s));
   mark(CudaPhase::kGuard);
   const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
   if (stochastic) {
@@ -1057,6 +1062,7 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
     LS_CUDA(kernels::launch_record_and_draft(step_inputs(), device_state(), token_buffers(),
                                              token_history, rows, s));
   }
+  if (record) LS_CUDA(kernels::launch_record_state(step_inputs(), device_state(), rows, recorded, s));
   mark(CudaPhase::kSampling);
 }
 
@@ -1200,9 +1206,8 @@ void CudaBackend::Impl::capture_graphs() {
         enqueue_resets();
         enqueue_fill(grid);
         enqueue_forward(tokens, tokens);
-        enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true);
-        // Padded grids: the kernel reads the staged header's counts.
-        if (record) enqueue_record(tokens, grid, record_graph_k);
+        enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
+                             record ? record_graph_k : kNotRecorded);
       };
       enqueue();
       LS_CUDA(cudaStreamSynchronize(s));

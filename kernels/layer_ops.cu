@@ -178,95 +178,6 @@ qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int
   }
 }
 
-constexpr int32_t kGuardThreads = 256;
-constexpr int32_t kGuardPerThread = kGuardChunk / kGuardThreads;
-constexpr int32_t kGuardPartialFloats = 4;  // max, argmax (int bits), NaN seen, Σ exp(x − max)
-static_assert(kGuardChunk % kGuardThreads == 0);
-
-int32_t guard_chunks(int32_t vocab) { return (vocab + kGuardChunk - 1) / kGuardChunk; }
-
-// grid: (chunks, rows). Sanitises one chunk of one row in place and writes its partial.
-__global__ void __launch_bounds__(kGuardThreads)
-guard_chunk_kernel(float* logits, int32_t vocab, bool want_sum, float* partials) {
-  __shared__ float values[32];
-  __shared__ int32_t indices[32];
-  const int32_t chunk = blockIdx.x;
-  const int32_t begin = chunk * kGuardChunk;
-  float* row = logits + int64_t{blockIdx.y} * vocab;
-  float x[kGuardPerThread];
-  ArgMax best{-INFINITY, 0x7fffffff};
-  int32_t saw_nan = 0;
-#pragma unroll
-  for (int32_t k = 0; k < kGuardPerThread; ++k) {
-    const int32_t i = begin + k * kGuardThreads + static_cast<int32_t>(threadIdx.x);
-    x[k] = i < vocab ? row[i] : -INFINITY;
-  }
-#pragma unroll
-  for (int32_t k = 0; k < kGuardPerThread; ++k) {
-    const int32_t i = begin + k * kGuardThreads + static_cast<int32_t>(threadIdx.x);
-    if (i >= vocab) continue;
-    if (isnan(x[k])) {
-      saw_nan = 1;
-      x[k] = -kSanitisedMagnitude;
-      row[i] = x[k];
-    } else if (isinf(x[k])) {
-      x[k] = x[k] > 0.0f ? kSanitisedMagnitude : -kSanitisedMagnitude;
-      row[i] = x[k];
-    }
-    if (x[k] > best.value) best = ArgMax{x[k], i};  // ascending i: the first keeps a tie
-  }
-  const int32_t any_nan = __syncthreads_or(saw_nan);
-  best = block_argmax(best, values, indices);
-  float sum = 0.0f;
-  if (want_sum) {
-#pragma unroll
-    for (int32_t k = 0; k < kGuardPerThread; ++k) {
-      const int32_t i = begin + k * kGuardThreads + static_cast<int32_t>(threadIdx.x);
-      if (i < vocab) sum += expf(x[k] - best.value);
-    }
-    sum = block_sum(sum, values);
-  }
-  if (threadIdx.x == 0) {
-    float* p = partials + (int64_t{blockIdx.y} * gridDim.x + chunk) * kGuardPartialFloats;
-    p[0] = best.value;
-    p[1] = __int_as_float(best.index);
-    p[2] = static_cast<float>(any_nan);
-    p[3] = sum;
-  }
-}
-
-// One warp per row: the chunk partials combined in a fixed order (lane-strided, then butterfly).
-__global__ void guard_combine_kernel(const float* partials, int32_t chunks, int32_t* nan_flags,
-                                     int32_t* argmax, float* row_max, float* row_sum) {
-  const int32_t r = blockIdx.x;
-  const int32_t lane = threadIdx.x;
-  const float* p = partials + int64_t{r} * chunks * kGuardPartialFloats;
-  ArgMax best{-INFINITY, 0x7fffffff};
-  int32_t nan = 0;
-  for (int32_t c = lane; c < chunks; c += 32) {
-    const float* q = p + c * kGuardPartialFloats;
-    best = better(best, ArgMax{q[0], __float_as_int(q[1])});
-    nan |= q[2] != 0.0f ? 1 : 0;
-  }
-  best = warp_argmax(best);
-  nan = __any_sync(0xffffffffu, nan) ? 1 : 0;
-  if (lane == 0) {
-    nan_flags[r] = nan;
-    argmax[r] = best.index;
-  }
-  if (row_max == nullptr || row_sum == nullptr) return;
-  float sum = 0.0f;
-  for (int32_t c = lane; c < chunks; c += 32) {
-    const float* q = p + c * kGuardPartialFloats;
-    sum += q[3] * expf(q[0] - best.value);
-  }
-  sum = warp_sum(sum);
-  if (lane == 0) {
-    row_max[r] = best.value;
-    row_sum[r] = sum;
-  }
-}
-
 __global__ void fill_float_kernel(float* out, int64_t count, float value) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < count) out[i] = value;
@@ -369,28 +280,6 @@ cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t 
   if (tokens_count == 0 || (bias == nullptr && q_norm == nullptr)) return cudaSuccess;
   qkv_bias_head_norm_kernel<<<tokens_count, kHeadNormThreads, 0, stream>>>(
       qkv, query_heads, kv_heads, head_dim, bias, q_norm, k_norm, eps);
-  return cudaGetLastError();
-}
-
-size_t guard_partials_floats(int32_t rows_count, int32_t vocab) {
-  return static_cast<size_t>(rows_count) * static_cast<size_t>(guard_chunks(vocab)) *
-         kGuardPartialFloats;
-}
-
-cudaError_t launch_guard_logits(float* logits, int32_t rows_count, int32_t vocab,
-                                float* partials, int32_t* nan_flags, int32_t* argmax,
-                                float* row_max, float* row_sum, cudaStream_t stream) {
-  if (rows_count < 0 || rows_count > 65535 || vocab < 1 || logits == nullptr ||
-      partials == nullptr || nan_flags == nullptr || argmax == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows_count == 0) return cudaSuccess;
-  const bool want_sum = row_max != nullptr && row_sum != nullptr;
-  const int32_t chunks = guard_chunks(vocab);
-  guard_chunk_kernel<<<dim3(chunks, rows_count), kGuardThreads, 0, stream>>>(logits, vocab,
-                                                                            want_sum, partials);
-  guard_combine_kernel<<<rows_count, 32, 0, stream>>>(partials, chunks, nan_flags, argmax,
-                                                      row_max, row_sum);
   return cudaGetLastError();
 }
 

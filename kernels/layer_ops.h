@@ -1,7 +1,7 @@
 // Per-token layer ops of the CUDA backend: embedding gather, RMSNorm, RoPE with the KV write,
-// SwiGLU, residual add, and the logits NaN guard. Launchers take raw device pointers, sizes and a
-// stream, validate their arguments, and return the launch status (STYLE.md §2–3). Each op's CPU
-// reference is the matching loop of core/cpu_model.cpp or core/cpu_backend.cpp; tests/gpu/
+// SwiGLU, residual add (the logits' one pass, NaN guard and record, is kernels/logits_ops.h).
+// Launchers take raw device pointers, sizes and a stream, validate their arguments, and return the
+// launch status (STYLE.md §2–3). Each op's CPU reference is the matching loop of core/cpu_model.cpp or core/cpu_backend.cpp; tests/gpu/
 // compares them on odd sizes.
 #pragma once
 
@@ -60,18 +60,6 @@ cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ff
 // (beta = 1); the kernel is the plain form, for tests and non-GEMM paths.
 cudaError_t launch_residual_add(float* residual, const float* delta, int64_t count,
                                 cudaStream_t stream);
-
-// Rule 5 on logits [rows, vocab] fp32: NaN → −1e30 (nan_flags[r] = 1), ±inf → ±1e30. Also writes
-// argmax[r] (lowest id on ties, of the sanitised row) and, when row_max and row_sum are not null,
-// max_r and Σ exp(x − max_r) for logprobs. Each row is cut into fixed chunks of kGuardChunk ids
-// that blocks scan in parallel (a batch-1 row is 128k logits); a second kernel combines a row's
-// chunk partials in chunk order, so the result depends only on the row. `partials` holds
-// guard_partials_floats(rows, vocab) floats.
-constexpr int32_t kGuardChunk = 4096;
-size_t guard_partials_floats(int32_t rows_count, int32_t vocab);
-cudaError_t launch_guard_logits(float* logits, int32_t rows_count, int32_t vocab,
-                                float* partials, int32_t* nan_flags, int32_t* argmax,
-                                float* row_max, float* row_sum, cudaStream_t stream);
 
 // Fills count floats with value (the poison fault site; NaN and ±inf included).
 cudaError_t launch_fill_float(float* out, int64_t count, float value, cudaStream_t stream);

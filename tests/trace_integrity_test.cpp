@@ -10,7 +10,8 @@
 //     where the trace ends, how many bytes were dropped and that the footer is missing;
 //   - a corrupted record in the middle: exit 2, naming its offset, the step before it and how many
 //     later records are intact;
-//   - a trace of format version 1 (no framing): refused, naming the version.
+//   - a trace of format version 1 (no framing) or 2 (another logits digest): refused, naming the
+//     version.
 // The exit codes are those of `lockstep replay` / `lockstep check` (cli/): an ls::Error is 2, a
 // divergence or a violation is 1.
 #include "core/scheduler.h"
@@ -371,7 +372,20 @@ TEST(TraceIntegrity, ATraceOfFormatVersionOneIsRefusedNamingItsVersion) {
   const Outcome c = check_bytes(bytes);
   EXPECT_EQ(c.exit, 2);
   EXPECT_NE(c.message.find("format version 1"), std::string::npos) << c.message;
-  EXPECT_NE(c.message.find("reads version 2"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("reads version 3"), std::string::npos) << c.message;
+  EXPECT_EQ(replay_bytes(bytes).exit, 2);
+  std::printf("%s\n", c.message.c_str());
+}
+
+TEST(TraceIntegrity, ATraceOfFormatVersionTwoIsRefusedNamingItsVersion) {
+  // Version 2: this format's framing, whose logits digests follow the older definition. A
+  // recorded trace with its preamble rewritten (and resealed) to say 2.
+  Bytes bytes = record_generate(2, 4);
+  trace::framing::write_preamble(reinterpret_cast<unsigned char*>(bytes.data()), 2);
+  const Outcome c = check_bytes(bytes);
+  EXPECT_EQ(c.exit, 2);
+  EXPECT_NE(c.message.find("format version 2"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("reads version 3"), std::string::npos) << c.message;
   EXPECT_EQ(replay_bytes(bytes).exit, 2);
   std::printf("%s\n", c.message.c_str());
 }

@@ -212,6 +212,10 @@ void TraceReader::Impl::read_preamble() {
     throw Error("corrupt preamble: its check does not match (bytes 0..15)");
   }
   if (status == framing::PreambleStatus::kOk) {
+    LS_REQUIRE(version != 2,
+               "format version 2 is not supported: this build reads version {} only (version 2 "
+               "records its logits digests by another definition); record the run again",
+               kFormatVersion);
     LS_REQUIRE(version == kFormatVersion,
                "format version {} is not supported: this build reads version {} only", version,
                kFormatVersion);

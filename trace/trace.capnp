@@ -1,6 +1,6 @@
 # The lockstep trace format. This comment is the contract; trace/reader.cpp enforces it.
 #
-# FILE LAYOUT (format version 2)
+# FILE LAYOUT (format version 3; version 2 had the same layout and another logits digest)
 #   A trace file is a 16-byte preamble, then one frame per record. All integers little-endian.
 #
 #   preamble  bytes 0..7    magic "\0LSTRACE" (= traceMagic as a little-endian u64)
@@ -68,12 +68,15 @@
 #   logitsDigests[i]       of logits row i, the V float32 values after the NaN guard (what the
 #                          sampler read); logits rows are one per prefill row, then W per decode
 #                          row. With u_j the bits of value j (uint32), arithmetic mod 2^32:
-#                            a_j = fmix32(u_j XOR (j * 0x9E3779B1))
+#                            p_j = (u_j XOR (j * 0x9E3779B1)) * 0x85EBCA6B as a 64-bit product
+#                            a_j = (p_j >> 32) XOR (p_j mod 2^32)
 #                            b_j = (u_j XOR 0x7F4A7C15) * (2j + 1)
 #                            A = sum of a_j, B = sum of b_j
 #                            digest = fmix64(((A << 32) | B) XOR (V * 0x9E3779B97F4A7C15) mod 2^64)
-#                          fmix32/fmix64 are MurmurHash3's finalisers. The sums make the value
+#                          fmix64 is MurmurHash3's finaliser. The sums make the value
 #                          independent of the order a parallel reduction adds the terms in.
+#                          (Format 2 had a_j = fmix32(u_j XOR (j * 0x9E3779B1)): the version
+#                          changed so that no reader compares digests of the two definitions.)
 #   topLogits              the top `topLogitsCount` (id, logit) pairs of each logits row (after
 #                          the guard), by logit descending, lower id first on ties, NaN last, −0
 #                          equal to +0. The reader checks each row's pairs are in that order with
@@ -88,13 +91,14 @@
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
 #   reader ignores fields it does not know. `formatVersion` changes only when a reader of an
 #   older version must refuse the file; additive changes keep it. Version 2 (checksummed
-#   framing) is read only by readers of version 2; version 1 files are refused by name.
+#   framing) is refused by name since version 3 (a cheaper logits digest, DIGESTS); version 1
+#   files (no framing) are refused by name.
 @0xd9fcced0f1a776b6;
 
 $import "/capnp/c++.capnp".namespace("ls::trace::schema");
 
 const traceMagic :UInt64 = 0x4543415254534c00;  # "\0LSTRACE" read as little-endian u64
-const formatVersion :UInt32 = 2;
+const formatVersion :UInt32 = 3;
 
 struct Record {
   union {

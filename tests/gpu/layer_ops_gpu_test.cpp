@@ -5,6 +5,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/layer_ops.h"
+#include "kernels/logits_ops.h"
 #include "tests/gpu/gpu_test_support.h"
 
 #include <gtest/gtest.h>
@@ -379,11 +380,13 @@ TEST_P(LogitsRows, GuardSanitisesFlagsAndFindsTheArgmax) {
     if (r % 2 == 0) row[vocab - 1] = 7.0f, row[(r * 101 + 3) % (vocab - 1)] = 7.0f;  // a tie
   }
   DeviceBuffer<float> d_logits(logits), d_max(rows), d_sum(rows);
-  DeviceBuffer<float> d_partials(kernels::guard_partials_floats(rows, vocab));
+  DeviceBuffer<uint8_t> d_workspace(kernels::logits_pass_workspace_bytes(rows, vocab));
   DeviceBuffer<int32_t> d_nan(rows), d_argmax(rows);
-  ASSERT_EQ(kernels::launch_guard_logits(d_logits.ptr, rows, vocab, d_partials.ptr, d_nan.ptr,
-                                         d_argmax.ptr, d_max.ptr, d_sum.ptr, nullptr),
-            cudaSuccess);
+  const kernels::LogitsPassArgs pass{.logits = d_logits.ptr, .rows = rows, .vocab = vocab,
+                                     .workspace = d_workspace.ptr, .nan_flags = d_nan.ptr,
+                                     .argmax = d_argmax.ptr, .row_max = d_max.ptr,
+                                     .row_sum = d_sum.ptr};
+  ASSERT_EQ(kernels::launch_logits_pass(pass, nullptr), cudaSuccess);
   const std::vector<float> out = d_logits.download(), row_max = d_max.download(),
                            row_sum = d_sum.download();
   const std::vector<int32_t> flags = d_nan.download(), argmax = d_argmax.download();

@@ -1,9 +1,9 @@
-// What a trace records, computed on the device (issue 12): the record kernel's logits digests and
-// top-k pairs equal the CPU reference's (core/logits_digest.cpp) on the same logits bits — odd
-// vocabularies (1, 7, 111, 500, one and two chunks of 2048, llama's 128256, 600000: more chunks
-// than the combine reads directly), rows 1, 3, 17, values with
-// ties, ±0, ±inf and NaN — and the CUDA backend's recorded step (digests, top-k, the rows' state
-// after the commit) equals the same computed on the host from its captured logits and its state
+// What a trace records, computed on the device (issue 12): the logits pass's digests and top-k
+// pairs equal the CPU reference's (core/logits_digest.cpp) on the same (sanitised) logits bits,
+// and recording leaves the guard's results unchanged — odd vocabularies (1, 7, 111, 500, one and
+// two segments of 1024 and of 4096, llama's 128256, 600000), rows 1, 3, 17,
+// values with ties, ±0, ±inf and NaN — and the CUDA backend's recorded step (digests, top-k, the
+// rows' state after the commit) equals the same computed on the host from its captured logits and its state
 // read after the step; running ahead with recording on gives the same bits as one step at a time,
 // and the serving loop with a recorder runs ahead on CUDA.
 #include "core/executor.h"
@@ -11,7 +11,7 @@
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
 #include "kernels/cuda_backend.h"
-#include "kernels/record_ops.h"
+#include "kernels/logits_ops.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/test_support.h"
 #include "trace/reader.h"
@@ -43,25 +43,50 @@ std::vector<float> odd_logits(int32_t rows, int32_t vocab, uint64_t seed) {
   return v;
 }
 
-// Runs the record kernel twice on `logits` (rows × vocab; the counters are ready again after a
-// launch) and checks every row's digest and top-k pairs against the CPU reference, bit for bit.
+// Runs the logits pass on `logits` (rows × vocab) with and without recording, twice each, and
+// checks: the guard's outputs (sanitised logits, argmax, NaN flags, logprob sums) are the same
+// bits either way, and every row's digest and top-k pairs equal the CPU reference's computed
+// from the sanitised logits the pass left in device memory (what the sampler reads), bit for bit.
 void expect_kernel_equals_reference(const std::vector<float>& logits, int32_t rows, int32_t vocab,
                                     const std::string& what) {
   const int32_t k = std::min(kTopLogitsCountMax, vocab);
-  gpu_test::DeviceBuffer<float> d_logits(logits);
-  gpu_test::DeviceBuffer<uint8_t> workspace(kernels::record_workspace_bytes(rows, vocab));
-  ASSERT_EQ(cudaMemset(workspace.ptr, 0, workspace.count), cudaSuccess);
+  gpu_test::DeviceBuffer<uint8_t> workspace(kernels::logits_pass_workspace_bytes(rows, vocab));
   gpu_test::DeviceBuffer<uint64_t> digests(static_cast<size_t>(rows));
   gpu_test::DeviceBuffer<int32_t> top(static_cast<size_t>(rows) * kTopLogitsCountMax * 2);
-  for (int repeat = 0; repeat < 2; ++repeat) {
-    ASSERT_EQ(kernels::launch_record_logits(d_logits.ptr, rows, vocab, k, workspace.ptr, rows,
-                                            digests.ptr, top.ptr, nullptr),
-              cudaSuccess);
+  gpu_test::DeviceBuffer<int32_t> nan_flags(static_cast<size_t>(rows)), argmax(static_cast<size_t>(rows));
+  gpu_test::DeviceBuffer<float> row_max(static_cast<size_t>(rows)), row_sum(static_cast<size_t>(rows));
+  struct Guarded {
+    std::vector<float> logits, row_max, row_sum;
+    std::vector<int32_t> nan_flags, argmax;
+    bool operator==(const Guarded& o) const {
+      const auto same_bits = [](const std::vector<float>& x, const std::vector<float>& y) {
+        return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * 4) == 0;
+      };
+      return same_bits(logits, o.logits) && same_bits(row_max, o.row_max) &&
+             same_bits(row_sum, o.row_sum) && nan_flags == o.nan_flags && argmax == o.argmax;
+    }
+  };
+  std::vector<Guarded> runs;
+  for (int repeat = 0; repeat < 4; ++repeat) {
+    const bool record = repeat % 2 == 1;
+    gpu_test::DeviceBuffer<float> d_logits(logits);
+    const kernels::LogitsPassArgs pass{.logits = d_logits.ptr, .rows = rows, .vocab = vocab,
+                                       .workspace = workspace.ptr, .nan_flags = nan_flags.ptr,
+                                       .argmax = argmax.ptr, .row_max = row_max.ptr,
+                                       .row_sum = row_sum.ptr,
+                                       .digests = record ? digests.ptr : nullptr,
+                                       .top = record ? top.ptr : nullptr, .top_k = record ? k : 0};
+    ASSERT_EQ(kernels::launch_logits_pass(pass, nullptr), cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    runs.push_back({d_logits.download(), row_max.download(), row_sum.download(),
+                    nan_flags.download(), argmax.download()});
+    ASSERT_TRUE(runs.back() == runs.front()) << what << " vocab " << vocab << " run " << repeat;
+    if (!record) continue;
+    const std::vector<float>& sanitised = runs.back().logits;
     const std::vector<uint64_t> got = digests.download();
     const std::vector<int32_t> pairs = top.download();
     for (int32_t r = 0; r < rows; ++r) {
-      const std::span<const float> row(logits.data() + static_cast<size_t>(r) * vocab,
+      const std::span<const float> row(sanitised.data() + static_cast<size_t>(r) * vocab,
                                        static_cast<size_t>(vocab));
       ASSERT_EQ(got[r], logits_row_digest(row)) << what << " vocab " << vocab << " row " << r;
       std::vector<TopLogit> expected;
@@ -90,7 +115,7 @@ TEST_P(RecordKernel, DigestsAndTopKEqualTheCpuReferenceOnTheSameBits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddVocabularies, RecordKernel,
-                         ::testing::Values(1, 7, 111, 500, 2048, 2049, 8192, 8193, 128256, 600000));
+                         ::testing::Values(1, 7, 111, 500, 1024, 1025, 4096, 4097, 8193, 128256, 600000));
 
 // Rows built against the kernel's threshold: every logit equal (each key passes: the general
 // path), ±0 only, NaN only, −inf only, fewer numbers than k among NaNs, the k best in one chunk
@@ -121,7 +146,7 @@ std::vector<float> adversarial_logits(int32_t pattern, int32_t rows, int32_t voc
       for (int j = 0; j < 3; ++j) x[at()] = normal(rng);  // fewer numbers than k
     }
     if (pattern == 5) {  // the k best in one chunk, 20 equal at the k-th
-      const int32_t base = (vocab / 2) / kernels::kRecordChunk * kernels::kRecordChunk;
+      const int32_t base = (vocab / 2) / kernels::kLogitsSegment * kernels::kLogitsSegment;
       for (int32_t j = 0; j < 25 && base + j < vocab; ++j) x[base + j] = j < 5 ? 20.0f + static_cast<float>(j) : 10.0f;
     }
     if (pattern == 6) {  // 5 above, then 60 equal at the k-th, spread over the row
@@ -148,7 +173,7 @@ TEST_P(RecordKernelAdversarial, TiesNansAndTheThresholdEqualTheCpuReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabularies, RecordKernelAdversarial,
-                         ::testing::Values(7, 2049, 8193, 128256, 600000));
+                         ::testing::Values(7, 1025, 8193, 128256, 600000));
 
 ExecutorConfig record_config() {
   ExecutorConfig c;

@@ -3,7 +3,7 @@
 // counters; decode rows verify (W = 3, greedy and stochastic) and commit exactly as CpuBackend
 // does, context clamp included; forced outputs, the OOV flag and the output clamp; logprobs.
 #include "core/sampling.h"
-#include "kernels/layer_ops.h"
+#include "kernels/logits_ops.h"
 #include "kernels/sampling_ops.h"
 #include "tests/gpu/gpu_test_support.h"
 
@@ -98,10 +98,12 @@ std::vector<int32_t> run_tail(Step& st, DeviceBuffer<float>& logits, int32_t row
   std::vector<int32_t> seg(size_t(logits_rows) + 1);
   for (size_t i = 0; i < seg.size(); ++i) seg[i] = static_cast<int32_t>(i) * vocab;
   st.offsets_seg.upload(seg);
-  DeviceBuffer<float> partials(kernels::guard_partials_floats(logits_rows, vocab));
-  EXPECT_EQ(kernels::launch_guard_logits(logits.ptr, logits_rows, vocab, partials.ptr, st.nan.ptr,
-                                         st.argmax.ptr, st.row_max.ptr, st.row_sum.ptr, nullptr),
-            cudaSuccess);
+  DeviceBuffer<uint8_t> workspace(kernels::logits_pass_workspace_bytes(logits_rows, vocab));
+  const kernels::LogitsPassArgs pass{.logits = logits.ptr, .rows = logits_rows, .vocab = vocab,
+                                     .workspace = workspace.ptr, .nan_flags = st.nan.ptr,
+                                     .argmax = st.argmax.ptr, .row_max = st.row_max.ptr,
+                                     .row_sum = st.row_sum.ptr};
+  EXPECT_EQ(kernels::launch_logits_pass(pass, nullptr), cudaSuccess);
   EXPECT_EQ(kernels::launch_sampling_weights(st.inputs(), logits.ptr, logits_rows, vocab, keys,
                                              nullptr),
             cudaSuccess);

@@ -76,7 +76,7 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   TraceReader reader = TraceReader::open(file.path());
   const TraceHeader& h = reader.header();
   EXPECT_EQ(h.format_version, kFormatVersion);
-  EXPECT_EQ(kFormatVersion, 2u);
+  EXPECT_EQ(kFormatVersion, 3u);
   EXPECT_EQ(h.build_id, "lockstep-test 0.1.0");
   EXPECT_EQ(h.model.name, "tiny");
   EXPECT_EQ(h.model.hidden_size, 64);
@@ -211,15 +211,12 @@ TEST(TraceRoundTrip, HeaderKeepsTheFamilyAndEveryRopeParameter) {
 // trace.capnp's "DIGESTS" definition of a logits row's digest, written out again from the text
 // (64-bit sums truncated at the end), so that a change of either shows.
 uint64_t spec_logits_digest(const std::vector<float>& row) {
-  auto fmix32 = [](uint32_t h) {
-    h ^= h >> 16, h *= 0x85EBCA6Bu, h ^= h >> 13, h *= 0xC2B2AE35u, h ^= h >> 16;
-    return h;
-  };
   uint64_t a = 0, b = 0;
   for (uint32_t i = 0; i < row.size(); ++i) {
     uint32_t u = 0;
     std::memcpy(&u, &row[i], 4);
-    a += fmix32(u ^ (i * 0x9E3779B1u));
+    const uint64_t p = static_cast<uint64_t>(u ^ (i * 0x9E3779B1u)) * 0x85EBCA6Bull;
+    a += (p >> 32) ^ (p & 0xFFFFFFFFu);
     b += static_cast<uint32_t>((u ^ 0x7F4A7C15u) * (2u * i + 1u));
   }
   uint64_t k = ((a & 0xFFFFFFFFu) << 32 | (b & 0xFFFFFFFFu)) ^
@@ -231,7 +228,10 @@ uint64_t spec_logits_digest(const std::vector<float>& row) {
 TEST(TraceDigests, LogitsDigestIsTheFormatsDefinitionAndFuturesAreXxh3) {
   const std::vector<float> row = {0.5f, -2.0f, 3.25f};
   EXPECT_EQ(logits_row_digest(row), spec_logits_digest(row));
-  EXPECT_EQ(logits_row_digest(row), 0xbd84ff409c1576c5ull) << std::hex << logits_row_digest(row);
+  // The value a separate implementation of the text gives (Python, integers: see the commit that
+  // set format 3), so that a change to the definition's constants shows even if both C++ copies
+  // change together.
+  EXPECT_EQ(logits_row_digest(row), 0x6cc2c76cb8e3c36aull) << std::hex << logits_row_digest(row);
   EXPECT_NE(logits_row_digest(row), logits_row_digest(std::vector<float>{0.5f, -2.0f, 3.5f}));
   // Every single-bit flip of every value changes it; so do swapping two values and −0 for +0.
   std::vector<float> long_row(1000);
@@ -252,6 +252,14 @@ TEST(TraceDigests, LogitsDigestIsTheFormatsDefinitionAndFuturesAreXxh3) {
   std::swap(swapped[3], swapped[4]);
   EXPECT_NE(logits_row_digest(swapped), base);
   EXPECT_NE(logits_row_digest(std::vector<float>{0.0f}), logits_row_digest(std::vector<float>{-0.0f}));
+  // Sign flips: of two values (a lane of products alone would cancel: 2 · 2^31 ≡ 0) and of all.
+  std::vector<float> two_flipped = long_row;
+  two_flipped[10] = -two_flipped[10];
+  two_flipped[500] = -two_flipped[500];
+  EXPECT_NE(logits_row_digest(two_flipped), base);
+  std::vector<float> negated = long_row;
+  for (float& x : negated) x = -x;
+  EXPECT_NE(logits_row_digest(negated), base);
   const int32_t ids[] = {7, 0x01020304};
   const unsigned char id_bytes[] = {7, 0, 0, 0, 4, 3, 2, 1};
   EXPECT_EQ(future_inputs_digest(ids), XXH3_64bits(id_bytes, 8));
