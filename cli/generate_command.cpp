@@ -49,23 +49,12 @@ void write_outputs(std::ostream& out, const std::vector<RequestSpec>& requests,
   }
 }
 
-SchedulerConfig scheduler_config(const ExecutorConfig& e) {
-  return SchedulerConfig{.max_batch_rows = e.max_batch_rows,
-                         .token_budget = e.prefill_chunk_tokens,
-                         .page_size = e.page_size,
-                         .pages_count = e.pages_count,
-                         .host_pages_count = e.host_pages_count,
-                         .verify_width = e.verify_width,
-                         .context_length = e.context_length};
-}
-
 int run_generate(GenerateOptions& o) {
   WeightSource source;
   const ModelWeights weights = load_model(o.model, source);
   const std::vector<RequestSpec> requests = read_prompts(o, weights.config);
-  const SchedulerConfig scheduler_limits = scheduler_config(o.model.executor);
-  const ExecutorConfig limits = executor_config_for(scheduler_limits);
-  Scheduler scheduler(scheduler_limits);
+  const ExecutorConfig& limits = o.model.executor;
+  Scheduler scheduler(SchedulerConfig{limits});
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   const bool recording = !o.record.empty();
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.

@@ -27,7 +27,7 @@ Json params_json(const sim::SimParams& p) {
               {"page_size", p.page_size},
               {"pages", p.pages_count},
               {"host_pages", p.host_pages_count},
-              {"token_budget", p.token_budget},
+              {"token_budget", p.prefill_chunk_tokens},
               {"overlap", p.overlap},
               {"mixed_batches", p.mixed_batches},
               {"prefix_cache", p.prefix_cache},
