@@ -2,6 +2,7 @@
 
 #include "cli/backend_factory.h"
 #include "cli/model_options.h"
+#include "cli/exit_status.h"
 #include "core/check.h"
 #include "core/executor.h"
 #include "core/prompts.h"
@@ -101,8 +102,12 @@ int run_generate(GenerateOptions& o) {
     const std::string spec = limits.verify_width > 1
                                  ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
                                  : std::string();
+    // The tokens the outputs hold: a step's accepted lengths also count the sampled token of a
+    // mid-prompt chunk and the lingering step of a finished request, which are never emitted.
+    int64_t tokens_emitted = 0;
+    for (const auto& [id, outcome] : scheduler.outcomes()) tokens_emitted += std::ssize(outcome.tokens);
     fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}{}, {:.3f} s)\n",
-               requests.size(), done.tokens_generated, done.steps_count, backend->name(),
+               requests.size(), tokens_emitted, done.steps_count, backend->name(),
                weights.config.name, spec, seconds);
   }
   return 0;
@@ -118,7 +123,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
       "Prompt lines: {\"id\": 1, \"prompt\": [1, 2, 3], \"max_new_tokens\": 16, \"temperature\": "
       "0.8,\n  \"top_k\": 40, \"top_p\": 0.95, \"min_p\": 0.0, \"seed\": 7, \"stop\": [2]} — only "
       "\"prompt\" is required;\n  temperature 0 (the default) is greedy.\nOutput lines: {\"id\", "
-      "\"prompt_tokens\", \"tokens\", \"finish_reason\": length|stop|context|numerical_error}.");
+      "\"prompt_tokens\", \"tokens\", \"finish_reason\": length|stop|context|numerical_error}.\n" +
+      std::string(kExitStatusHelp));
   cmd->add_option("--prompts", options->prompts, "JSONL file of prompts ('-' for stdin)")
       ->required();
   cmd->add_option("--output,-o", options->output, "Where to write the JSONL outputs ('-' = stdout)")

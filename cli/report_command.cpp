@@ -1,5 +1,6 @@
 #include "cli/report_command.h"
 
+#include "cli/exit_status.h"
 #include "core/check.h"
 #include "replay/trace_report.h"
 
@@ -70,7 +71,7 @@ std::function<int()> add_report_command(CLI::App& app) {
   cmd->add_option("--timeline-requests", o->timeline_requests, "Requests drawn in the timeline (an even sample)")
       ->check(CLI::Range(2, replay::kTimelineRequestsMax))
       ->capture_default_str();
-  cmd->footer("Exit status: 0 written, 2 an unusable trace, a bad replay result or bad usage.");
+  cmd->footer(kExitStatusHelp);
   return [cmd, o]() { return cmd->parsed() ? run_report(*o) : -1; };
 }
 
