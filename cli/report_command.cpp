@@ -1,6 +1,7 @@
 #include "cli/report_command.h"
 
 #include "cli/exit_status.h"
+#include "cli/number_flags.h"
 #include "core/check.h"
 #include "replay/trace_report.h"
 
@@ -66,10 +67,10 @@ std::function<int()> add_report_command(CLI::App& app) {
                   "The result of `lockstep replay TRACE --json R` for this trace: its verdict and "
                   "first divergence are shown and marked on every chart");
   cmd->add_option("--points", o->points, "Step buckets per chart (the series is downsampled to at most this)")
-      ->check(CLI::Range(replay::kReportPointsMin, replay::kReportPointsMax))
+      ->check(integer_in(replay::kReportPointsMin, replay::kReportPointsMax, "points"))
       ->capture_default_str();
   cmd->add_option("--timeline-requests", o->timeline_requests, "Requests drawn in the timeline (an even sample)")
-      ->check(CLI::Range(2, replay::kTimelineRequestsMax))
+      ->check(integer_in(2, replay::kTimelineRequestsMax, "timeline requests"))
       ->capture_default_str();
   cmd->footer(kExitStatusHelp);
   return [cmd, o]() { return cmd->parsed() ? run_report(*o) : -1; };

@@ -76,7 +76,9 @@ def check_flags(trace):
         (["replay", trace, "--isolate", "999999"], "--isolate", "999999"),
         (["replay", trace, "--isolate", "-1"], "--isolate", "-1"),
         (["replay", trace, "--until", "4.5"], "--until", "4.5"),
+        (["report", trace, "--json", path("r.json"), "--points", "4.5"], "--points", "4.5"),
         (["trace", "inspect", trace, "--steps", "5:1"], "--steps", "5:1"),
+        (["trace", "inspect", trace, "--steps", "900000:900001"], "--steps", "900000:900001"),
         (["trace", "inspect", trace, "--request", "99999"], "--request", "99999"),
         (["trace", "inspect", trace, "--request", "-3"], "--request", "-3"),
     ]
