@@ -196,7 +196,7 @@ ExecutorConfig executor_config_from_fields(Fields& f, const std::string& where) 
 
 py::dict executor_config_to_dict(const ExecutorConfig& c) {
   py::dict d;
-  for (const LimitField& limit : kLimitFields) d[std::string(limit.name)] = c.*limit.member;
+  for (const LimitField& limit : kLimitFields) d[py::str(std::string(limit.name))] = c.*limit.member;
   return d;
 }
 
