@@ -139,7 +139,11 @@ class LineReader {
       }
       if (!f["checker"].is_string()) refuse(prefix + "checker", "expected a string");
       if (!f["detail"].is_string()) refuse(prefix + "detail", "expected a string");
-      if (!f["step"].is_number_integer()) refuse(prefix + "step", "expected an integer");
+      const Json& step = f["step"];
+      if (!step.is_number_integer() ||
+          (step.is_number_unsigned() && step.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()})) {
+        refuse(prefix + "step", fmt::format("expected a 64-bit integer, got {}", step.dump()));
+      }
       out.push_back({f["checker"].get<std::string>(), f["step"].get<int64_t>(),
                      f["detail"].get<std::string>()});
     }
