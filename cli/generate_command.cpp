@@ -110,7 +110,7 @@ int run_generate(GenerateOptions& o) {
                requests.size(), tokens_emitted, done.steps_count, backend->name(),
                weights.config.name, spec, seconds);
   }
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace

@@ -59,10 +59,10 @@ int report_exact(const replay::ReplayReport& r, const ReplayCliOptions& o) {
     fmt::print("DIVERGED at step {}\n  request  {} (op row {})\n  field    {}\n  expected {}\n  actual   {}\n",
                d.step, d.request_id, d.row, d.field, d.expected, d.actual);
     fmt::print("replay up to it: {}\n", replay_command_until(o, d.step));
-    return 1;
+    return kExitFinding;
   }
   fmt::print("IDENTICAL: every compared output and digest matches bit for bit\n");
-  return 0;
+  return kExitOk;
 }
 
 int report_teacher_forced(const replay::ReplayReport& r) {
@@ -79,7 +79,7 @@ int report_teacher_forced(const replay::ReplayReport& r) {
     fmt::print("  step {}: {}/{} tokens equal, max |Δlogit| {:.6g}\n", a.step, a.tokens_equal,
                a.tokens_count, a.logit_delta_max);
   }
-  return r.identical() ? 0 : 1;
+  return r.identical() ? kExitOk : kExitFinding;
 }
 
 void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, const ReplayCliOptions& o) {
@@ -114,9 +114,12 @@ int run_replay(const ReplayCliOptions& o) {
   replay::ReplayReport report;
   try {
     report = replay::replay_trace(o.trace, options);
+  } catch (const replay::EmptySelection& e) {
+    fmt::print(stderr, "{}lockstep replay: error: {}\n", tty && !o.quiet ? "\n" : "", e.what());
+    return kExitUnusable;
   } catch (const Error& e) {
     fmt::print(stderr, "{}lockstep replay: unusable trace: {}\n", tty && !o.quiet ? "\n" : "", e.what());
-    return 2;
+    return kExitUnusable;
   }
   if (!o.quiet && tty) fmt::print(stderr, "\r\033[K");
   if (!o.json.empty()) write_json(report, options.mode, o);

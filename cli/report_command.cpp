@@ -49,7 +49,7 @@ int run_report(const ReportCliOptions& o) {
              report["requests"]["arrived"].get<int64_t>(), o.html.empty() ? "" : "; page " + o.html,
              o.json.empty() ? "" : "; JSON " + o.json,
              report["replay"].is_null() ? "" : "; replay " + report["replay"]["verdict"].get<std::string>());
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 #include "cli/sim_command.h"
 
 #include "cli/backend_factory.h"
+#include "cli/exit_status.h"
 #include "cli/model_options.h"
 #include "cli/number_flags.h"
 #include "cli/sweep_results.h"
-#include "cli/exit_status.h"
 #include "core/check.h"
 #include "core/model/weights.h"
 #include "sim/sweep.h"
@@ -226,7 +226,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
                recorder->stats().records_written, o.record, o.record);
   }
   print_summary(v);
-  return v.passed() ? 0 : 1;
+  return v.passed() ? kExitOk : kExitFinding;
 }
 
 std::string failure_line(const SeedResult& r) {
@@ -268,7 +268,7 @@ int run_sweep(const SimOptions& o, const ModelWeights& weights) {
   fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9.1f} {:>8}\n", label, failed.size(), steps, tokens,
              retractions, faults, seconds, seeds.size());
   for (const std::string& f : failed) fmt::print("FAILED {}\n", f);
-  return failed.empty() ? 0 : 1;
+  return failed.empty() ? kExitOk : kExitFinding;
 }
 
 }  // namespace

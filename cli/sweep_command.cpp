@@ -151,7 +151,7 @@ int run_merge(const MergeOptions& o) {
              "{} failing over passing, {} conflicts, {} missing, {} outside the expected range\n",
              counts.lines, o.inputs.size(), results.size(), results.size() - failed, failed,
              counts.duplicates, counts.failing_wins, counts.conflicts, counts.missing, counts.unexpected);
-  return failed == 0 && counts.unexpected == 0 ? 0 : 1;
+  return failed == 0 && counts.unexpected == 0 ? kExitOk : kExitFinding;
 }
 
 }  // namespace

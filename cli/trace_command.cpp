@@ -171,7 +171,7 @@ int run_inspect(const InspectOptions& o) {
              stats_count,
              reader.complete_steps(), reader.footer() ? "closed cleanly (footer present)" : "no footer");
   if (reader.truncation()) fmt::print("truncated: {}\n", reader.truncation()->describe());
-  return 0;
+  return kExitOk;
 }
 
 // The first field where two ops differ, or empty.
@@ -231,17 +231,17 @@ int run_diff(const DiffOptions& o) {
     if (!more_a || !more_b) {
       if (more_a == more_b) break;
       fmt::print("{} ends after {} records; the other goes on\n", more_a ? o.b : o.a, n);
-      return 1;
+      return kExitFinding;
     }
     const std::string d = record_difference(ra, rb, last_op);
     if (auto* in = std::get_if<trace::StepInputRecord>(&ra)) last_op = in->op;
     if (!d.empty()) {
       fmt::print("first difference at record {}: {}\n", n, d);
-      return 1;
+      return kExitFinding;
     }
   }
   fmt::print("no difference in {} and {}\n", o.a, o.b);
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace

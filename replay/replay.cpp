@@ -134,9 +134,11 @@ class Replayer {
     }
     report_.truncation = reader_.truncation();
     // An empty selection is an error, not IDENTICAL over 0 steps.
-    LS_REQUIRE(!options_.isolate || isolated_seen_,
-               "--isolate {}: request {} is in no step of the trace{}", *options_.isolate,
-               *options_.isolate, options_.until_step ? fmt::format(" up to step {}", *options_.until_step) : "");
+    if (options_.isolate && !isolated_seen_) {
+      throw EmptySelection(fmt::format(
+          "--isolate {}: request {} is in no step of the trace{}", *options_.isolate, *options_.isolate,
+          options_.until_step ? fmt::format(" up to step {}", *options_.until_step) : ""));
+    }
     return std::move(report_);
   }
 
