@@ -33,9 +33,9 @@ constexpr int32_t kPromptTokens = 32;
 constexpr int32_t kNewTokens = 64;
 
 SchedulerConfig scheduler_config() {
-  return SchedulerConfig{.max_batch_rows = kBatch, .token_budget = kBatch * kPromptTokens,
-                         .page_size = 16, .pages_count = 256, .host_pages_count = 0,
-                         .verify_width = 1, .context_length = 256};
+  return SchedulerConfig{{.max_batch_rows = kBatch, .context_length = 256, .page_size = 16,
+                          .pages_count = 256, .verify_width = 1,
+                          .prefill_chunk_tokens = kBatch * kPromptTokens, .host_pages_count = 0}};
 }
 
 const ModelWeights& weights() {

@@ -1,5 +1,6 @@
 #include "cli/check_command.h"
 
+#include "cli/exit_status.h"
 #include "core/check.h"
 #include "replay/trace_check.h"
 
@@ -17,17 +18,17 @@ int run_check(const std::string& path) {
     report = replay::check_trace(path);
   } catch (const Error& e) {
     fmt::print(stderr, "lockstep check: unusable trace: {}\n", e.what());
-    return 2;
+    return kExitUnusable;
   }
   fmt::print("checked {} steps ({} rows) of {}\n", report.steps_checked, report.rows_checked, path);
   if (report.truncation) fmt::print("note: {} (the complete prefix was checked)\n", report.truncation->describe());
   if (report.violation) {
     fmt::print("VIOLATION: {}\n", report.violation->describe());
     fmt::print("replay up to it: lockstep replay {} --until {}\n", path, report.violation->step);
-    return 1;
+    return kExitFinding;
   }
   fmt::print("every invariant holds\n");
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace
@@ -41,7 +42,7 @@ std::function<int()> add_check_command(CLI::App& app) {
   cmd->footer("Invariants: the forward-op contract, sampling parameters on a request new to its pool "
               "row, a request on one pool row at a time, decode only with KV, output shapes, ids in "
               "[0, V), accepted lengths in [0, W], the context clamp, vcl = committed tokens, NaN "
-              "flags.\nExit status: 0 every invariant holds, 1 a violation, 2 unusable trace.");
+              "flags.\n" + std::string(kExitStatusHelp));
   return [cmd, path]() { return cmd->parsed() ? run_check(*path) : -1; };
 }
 

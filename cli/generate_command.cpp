@@ -2,6 +2,7 @@
 
 #include "cli/backend_factory.h"
 #include "cli/model_options.h"
+#include "cli/exit_status.h"
 #include "core/check.h"
 #include "core/executor.h"
 #include "core/prompts.h"
@@ -49,23 +50,12 @@ void write_outputs(std::ostream& out, const std::vector<RequestSpec>& requests,
   }
 }
 
-SchedulerConfig scheduler_config(const ExecutorConfig& e) {
-  return SchedulerConfig{.max_batch_rows = e.max_batch_rows,
-                         .token_budget = e.prefill_chunk_tokens,
-                         .page_size = e.page_size,
-                         .pages_count = e.pages_count,
-                         .host_pages_count = e.host_pages_count,
-                         .verify_width = e.verify_width,
-                         .context_length = e.context_length};
-}
-
 int run_generate(GenerateOptions& o) {
   WeightSource source;
   const ModelWeights weights = load_model(o.model, source);
   const std::vector<RequestSpec> requests = read_prompts(o, weights.config);
-  const SchedulerConfig scheduler_limits = scheduler_config(o.model.executor);
-  const ExecutorConfig limits = executor_config_for(scheduler_limits);
-  Scheduler scheduler(scheduler_limits);
+  const ExecutorConfig& limits = o.model.executor;
+  Scheduler scheduler(SchedulerConfig{limits});
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   const bool recording = !o.record.empty();
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
@@ -112,11 +102,15 @@ int run_generate(GenerateOptions& o) {
     const std::string spec = limits.verify_width > 1
                                  ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
                                  : std::string();
+    // The tokens the outputs hold: a step's accepted lengths also count the sampled token of a
+    // mid-prompt chunk and the lingering step of a finished request, which are never emitted.
+    int64_t tokens_emitted = 0;
+    for (const auto& [id, outcome] : scheduler.outcomes()) tokens_emitted += std::ssize(outcome.tokens);
     fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}{}, {:.3f} s)\n",
-               requests.size(), done.tokens_generated, done.steps_count, backend->name(),
+               requests.size(), tokens_emitted, done.steps_count, backend->name(),
                weights.config.name, spec, seconds);
   }
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace
@@ -129,7 +123,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
       "Prompt lines: {\"id\": 1, \"prompt\": [1, 2, 3], \"max_new_tokens\": 16, \"temperature\": "
       "0.8,\n  \"top_k\": 40, \"top_p\": 0.95, \"min_p\": 0.0, \"seed\": 7, \"stop\": [2]} — only "
       "\"prompt\" is required;\n  temperature 0 (the default) is greedy.\nOutput lines: {\"id\", "
-      "\"prompt_tokens\", \"tokens\", \"finish_reason\": length|stop|context|numerical_error}.");
+      "\"prompt_tokens\", \"tokens\", \"finish_reason\": length|stop|context|numerical_error}.\n" +
+      std::string(kExitStatusHelp));
   cmd->add_option("--prompts", options->prompts, "JSONL file of prompts ('-' for stdin)")
       ->required();
   cmd->add_option("--output,-o", options->output, "Where to write the JSONL outputs ('-' = stdout)")

@@ -6,6 +6,7 @@
 #include "cli/sim_command.h"
 #include "cli/sweep_command.h"
 #include "cli/trace_command.h"
+#include "cli/exit_status.h"
 #include "core/check.h"
 
 #include <CLI/CLI.hpp>
@@ -18,6 +19,7 @@ int main(int argc, char** argv) {
   CLI::App app{"lockstep — a deterministic LLM model executor with record, replay, simulation and "
                "property testing"};
   app.require_subcommand(1);
+  app.footer(ls::cli::kExitStatusHelp);
   std::vector<std::function<int()>> commands;
   commands.push_back(ls::cli::add_generate_command(app));
   commands.push_back(ls::cli::add_sim_command(app));
@@ -29,9 +31,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // CLI11 prints the message (or the help); every usage error exits 2, as the commands'
-    // footers say, not CLI11's own codes (105, 109, …).
-    return app.exit(e) == 0 ? 0 : 2;
+    // CLI11 prints the message (or the help); every usage error exits 2, as the help says, not
+    // CLI11's own codes (105, 109, …).
+    return app.exit(e) == 0 ? ls::cli::kExitOk : ls::cli::kExitUnusable;
   }
   try {
     for (const auto& command : commands) {
@@ -40,7 +42,7 @@ int main(int argc, char** argv) {
     }
   } catch (const ls::Error& e) {
     fmt::print(stderr, "lockstep: error: {}\n", e.what());
-    return 2;
+    return ls::cli::kExitUnusable;
   }
-  return 0;
+  return ls::cli::kExitOk;
 }

@@ -1,6 +1,7 @@
 #include "cli/model_options.h"
 
 #include "cli/backend_factory.h"
+#include "cli/number_flags.h"
 #include "core/check.h"
 #include "core/drafter.h"
 
@@ -16,6 +17,19 @@ CLI::Validator backend_validator() {
                         "backend");
 }
 
+namespace {
+
+// --pages: 0 sizes the pool from L (or from memory), anything else is the pages_count limit.
+std::string pages_error(std::string& text) {
+  const LimitField& field = limit_field(&Limits::pages_count);
+  const std::optional<int64_t> value = parse_int64(text);
+  if (value && (*value == 0 || !limit_error(field, *value))) return "";
+  return fmt::format("{} must be 0 or an integer in [{}, {}], got {}", field.name, field.min,
+                     field.max, text);
+}
+
+}  // namespace
+
 void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--model", o.model,
                  fmt::format("Model: a named shape with random weights ({}) or a Hugging Face "
@@ -24,35 +38,27 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->capture_default_str();
   app.add_option("--weights-seed", o.weights_seed,
                  "Seed of the random weights of a named shape (platform-stable)")
+      ->check(unsigned_64())
       ->capture_default_str();
   app.add_option("--backend", o.backend,
                  fmt::format("Backend that runs the model ({})", fmt::join(backend_names(), ", ")))
       ->check(backend_validator())
       ->capture_default_str();
-  app.add_option("--max-batch-rows", o.executor.max_batch_rows, "B: rows in one forward op")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
-  app.add_option("--context-length", o.executor.context_length,
-                 "L: tokens a request may hold (prompt + generated)")
-      ->check(CLI::Range(2, 1 << 24))
-      ->capture_default_str();
-  app.add_option("--page-size", o.executor.page_size, "P: tokens per KV page")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
+  add_limit_option(app, o.executor.max_batch_rows, &Limits::max_batch_rows);
+  add_limit_option(app, o.executor.context_length, &Limits::context_length);
+  add_limit_option(app, o.executor.page_size, &Limits::page_size);
   app.add_option("--pages", o.pages_count,
-                 "KV pages (page 0 is the dummy); 0 = enough for every row to reach L")
-      ->check(CLI::Range(0, 1 << 26))
+                 fmt::format("{}; 0 = enough for every row to reach L",
+                             limit_field(&Limits::pages_count).description))
+      ->check(CLI::Validator(pages_error, fmt::format("0 or INT in [{} - {}]", kPagesCountMin,
+                                                     kPagesCountMax)))
       ->capture_default_str();
   app.add_option("--kv-memory-fraction", o.kv_memory_fraction,
                  "--backend cuda with --pages 0: the fraction of the device memory left after "
                  "weights and workspaces that KV pages take")
       ->check(CLI::Range(0.01, 0.99))
       ->capture_default_str();
-  app.add_option("--verify-width", o.executor.verify_width,
-                 "W: decode input tokens per row (speculative decoding when > 1: the last token "
-                 "and W - 1 drafts, verified in one step)")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
+  add_limit_option(app, o.executor.verify_width, &Limits::verify_width);
   app.add_option("--drafter", o.drafter,
                  "Who proposes the W - 1 drafts: none (the last token repeated) or ngram (prompt "
                  "lookup over the request's tokens)")
@@ -61,10 +67,7 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_flag("--context-beyond-max-positions", o.context_beyond_max_positions,
                "Allow --context-length past the checkpoint's max_position_embeddings (warns: the "
                "model was not made for those positions)");
-  app.add_option("--prefill-chunk-tokens", o.executor.prefill_chunk_tokens,
-                 "Prefill tokens in one step, summed over rows (longer prompts are chunked)")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
+  add_limit_option(app, o.executor.prefill_chunk_tokens, &Limits::prefill_chunk_tokens);
 }
 
 namespace {

@@ -2,6 +2,8 @@
 
 #include "cli/backend_factory.h"
 #include "cli/model_options.h"
+#include "cli/number_flags.h"
+#include "cli/exit_status.h"
 #include "core/check.h"
 #include "replay/replay.h"
 #include "replay/replay_json.h"
@@ -10,6 +12,8 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <limits>
+#include <optional>
 #include <fstream>
 #include <memory>
 #include <unistd.h>
@@ -21,8 +25,8 @@ namespace {
 struct ReplayCliOptions {
   std::string trace;
   std::string mode = "exact";
-  int64_t until = -1;
-  int64_t isolate = -1;
+  std::optional<int64_t> until;
+  std::optional<RequestId> isolate;
   std::string weights_dir;
   std::string backend = "cpu";
   bool quiet = false;
@@ -43,7 +47,7 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
   }
   fmt::print("replayed on {} in {} mode: {} steps, {} compared\n", r.backend, o.mode,
              r.steps_replayed, r.steps_compared);
-  if (o.isolate >= 0 && h.backend != "cpu") {
+  if (o.isolate && h.backend != "cpu") {
     fmt::print("note: --isolate assumes batch invariance, which the {} backend that recorded this "
                "trace does not guarantee\n", h.backend);
   }
@@ -55,10 +59,10 @@ int report_exact(const replay::ReplayReport& r, const ReplayCliOptions& o) {
     fmt::print("DIVERGED at step {}\n  request  {} (op row {})\n  field    {}\n  expected {}\n  actual   {}\n",
                d.step, d.request_id, d.row, d.field, d.expected, d.actual);
     fmt::print("replay up to it: {}\n", replay_command_until(o, d.step));
-    return 1;
+    return kExitFinding;
   }
   fmt::print("IDENTICAL: every compared output and digest matches bit for bit\n");
-  return 0;
+  return kExitOk;
 }
 
 int report_teacher_forced(const replay::ReplayReport& r) {
@@ -75,7 +79,7 @@ int report_teacher_forced(const replay::ReplayReport& r) {
     fmt::print("  step {}: {}/{} tokens equal, max |Δlogit| {:.6g}\n", a.step, a.tokens_equal,
                a.tokens_count, a.logit_delta_max);
   }
-  return r.identical() ? 0 : 1;
+  return r.identical() ? kExitOk : kExitFinding;
 }
 
 void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, const ReplayCliOptions& o) {
@@ -90,8 +94,8 @@ void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, con
 int run_replay(const ReplayCliOptions& o) {
   replay::ReplayOptions options;
   options.mode = o.mode == "exact" ? replay::ReplayMode::kExact : replay::ReplayMode::kTeacherForced;
-  if (o.until >= 0) options.until_step = o.until;
-  if (o.isolate >= 0) options.isolate = static_cast<RequestId>(o.isolate);
+  options.until_step = o.until;
+  options.isolate = o.isolate;
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
   if (o.backend != "cpu") {
     options.make_backend = [name = o.backend](const ModelWeights& weights,
@@ -110,9 +114,12 @@ int run_replay(const ReplayCliOptions& o) {
   replay::ReplayReport report;
   try {
     report = replay::replay_trace(o.trace, options);
+  } catch (const replay::EmptySelection& e) {
+    fmt::print(stderr, "{}lockstep replay: error: {}\n", tty && !o.quiet ? "\n" : "", e.what());
+    return kExitUnusable;
   } catch (const Error& e) {
     fmt::print(stderr, "{}lockstep replay: unusable trace: {}\n", tty && !o.quiet ? "\n" : "", e.what());
-    return 2;
+    return kExitUnusable;
   }
   if (!o.quiet && tty) fmt::print(stderr, "\r\033[K");
   if (!o.json.empty()) write_json(report, options.mode, o);
@@ -135,10 +142,12 @@ std::function<int()> add_replay_command(CLI::App& app) {
                   "divergence; teacher-forced: feed the recorded tokens back and report agreement")
       ->check(CLI::IsMember({"exact", "teacher-forced"}))
       ->capture_default_str();
-  cmd->add_option("--until", o->until, "Stop after this step")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--until", o->until, "Stop after this step")
+      ->check(integer_in(0, std::numeric_limits<int64_t>::max(), "the step"));
   cmd->add_option("--isolate", o->isolate,
-                  "Replay one request alone (valid where batch invariance holds: the CPU reference)")
-      ->check(CLI::NonNegativeNumber);
+                  "Replay one request alone (valid where batch invariance holds: the CPU "
+                  "reference); a request in no step of the trace is an error")
+      ->check(unsigned_64());
   cmd->add_option("--weights-dir,--model", o->weights_dir,
                   "Where the trace's model directory is on this machine (checked against the "
                   "recorded weight digest; a foreign executor's trace that recorded none is "
@@ -154,8 +163,7 @@ std::function<int()> add_replay_command(CLI::App& app) {
                   "Also write the result as JSON (verdict, steps, the first divergence with the "
                   "command that replays up to it, teacher-forced agreement): what `lockstep "
                   "report --replay-json` reads");
-  cmd->footer("Exit status: 0 identical, 1 diverged, 2 unusable trace (corrupt, or weights that do "
-              "not match the recorded digest).");
+  cmd->footer(kExitStatusHelp);
   return [cmd, o]() { return cmd->parsed() ? run_replay(*o) : -1; };
 }
 

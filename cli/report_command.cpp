@@ -1,5 +1,7 @@
 #include "cli/report_command.h"
 
+#include "cli/exit_status.h"
+#include "cli/number_flags.h"
 #include "core/check.h"
 #include "replay/trace_report.h"
 
@@ -47,7 +49,7 @@ int run_report(const ReportCliOptions& o) {
              report["requests"]["arrived"].get<int64_t>(), o.html.empty() ? "" : "; page " + o.html,
              o.json.empty() ? "" : "; JSON " + o.json,
              report["replay"].is_null() ? "" : "; replay " + report["replay"]["verdict"].get<std::string>());
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace
@@ -65,12 +67,12 @@ std::function<int()> add_report_command(CLI::App& app) {
                   "The result of `lockstep replay TRACE --json R` for this trace: its verdict and "
                   "first divergence are shown and marked on every chart");
   cmd->add_option("--points", o->points, "Step buckets per chart (the series is downsampled to at most this)")
-      ->check(CLI::Range(replay::kReportPointsMin, replay::kReportPointsMax))
+      ->check(integer_in(replay::kReportPointsMin, replay::kReportPointsMax, "points"))
       ->capture_default_str();
   cmd->add_option("--timeline-requests", o->timeline_requests, "Requests drawn in the timeline (an even sample)")
-      ->check(CLI::Range(2, replay::kTimelineRequestsMax))
+      ->check(integer_in(2, replay::kTimelineRequestsMax, "timeline requests"))
       ->capture_default_str();
-  cmd->footer("Exit status: 0 written, 2 an unusable trace, a bad replay result or bad usage.");
+  cmd->footer(kExitStatusHelp);
   return [cmd, o]() { return cmd->parsed() ? run_report(*o) : -1; };
 }
 

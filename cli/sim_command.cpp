@@ -1,7 +1,9 @@
 #include "cli/sim_command.h"
 
 #include "cli/backend_factory.h"
+#include "cli/exit_status.h"
 #include "cli/model_options.h"
+#include "cli/number_flags.h"
 #include "cli/sweep_results.h"
 #include "core/check.h"
 #include "core/model/weights.h"
@@ -109,12 +111,11 @@ std::string reproduce(const SimOptions& o, const sim::SimParams& params,
 Shard parse_shard(const std::string& text) {
   if (text.empty()) return {};
   const size_t slash = text.find('/');
-  const auto digits = [](const std::string& t) {
-    return !t.empty() && t.size() <= 18 && t.find_first_not_of("0123456789") == std::string::npos;
-  };
-  LS_REQUIRE(slash != std::string::npos && digits(text.substr(0, slash)) && digits(text.substr(slash + 1)),
-             "--shard '{}': expected I/N with 0 <= I < N, e.g. 2/7", text);
-  const Shard shard{std::stoull(text.substr(0, slash)), std::stoull(text.substr(slash + 1))};
+  const std::optional<uint64_t> index = parse_uint64(text.substr(0, std::min(slash, text.size())));
+  const std::optional<uint64_t> count =
+      slash == std::string::npos ? std::nullopt : parse_uint64(text.substr(slash + 1));
+  LS_REQUIRE(index && count, "--shard '{}': expected I/N with 0 <= I < N, e.g. 2/7", text);
+  const Shard shard{*index, *count};
   LS_REQUIRE(shard.count >= 1, "--shard '{}': the shard count N must be at least 1", text);
   LS_REQUIRE(shard.index < shard.count,
              "--shard '{}': the shard index I must be below the count N (shards are 0..{})", text,
@@ -225,7 +226,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
                recorder->stats().records_written, o.record, o.record);
   }
   print_summary(v);
-  return v.passed() ? 0 : 1;
+  return v.passed() ? kExitOk : kExitFinding;
 }
 
 std::string failure_line(const SeedResult& r) {
@@ -267,7 +268,7 @@ int run_sweep(const SimOptions& o, const ModelWeights& weights) {
   fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9.1f} {:>8}\n", label, failed.size(), steps, tokens,
              retractions, faults, seconds, seeds.size());
   for (const std::string& f : failed) fmt::print("FAILED {}\n", f);
-  return failed.empty() ? 0 : 1;
+  return failed.empty() ? kExitOk : kExitFinding;
 }
 
 }  // namespace
@@ -279,10 +280,11 @@ std::function<int()> add_sim_command(CLI::App& app) {
              "reference, or --backend) from a seed, with checkers after every step and a "
              "twin-run check");
   CLI::Option* seed = cmd->add_option("--seed", o->seed, "The seed that derives every parameter of the world")
+                          ->check(unsigned_64())
                           ->capture_default_str();
   cmd->add_option("--seeds", o->seeds, "A sweep over seeds A..B (inclusive) with a summary table");
   cmd->add_option("--requests", o->requests, "Requests in the world (default: derived from the seed)")
-      ->check(CLI::Range(1, 100000));
+      ->check(integer_in(1, 100000, "requests"));
   cmd->add_option("--faults", o->faults,
                   "Fault sites: none, all, or a comma list of nan-logits, oov-sample, "
                   "page-pressure, abort-mid-prefill, context-limit, late-result (default: the "
@@ -310,7 +312,7 @@ std::function<int()> add_sim_command(CLI::App& app) {
                               fmt::join(backend_names(), ", ")))
       ->check(backend_validator())
       ->capture_default_str();
-  cmd->footer("Exit status: 0 every checker and twin check passed, 1 a seed failed, 2 bad usage.");
+  cmd->footer(kExitStatusHelp);
   return [cmd, o, seed]() {
     if (!cmd->parsed()) return -1;
     LS_REQUIRE(seed->count() == 0 || o->seeds.empty(), "--seed {} and --seeds {}: give one of the two",

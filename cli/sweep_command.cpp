@@ -11,6 +11,7 @@
 //   - two failing results that differ: the first is kept and marked the same way.
 #include "cli/sweep_command.h"
 
+#include "cli/exit_status.h"
 #include "cli/sweep_results.h"
 #include "core/check.h"
 
@@ -150,7 +151,7 @@ int run_merge(const MergeOptions& o) {
              "{} failing over passing, {} conflicts, {} missing, {} outside the expected range\n",
              counts.lines, o.inputs.size(), results.size(), results.size() - failed, failed,
              counts.duplicates, counts.failing_wins, counts.conflicts, counts.missing, counts.unexpected);
-  return failed == 0 && counts.unexpected == 0 ? 0 : 1;
+  return failed == 0 && counts.unexpected == 0 ? kExitOk : kExitFinding;
 }
 
 }  // namespace
@@ -171,8 +172,7 @@ std::function<int()> add_sweep_command(CLI::App& app) {
   merge->add_option("--expect-seeds", o->expect_seeds,
                     "A..B: every seed of the range must have a result (a missing one fails the "
                     "merge as a test case) and no other seed may appear");
-  merge->footer("Exit status: 0 every seed passed, 1 a seed failed (or conflicted, or is missing), "
-                "2 a malformed line (named file:line and field) or bad usage.");
+  merge->footer(kExitStatusHelp);
   return [cmd, o]() { return cmd->parsed() ? run_merge(*o) : -1; };
 }
 

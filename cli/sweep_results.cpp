@@ -1,10 +1,13 @@
 #include "cli/sweep_results.h"
 
+#include "cli/number_flags.h"
 #include "core/check.h"
+#include "core/model/strict_json.h"
 
 #include <fmt/format.h>
 
 #include <fstream>
+#include <limits>
 #include <set>
 
 namespace ls::cli {
@@ -27,7 +30,7 @@ Json params_json(const sim::SimParams& p) {
               {"page_size", p.page_size},
               {"pages", p.pages_count},
               {"host_pages", p.host_pages_count},
-              {"token_budget", p.token_budget},
+              {"token_budget", p.prefill_chunk_tokens},
               {"overlap", p.overlap},
               {"mixed_batches", p.mixed_batches},
               {"prefix_cache", p.prefix_cache},
@@ -136,7 +139,11 @@ class LineReader {
       }
       if (!f["checker"].is_string()) refuse(prefix + "checker", "expected a string");
       if (!f["detail"].is_string()) refuse(prefix + "detail", "expected a string");
-      if (!f["step"].is_number_integer()) refuse(prefix + "step", "expected an integer");
+      const Json& step = f["step"];
+      if (!step.is_number_integer() ||
+          (step.is_number_unsigned() && step.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()})) {
+        refuse(prefix + "step", fmt::format("expected a 64-bit integer, got {}", step.dump()));
+      }
       out.push_back({f["checker"].get<std::string>(), f["step"].get<int64_t>(),
                      f["detail"].get<std::string>()});
     }
@@ -224,13 +231,11 @@ std::pair<uint64_t, uint64_t> parse_seed_range(const std::string& text, std::str
   const size_t dots = text.find("..");
   LS_REQUIRE(dots != std::string::npos, "{} '{}': expected A..B, e.g. 1..200", flag, text);
   const std::string a = text.substr(0, dots), b = text.substr(dots + 2);
-  const auto digits = [](const std::string& t) {
-    return !t.empty() && t.size() <= 19 && t.find_first_not_of("0123456789") == std::string::npos;
-  };
-  LS_REQUIRE(digits(a) && digits(b), "{} '{}': expected A..B with two non-negative integers", flag, text);
-  const uint64_t first = std::stoull(a), last = std::stoull(b);
-  LS_REQUIRE(first <= last, "{} '{}': the first seed is larger than the last", flag, text);
-  return {first, last};
+  const std::optional<uint64_t> first = parse_uint64(a), last = parse_uint64(b);
+  LS_REQUIRE(first && last, "{} '{}': expected A..B with two integers in [0, {}]; '{}' is not one",
+             flag, text, std::numeric_limits<uint64_t>::max(), first ? b : a);
+  LS_REQUIRE(*first <= *last, "{} '{}': the first seed is larger than the last", flag, text);
+  return {*first, *last};
 }
 
 bool SeedResult::same_run(const SeedResult& other) const { return first_difference(other).empty(); }
@@ -271,9 +276,12 @@ std::string result_line(const SeedResult& result) { return line_json(result).dum
 SeedResult parse_result_line(std::string_view line, const std::string& where) {
   Json j;
   try {
+    // Strict: a key written twice is refused, not resolved to its last value; then parsed again
+    // keeping the key order (the lines are rewritten as read).
+    parse_json_document(line, where);
     j = Json::parse(line);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(fmt::format("{}: not a JSON line: {}", where, e.what()));
+  } catch (const Error& e) {
+    throw Error(fmt::format("not a JSON line: {}", e.what()));
   }
   LS_REQUIRE(j.is_object(), "{}: expected a JSON object per line", where);
   return result_of_json(j, where);

@@ -1,5 +1,7 @@
 #include "cli/trace_command.h"
 
+#include "cli/number_flags.h"
+#include "cli/exit_status.h"
 #include "core/check.h"
 #include "replay/compare.h"
 #include "trace/reader.h"
@@ -7,7 +9,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <limits>
 #include <map>
+#include <optional>
 #include <memory>
 
 namespace ls::cli {
@@ -17,21 +21,25 @@ namespace {
 struct InspectOptions {
   std::string trace;
   std::string steps;  // "A:B"
-  int64_t request = -1;
+  std::optional<RequestId> request;
 };
 
 struct DiffOptions {
   std::string a, b;
 };
 
+// "A:B" with 0 <= A <= B: an empty range is an error, not an empty table.
 std::pair<int64_t, int64_t> parse_steps(const std::string& text) {
   const size_t colon = text.find(':');
   LS_REQUIRE(colon != std::string::npos, "--steps '{}': expected A:B, e.g. 0:20", text);
-  try {
-    return {std::stoll(text.substr(0, colon)), std::stoll(text.substr(colon + 1))};
-  } catch (const std::logic_error&) {
-    throw Error(fmt::format("--steps '{}': expected A:B with two integers", text));
-  }
+  const std::optional<int64_t> first = parse_int64(text.substr(0, colon));
+  const std::optional<int64_t> last = parse_int64(text.substr(colon + 1));
+  LS_REQUIRE(first && last && *first >= 0 && *last >= 0,
+             "--steps '{}': expected A:B with two integers in [0, {}]", text,
+             std::numeric_limits<int64_t>::max());
+  LS_REQUIRE(*first <= *last, "--steps '{}': the range is empty (step {} is after step {})", text,
+             *first, *last);
+  return {*first, *last};
 }
 
 void print_header(const trace::TraceHeader& h) {
@@ -117,16 +125,21 @@ int run_inspect(const InspectOptions& o) {
   print_header(reader.header());
   const bool table = !o.steps.empty();
   const auto [first, last] = table ? parse_steps(o.steps) : std::pair<int64_t, int64_t>{0, -1};
-  const bool timeline = o.request >= 0;
-  const RequestId id = static_cast<RequestId>(o.request);
+  const bool timeline = o.request.has_value();
+  const RequestId id = o.request.value_or(0);
+  int64_t steps_shown = 0;     // --steps: steps of the trace in the range
+  bool request_seen = false;   // --request: the request is in a step or an event
   std::map<std::string, int64_t> event_counts;
   int64_t stats_count = 0;
   std::map<int64_t, trace::StepInputRecord> open_inputs;  // for the timeline's outputs
   trace::TraceRecord record;
   while (reader.next(record)) {
     if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
-      print_step_table(*in, table && in->step >= first && in->step <= last);
+      const bool in_table = table && in->step >= first && in->step <= last;
+      print_step_table(*in, in_table);
+      steps_shown += in_table ? 1 : 0;
       if (timeline) {
+        for (const OpRow& r : in->op.rows) request_seen = request_seen || r.request_id == id;
         print_request_step(*in, id);
         open_inputs[in->step] = *in;
       }
@@ -142,8 +155,14 @@ int run_inspect(const InspectOptions& o) {
       ++event_counts[std::string(trace::to_string(e->kind))];
       const bool in_table = table && e->step >= first && e->step <= last;
       if ((timeline && e->request_id == id) || in_table) print_event(*e);
+      request_seen = request_seen || (timeline && e->request_id == id);
     }
   }
+  // An empty selection is an error (exit 2), not an empty table with exit 0.
+  LS_REQUIRE(!table || steps_shown > 0, "--steps {}: no step of the trace is in the range ({} steps "
+             "recorded)", o.steps, reader.step_inputs_read());
+  LS_REQUIRE(!timeline || request_seen, "--request {}: request {} is in no step or event of the trace",
+             id, id);
   std::vector<std::string> events;
   for (const auto& [kind, n] : event_counts) events.push_back(fmt::format("{} {}", kind, n));
   fmt::print("records {}: {} step inputs, {} step outputs, {} events ({}), {} step stats; {} complete steps; {}\n",
@@ -152,7 +171,7 @@ int run_inspect(const InspectOptions& o) {
              stats_count,
              reader.complete_steps(), reader.footer() ? "closed cleanly (footer present)" : "no footer");
   if (reader.truncation()) fmt::print("truncated: {}\n", reader.truncation()->describe());
-  return 0;
+  return kExitOk;
 }
 
 // The first field where two ops differ, or empty.
@@ -212,17 +231,17 @@ int run_diff(const DiffOptions& o) {
     if (!more_a || !more_b) {
       if (more_a == more_b) break;
       fmt::print("{} ends after {} records; the other goes on\n", more_a ? o.b : o.a, n);
-      return 1;
+      return kExitFinding;
     }
     const std::string d = record_difference(ra, rb, last_op);
     if (auto* in = std::get_if<trace::StepInputRecord>(&ra)) last_op = in->op;
     if (!d.empty()) {
       fmt::print("first difference at record {}: {}\n", n, d);
-      return 1;
+      return kExitFinding;
     }
   }
   fmt::print("no difference in {} and {}\n", o.a, o.b);
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace
@@ -234,13 +253,15 @@ std::function<int()> add_trace_command(CLI::App& app) {
   CLI::App* i = cmd->add_subcommand("inspect", "Header, counts, a per-step table, a per-request timeline");
   i->add_option("trace", inspect->trace, "The trace file")->required()->check(CLI::ExistingFile);
   i->add_option("--steps", inspect->steps, "Print a table of steps A:B (inclusive)");
-  i->add_option("--request", inspect->request, "Print the timeline of one request id")
-      ->check(CLI::NonNegativeNumber);
+  i->add_option("--request", inspect->request,
+                "Print the timeline of one request id (one in no step or event is an error)")
+      ->check(unsigned_64());
   auto diff = std::make_shared<DiffOptions>();
   CLI::App* d = cmd->add_subcommand("diff", "The first record and field where two traces differ");
   d->add_option("a", diff->a, "First trace")->required()->check(CLI::ExistingFile);
   d->add_option("b", diff->b, "Second trace")->required()->check(CLI::ExistingFile);
-  d->footer("Exit status: 0 no difference, 1 they differ, 2 a trace is unusable.");
+  d->footer(kExitStatusHelp);
+  i->footer(kExitStatusHelp);
   return [cmd, i, d, inspect, diff]() {
     if (!cmd->parsed()) return -1;
     return i->parsed() ? run_inspect(*inspect) : run_diff(*diff);

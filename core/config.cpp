@@ -139,23 +139,4 @@ std::vector<std::string> model_config_names() {
   return {"tiny", "llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
 }
 
-int32_t ExecutorConfig::table_width() const {
-  if (verify_width == 1) return (context_length + page_size) / page_size;
-  return (context_length + verify_width + page_size - 1) / page_size;
-}
-
-void ExecutorConfig::validate() const {
-  auto in_range = [](int64_t value, int64_t lo, int64_t hi, const char* field) {
-    LS_REQUIRE(value >= lo && value <= hi, "executor config: {} must be in [{}, {}], got {}",
-               field, lo, hi, value);
-  };
-  in_range(max_batch_rows, 1, 4096, "max_batch_rows");
-  in_range(context_length, 1, 1 << 24, "context_length");
-  in_range(page_size, 1, 4096, "page_size");
-  in_range(pages_count, 2, 1 << 26, "pages_count");
-  in_range(verify_width, 1, 16, "verify_width");
-  in_range(prefill_chunk_tokens, 1, 1 << 20, "prefill_chunk_tokens");
-  in_range(host_pages_count, 0, 1 << 26, "host_pages_count");
-}
-
 }  // namespace ls

@@ -2,6 +2,8 @@
 // (DESIGN.md "Limits"); input that exceeds one is rejected with an error naming the limit.
 #pragma once
 
+#include "core/limits.h"
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -92,26 +94,7 @@ void check_context_length(const ModelConfig& model, int32_t context_length,
 ModelConfig model_config_named(std::string_view name);
 std::vector<std::string> model_config_names();
 
-// Declared limits of one executor. Pool row 0 is reserved, rows 1..max_batch_rows are real, and
-// row max_batch_rows + 1 is the padding sentinel no request ever owns (seed spec §3.1).
-struct ExecutorConfig {
-  int32_t max_batch_rows = 16;         // B: rows in one forward op
-  int32_t context_length = 512;        // L: tokens a request may hold in KV
-  int32_t page_size = 16;              // P: tokens per KV page
-  int32_t pages_count = 1024;          // KV pages, page 0 being the dummy that overflow writes hit
-  int32_t verify_width = 1;            // W: decode input tokens per row (N with spec decoding)
-  int32_t prefill_chunk_tokens = 512;  // prefill tokens in one forward op, summed over rows
-  int32_t host_pages_count = 0;        // host KV pages that retraction may swap to; 0 = none
-
-  int32_t pool_rows_count() const { return max_batch_rows + 2; }
-  int32_t sentinel_pool_row() const { return max_batch_rows + 1; }
-  // Wp: block-table columns. ⌊(L+P)/P⌋ without speculative decoding, ⌈(L+W)/P⌉ with it.
-  int32_t table_width() const;
-  // Tokens one step may carry: the prefill budget plus W for every row.
-  int32_t step_tokens_max() const { return prefill_chunk_tokens + max_batch_rows * verify_width; }
-  // Logits rows one step may produce: W for every row (prefill rows need one).
-  int32_t logits_rows_max() const { return max_batch_rows * verify_width; }
-  void validate() const;
-};
+// An executor's configuration is its limits (core/limits.h): every buffer is sized from them.
+struct ExecutorConfig : Limits {};
 
 }  // namespace ls

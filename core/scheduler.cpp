@@ -19,31 +19,14 @@ std::string_view to_string(RequestState state) {
   return "?";
 }
 
-ExecutorConfig executor_config_for(const SchedulerConfig& config) {
-  ExecutorConfig e;
-  e.max_batch_rows = config.max_batch_rows;
-  e.context_length = config.context_length;
-  e.page_size = config.page_size;
-  e.pages_count = config.pages_count;
-  e.verify_width = config.verify_width;
-  e.prefill_chunk_tokens = config.token_budget;
-  e.host_pages_count = config.host_pages_count;
-  return e;
-}
-
 namespace {
 
 SchedulerConfig validated(const SchedulerConfig& c) {
-  auto in_range = [](int64_t value, int64_t lo, int64_t hi, const char* field) {
-    LS_REQUIRE(value >= lo && value <= hi, "scheduler config: {} must be in [{}, {}], got {}",
-               field, lo, hi, value);
-  };
-  in_range(c.token_budget, 1, 1 << 20, "token_budget");
-  LS_REQUIRE(c.token_budget >= c.verify_width,
-             "scheduler config: token_budget {} is below the verify width W = {}: no decode row "
-             "would ever fit",
-             c.token_budget, c.verify_width);
-  executor_config_for(c).validate();  // B, L, P, pages, host pages, W
+  c.validate();  // B, L, P, pages, host pages, W, the token budget
+  LS_REQUIRE(c.prefill_chunk_tokens >= c.verify_width,
+             "scheduler config: prefill_chunk_tokens (the token budget) {} is below the verify "
+             "width W = {}: no decode row would ever fit",
+             c.prefill_chunk_tokens, c.verify_width);
   return c;
 }
 
@@ -52,7 +35,7 @@ SchedulerConfig validated(const SchedulerConfig& c) {
 Scheduler::Impl::Impl(const SchedulerConfig& c)
     : config(validated(c)),
       depth(c.overlap ? 1 : 0),
-      table_width(executor_config_for(c).table_width()),
+      table_width(c.table_width()),
       pages(c.pages_count, c.page_size) {
   for (int32_t row = 1; row <= c.max_batch_rows; ++row) free_pool_rows.insert(row);
   for (int32_t page = 0; page < c.host_pages_count; ++page) free_host_pages.insert(page);

@@ -20,14 +20,9 @@
 
 namespace ls {
 
-struct SchedulerConfig {
-  int32_t max_batch_rows = 16;      // B
-  int32_t token_budget = 512;       // tokens per step (= the executor's prefill_chunk_tokens)
-  int32_t page_size = 16;           // P
-  int32_t pages_count = 1024;       // device pages, page 0 being the dummy (never allocated)
-  int32_t host_pages_count = 0;     // host pages for swap; 0 = retraction always recomputes
-  int32_t verify_width = 1;         // W
-  int32_t context_length = 512;     // L
+// The limits it plans within (prefill_chunk_tokens is its per-step token budget: prefill tokens
+// plus W per decode row) and how it plans.
+struct SchedulerConfig : Limits {
   bool mixed_batches = true;        // decode rows may join a step that carries prefill rows
   bool prefix_cache = true;
   bool overlap = true;              // plan step k before step k−1's result is applied
@@ -139,8 +134,9 @@ class Scheduler {
   std::unique_ptr<Impl> impl_;
 };
 
-// The executor limits that match a scheduler: same B, L, P, pages, host pages and W, and a prefill
-// chunk limit equal to the token budget.
-ExecutorConfig executor_config_for(const SchedulerConfig& config);
+// The executor that matches a scheduler runs under the same limits.
+inline ExecutorConfig executor_config_for(const SchedulerConfig& config) {
+  return ExecutorConfig{config};
+}
 
 }  // namespace ls

@@ -81,7 +81,7 @@ std::vector<RequestId> Scheduler::Impl::candidates(const std::set<RequestId>& re
 }
 
 Draft Scheduler::Impl::schedule(StepPlanOut& out, const std::set<RequestId>& retracted_now) {
-  Draft d{.budget = config.token_budget};
+  Draft d{.budget = config.prefill_chunk_tokens};
   for (RequestId id : candidates(retracted_now)) {
     if (d.budget <= 0 || d.rows_count() >= config.max_batch_rows) break;
     SchedRequest& r = requests.at(id);

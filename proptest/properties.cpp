@@ -227,7 +227,7 @@ rc::Gen<ServingCase> gen_serving_case(bool tight_pages) {
   return rc::gen::exec([tight_pages] {
     ServingCase sc;
     sc.config.max_batch_rows = *rc::gen::inRange(2, 7);
-    sc.config.token_budget = *rc::gen::inRange(8, 65);
+    sc.config.prefill_chunk_tokens = *rc::gen::inRange(8, 65);
     sc.config.page_size = 4;
     sc.config.context_length = 48;
     sc.config.verify_width = 1;

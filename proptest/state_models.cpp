@@ -242,7 +242,7 @@ struct SchedSut {
       if (row.kind == RowKind::kPrefill) prefill_tokens += row.input_length;
     }
     // Decode rows cost W tokens each; the whole step stays within the budget.
-    RC_ASSERT(prefill_tokens + op.decode_rows_count() * w <= config.token_budget);
+    RC_ASSERT(prefill_tokens + op.decode_rows_count() * w <= config.prefill_chunk_tokens);
   }
 
   void step() {
@@ -378,7 +378,7 @@ rc::Gen<SchedulerConfig> gen_scheduler_config() {
   return rc::gen::exec([] {
     SchedulerConfig c;
     c.max_batch_rows = *rc::gen::inRange(2, 7);
-    c.token_budget = *rc::gen::inRange(8, 65);
+    c.prefill_chunk_tokens = *rc::gen::inRange(8, 65);
     c.page_size = 4;
     c.context_length = 48;
     c.verify_width = *rc::gen::inRange(1, 3);

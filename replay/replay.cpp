@@ -7,6 +7,7 @@
 #include "trace/digests.h"
 
 #include <cmath>
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <optional>
@@ -53,6 +54,7 @@ struct Executed {
   ForwardOp op;
   trace::StepOutputRecord output;
   int32_t recorded_row = -1;  // --isolate: the request's row in the recorded op
+  std::vector<int32_t> forced_rows;  // op rows whose emitted token a recorded fault replaced
 };
 
 // What teacher forcing feeds back: a request's last recorded token and its recorded KV length.
@@ -131,6 +133,12 @@ class Replayer {
       }
     }
     report_.truncation = reader_.truncation();
+    // An empty selection is an error, not IDENTICAL over 0 steps.
+    if (options_.isolate && !isolated_seen_) {
+      throw EmptySelection(fmt::format(
+          "--isolate {}: request {} is in no step of the trace{}", *options_.isolate, *options_.isolate,
+          options_.until_step ? fmt::format(" up to step {}", *options_.until_step) : ""));
+    }
     return std::move(report_);
   }
 
@@ -145,6 +153,8 @@ class Replayer {
     }
     if (options_.mode == ReplayMode::kTeacherForced) force_recorded_inputs(op);
     for (const CacheOp& c : in.cache_ops) executor_.copy_pages(c);
+    std::vector<int32_t> forced_rows;
+    for (const auto& [row, id] : faults.forced_outputs) forced_rows.push_back(row);
     executor_.inject_next_step(std::move(faults));
     StepResult result;
     try {
@@ -155,7 +165,7 @@ class Replayer {
       rejected_.emplace(in.step, e.what());
       return;
     }
-    Executed done{in.step, op, {}, recorded_row};
+    Executed done{in.step, op, {}, recorded_row, std::move(forced_rows)};
     // The step's own digests, top-k and state snapshot: what the recording backend computed.
     done.output = trace::make_step_output(in.step, result, StateSnapshot{},
                                           reader_.header().top_logits_count);
@@ -174,6 +184,7 @@ class Replayer {
       if (op.rows[i].kind == RowKind::kPrefill) token_offset += op.rows[i].input_length;
     }
     if (kept < 0) return -1;
+    isolated_seen_ = true;
     const OpRow row = op.rows[kept];
     std::vector<int32_t> tokens;
     if (row.kind == RowKind::kPrefill) {
@@ -235,7 +246,7 @@ class Replayer {
     const trace::StepOutputRecord recorded =
         options_.isolate ? isolated(recorded_full, done.op, done.recorded_row) : recorded_full;
     ++report_.steps_compared;
-    remember(done.op, recorded);
+    remember(done, recorded);
     if (options_.mode == ReplayMode::kExact) {
       report_.divergence = first_divergence(done.op, recorded, done.output);
     } else {
@@ -270,8 +281,16 @@ class Replayer {
     return out;
   }
 
-  void remember(const ForwardOp& op, const trace::StepOutputRecord& recorded) {
+  // What the next decode of each request reads. A token a fault replaced (oov-sample) was emitted
+  // but never entered the device's inputs (the backend wrote the sampled one there): the replay,
+  // which injected the same fault, holds that input already, so the request is not forced.
+  void remember(const Executed& done, const trace::StepOutputRecord& recorded) {
+    const ForwardOp& op = done.op;
     for (int32_t row = 0; row < op.rows_count(); ++row) {
+      if (std::find(done.forced_rows.begin(), done.forced_rows.end(), row) != done.forced_rows.end()) {
+        recorded_.erase(op.rows[row].request_id);
+        continue;
+      }
       const std::vector<int32_t> tokens = recorded.result.row_tokens(row);
       Recorded& r = recorded_[op.rows[row].request_id];
       if (!tokens.empty()) r.last_token = tokens.back();
@@ -327,6 +346,7 @@ class Replayer {
   std::map<RequestId, Recorded> recorded_;
   std::map<int64_t, std::vector<float>> logits_;
   std::map<int64_t, std::string> rejected_;  // steps the replay's executor refused, with why
+  bool isolated_seen_ = false;               // --isolate: the request was in a step
 };
 
 }  // namespace

@@ -21,6 +21,13 @@ enum class ReplayMode : uint8_t {
   kTeacherForced,  // feed the recorded tokens back; report agreement per step and overall
 };
 
+// An option that selects nothing of the trace (--isolate of a request no step holds): the usage
+// is wrong, not the trace.
+class EmptySelection : public Error {
+ public:
+  using Error::Error;
+};
+
 struct ReplayOptions {
   ReplayMode mode = ReplayMode::kExact;
   std::optional<int64_t> until_step;      // stop after this step

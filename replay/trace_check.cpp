@@ -48,8 +48,8 @@ class Checker {
       } catch (const trace::TraceCorruption&) {
         throw;  // the file is damaged: not a finding about the executor (exit 2, not 1)
       } catch (const Error& e) {
-        violate(last_step_, -1, 0, "record", "record", e.what());
-        break;
+        // A record the reader refuses is unusable input too, not a broken invariant.
+        throw Error(fmt::format("the record after step {} is unusable: {}", last_step_, e.what()));
       }
       if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
         // A run-ahead recording writes input k+1 before output k; the model of device state
@@ -139,7 +139,7 @@ class Checker {
 
   void on_output(const trace::StepOutputRecord& out) {
     if (open_.empty() || open_.front().input.step != out.step) {
-      return violate(out.step, -1, 0, "record", "step", "an output record with no matching open input");
+      throw Error(fmt::format("step {}: an output record with no matching open input", out.step));
     }
     const OpenInput open = std::move(open_.front());
     open_.pop_front();

@@ -53,9 +53,9 @@ struct CheckReport {
   bool ok() const { return !violation; }
 };
 
-// Throws ls::Error when the file is not a readable trace (bad header), trace::TraceCorruption
-// when a byte of it does not check out; a record the reader rejects otherwise is reported as a
-// violation of "record" at its step.
+// Throws ls::Error when the file is not a readable trace (bad header, a record the reader refuses,
+// an output with no open input), trace::TraceCorruption when a byte of it does not check out:
+// unusable input (`lockstep check` exits 2), never reported as a violation (exit 1).
 CheckReport check_trace(const std::filesystem::path& path);
 // The same over an opened reader (tests: TraceReader::from_bytes; open it with validate_ops off,
 // as the checker validates every op itself).

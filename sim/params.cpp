@@ -60,7 +60,7 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   p.max_batch_rows = static_cast<int32_t>(r.range(2, 12));
   p.page_size = static_cast<int32_t>(std::int64_t{1} << r.range(2, 4));  // 4, 8 or 16
   p.context_length = static_cast<int32_t>(r.range(48, 160));
-  p.token_budget = static_cast<int32_t>(r.range(16, 96));
+  p.prefill_chunk_tokens = static_cast<int32_t>(r.range(16, 96));
   p.overlap = r.chance(0.75);
   p.mixed_batches = r.chance(0.6);
   p.prefix_cache = r.chance(0.8);
@@ -126,7 +126,7 @@ std::string SimParams::describe() const {
       seed, requests_count, arrivals_per_step, prompt_tokens_min, prompt_tokens_max,
       max_new_tokens_min, max_new_tokens_max, shared_prefixes_count, shared_prefix_tokens,
       100 * shared_prefix_fraction, 100 * greedy_fraction, 100 * client_abort_fraction,
-      max_batch_rows, context_length, page_size, pages_count, host_pages_count, token_budget,
+      max_batch_rows, context_length, page_size, pages_count, host_pages_count, prefill_chunk_tokens,
       overlap ? "on" : "off", mixed_batches ? "on" : "off", prefix_cache ? "on" : "off",
       fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate,
       speculative);

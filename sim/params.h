@@ -2,6 +2,8 @@
 // seed alone reproduces the run (STYLE.md §17).
 #pragma once
 
+#include "core/scheduler.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,19 +30,11 @@ std::optional<FaultSite> fault_site_named(std::string_view name);
 // "ngram" or "oracle-mix" (the speculative drafters a seed can draw).
 std::optional<SimDrafter> sim_drafter_named(std::string_view name);
 
-struct SimParams {
+// The limits and scheduler switches are the SchedulerConfig the world runs (W is 1 unless
+// speculative mode draws 2..8); the rest describes the workload, the faults and the drafter.
+struct SimParams : SchedulerConfig {
   uint64_t seed = 0;
   int32_t requests_count = 0;
-  // Limits.
-  int32_t max_batch_rows = 0;
-  int32_t context_length = 0;
-  int32_t page_size = 0;
-  int32_t pages_count = 0;
-  int32_t host_pages_count = 0;
-  int32_t token_budget = 0;
-  bool overlap = true;
-  bool mixed_batches = true;
-  bool prefix_cache = true;
   // Workload.
   double arrivals_per_step = 0;   // mean of the Poisson-like arrival process, per step
   int32_t prompt_tokens_min = 0;
@@ -56,7 +50,6 @@ struct SimParams {
   std::vector<FaultSite> faults;       // sites switched on for this seed
   double fault_rate = 0;               // chance per step that an enabled step-level site fires
   // Speculative decoding (off: W = 1 and no drafter).
-  int32_t verify_width = 1;            // W: 2..8 in speculative mode
   SimDrafter drafter = SimDrafter::kNone;
   double oracle_acceptance = 0;        // oracle-mix: chance that a draft is the true token
 

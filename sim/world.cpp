@@ -18,25 +18,6 @@
 
 namespace ls::sim {
 
-SchedulerConfig scheduler_config_for(const SimParams& p) {
-  SchedulerConfig c;
-  c.max_batch_rows = p.max_batch_rows;
-  c.token_budget = p.token_budget;
-  c.page_size = p.page_size;
-  c.pages_count = p.pages_count;
-  c.host_pages_count = p.host_pages_count;
-  c.verify_width = p.verify_width;
-  c.context_length = p.context_length;
-  c.mixed_batches = p.mixed_batches;
-  c.prefix_cache = p.prefix_cache;
-  c.overlap = p.overlap;
-  return c;
-}
-
-ExecutorConfig executor_config_for(const SimParams& p) {
-  return ls::executor_config_for(scheduler_config_for(p));
-}
-
 namespace {
 
 constexpr uint32_t kFaultStream = 3;

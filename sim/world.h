@@ -65,9 +65,12 @@ struct WorldOptions {
       make_backend;
 };
 
-// The executor limits a world runs with (also what a recorded trace's header carries).
-ExecutorConfig executor_config_for(const SimParams& params);
-SchedulerConfig scheduler_config_for(const SimParams& params);
+// The executor limits a world runs with (also what a recorded trace's header carries) and its
+// scheduler's configuration: the parts of SimParams that are those.
+inline SchedulerConfig scheduler_config_for(const SimParams& params) { return params; }
+inline ExecutorConfig executor_config_for(const SimParams& params) {
+  return ls::executor_config_for(params);
+}
 
 SimSummary run_world(const SimParams& params, const ModelWeights& weights,
                      const WorldOptions& options = {});

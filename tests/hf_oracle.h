@@ -61,7 +61,7 @@ inline Reference read_reference(const std::filesystem::path& path) {
 inline SchedulerConfig scheduler_config_for(const Reference& ref) {
   SchedulerConfig sc;
   sc.max_batch_rows = static_cast<int32_t>(ref.prompts.size());
-  sc.token_budget = 256;
+  sc.prefill_chunk_tokens = 256;
   sc.page_size = 16;
   sc.context_length = 1024;
   sc.pages_count = sc.max_batch_rows * (sc.context_length / sc.page_size + 1) + 2;

@@ -175,8 +175,8 @@ TEST_F(PlantedDivergence, OneLogitsDigestIsReportedAtItsStepRequestAndField) {
 // Records two requests through the production serving loop: 7 greedy, 8 sampling at T = 1.
 fs::path record_sampling_run() {
   const fs::path path = temp_path("sampling.trace");
-  SchedulerConfig sc{.max_batch_rows = 4, .token_budget = 32, .page_size = 8, .pages_count = 64,
-                     .context_length = 128};
+  SchedulerConfig sc{{.max_batch_rows = 4, .context_length = 128, .page_size = 8, .pages_count = 64,
+                      .prefill_chunk_tokens = 32}};
   const ExecutorConfig limits = executor_config_for(sc);
   Scheduler scheduler(sc);
   scheduler.submit({.id = 7, .prompt = {5, 6, 7, 8, 9}, .max_new_tokens = 6}, 512);

@@ -344,7 +344,7 @@ TEST(ExecutorRunAhead, RefusesAThirdStepAndCollectsOnlyWhatWasSubmitted) {
 SchedulerConfig loop_config() {
   SchedulerConfig c;
   c.max_batch_rows = 6;
-  c.token_budget = 24;
+  c.prefill_chunk_tokens = 24;
   c.page_size = 4;
   c.pages_count = 20;  // tight: requests are retracted (swap and recompute)
   c.host_pages_count = 12;

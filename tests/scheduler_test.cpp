@@ -24,7 +24,7 @@ constexpr int32_t kVocab = 512;  // the tiny model
 SchedulerConfig base_config() {
   SchedulerConfig c;
   c.max_batch_rows = 4;
-  c.token_budget = 32;
+  c.prefill_chunk_tokens = 32;
   c.page_size = 4;
   c.pages_count = 64;
   c.host_pages_count = 0;
@@ -177,7 +177,7 @@ TEST(SchedulerTest, MixedBatchesOffNeverMixes) {
 
 TEST(SchedulerTest, TokenBudgetIsRespected) {
   SchedulerConfig c = base_config();
-  c.token_budget = 10;
+  c.prefill_chunk_tokens = 10;
   Driver d(c);
   for (RequestId id : {1u, 2u, 3u}) d.submit(request(id, 8, 3));
   const ForwardOp op1 = d.turn().op;
@@ -247,7 +247,7 @@ TEST(SchedulerTest, PoolRowsAreDistinctInRangeAndReused) {
 
 TEST(SchedulerTest, ChunkedPrefillPrefixLengthGrowsPerChunk) {
   SchedulerConfig c = base_config();
-  c.token_budget = 5;
+  c.prefill_chunk_tokens = 5;
   Driver d(c);
   d.submit(request(1, 12, 3));
   // Chunks of 5, 5, 2; each reserves pages through prefix + chunk + W: 6 → 2 pages, 11 → 3,
@@ -294,7 +294,7 @@ TEST(SchedulerTest, DecodeReservationFollowsTheOverlapDepth) {
 
 TEST(SchedulerTest, IdTieBreakAndInsertionOrderIndependence) {
   SchedulerConfig c = base_config();
-  c.token_budget = 8;
+  c.prefill_chunk_tokens = 8;
   Driver first(c), second(c);
   for (RequestId id : {7u, 3u, 5u}) first.submit(request(id, 6, 4));
   for (RequestId id : {5u, 7u, 3u}) second.submit(request(id, 6, 4));
@@ -430,7 +430,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(SchedulerTest, RecomputeThrashUnderPagePressureStillDrains) {
   SchedulerConfig c;
   c.max_batch_rows = 5;
-  c.token_budget = 14;
+  c.prefill_chunk_tokens = 14;
   c.page_size = 4;
   c.pages_count = 16;
   c.host_pages_count = 0;  // every retraction recomputes
@@ -507,7 +507,7 @@ TEST(SchedulerTest, ResultsOfTheLingeringStepAfterFinishAreIgnored) {
 
 TEST(SchedulerTest, AbortMidPrefillFreesEverything) {
   SchedulerConfig c = base_config();
-  c.token_budget = 4;
+  c.prefill_chunk_tokens = 4;
   Driver d(c);
   Scheduler& s = d.scheduler;
   d.submit(request(1, 12, 5));
@@ -609,8 +609,8 @@ TEST(SchedulerTest, RejectsBadRequestsNamingTheField) {
   Scheduler small(tiny_pool);
   expect_error([&] { small.submit(request(1, 20, 4), kVocab); }, "pages_count");
   SchedulerConfig bad_config = base_config();
-  bad_config.token_budget = 0;
-  expect_error([&] { Scheduler x(bad_config); }, "token_budget");
+  bad_config.prefill_chunk_tokens = 0;
+  expect_error([&] { Scheduler x(bad_config); }, "prefill_chunk_tokens");
 }
 
 // A counter-based stream for workload choices, independent of the standard library.
@@ -672,7 +672,7 @@ TEST(SchedulerTest, SeededWorkloadsKeepAccountingAndMatchSoloRuns) {
     for (bool overlap : {true, false}) {
       SchedulerConfig c = base_config();
       c.pages_count = 20;
-      c.token_budget = 16;
+      c.prefill_chunk_tokens = 16;
       c.host_pages_count = seed % 2 == 0 ? 12 : 0;
       c.overlap = overlap;
       Driver d(c);

@@ -224,7 +224,7 @@ SpecRun run_workload(const SchedulerConfig& sc, std::unique_ptr<Drafter> drafter
 SchedulerConfig spec_scheduler(int32_t width, bool overlap, int32_t pages_count) {
   SchedulerConfig sc;
   sc.max_batch_rows = 4;
-  sc.token_budget = 48;
+  sc.prefill_chunk_tokens = 48;
   sc.page_size = 4;
   sc.context_length = 72;
   sc.pages_count = pages_count;

@@ -64,9 +64,9 @@ Bytes read_file(const fs::path& path) {
 // `lockstep generate --record` on tiny: the serving loop with the recorder on, greedy and
 // seeded-sampling requests, batch 4.
 Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
-  const SchedulerConfig sc{.max_batch_rows = 4, .token_budget = 32, .page_size = 4,
-                           .pages_count = 64, .host_pages_count = 0, .verify_width = 1,
-                           .context_length = 64};
+  const SchedulerConfig sc{{.max_batch_rows = 4, .context_length = 64, .page_size = 4,
+                            .pages_count = 64, .verify_width = 1, .prefill_chunk_tokens = 32,
+                            .host_pages_count = 0}};
   const ExecutorConfig limits = executor_config_for(sc);
   Scheduler scheduler(sc);
   for (int32_t i = 0; i < requests_count; ++i) {
@@ -314,9 +314,9 @@ class RunAheadCpu final : public Backend {
 // check clean and replay: exact, and teacher-forced with every token equal (found on the H200:
 // the checker and teacher forcing took input k+1 before output k).
 TEST(TraceIntegrity, ARunAheadRecordingChecksAndReplaysExactAndTeacherForced) {
-  const SchedulerConfig sc{.max_batch_rows = 4, .token_budget = 32, .page_size = 4,
-                           .pages_count = 64, .host_pages_count = 0, .verify_width = 1,
-                           .context_length = 64};
+  const SchedulerConfig sc{{.max_batch_rows = 4, .context_length = 64, .page_size = 4,
+                            .pages_count = 64, .verify_width = 1, .prefill_chunk_tokens = 32,
+                            .host_pages_count = 0}};
   const ExecutorConfig limits = executor_config_for(sc);
   Scheduler scheduler(sc);
   for (int32_t i = 0; i < 6; ++i) {

@@ -79,7 +79,7 @@ constexpr int32_t kContextLength = 48;  // the generator's long requests run int
 Tokens serve(const SpecCase& c, int32_t width, std::unique_ptr<Drafter> drafter, bool planted) {
   SchedulerConfig sc;
   sc.max_batch_rows = 4;
-  sc.token_budget = 32;
+  sc.prefill_chunk_tokens = 32;
   sc.page_size = 4;
   sc.context_length = kContextLength;
   sc.verify_width = width;

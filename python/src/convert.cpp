@@ -168,29 +168,10 @@ SamplingParams sampling_from_python(py::handle value, const std::string& where) 
   return s;
 }
 
-namespace {
-
-// The limits of ExecutorConfig a Python caller names: one table for reading, writing and listing.
-struct ExecutorLimit {
-  const char* name;
-  int32_t ExecutorConfig::*member;
-};
-constexpr ExecutorLimit kExecutorLimits[] = {
-    {"max_batch_rows", &ExecutorConfig::max_batch_rows},
-    {"context_length", &ExecutorConfig::context_length},
-    {"page_size", &ExecutorConfig::page_size},
-    {"pages_count", &ExecutorConfig::pages_count},
-    {"verify_width", &ExecutorConfig::verify_width},
-    {"prefill_chunk_tokens", &ExecutorConfig::prefill_chunk_tokens},
-    {"host_pages_count", &ExecutorConfig::host_pages_count},
-};
-
-}  // namespace
-
 const std::vector<std::string>& executor_limit_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n;
-    for (const ExecutorLimit& limit : kExecutorLimits) n.emplace_back(limit.name);
+    for (const LimitField& limit : kLimitFields) n.emplace_back(limit.name);
     return n;
   }();
   return names;
@@ -198,9 +179,16 @@ const std::vector<std::string>& executor_limit_names() {
 
 ExecutorConfig executor_config_from_fields(Fields& f, const std::string& where) {
   ExecutorConfig c;
-  for (const ExecutorLimit& limit : kExecutorLimits) {
-    if (auto v = field(f, limit.name)) c.*limit.member = to_int32(*v, fmt::format("{}: {}", where, limit.name));
-    f.erase(limit.name);
+  // The keywords are core/limits.h's table: the names, the members and (in validate()) the ranges.
+  for (const LimitField& limit : kLimitFields) {
+    const std::string name(limit.name);
+    if (auto v = field(f, name)) {
+      const int64_t value = to_int64(*v, fmt::format("{}: {}", where, name));  // checked, then narrowed
+      const std::optional<std::string> error = limit_error(limit, value);
+      LS_REQUIRE(!error, "{}: {}", where, *error);
+      c.*limit.member = static_cast<int32_t>(value);
+    }
+    f.erase(name);
   }
   c.validate();
   return c;
@@ -208,7 +196,7 @@ ExecutorConfig executor_config_from_fields(Fields& f, const std::string& where) 
 
 py::dict executor_config_to_dict(const ExecutorConfig& c) {
   py::dict d;
-  for (const ExecutorLimit& limit : kExecutorLimits) d[limit.name] = c.*limit.member;
+  for (const LimitField& limit : kLimitFields) d[py::str(std::string(limit.name))] = c.*limit.member;
   return d;
 }
 

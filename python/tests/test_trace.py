@@ -24,10 +24,11 @@ def decode_op(request_id):
                               sampling_params=[None])
 
 
-def record_foreign(path, header=HEADER, skip_at_step=None, steps=5, model="tiny"):
+def record_foreign(path, header=HEADER, skip_at_step=None, steps=5, model="tiny", wrong_token_at_step=None):
     """The 'foreign executor' is lockstep's own, run here step by step; what the trace holds is
     what the engine reports: the op, the tokens, lengths, flags and each row's KV length. With
-    `skip_at_step`, the engine reports a KV length one token past what it committed there."""
+    `skip_at_step`, the engine reports a KV length one token past what it committed there; with
+    `wrong_token_at_step`, a token other than the one it computed."""
     ex = lockstep.Executor(model=model, max_batch_rows=4, context_length=64, pages_count=32)
     tokens = []
     with lockstep.TraceWriter(path, header) as writer:
@@ -38,7 +39,10 @@ def record_foreign(path, header=HEADER, skip_at_step=None, steps=5, model="tiny"
             vcl = ex.read_state([1])["valid_cache_lengths"]
             if step == skip_at_step:
                 vcl = vcl + 1
-            assert writer.write_step(op, {"output_tokens": out.output_tokens,
+            emitted = out.output_tokens.copy()
+            if step == wrong_token_at_step:
+                emitted[0] = (int(emitted[0]) + 1) % 512
+            assert writer.write_step(op, {"output_tokens": emitted,
                                           "output_lengths": out.output_lengths,
                                           "output_nan_flags": out.output_nan_flags,
                                           "valid_cache_lengths": vcl}) == step
@@ -66,6 +70,17 @@ def test_clean_foreign_trace_checks_and_replays_teacher_forced(lockstep_bin, tmp
     replayed = run_cli(lockstep_bin, "replay", path, "--mode", "teacher-forced", "-q").stdout
     assert "recorded by a foreign executor: toy-engine 0.1" in replayed
     assert "agreement: 5/5 tokens (100.00%)" in replayed, replayed
+
+
+def test_teacher_forced_replay_of_a_disagreeing_trace_exits_1(lockstep_bin, tmp_path):
+    """Exit status 1 is a finding (here: a divergence), 0 agreement, 2 unusable input."""
+    path = tmp_path / "disagrees.trace"
+    record_foreign(path, wrong_token_at_step=3)
+    done = run_cli(lockstep_bin, "replay", path, "--mode", "teacher-forced", "-q", check=False)
+    assert done.returncode == 1, done.stdout + done.stderr
+    # Step 3's recorded token is not the engine's; step 4 reads it back (teacher forcing feeds the
+    # recorded tokens) while the engine had read its own: two of five disagree.
+    assert "agreement: 3/5 tokens (60.00%)" in done.stdout and "step 3: 0/1 tokens equal" in done.stdout, done.stdout
 
 
 def test_exact_replay_refuses_a_foreign_trace(lockstep_bin, tmp_path):

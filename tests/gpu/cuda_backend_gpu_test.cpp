@@ -32,7 +32,7 @@ constexpr int32_t kTinyVocab = 512;
 SchedulerConfig tiny_scheduler() {
   SchedulerConfig c;
   c.max_batch_rows = 16;
-  c.token_budget = 96;
+  c.prefill_chunk_tokens = 96;
   c.page_size = 16;
   c.pages_count = 400;
   c.context_length = 256;

@@ -45,7 +45,7 @@ TEST(CudaDeterminism, TraceRecordedOnCudaReplaysBitIdentical) {
   const int32_t vocab = weights.config.vocab_size;
   SchedulerConfig sc;
   sc.max_batch_rows = 16;
-  sc.token_budget = 64;
+  sc.prefill_chunk_tokens = 64;
   sc.page_size = 16;
   sc.pages_count = 400;
   sc.context_length = 256;

@@ -200,7 +200,7 @@ std::vector<RequestSpec> spec_requests(int32_t new_tokens) {
 SchedulerConfig spec_scheduler(int32_t width) {
   SchedulerConfig c;
   c.max_batch_rows = 16;
-  c.token_budget = 256;
+  c.prefill_chunk_tokens = 256;
   c.page_size = 16;
   c.pages_count = 400;
   c.context_length = 256;
@@ -378,7 +378,7 @@ TEST(CudaDrafter, DraftsEqualTheCpuWithPrefixHitsAndChunkedPrefill) {
     SCOPED_TRACE(fmt::format("graphs {}", graphs));
     SchedulerConfig sc;
     sc.max_batch_rows = 4;
-    sc.token_budget = 40;
+    sc.prefill_chunk_tokens = 40;
     sc.page_size = 16;
     sc.pages_count = 200;
     sc.context_length = 192;
@@ -399,7 +399,7 @@ TEST(CudaDrafter, DraftsEqualTheCpuThroughRetractionAndRecovery) {
   LS_SKIP_WITHOUT_DEVICE();
   SchedulerConfig sc;
   sc.max_batch_rows = 4;
-  sc.token_budget = 48;
+  sc.prefill_chunk_tokens = 48;
   sc.page_size = 4;
   sc.context_length = 160;
   sc.verify_width = 3;

@@ -44,7 +44,7 @@ TEST(SeededWeightsParallel, EqualsWeightsFromSeed) {
 SchedulerConfig scheduler_for(int32_t rows) {
   SchedulerConfig c;
   c.max_batch_rows = rows;
-  c.token_budget = 128;
+  c.prefill_chunk_tokens = 128;
   c.page_size = 16;
   c.context_length = 64;
   c.pages_count = rows * 5 + 2;

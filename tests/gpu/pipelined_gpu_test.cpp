@@ -210,7 +210,7 @@ TEST(CudaPipelined, ServingLoopRunAheadGivesTheSameTokens) {
   LS_SKIP_WITHOUT_DEVICE();
   SchedulerConfig sc;
   sc.max_batch_rows = 16;
-  sc.token_budget = 96;
+  sc.prefill_chunk_tokens = 96;
   sc.page_size = 16;
   sc.pages_count = 60;
   sc.host_pages_count = 200;

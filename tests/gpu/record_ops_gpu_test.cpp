@@ -277,8 +277,9 @@ class InFlightProbe final : public StepObserver {
 
 TEST(CudaRecord, TheServingLoopRunsAheadWithTheRecorderOn) {
   LS_SKIP_WITHOUT_DEVICE();
-  SchedulerConfig sc{.max_batch_rows = 8, .token_budget = 64, .page_size = 16, .pages_count = 200,
-                     .host_pages_count = 0, .verify_width = 1, .context_length = 128};
+  SchedulerConfig sc{{.max_batch_rows = 8, .context_length = 128, .page_size = 16,
+                      .pages_count = 200, .verify_width = 1, .prefill_chunk_tokens = 64,
+                      .host_pages_count = 0}};
   const ExecutorConfig ec = executor_config_for(sc);
   Scheduler scheduler(sc);
   for (int32_t i = 0; i < 8; ++i) {

@@ -14,7 +14,7 @@
 int main(int argc, char** argv) {
   const std::filesystem::path path = argc > 1 ? argv[1] : "consumer.trace";
   const ls::ModelWeights weights = ls::weights_from_seed(ls::model_config_named("tiny"), 0);
-  const ls::ExecutorConfig config{.max_batch_rows = 2, .context_length = 64, .pages_count = 16};
+  const ls::ExecutorConfig config{{.max_batch_rows = 2, .context_length = 64, .pages_count = 16}};
   ls::CpuBackend backend(weights, config);
   // The options the trace header names: the step computes what the records carry.
   ls::Executor executor(config, weights.config.vocab_size, backend,

@@ -2,6 +2,7 @@
 // and hand-made bad records give a clear ls::Error or a readable complete prefix, never a crash.
 // Expected record boundaries come from capnp's own reader, not from lockstep's.
 #include "tests/trace/trace_test_support.h"
+#include "replay/trace_check.h"
 #include "trace/codec.h"
 
 #include <capnp/message.h>
@@ -230,6 +231,16 @@ TEST_F(BadRecords, StepsMustIncreaseAndOutputsMatchTheirInput) {
   out.result.tokens = {3, 4};
   append_output(out);
   EXPECT_THAT(error(), AllOf(HasSubstr("step 0 output"), HasSubstr("tokens holds 2 ids")));
+}
+
+// `lockstep check` exits 2 for a record the reader refuses (unusable input), not 1 (a broken
+// invariant): check_trace throws, naming the record, instead of reporting a violation.
+TEST_F(BadRecords, CheckTraceRefusesARecordTheReaderRefusesAsUnusableInput) {
+  append_output(decode_output(0));  // an output with no step input before it
+  testing::write_bytes(file_.path(), bytes_);
+  EXPECT_THAT([&] { replay::check_trace(file_.path()); },
+              ::testing::ThrowsMessage<Error>(AllOf(HasSubstr("the record after step 0 is unusable"),
+                                                    HasSubstr("has no open step input"))));
 }
 
 TEST_F(BadRecords, OutputWithoutInputAndTooManyOpenSteps) {
