@@ -11,8 +11,8 @@ namespace {
 // `count` split into `degree` equal parts; ls::Error naming `field` when it does not divide.
 int32_t per_rank(int32_t count, int32_t degree, const char* field) {
   LS_REQUIRE(count % degree == 0,
-             "--tp {}: the model's {} ({}) is not divisible by the tensor-parallel degree {}",
-             degree, field, count, degree);
+             "tensor-parallel degree (--tp) {} does not divide the model's {} = {}", degree, field,
+             count);
   return count / degree;
 }
 
@@ -40,8 +40,8 @@ ShardRange TpLayout::vocab(int32_t rank) const {
 }
 
 TpLayout make_tp_layout(const ModelConfig& model, int32_t degree) {
-  LS_REQUIRE(degree >= 1 && degree <= kTpDegreeMax, "--tp must be in [1, {}], got {}",
-             kTpDegreeMax, degree);
+  LS_REQUIRE(degree >= 1 && degree <= kTpDegreeMax,
+             "tensor-parallel degree (--tp) must be in [1, {}], got {}", kTpDegreeMax, degree);
   TpLayout layout;
   layout.degree_ = degree;
   layout.query_heads_per_rank_ =
@@ -53,8 +53,8 @@ TpLayout make_tp_layout(const ModelConfig& model, int32_t degree) {
   layout.vocab_per_rank_ = (model.vocab_size + degree - 1) / degree;
   // Every rank must own some vocabulary (a rank with an empty shard has nothing to gather).
   LS_REQUIRE(layout.vocab_per_rank_ * (degree - 1) < model.vocab_size,
-             "--tp {}: the model's vocabulary ({} ids) leaves the last rank no ids", degree,
-             model.vocab_size);
+             "tensor-parallel degree (--tp) {} leaves the last rank no ids of the model's "
+             "vocabulary (vocab_size = {})", degree, model.vocab_size);
   return layout;
 }
 

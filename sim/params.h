@@ -59,6 +59,8 @@ struct SimParams {
   int32_t verify_width = 1;            // W: 2..8 in speculative mode
   SimDrafter drafter = SimDrafter::kNone;
   double oracle_acceptance = 0;        // oracle-mix: chance that a draft is the true token
+  // Tensor parallelism: the ranks the CPU reference simulates (`lockstep sim --tp`; not drawn).
+  int32_t tp_degree = 1;
 
   // What a trace header records as the drafter: "none", "ngram" or "oracle-mix(p=0.50)".
   std::string drafter_name() const;
@@ -75,6 +77,7 @@ struct SimOverrides {
   // Speculative mode only: this drafter instead of the seed's (`lockstep sim --spec --drafter`);
   // W and the oracle-mix acceptance are still the seed's.
   std::optional<SimDrafter> drafter;
+  int32_t tp_degree = 1;  // `lockstep sim --tp`
 };
 
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides);
