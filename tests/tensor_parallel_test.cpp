@@ -196,13 +196,14 @@ Agreement compare(const Run& tp1, const Run& tpn, int32_t vocab) {
   return a;
 }
 
-void expect_tp2_within_tolerance_of_tp1(const ModelWeights& weights, const std::string& label) {
+void expect_tpn_within_tolerance_of_tp1(const ModelWeights& weights, int32_t degree,
+                                        const std::string& label) {
   const Run tp1 = run_workload(weights, 1);
-  const Run tp2 = run_workload(weights, 2);
-  const Run tp2_again = run_workload(weights, 2);
-  EXPECT_TRUE(bit_identical(tp2, tp2_again)) << label << ": TP 2 differs run to run";
+  const Run tp2 = run_workload(weights, degree);
+  const Run tp2_again = run_workload(weights, degree);
+  EXPECT_TRUE(bit_identical(tp2, tp2_again)) << label << ": differs run to run";
   const Agreement a = compare(tp1, tp2, weights.config.vocab_size);
-  std::printf("%s: TP 2 vs TP 1: max relative logit difference %.3g (tolerance %.0e), %ld/%ld "
+  std::printf("%s vs TP 1: max relative logit difference %.3g (tolerance %.0e), %ld/%ld "
               "greedy tokens equal, %ld logits differ in their bits\n",
               label.c_str(), a.relative_max, kTpRelativeTolerance, static_cast<long>(a.tokens_equal),
               static_cast<long>(a.tokens_count), static_cast<long>(a.logits_differing));
@@ -210,25 +211,33 @@ void expect_tp2_within_tolerance_of_tp1(const ModelWeights& weights, const std::
   ASSERT_GE(a.tokens_count, 3 * kDecodeSteps) << label;
   EXPECT_LE(a.relative_max, kTpRelativeTolerance) << label;
   EXPECT_EQ(a.tokens_equal, a.tokens_count) << label;
-  // The all-reduce re-associates o and down: were TP 2 bit-identical to TP 1, it would not be
+  // The all-reduce re-associates o and down: were TP N bit-identical to TP 1, it would not be
   // simulating the ranks at all.
-  EXPECT_GT(a.logits_differing, 0) << label << ": TP 2 computed exactly TP 1's bits";
+  EXPECT_GT(a.logits_differing, 0) << label << ": computed exactly TP 1's bits";
 }
 
 TEST(TensorParallel, TinyAtTp2IsBitIdenticalRunToRunAndWithinToleranceOfTp1) {
-  expect_tp2_within_tolerance_of_tp1(testing::tiny_weights(), "tiny");
+  expect_tpn_within_tolerance_of_tp1(testing::tiny_weights(), 2, "tiny, TP 2");
+}
+
+TEST(TensorParallel, FourRanksOverAnMhaTinyAreBitIdenticalRunToRunAndWithinToleranceOfTp1) {
+  // Four partials per all-reduce: unlike two (a + b = b + a), their order shows in the bits.
+  ModelConfig mha = model_config_named("tiny");
+  mha.kv_heads_count = mha.query_heads_count;
+  const ModelWeights weights = weights_from_seed(mha, 7);
+  expect_tpn_within_tolerance_of_tp1(weights, 4, "tiny (MHA), TP 4");
 }
 
 TEST(TensorParallel, HfQwen3FixtureAtTp2IsBitIdenticalRunToRunAndWithinToleranceOfTp1) {
   // Qwen3: per-head q/k norms, which must stay on the rank that owns the head.
   const ModelWeights weights = load_hf_directory(LOCKSTEP_SOURCE_DIR "/tests/fixtures/hf/qwen3");
-  expect_tp2_within_tolerance_of_tp1(weights, "hf qwen3");
+  expect_tpn_within_tolerance_of_tp1(weights, 2, "hf qwen3, TP 2");
 }
 
 TEST(TensorParallel, HfQwen2FixtureAtTp2IsWithinToleranceOfTp1) {
   // Qwen2: q/k/v biases, split by the same columns as their weights.
   const ModelWeights weights = load_hf_directory(LOCKSTEP_SOURCE_DIR "/tests/fixtures/hf/qwen2");
-  expect_tp2_within_tolerance_of_tp1(weights, "hf qwen2");
+  expect_tpn_within_tolerance_of_tp1(weights, 2, "hf qwen2, TP 2");
 }
 
 // --- the IDLE forward ------------------------------------------------------------------------
