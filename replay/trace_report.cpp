@@ -593,6 +593,7 @@ Json replay_facts(const ReplayResultSummary& r) {
   return Json{{"mode", r.mode},
               {"verdict", r.verdict},
               {"backend", r.backend},
+              {"tp_degree", r.tp_degree},
               {"steps_compared", r.steps_compared},
               {"token_agreement", r.token_agreement ? Json(*r.token_agreement) : Json(nullptr)},
               {"divergence", divergence}};

@@ -31,9 +31,22 @@ if(NOT status EQUAL 0 OR NOT out MATCHES "at TP 2 \\(recorded at TP 2\\)" OR NOT
   message(FATAL_ERROR "exact replay of the TP 2 trace failed (${status}):\n${out}\n${err}")
 endif()
 execute_process(COMMAND ${LOCKSTEP} replay ${trace} -q --tp 1 --mode teacher-forced
+                        --json ${WORKDIR}/cli-tp2-replay.json
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
 if(NOT status EQUAL 0 OR NOT out MATCHES "at TP 1 \\(recorded at TP 2\\)" OR NOT out MATCHES "\\(100\\.00%\\)")
   message(FATAL_ERROR "teacher-forced replay of the TP 2 trace at TP 1 failed (${status}):\n${out}\n${err}")
+endif()
+# The replay's JSON and the report built from it name the degree it replayed at and the recorded one.
+file(READ ${WORKDIR}/cli-tp2-replay.json replay_json)
+if(NOT replay_json MATCHES "\"tp_degree\": 1,")
+  message(FATAL_ERROR "the replay JSON does not name TP 1:\n${replay_json}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} report ${trace} -o ${WORKDIR}/cli-tp2.html --json ${WORKDIR}/cli-tp2-report.json
+                        --replay-json ${WORKDIR}/cli-tp2-replay.json
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+file(READ ${WORKDIR}/cli-tp2-report.json report_json)
+if(NOT status EQUAL 0 OR NOT report_json MATCHES "\"tp_degree\": 2," OR NOT report_json MATCHES "\"tp_degree\": 1,")
+  message(FATAL_ERROR "report --replay-json of the TP 2 trace (${status}):\n${out}\n${err}\n${report_json}")
 endif()
 execute_process(COMMAND ${LOCKSTEP} replay ${trace} -q --tp 1
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
