@@ -1,10 +1,20 @@
 // CPU reference step time for the `tiny` model: one decode step at batch 1 and 16, with every
-// row holding a 64-token prompt. Run: build/bench/lockstep_bench_cpu
+// row holding a 64-token prompt, at tensor-parallel degrees 1 and 2 (the ranks simulated in one
+// process: the figure is the cost of the simulation, not a speed-up).
+// Run: build/bench/lockstep_bench_cpu [--tp N] [Google Benchmark flags]
 #include "core/cpu_backend.h"
 #include "core/executor.h"
 #include "core/model/weights.h"
 
+#include "core/check.h"
+#include "core/tensor_parallel.h"
+
 #include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -12,6 +22,7 @@ constexpr int32_t kPromptTokens = 64;
 
 void BM_CpuDecodeStep(benchmark::State& state) {
   const int32_t batch = static_cast<int32_t>(state.range(0));
+  const int32_t tp_degree = static_cast<int32_t>(state.range(1));
   const ls::ModelWeights weights = ls::weights_from_seed(ls::model_config_named("tiny"), 1);
   ls::ExecutorConfig config;
   config.max_batch_rows = batch;
@@ -20,7 +31,7 @@ void BM_CpuDecodeStep(benchmark::State& state) {
   config.prefill_chunk_tokens = kPromptTokens * batch;
   const int32_t pages_per_row = config.table_width();
   config.pages_count = batch * pages_per_row + 1;
-  ls::CpuBackend backend(weights, config);
+  ls::CpuBackend backend(weights, config, nullptr, false, nullptr, tp_degree);
   ls::Executor executor(config, weights.config.vocab_size, backend);
 
   ls::ForwardOp prefill;
@@ -48,9 +59,48 @@ void BM_CpuDecodeStep(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * batch);
   state.counters["batch"] = batch;
+  state.counters["tp"] = tp_degree;
+}
+
+// Takes `--tp N` (or --tp=N) out of argv: the degrees to run, 1 and 2 when it is absent.
+std::vector<int64_t> take_tp_flag(int& argc, char** argv) {
+  std::vector<int64_t> degrees = {1, 2};
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    const bool separate = std::strcmp(argv[i], "--tp") == 0;
+    if (!separate && std::strncmp(argv[i], "--tp=", 5) != 0) {
+      argv[kept++] = argv[i];
+      continue;
+    }
+    const char* value = separate ? (i + 1 < argc ? argv[++i] : "") : argv[i] + 5;
+    char* end = nullptr;
+    const long degree = std::strtol(value, &end, 10);
+    LS_REQUIRE(*value != '\0' && *end == '\0' && degree >= 1 && degree <= ls::kTpDegreeMax,
+               "--tp '{}': expected a tensor-parallel degree in [1, {}]", value, ls::kTpDegreeMax);
+    ls::make_tp_layout(ls::model_config_named("tiny"), static_cast<int32_t>(degree));  // refuse now
+    degrees = {degree};
+  }
+  argc = kept;
+  return degrees;
 }
 
 }  // namespace
 
-BENCHMARK(BM_CpuDecodeStep)->Arg(1)->Arg(16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  std::vector<int64_t> degrees;
+  try {
+    degrees = take_tp_flag(argc, argv);
+  } catch (const ls::Error& e) {
+    std::fprintf(stderr, "lockstep_bench_cpu: %s\n", e.what());
+    return 2;
+  }
+  benchmark::RegisterBenchmark("BM_CpuDecodeStep", BM_CpuDecodeStep)
+      ->ArgsProduct({{1, 16}, degrees})
+      ->ArgNames({"batch", "tp"})
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

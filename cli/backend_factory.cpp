@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/cpu_backend.h"
 #include "core/drafter.h"
+#include "core/tensor_parallel.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "kernels/cuda_backend.h"
@@ -39,12 +40,18 @@ std::string backend_name_error(const std::string& name) {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits, const std::string& drafter,
-                                      bool time_steps) {
+                                      bool time_steps, int32_t tp_degree) {
   const std::string error = backend_name_error(name);
   LS_REQUIRE(error.empty(), "--backend {}: {}", name, error);
   if (name == "cpu") {
-    return std::make_unique<CpuBackend>(weights, limits, nullptr, false, make_drafter(drafter));
+    return std::make_unique<CpuBackend>(weights, limits, nullptr, false, make_drafter(drafter),
+                                        tp_degree);
   }
+  make_tp_layout(weights.config, tp_degree);  // the model's refusal first: it names the field
+  LS_REQUIRE(tp_degree == 1,
+             "--tp {} with --backend {}: the CUDA backend runs on one GPU; its NCCL tensor-parallel "
+             "ranks are not built yet (the CPU reference simulates TP: --backend cpu)",
+             tp_degree, name);
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
   options.drafter = drafter;

@@ -26,10 +26,13 @@ std::string backend_name_error(const std::string& name);
 // limits.verify_width > 1. Throws ls::Error for an unknown backend or drafter name (oracle-mix
 // included: it cannot be rebuilt outside the simulator) or a CUDA backend in a build without one.
 // `time_steps`: the device times each step with events (CUDA; what a recorded run's step stats
-// carry).
+// carry). `tp_degree`: the tensor-parallel ranks (the CPU reference simulates them in one
+// process, core/tensor_parallel.h); ls::Error naming the field when the model cannot shard at
+// that degree, and for CUDA above 1 (its NCCL ranks are not built yet).
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits,
-                                      const std::string& drafter = "none", bool time_steps = false);
+                                      const std::string& drafter = "none", bool time_steps = false,
+                                      int32_t tp_degree = 1);
 
 // KV pages sized from the device memory left after weights and workspaces (`fraction` of it)
 // for backend `name` with drafter `drafter` (whose token history is a workspace); nullopt for a

@@ -60,7 +60,8 @@ int run_generate(GenerateOptions& o) {
   const bool recording = !o.record.empty();
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
   const std::unique_ptr<Backend> backend =
-      make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording);
+      make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording,
+                   o.model.tp_degree);
   Executor executor(limits, weights.config.vocab_size, *backend,
                     recording ? trace::recording_executor_options() : ExecutorOptions{});
   std::unique_ptr<trace::Recorder> recorder;
@@ -69,6 +70,7 @@ int run_generate(GenerateOptions& o) {
     trace::TraceHeader header = trace::make_trace_header(weights, source, limits, backend->name(),
                                                          machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
+    header.tp_degree = o.model.tp_degree;
     header.step_clock = "steady";
     header.device_timer = backend->name() == "cuda" ? "cuda-events" : "host-clock";
     recorder = trace::Recorder::open(o.record, header);
@@ -99,9 +101,10 @@ int run_generate(GenerateOptions& o) {
     if (!o.quiet) fmt::print(stderr, "\rgenerate: recorded {} steps to {}\n", done.steps_count, o.record);
   }
   if (!o.quiet) {
-    const std::string spec = limits.verify_width > 1
-                                 ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
-                                 : std::string();
+    std::string spec = limits.verify_width > 1
+                           ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
+                           : std::string();
+    if (o.model.tp_degree > 1) spec += fmt::format(", TP {}", o.model.tp_degree);
     // The tokens the outputs hold: a step's accepted lengths also count the sampled token of a
     // mid-prompt chunk and the lingering step of a finished request, which are never emitted.
     int64_t tokens_emitted = 0;

@@ -4,6 +4,7 @@
 #include "cli/number_flags.h"
 #include "core/check.h"
 #include "core/drafter.h"
+#include "core/tensor_parallel.h"
 
 #include <fmt/ranges.h>
 
@@ -64,6 +65,12 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "lookup over the request's tokens)")
       ->check(CLI::IsMember({std::string(kNoDrafterName), std::string("ngram")}))
       ->capture_default_str();
+  app.add_option("--tp", o.tp_degree,
+                 "Tensor-parallel degree N: the weights split the Megatron way over N ranks "
+                 "(simulated in one process on the CPU reference); the model's heads, kv heads "
+                 "and ffn size must divide by N")
+      ->check(CLI::Range(1, kTpDegreeMax))
+      ->capture_default_str();
   app.add_flag("--context-beyond-max-positions", o.context_beyond_max_positions,
                "Allow --context-length past the checkpoint's max_position_embeddings (warns: the "
                "model was not made for those positions)");
@@ -97,6 +104,7 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
              "--drafter {} proposes W - 1 drafts per step: it needs --verify-width 2 or more",
              o.drafter);
   ModelWeights weights = load_weights(o, source);
+  make_tp_layout(weights.config, o.tp_degree);  // refuse a degree the model cannot shard, first
   ExecutorConfig& c = o.executor;
   check_context_length(weights.config, c.context_length, o.context_beyond_max_positions);
   if (weights.config.max_positions > 0 && c.context_length > weights.config.max_positions) {

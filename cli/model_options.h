@@ -18,6 +18,7 @@ struct ModelOptions {
   int32_t pages_count = 0;  // 0: enough for every row to reach L (cuda: sized from memory)
   double kv_memory_fraction = 0.9;  // cuda, --pages 0: of the memory left after weights, workspaces
   std::string drafter = "none";     // with executor.verify_width > 1: "none" or "ngram"
+  int32_t tp_degree = 1;            // tensor-parallel ranks (core/tensor_parallel.h)
   // Run a context longer than the checkpoint's max_position_embeddings (with a warning).
   bool context_beyond_max_positions = false;
 };
@@ -29,7 +30,8 @@ CLI::Validator backend_validator();
 
 // Loads or generates the weights; fills executor.pages_count when it was left at 0: on the CUDA
 // backend from the device memory left after weights and workspaces (--kv-memory-fraction of it),
-// elsewhere enough for every row to reach the context length. Throws ls::Error for a drafter
+// elsewhere enough for every row to reach the context length. Throws ls::Error for a --tp the
+// model cannot shard (naming the field it does not divide), for a drafter
 // without speculative decoding (--drafter ngram with --verify-width 1), and for a context length
 // the model refuses (check_context_length: past its sliding window, or past its
 // max_position_embeddings without --context-beyond-max-positions).

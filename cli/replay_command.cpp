@@ -5,6 +5,7 @@
 #include "cli/number_flags.h"
 #include "cli/exit_status.h"
 #include "core/check.h"
+#include "core/tensor_parallel.h"
 #include "replay/replay.h"
 #include "replay/replay_json.h"
 
@@ -29,6 +30,7 @@ struct ReplayCliOptions {
   std::optional<RequestId> isolate;
   std::string weights_dir;
   std::string backend = "cpu";
+  int32_t tp_degree = 0;  // 0: the recorded degree
   bool quiet = false;
   std::string json;  // the result as JSON (replay/replay_json.h)
 };
@@ -45,8 +47,11 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
     fmt::print("recorded by a foreign executor: {}{}\n", h.foreign_executor,
                h.weights_digest == 0 ? " (no weight digest recorded: replayed on the weights given)" : "");
   }
-  fmt::print("replayed on {} in {} mode: {} steps, {} compared\n", r.backend, o.mode,
-             r.steps_replayed, r.steps_compared);
+  fmt::print("replayed on {}{} in {} mode: {} steps, {} compared\n", r.backend,
+             r.tp_degree > 1 || h.tp_degree > 1
+                 ? fmt::format(" at TP {} (recorded at TP {})", r.tp_degree, h.tp_degree)
+                 : std::string(),
+             o.mode, r.steps_replayed, r.steps_compared);
   if (o.isolate && h.backend != "cpu") {
     fmt::print("note: --isolate assumes batch invariance, which the {} backend that recorded this "
                "trace does not guarantee\n", h.backend);
@@ -97,11 +102,12 @@ int run_replay(const ReplayCliOptions& o) {
   options.until_step = o.until;
   options.isolate = o.isolate;
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
+  if (o.tp_degree > 0) options.tp_degree = o.tp_degree;
   if (o.backend != "cpu") {
     options.make_backend = [name = o.backend](const ModelWeights& weights,
                                               const ExecutorConfig& limits,
-                                              const std::string& drafter) {
-      return make_backend(name, weights, limits, drafter);
+                                              const std::string& drafter, int32_t tp_degree) {
+      return make_backend(name, weights, limits, drafter, false, tp_degree);
     };
   }
   const bool tty = isatty(STDERR_FILENO) != 0;
@@ -157,6 +163,11 @@ std::function<int()> add_replay_command(CLI::App& app) {
                               "recorded the trace",
                               fmt::join(backend_names(), ", ")))
       ->check(backend_validator())
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp_degree,
+                  "Tensor-parallel degree to replay at (0 = the recorded one); exact mode refuses "
+                  "another, teacher-forced mode measures the agreement across degrees")
+      ->check(CLI::Range(0, kTpDegreeMax))
       ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No progress line");
   cmd->add_option("--json", o->json,

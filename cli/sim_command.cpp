@@ -7,6 +7,7 @@
 #include "cli/sweep_results.h"
 #include "core/check.h"
 #include "core/model/weights.h"
+#include "core/tensor_parallel.h"
 #include "sim/sweep.h"
 #include "sim/trace_recording.h"
 
@@ -35,6 +36,7 @@ struct SimOptions {
   std::string shard;    // "I/N": the seeds of --seeds whose index in the range is I mod N
   std::string results;  // JSONL, one line per seed
   std::string junit;    // JUnit XML
+  int32_t tp_degree = 1;
 };
 
 // Seeds A..B split over N shards: shard I runs the seeds whose index (seed − A) is I mod N, so
@@ -50,6 +52,7 @@ sim::SimOverrides overrides_of(const SimOptions& o) {
   sim::SimOverrides v;
   if (o.requests > 0) v.requests_count = o.requests;
   v.speculative = o.spec;
+  v.tp_degree = o.tp_degree;
   if (!o.drafter.empty()) {
     LS_REQUIRE(o.spec, "--drafter {} needs --spec (speculative mode)", o.drafter);
     v.drafter = sim::sim_drafter_named(o.drafter);
@@ -97,7 +100,7 @@ sim::WorldOptions world_options(const SimOptions& o) {
                "proposes the simulated run's reference continuations); --backend {} runs the "
                "n-gram drafter or none: add --drafter ngram, or drop --backend {} for this seed",
                p.seed, name, name);
-    return make_backend(name, weights, limits, p.drafter_name());
+    return make_backend(name, weights, limits, p.drafter_name(), false, p.tp_degree);
   };
   return world;
 }
@@ -209,6 +212,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
         trace::make_trace_header(weights, source, sim::executor_config_for(params), o.backend,
                                  machine_info_for(o.backend));
     header.drafter = params.drafter_name();
+    header.tp_degree = params.tp_degree;
     header.step_clock = "simulated";  // the world's clock: a recorded seed's trace is deterministic
     header.device_timer = "simulated";
     recorder = trace::Recorder::open(o.record, header);
@@ -311,6 +315,11 @@ std::function<int()> add_sim_command(CLI::App& app) {
                               "oracle-mix, not --stub-model)",
                               fmt::join(backend_names(), ", ")))
       ->check(backend_validator())
+      ->capture_default_str();
+  cmd->add_option("--tp", o->tp_degree,
+                  "Tensor-parallel degree: the CPU reference simulates N ranks (Megatron sharding, "
+                  "fixed-order all-reduce); the model (tiny) must shard N ways")
+      ->check(CLI::Range(1, kTpDegreeMax))
       ->capture_default_str();
   cmd->footer(kExitStatusHelp);
   return [cmd, o, seed]() {

@@ -66,7 +66,8 @@ void print_header(const trace::TraceHeader& h) {
              e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
              e.verify_width, e.prefill_chunk_tokens, h.drafter.empty() ? "none" : h.drafter);
   if (!h.step_clock.empty()) fmt::print("step stats: clock {}, device timer {}\n", h.step_clock, h.device_timer);
-  fmt::print("backend {} ({}), machine: {}{}\n", h.backend, h.determinism_mode, h.machine.cpu_name,
+  fmt::print("backend {} ({}, TP {}), machine: {}{}\n", h.backend, h.determinism_mode, h.tp_degree,
+             h.machine.cpu_name,
              h.machine.gpu_name.empty() ? "" : fmt::format(", {} ({} SMs, driver {}, CUDA {}, cuBLAS {})",
                                                            h.machine.gpu_name, h.machine.sm_count,
                                                            h.machine.driver_version, h.machine.cuda_version,

@@ -14,15 +14,18 @@ constexpr float kSanitisedMagnitude = 1e30f;
 
 CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
                        std::unique_ptr<Verifier> verifier, bool stub_model,
-                       std::unique_ptr<Drafter> drafter)
+                       std::unique_ptr<Drafter> drafter, int32_t tp_degree)
     : config_(config),
       vocab_size_(weights.config.vocab_size),
       table_width_(config.table_width()),
-      model_(weights, config),
+      model_(weights, config, tp_degree),
       verifier_(verifier ? std::move(verifier) : std::make_unique<StandardVerifier>()),
       stub_model_(stub_model),
       drafter_(std::move(drafter)),
       history_capacity_(config.context_length + config.verify_width) {
+  // The stub computes no layers, so it has nothing to shard: a TP claim over it would be empty.
+  LS_REQUIRE(!stub_model || tp_degree == 1,
+             "--tp {}: the stub model (control plane only) has no layers to shard", tp_degree);
   const size_t rows = static_cast<size_t>(config.pool_rows_count());
   const size_t tokens = static_cast<size_t>(config.step_tokens_max());
   table_.assign(rows * table_width_, 0);
@@ -127,8 +130,9 @@ void CpuBackend::write_history(int32_t rpi, int32_t position, int32_t token) {
 }
 
 void CpuBackend::forward(const StepPlan& plan) {
-  if (plan.rows_count == 0) return;
   if (stub_model_) return stub_forward(plan);
+  // An IDLE step (no rows) still runs the model with no tokens: the seed's execute_idle_forward,
+  // which keeps a data-parallel rank's collectives in step with its TP group's busy ranks.
   const size_t t = static_cast<size_t>(plan.tokens_count);
   const ForwardTokens tokens{
       .input_ids = std::span<const int32_t>(input_ids_.data(), t),

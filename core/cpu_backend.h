@@ -18,13 +18,18 @@ class CpuBackend final : public Backend {
   // token's id and position) while every state rule still runs: the control plane alone.
   // `drafter` proposes the next round's drafts inside each step; null (or W = 1) means none: the
   // next round's columns all repeat the last emitted token.
+  // `tp_degree`: the tensor-parallel ranks the model simulates (core/tensor_parallel.h); ls::Error
+  // naming the field when the model cannot shard that way, or when the stub model is asked to.
   CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
              std::unique_ptr<Verifier> verifier = nullptr, bool stub_model = false,
-             std::unique_ptr<Drafter> drafter = nullptr);
+             std::unique_ptr<Drafter> drafter = nullptr, int32_t tp_degree = 1);
 
   std::string name() const override { return "cpu"; }
   // What a trace header records: the drafter's name, or "none".
   std::string drafter_name() const;
+  int32_t tp_degree() const { return model_.tp_degree(); }
+  // The collectives the last forward issued (an IDLE step issues the same ones, with no rows).
+  const std::vector<CollectiveCall>& collectives() const { return model_.collectives(); }
   void apply_table_writes(const StepPlan& plan) override;
   void reset_lengths(const StepPlan& plan) override;
   void fill_inputs(const StepPlan& plan) override;

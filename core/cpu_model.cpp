@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/host_memory.h"
 #include "core/step_plan.h"
+#include "core/tensor_parallel.h"
 
 #include <cmath>
 
@@ -22,9 +23,22 @@ float dot(const float* a, const float* b, int32_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-// y[o] = W[o, :] · x for a row-major [out, in] matrix.
-void matvec(const std::vector<float>& w, const float* x, int32_t out, int32_t in, float* y) {
-  for (int32_t o = 0; o < out; ++o) y[o] = dot(w.data() + static_cast<size_t>(o) * in, x, in);
+// The column-parallel shard of y = W x for a row-major [out, in] matrix: y[o] = W[o, :] · x for
+// the output elements o in `rows` only — each the same dot product the whole matrix computes.
+void matvec_rows(const std::vector<float>& w, const float* x, int32_t in, ShardRange rows,
+                 float* y) {
+  for (int32_t o = rows.begin; o < rows.end(); ++o) {
+    y[o] = dot(w.data() + static_cast<size_t>(o) * in, x, in);
+  }
+}
+
+// The row-parallel partial of y = W x for a row-major [out, in] matrix: y[o] = W[o, cols] · x[cols]
+// for every output o, over the input slice `cols` of one rank; the all-reduce adds the ranks'.
+void matvec_partial(const std::vector<float>& w, const float* x, int32_t out, int32_t in,
+                    ShardRange cols, float* y) {
+  for (int32_t o = 0; o < out; ++o) {
+    y[o] = dot(w.data() + static_cast<size_t>(o) * in + cols.begin, x + cols.begin, cols.count);
+  }
 }
 
 void rms_norm(const float* x, const std::vector<float>& weight, int32_t n, float eps, float* y) {
@@ -33,20 +47,27 @@ void rms_norm(const float* x, const std::vector<float>& weight, int32_t n, float
   for (int32_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
 }
 
-void add_bias(const std::vector<float>& bias, float* y) {
-  for (size_t i = 0; i < bias.size(); ++i) y[i] += bias[i];
+void add_bias(const std::vector<float>& bias, ShardRange rows, float* y) {
+  for (int32_t i = rows.begin; i < rows.end(); ++i) y[i] += bias[i];
+}
+
+// Heads [begin, end) of `heads` as the element range of a [heads, head_dim] vector.
+ShardRange head_elements(ShardRange heads, int32_t head_dim) {
+  return {heads.begin * head_dim, heads.count * head_dim};
 }
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
-CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config)
+CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, int32_t tp_degree)
     : weights_(weights),
       model_(weights.config),
       limits_(config),
       rope_(build_rope_table(model_.rope(), model_.head_dim,
-                             config.table_width() * config.page_size)) {
+                             config.table_width() * config.page_size)),
+      tp_(make_tp_layout(weights.config, tp_degree)),
+      group_(tp_degree, kCollectivesPerLayer * weights.config.layers_count + 1) {
   weights.validate();
   config.validate();
   check_context_length(model_, config.context_length, /*allow_beyond_max_positions=*/true);
@@ -64,6 +85,8 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config)
                   0.0f);
   residual_.resize(tokens * model_.hidden_size);
   normed_.resize(tokens * model_.hidden_size);
+  partials_.resize(static_cast<size_t>(tp_degree) * tokens * model_.hidden_size);
+  reduced_.resize(tokens * model_.hidden_size);
   q_.resize(tokens * model_.q_size());
   attn_out_.resize(static_cast<size_t>(model_.q_size()));
   gate_.resize(static_cast<size_t>(model_.ffn_size));
@@ -100,13 +123,17 @@ void CpuModel::forward(const ForwardTokens& tokens, std::span<const int32_t> tab
                        std::span<float> logits) {
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
   const int32_t h = model_.hidden_size;
-  const int32_t v = model_.vocab_size;
   LS_ASSERT(count <= limits_.step_tokens_max(), "{} tokens", count);
-  LS_ASSERT(logits.size() >= tokens.logits_token_index.size() * v, "logits buffer too small");
+  LS_ASSERT(logits.size() >= tokens.logits_token_index.size() * model_.vocab_size,
+            "logits buffer too small");
+  group_.begin_forward();
+  // The embedding is replicated on every rank (a vocabulary-parallel lookup adds one non-zero row
+  // to zeros: the same bits).
   for (int32_t t = 0; t < count; ++t) {
     const float* row = weights_.embedding.data() + static_cast<size_t>(tokens.input_ids[t]) * h;
     std::copy(row, row + h, residual_.data() + static_cast<size_t>(t) * h);
   }
+  // With no tokens (an IDLE forward) every layer still issues its collectives, with no rows.
   for (int32_t layer = 0; layer < model_.layers_count; ++layer) {
     // All K/V of the layer are written before any token attends, so a token inside a prefill
     // chunk sees the earlier tokens of its own chunk exactly as a decode step would.
@@ -114,81 +141,123 @@ void CpuModel::forward(const ForwardTokens& tokens, std::span<const int32_t> tab
     attention_layer_out(layer, tokens, table);
     ffn_layer(layer, count);
   }
-  const std::span<const float> head = weights_.lm_head_view();
-  std::vector<float>& normed = normed_;
-  for (size_t r = 0; r < tokens.logits_token_index.size(); ++r) {
-    const int32_t t = tokens.logits_token_index[r];
-    rms_norm(residual_.data() + static_cast<size_t>(t) * h, weights_.final_norm, h, model_.rms_eps,
-             normed.data());
-    for (int32_t o = 0; o < v; ++o) {
-      logits[r * v + o] = dot(head.data() + static_cast<size_t>(o) * h, normed.data(), h);
-    }
-  }
+  lm_head(tokens.logits_token_index, logits);
 }
 
+// Each rank computes the logits of its vocabulary shard for every row, in place in `logits`
+// [rows, V]; the all-gather puts the shards side by side, so the logits equal TP 1's bit for bit.
+void CpuModel::lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits) {
+  const int32_t h = model_.hidden_size;
+  const int32_t v = model_.vocab_size;
+  const std::span<const float> head = weights_.lm_head_view();
+  const size_t rows = logits_token_index.size();
+  for (size_t r = 0; r < rows; ++r) {
+    rms_norm(residual_.data() + static_cast<size_t>(logits_token_index[r]) * h,
+             weights_.final_norm, h, model_.rms_eps, normed_.data() + r * h);
+  }
+  for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
+    const ShardRange shard = tp_.vocab(rank);
+    for (size_t r = 0; r < rows; ++r) {
+      for (int32_t o = shard.begin; o < shard.end(); ++o) {
+        logits[r * v + o] = dot(head.data() + static_cast<size_t>(o) * h, normed_.data() + r * h, h);
+      }
+    }
+  }
+  group_.all_gather(static_cast<int64_t>(rows) * tp_.vocab(0).count);
+}
+
+// The all-reduce after a row-parallel layer: the ranks' partials [degree, tokens, h] summed in
+// rank order into reduced_, then added to the residual stream.
+void CpuModel::reduce_into_residual(int32_t tokens_count) {
+  const size_t n = static_cast<size_t>(tokens_count) * model_.hidden_size;
+  group_.all_reduce_sum(std::span<const float>(partials_.data(), n * tp_.degree()),
+                        std::span<float>(reduced_.data(), n));
+  for (size_t i = 0; i < n; ++i) residual_[i] += reduced_[i];
+}
+
+float* CpuModel::partial_at(int32_t rank, int32_t token, int32_t tokens_count) {
+  return partials_.data() + (static_cast<size_t>(rank) * tokens_count + token) * model_.hidden_size;
+}
+
+// Column-parallel q/k/v: each rank computes its query heads and kv heads (whole heads, so the
+// per-head norm and RoPE stay on the rank) from the replicated normed input.
 void CpuModel::attention_layer_qkv(int32_t layer, const ForwardTokens& tokens) {
   const LayerWeights& w = weights_.layers[layer];
   const int32_t h = model_.hidden_size;
-  const int32_t d = model_.head_dim;
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
   for (int32_t t = 0; t < count; ++t) {
     float* normed = normed_.data() + static_cast<size_t>(t) * h;
     rms_norm(residual_.data() + static_cast<size_t>(t) * h, w.attn_norm, h, model_.rms_eps, normed);
-    float* q = q_.data() + static_cast<size_t>(t) * model_.q_size();
-    float* k = kv_at(tokens.slots[t], layer, 0);
-    float* v = kv_at(tokens.slots[t], layer, 1);
-    matvec(w.wq, normed, model_.q_size(), h, q);
-    matvec(w.wk, normed, model_.kv_size(), h, k);
-    matvec(w.wv, normed, model_.kv_size(), h, v);
-    if (model_.qkv_bias) {
-      add_bias(w.q_bias, q), add_bias(w.k_bias, k), add_bias(w.v_bias, v);
-    }
-    if (model_.qk_norm) {
-      // Qwen3: RMSNorm over each head's head_dim, one weight shared by the heads, before RoPE.
-      for (int32_t head = 0; head < model_.query_heads_count; ++head) {
-        rms_norm(q + head * d, w.q_norm, d, model_.rms_eps, q + head * d);
-      }
-      for (int32_t head = 0; head < model_.kv_heads_count; ++head) {
-        rms_norm(k + head * d, w.k_norm, d, model_.rms_eps, k + head * d);
-      }
-    }
     const int32_t position = std::min(tokens.positions[t], rope_.positions_count - 1);
-    for (int32_t head = 0; head < model_.query_heads_count; ++head) {
-      apply_rope(rope_, position, q + head * d);
-    }
-    for (int32_t head = 0; head < model_.kv_heads_count; ++head) {
-      apply_rope(rope_, position, k + head * d);
+    for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
+      rank_qkv(w, normed, tp_.query_heads(rank), tp_.kv_heads(rank), position,
+               q_.data() + static_cast<size_t>(t) * model_.q_size(),
+               kv_at(tokens.slots[t], layer, 0), kv_at(tokens.slots[t], layer, 1));
     }
   }
 }
 
+// One rank's share of one token's q/k/v: the heads `q_heads` of q and `kv_heads` of k and v.
+void CpuModel::rank_qkv(const LayerWeights& w, const float* normed, ShardRange q_heads,
+                        ShardRange kv_heads, int32_t position, float* q, float* k, float* v) {
+  const int32_t h = model_.hidden_size;
+  const int32_t d = model_.head_dim;
+  const ShardRange q_rows = head_elements(q_heads, d);
+  const ShardRange kv_rows = head_elements(kv_heads, d);
+  matvec_rows(w.wq, normed, h, q_rows, q);
+  matvec_rows(w.wk, normed, h, kv_rows, k);
+  matvec_rows(w.wv, normed, h, kv_rows, v);
+  if (model_.qkv_bias) {
+    add_bias(w.q_bias, q_rows, q), add_bias(w.k_bias, kv_rows, k), add_bias(w.v_bias, kv_rows, v);
+  }
+  if (model_.qk_norm) {
+    // Qwen3: RMSNorm over each head's head_dim, one weight shared by the heads, before RoPE.
+    for (int32_t head = q_heads.begin; head < q_heads.end(); ++head) {
+      rms_norm(q + head * d, w.q_norm, d, model_.rms_eps, q + head * d);
+    }
+    for (int32_t head = kv_heads.begin; head < kv_heads.end(); ++head) {
+      rms_norm(k + head * d, w.k_norm, d, model_.rms_eps, k + head * d);
+    }
+  }
+  for (int32_t head = q_heads.begin; head < q_heads.end(); ++head) {
+    apply_rope(rope_, position, q + head * d);
+  }
+  for (int32_t head = kv_heads.begin; head < kv_heads.end(); ++head) {
+    apply_rope(rope_, position, k + head * d);
+  }
+}
+
+// Each rank attends with its query heads (their kv heads are its own) and multiplies its slice of
+// the attention output by its columns of o (row-parallel); the all-reduce sums the partials.
 void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
                                    std::span<const int32_t> table) {
   const LayerWeights& w = weights_.layers[layer];
   const int32_t h = model_.hidden_size;
   const int32_t width = limits_.table_width();
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
-  for (int32_t t = 0; t < count; ++t) {
-    const std::span<const int32_t> table_row =
-        table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
-    attend(layer, t, tokens.positions[t], table_row, attn_out_.data());
-    float* residual = residual_.data() + static_cast<size_t>(t) * h;
-    float* projected = normed_.data() + static_cast<size_t>(t) * h;
-    matvec(w.wo, attn_out_.data(), h, model_.q_size(), projected);
-    for (int32_t i = 0; i < h; ++i) residual[i] += projected[i];
+  for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
+    const ShardRange heads = tp_.query_heads(rank);
+    for (int32_t t = 0; t < count; ++t) {
+      const std::span<const int32_t> table_row =
+          table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
+      attend(layer, t, tokens.positions[t], table_row, heads, attn_out_.data());
+      matvec_partial(w.wo, attn_out_.data(), h, model_.q_size(),
+                     head_elements(heads, model_.head_dim), partial_at(rank, t, count));
+    }
   }
+  reduce_into_residual(count);
 }
 
 // Causal attention for one token over positions 0..position of its own request, keys walked in
 // ascending position: max, then exp and sum, then the weighted value sum — one fixed order.
 void CpuModel::attend(int32_t layer, int32_t token, int32_t position,
-                      std::span<const int32_t> table_row, float* out) {
+                      std::span<const int32_t> table_row, ShardRange heads, float* out) {
   const int32_t d = model_.head_dim;
   const int32_t group = model_.query_heads_count / model_.kv_heads_count;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const int32_t keys = std::min(position, rope_.positions_count - 1) + 1;
   const float* q_token = q_.data() + static_cast<size_t>(token) * model_.q_size();
-  for (int32_t head = 0; head < model_.query_heads_count; ++head) {
+  for (int32_t head = heads.begin; head < heads.end(); ++head) {
     const int32_t kv_head = head / group;
     const float* q = q_token + head * d;
     float max_score = -INFINITY;
@@ -212,20 +281,27 @@ void CpuModel::attend(int32_t layer, int32_t token, int32_t position,
   }
 }
 
+// Column-parallel gate/up and row-parallel down: each rank computes its ffn columns of the SwiGLU
+// and their partial down projection; the all-reduce sums the partials.
 void CpuModel::ffn_layer(int32_t layer, int32_t tokens_count) {
   const LayerWeights& w = weights_.layers[layer];
   const int32_t h = model_.hidden_size;
   const int32_t f = model_.ffn_size;
   for (int32_t t = 0; t < tokens_count; ++t) {
-    float* residual = residual_.data() + static_cast<size_t>(t) * h;
-    float* normed = normed_.data() + static_cast<size_t>(t) * h;
-    rms_norm(residual, w.ffn_norm, h, model_.rms_eps, normed);
-    matvec(w.w_gate, normed, f, h, gate_.data());
-    matvec(w.w_up, normed, f, h, up_.data());
-    for (int32_t i = 0; i < f; ++i) gate_[i] = silu(gate_[i]) * up_[i];
-    matvec(w.w_down, gate_.data(), h, f, normed);
-    for (int32_t i = 0; i < h; ++i) residual[i] += normed[i];
+    const size_t offset = static_cast<size_t>(t) * h;
+    rms_norm(residual_.data() + offset, w.ffn_norm, h, model_.rms_eps, normed_.data() + offset);
   }
+  for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
+    const ShardRange columns = tp_.ffn(rank);
+    for (int32_t t = 0; t < tokens_count; ++t) {
+      const float* normed = normed_.data() + static_cast<size_t>(t) * h;
+      matvec_rows(w.w_gate, normed, h, columns, gate_.data());
+      matvec_rows(w.w_up, normed, h, columns, up_.data());
+      for (int32_t i = columns.begin; i < columns.end(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+      matvec_partial(w.w_down, gate_.data(), h, f, columns, partial_at(rank, t, tokens_count));
+    }
+  }
+  reduce_into_residual(tokens_count);
 }
 
 }  // namespace ls

@@ -5,12 +5,16 @@
 // walks keys in ascending position with a fixed-order softmax. So a request's logits are
 // bit-identical whatever else is in the batch, however its prompt was chunked, and whichever pool
 // row it sits in — the property every CUDA kernel is checked against.
+//
+// Tensor parallelism is simulated in the one process (core/tensor_parallel.h): each rank computes
+// its shard of every layer and the row-parallel partials meet in a fixed-order all-reduce.
 #pragma once
 
 #include "core/cache_op.h"
 #include "core/config.h"
 #include "core/model/rope.h"
 #include "core/model/weights.h"
+#include "core/tensor_parallel.h"
 
 #include <cstdint>
 #include <span>
@@ -29,7 +33,11 @@ struct ForwardTokens {
 
 class CpuModel {
  public:
-  CpuModel(const ModelWeights& weights, const ExecutorConfig& config);
+  // `tp_degree`: the ranks simulated; ls::Error naming the field when the model cannot shard.
+  CpuModel(const ModelWeights& weights, const ExecutorConfig& config, int32_t tp_degree = 1);
+
+  // The collectives a TP group issues per layer: the all-reduces after o and after down.
+  static constexpr int32_t kCollectivesPerLayer = 2;
 
   // Runs every layer over the step's tokens, writing K/V at their slots, and fills
   // `logits` [rows, V]. `table` is the [pool rows, Wp] block table used to find earlier keys.
@@ -39,26 +47,38 @@ class CpuModel {
   int64_t kv_slots_count() const { return kv_slots_count_; }
   // Copies whole pages between the device KV pool and the host pool.
   void copy_pages(const CacheOp& op);
+  int32_t tp_degree() const { return tp_.degree(); }
+  // The collectives the last forward issued, in order (tests: an IDLE forward issues the same).
+  const std::vector<CollectiveCall>& collectives() const { return group_.calls(); }
 
  private:
   void attention_layer_qkv(int32_t layer, const ForwardTokens& tokens);
   void attention_layer_out(int32_t layer, const ForwardTokens& tokens,
                            std::span<const int32_t> table);
+  void rank_qkv(const LayerWeights& w, const float* normed, ShardRange q_heads,
+                ShardRange kv_heads, int32_t position, float* q, float* k, float* v);
   void ffn_layer(int32_t layer, int32_t tokens_count);
+  void lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits);
+  void reduce_into_residual(int32_t tokens_count);
+  float* partial_at(int32_t rank, int32_t token, int32_t tokens_count);
   void attend(int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
-              float* out);
+              ShardRange heads, float* out);
   float* kv_at(int64_t slot, int32_t layer, int32_t which);
 
   const ModelWeights& weights_;
   ModelConfig model_;
   ExecutorConfig limits_;
   RopeTable rope_;
+  TpLayout tp_;
+  CpuTpGroup group_;
   int64_t kv_slots_count_ = 0;
 
   std::vector<float> kv_;         // [slots, layers, 2, kv_size] K then V per layer
   std::vector<float> host_kv_;    // [host pages · P, layers, 2, kv_size]
   std::vector<float> residual_;   // [step_tokens_max, hidden]
   std::vector<float> normed_;     // [step_tokens_max, hidden]
+  std::vector<float> partials_;   // [tp degree, step_tokens, hidden] row-parallel partial sums
+  std::vector<float> reduced_;    // [step_tokens_max, hidden] their all-reduce
   std::vector<float> q_;          // [step_tokens_max, q_size]
   std::vector<float> attn_out_;   // [q_size] one token at a time
   std::vector<float> gate_;       // [ffn]

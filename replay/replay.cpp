@@ -78,9 +78,12 @@ const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights
 std::unique_ptr<Backend> make_replay_backend(const ReplayOptions& options,
                                              const ModelWeights& weights,
                                              const trace::TraceHeader& header) {
-  if (options.make_backend) return options.make_backend(weights, header.executor, header.drafter);
+  const int32_t tp_degree = replay_tp_degree(options, header);
+  if (options.make_backend) {
+    return options.make_backend(weights, header.executor, header.drafter, tp_degree);
+  }
   return std::make_unique<CpuBackend>(weights, header.executor, nullptr, false,
-                                      make_drafter(header.drafter));
+                                      make_drafter(header.drafter), tp_degree);
 }
 
 // The replaying executor computes what the recording one did (digests, top-k, the rows' state);
@@ -105,6 +108,7 @@ class Replayer {
                   replay_executor_options(reader_.header(), options.mode)) {
     report_.header = reader_.header();
     report_.backend = backend_->name();
+    report_.tp_degree = replay_tp_degree(options, reader_.header());
   }
 
   ReplayReport run() {
@@ -351,6 +355,10 @@ class Replayer {
 
 }  // namespace
 
+int32_t replay_tp_degree(const ReplayOptions& options, const trace::TraceHeader& header) {
+  return options.tp_degree.value_or(header.tp_degree);
+}
+
 ReplayReport replay_trace(const std::filesystem::path& path, const ReplayOptions& options) {
   return replay_trace(trace::TraceReader::open(path), options);
 }
@@ -362,6 +370,12 @@ ReplayReport replay_trace(trace::TraceReader reader, const ReplayOptions& option
              "lockstep's executor is not built to reproduce bit for bit and whose state digests "
              "were not recorded; replay it with --mode teacher-forced to measure the agreement",
              h.foreign_executor);
+  const int32_t tp_degree = replay_tp_degree(options, h);
+  LS_REQUIRE(options.mode != ReplayMode::kExact || tp_degree == h.tp_degree,
+             "exact replay refuses --tp {}: the trace was recorded at tensor-parallel degree {}, "
+             "and TP {} equals TP {} only within a tolerance (the all-reduce adds in another "
+             "order); replay it at --tp {}, or with --mode teacher-forced to measure the agreement",
+             tp_degree, h.tp_degree, tp_degree, h.tp_degree, h.tp_degree);
   Replayer replayer(std::move(reader), options);
   return replayer.run();
 }

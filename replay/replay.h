@@ -36,11 +36,15 @@ struct ReplayOptions {
   // Weights already in memory (tools replaying many traces of one model); still checked against
   // the recorded digest. Borrowed: must outlive the replay.
   const ModelWeights* weights = nullptr;
-  // The backend to replay on, built from the (checked) weights, the recorded executor limits and
-  // the recorded drafter's name (TraceHeader::drafter); null: the CPU reference with that drafter.
+  // The tensor-parallel degree to replay at; nullopt: the recorded one (TraceHeader::tp_degree).
+  // Exact mode refuses a degree other than the recorded one.
+  std::optional<int32_t> tp_degree;
+  // The backend to replay on, built from the (checked) weights, the recorded executor limits,
+  // the recorded drafter's name (TraceHeader::drafter) and the replay's TP degree; null: the CPU
+  // reference with that drafter at that degree.
   // (replay/ links no backend but the CPU one; the CLI passes CUDA's.)
   std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&,
-                                         const std::string& drafter)>
+                                         const std::string& drafter, int32_t tp_degree)>
       make_backend;
   std::function<void(int64_t steps_done, uint64_t bytes_done, uint64_t bytes_total)> on_progress;
 };
@@ -57,6 +61,7 @@ struct StepAgreement {
 struct ReplayReport {
   trace::TraceHeader header;
   std::string backend;                      // what replayed it
+  int32_t tp_degree = 1;                    // the tensor-parallel degree it replayed at
   int64_t steps_replayed = 0;
   int64_t steps_compared = 0;               // steps whose output record was compared
   std::optional<Divergence> divergence;     // exact mode: the first one
@@ -71,6 +76,9 @@ struct ReplayReport {
 
   bool identical() const { return !divergence && tokens_equal == tokens_count; }
 };
+
+// The degree a replay runs at: options.tp_degree, else the recorded one.
+int32_t replay_tp_degree(const ReplayOptions& options, const trace::TraceHeader& header);
 
 // Throws ls::Error when the trace is unusable (bad header, corrupt record, weights that do not
 // match the recorded digest); a truncated tail is not an error (see the report's truncation).

@@ -1,6 +1,7 @@
 #include "replay/replay_json.h"
 
 #include "core/check.h"
+#include "core/tensor_parallel.h"
 
 #include <fmt/format.h>
 
@@ -15,7 +16,7 @@ using Json = nlohmann::ordered_json;
 
 constexpr const char* kKind = "lockstep-replay";
 const std::set<std::string, std::less<>> kKeys = {
-    "kind", "trace", "trace_bytes", "weights_digest", "build_id", "mode", "backend", "verdict",
+    "kind", "trace", "trace_bytes", "weights_digest", "build_id", "mode", "backend", "tp_degree", "verdict",
     "steps_replayed", "steps_compared", "divergence", "truncation", "teacher_forced"};
 const std::set<std::string, std::less<>> kDivergenceKeys = {"step", "request_id", "row", "field",
                                                             "expected", "actual", "replay_until"};
@@ -103,6 +104,7 @@ Json replay_result_json(const ReplayReport& r, ReplayMode mode, const ReplayedTr
               {"build_id", r.header.build_id},
               {"mode", exact ? "exact" : "teacher-forced"},
               {"backend", r.backend},
+              {"tp_degree", r.tp_degree},
               {"verdict", verdict},
               {"steps_replayed", r.steps_replayed},
               {"steps_compared", r.steps_compared},
@@ -137,6 +139,10 @@ ReplayResultSummary read_replay_result(const std::filesystem::path& path, const 
   if (!f.at("truncation").is_null()) f.text("truncation");
   ReplayResultSummary s{.mode = f.text("mode"), .verdict = f.text("verdict"), .backend = f.text("backend"),
                         .steps_replayed = f.integer("steps_replayed"), .steps_compared = f.integer("steps_compared")};
+  s.tp_degree = f.integer("tp_degree");
+  if (s.tp_degree < 1 || s.tp_degree > kTpDegreeMax) {
+    f.refuse("tp_degree", fmt::format("expected 1..{}", kTpDegreeMax));
+  }
   if (s.mode != "exact" && s.mode != "teacher-forced") f.refuse("mode", "expected exact or teacher-forced");
   if (s.verdict != "identical" && s.verdict != "diverged" && s.verdict != "disagreed") {
     f.refuse("verdict", "expected identical, diverged or disagreed");

@@ -29,6 +29,7 @@ struct ReplayResultSummary {
   std::string mode;     // "exact" or "teacher-forced"
   std::string verdict;  // "identical", "diverged", "disagreed"
   std::string backend;
+  int64_t tp_degree = 1;  // the tensor-parallel degree it replayed at
   int64_t steps_replayed = 0;
   int64_t steps_compared = 0;
   std::optional<Divergence> divergence;

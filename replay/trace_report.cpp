@@ -571,6 +571,7 @@ Json trace_facts(const std::filesystem::path& path, const trace::TraceReader& re
               {"determinism_mode", h.determinism_mode},
               {"machine", h.machine.gpu_name.empty() ? h.machine.cpu_name : h.machine.gpu_name},
               {"drafter", h.drafter.empty() ? "none" : h.drafter},
+              {"tp_degree", h.tp_degree},
               {"verify_width", e.verify_width},
               {"max_batch_rows", e.max_batch_rows},
               {"context_length", e.context_length},
@@ -592,6 +593,7 @@ Json replay_facts(const ReplayResultSummary& r) {
   return Json{{"mode", r.mode},
               {"verdict", r.verdict},
               {"backend", r.backend},
+              {"tp_degree", r.tp_degree},
               {"steps_compared", r.steps_compared},
               {"token_agreement", r.token_agreement ? Json(*r.token_agreement) : Json(nullptr)},
               {"divergence", divergence}};

@@ -54,7 +54,8 @@ References reference_continuations(const SimParams& params, const ModelWeights& 
   plain.pages_count = params.max_batch_rows * ((params.context_length + 2) / params.page_size + 2) + 1;
   const SchedulerConfig sc = scheduler_config_for(plain);
   const ExecutorConfig ec = ls::executor_config_for(sc);
-  CpuBackend backend(weights, ec, nullptr, stub_model);
+  // At the world's TP degree: the references are the tokens the world's greedy rows compute.
+  CpuBackend backend(weights, ec, nullptr, stub_model, nullptr, params.tp_degree);
   Executor executor(ec, weights.config.vocab_size, backend);
   Scheduler scheduler(sc);
   // Only greedy requests have one true continuation; a sampled request's drafts are all junk.

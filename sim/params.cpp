@@ -87,6 +87,7 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
     }
   }
   p.fault_rate = p.faults.empty() ? 0.0 : 0.02 + 0.08 * r.uniform();
+  p.tp_degree = overrides.tp_degree;  // drawn last and from nothing: every other draw is unchanged
   if (std::find(p.faults.begin(), p.faults.end(), FaultSite::kPagePressure) != p.faults.end()) {
     // Room for about two full contexts: decode growth runs out of pages and must retract.
     p.pages_count = std::max(2 * pages_per_row, 4) + 1;
@@ -115,6 +116,9 @@ std::string SimParams::describe() const {
   const std::string speculative =
       verify_width > 1 ? fmt::format("\n  speculative: W {}, drafter {}", verify_width, drafter_name())
                        : std::string();
+  const std::string tensor_parallel =
+      tp_degree > 1 ? fmt::format("\n  tensor parallel: TP {} (simulated ranks)", tp_degree)
+                    : std::string();
   return fmt::format(
       "seed {}\n"
       "  requests {}, arrivals/step {:.3f}, prompt tokens [{}, {}], max_new_tokens [{}, {}]\n"
@@ -122,14 +126,14 @@ std::string SimParams::describe() const {
       "{:.1f}%\n"
       "  limits: B {}, L {}, P {}, pages {}, host pages {}, token budget {}\n"
       "  overlap {}, mixed batches {}, prefix cache {}\n"
-      "  faults: {} (rate {:.3f}/step){}",
+      "  faults: {} (rate {:.3f}/step){}{}",
       seed, requests_count, arrivals_per_step, prompt_tokens_min, prompt_tokens_max,
       max_new_tokens_min, max_new_tokens_max, shared_prefixes_count, shared_prefix_tokens,
       100 * shared_prefix_fraction, 100 * greedy_fraction, 100 * client_abort_fraction,
       max_batch_rows, context_length, page_size, pages_count, host_pages_count, prefill_chunk_tokens,
       overlap ? "on" : "off", mixed_batches ? "on" : "off", prefix_cache ? "on" : "off",
       fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate,
-      speculative);
+      speculative, tensor_parallel);
 }
 
 }  // namespace ls::sim

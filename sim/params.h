@@ -52,6 +52,8 @@ struct SimParams : SchedulerConfig {
   // Speculative decoding (off: W = 1 and no drafter).
   SimDrafter drafter = SimDrafter::kNone;
   double oracle_acceptance = 0;        // oracle-mix: chance that a draft is the true token
+  // Tensor parallelism: the ranks the CPU reference simulates (`lockstep sim --tp`; not drawn).
+  int32_t tp_degree = 1;
 
   // What a trace header records as the drafter: "none", "ngram" or "oracle-mix(p=0.50)".
   std::string drafter_name() const;
@@ -68,6 +70,7 @@ struct SimOverrides {
   // Speculative mode only: this drafter instead of the seed's (`lockstep sim --spec --drafter`);
   // W and the oracle-mix acceptance are still the seed's.
   std::optional<SimDrafter> drafter;
+  int32_t tp_degree = 1;  // `lockstep sim --tp`
 };
 
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides);

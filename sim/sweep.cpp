@@ -29,6 +29,7 @@ std::string reproduce_command(const SimParams& params, const SimOverrides& overr
     command += " --faults none";
   }
   if (overrides.speculative) command += " --spec";
+  if (overrides.tp_degree != 1) command += fmt::format(" --tp {}", overrides.tp_degree);
   if (overrides.drafter) {
     command += *overrides.drafter == SimDrafter::kNgram ? " --drafter ngram" : " --drafter oracle-mix";
   }

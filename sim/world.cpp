@@ -41,7 +41,8 @@ std::unique_ptr<Backend> make_world_backend(const SimParams& p, const ModelWeigh
                                             const ExecutorConfig& config) {
   if (options.make_backend) return options.make_backend(p, weights, config);
   return std::make_unique<CpuBackend>(weights, config, nullptr, options.stub_model,
-                                      make_sim_drafter(p, weights, options.stub_model));
+                                      make_sim_drafter(p, weights, options.stub_model),
+                                      p.tp_degree);
 }
 
 struct InFlight {

@@ -58,7 +58,8 @@ struct WorldOptions {
   int64_t max_steps = 20000;   // a run past this is a liveness failure
   ExecutorOptions executor_options;  // recording captures logits for their digests
   // The backend the world runs on, built over the world's weights and limits; null: the CPU
-  // reference with the seed's drafter (and the stub model when stub_model). sim/ links no other
+  // reference with the seed's drafter at the params' TP degree (and the stub model when
+  // stub_model). sim/ links no other
   // backend: the CLI passes CUDA's, which refuses (ls::Error) what it cannot run.
   std::function<std::unique_ptr<Backend>(const SimParams&, const ModelWeights&,
                                          const ExecutorConfig&)>

@@ -1,6 +1,7 @@
 #include "trace/checks.h"
 
 #include "core/check.h"
+#include "core/tensor_parallel.h"
 
 #include <xxhash.h>
 
@@ -25,6 +26,11 @@ void check_header(const TraceHeader& h) {
   LS_REQUIRE(h.weights.kind == WeightSource::Kind::kSeed ||
                  h.weights.kind == WeightSource::Kind::kDirectory,
              "header: weights.kind {} is unknown", static_cast<int>(h.weights.kind));
+  try {
+    make_tp_layout(h.model, h.tp_degree);  // the recorded degree must shard the recorded model
+  } catch (const Error& e) {
+    throw Error(fmt::format("header: tp_degree: {}", e.what()));
+  }
 }
 
 namespace {

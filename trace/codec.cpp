@@ -166,6 +166,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setForeignExecutor(h.foreign_executor);
   out.setStepClock(h.step_clock);
   out.setDeviceTimer(h.device_timer);
+  out.setTpDegree(h.tp_degree);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -236,6 +237,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.foreign_executor = text(in.getForeignExecutor());
   out.step_clock = text(in.getStepClock());
   out.device_timer = text(in.getDeviceTimer());
+  out.tp_degree = in.getTpDegree();
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());

@@ -62,6 +62,9 @@ struct TraceHeader {
   // "simulated"; deviceTimer "cuda-events", "host-clock" or "simulated".
   std::string step_clock;
   std::string device_timer;
+  // The tensor-parallel degree the outputs were computed at (core/tensor_parallel.h); 1 in traces
+  // from before the field.
+  int32_t tp_degree = 1;
 
   bool is_foreign() const { return !foreign_executor.empty(); }
 };

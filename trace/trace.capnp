@@ -87,6 +87,12 @@
 #   futureInputDigests[r]  XXH3-64, seed 0, over the W int32 future_input_map entries of op row
 #                          r's pool row after the step.
 #
+# TENSOR PARALLELISM (header.tpDegree = N > 1)
+#   The outputs were computed by N ranks with the weights split the Megatron way and the
+#   row-parallel partials (after o and after down) summed in rank order. Exact replay rebuilds
+#   the same degree (it refuses another: TP N equals TP 1 only within a tolerance); teacher-forced
+#   replay may run at any degree the model shards to. The reader checks 1 <= tpDegree <= 8.
+#
 # EVOLUTION
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
 #   reader ignores fields it does not know. `formatVersion` changes only when a reader of an
@@ -137,6 +143,9 @@ struct Header {
   stepClock @15 :Text;       # "steady" (the host's monotonic clock), "simulated" (the simulator's)
   deviceTimer @16 :Text;     # "cuda-events", "host-clock" (the CPU computes the step on the host
                              # thread: the clock is its timer), "simulated"
+  # Issue 18: the tensor-parallel degree the outputs were computed at, 1..8 (TENSOR PARALLELISM).
+  # A trace from before the field reads as 1, which it was.
+  tpDegree @17 :Int32 = 1;
 }
 
 struct ModelShape {

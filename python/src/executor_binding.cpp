@@ -7,6 +7,7 @@
 
 #include "core/check.h"
 #include "core/cpu_backend.h"
+#include "core/tensor_parallel.h"
 #include "core/drafter.h"
 #include "core/executor.h"
 #include "core/model/weights.h"
@@ -85,7 +86,7 @@ const std::vector<std::string>& executor_option_names() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> n = {"model", "backend", "weights_seed", "drafter", "want_logprobs",
                                   "capture_logits", "capture_next_input_ids", "cuda_graphs",
-                                  "context_beyond_max_positions"};
+                                  "context_beyond_max_positions", "tp"};
     n.insert(n.end(), executor_limit_names().begin(), executor_limit_names().end());
     return n;
   }();
@@ -127,11 +128,13 @@ class PyExecutor {
     capture_next_ = flag(f, "capture_next_input_ids", false);
     const bool graphs = flag(f, "cuda_graphs", true);
     const bool beyond_max_positions = flag(f, "context_beyond_max_positions", false);
+    tp_degree_ = field(f, "tp") ? to_int32(*field(f, "tp"), "Executor: tp") : 1;
+    make_tp_layout(weights_.config, tp_degree_);  // refuses, naming the field, what cannot shard
     LS_REQUIRE(backend_name_ == "cuda" || !field(f, "cuda_graphs"),
                "Executor: cuda_graphs applies to backend='cuda', not '{}'", backend_name_);
     for (const char* used : {"model", "backend", "weights_seed", "drafter", "want_logprobs",
                              "capture_logits", "capture_next_input_ids", "cuda_graphs",
-                             "context_beyond_max_positions"}) {
+                             "context_beyond_max_positions", "tp"}) {
       f.erase(used);
     }
     config_ = executor_config_from_fields(f, "Executor");
@@ -213,6 +216,7 @@ class PyExecutor {
         trace::make_trace_header(weights_, source_, config_, backend_->name(), machine_info());
     header.executor_options = options_;  // what this executor captures, not what a recording would ask
     header.drafter = drafter_;
+    header.tp_degree = tp_degree_;
     if (!options_.capture_logits) header.top_logits_count = 0;
     recorder_ = trace::Recorder::open(path, header);
   }
@@ -225,6 +229,8 @@ class PyExecutor {
     recorder_->close();
     recorder_.reset();
   }
+
+  int32_t tp_degree() const { return tp_degree_; }
 
   py::dict read_state(const std::vector<int32_t>& pool_rows) {
     for (size_t i = 0; i < pool_rows.size(); ++i) {
@@ -335,10 +341,15 @@ class PyExecutor {
 
   std::unique_ptr<Backend> make_backend(bool graphs) {
     if (backend_name_ == "cpu") {
-      return std::make_unique<CpuBackend>(weights_, config_, nullptr, false, make_drafter(drafter_));
+      return std::make_unique<CpuBackend>(weights_, config_, nullptr, false, make_drafter(drafter_),
+                                          tp_degree_);
     }
 #ifdef LOCKSTEP_HAVE_CUDA
     if (backend_name_ == "cuda") {
+      LS_REQUIRE(tp_degree_ == 1,
+                 "Executor: tp={} with backend='cuda': the CUDA backend runs on one GPU; its NCCL "
+                 "tensor-parallel ranks are not built yet (backend='cpu' simulates TP)",
+                 tp_degree_);
       CudaBackendOptions options{.graphs = graphs};
       options.drafter = drafter_;
       return make_cuda_backend(weights_, config_, options);
@@ -366,6 +377,7 @@ class PyExecutor {
   WeightSource source_;
   std::string backend_name_;
   std::string drafter_;
+  int32_t tp_degree_ = 1;  // tensor-parallel ranks (core/tensor_parallel.h)
   ExecutorOptions options_;
   bool capture_next_ = false;
   ExecutorConfig config_;
@@ -459,6 +471,7 @@ void bind_executor(py::module_& m) {
       .def_property_readonly("recording", &PyExecutor::recording)
       .def_property_readonly("captures_next_input_ids", &PyExecutor::captures_next_input_ids)
       .def_property_readonly("backend", &PyExecutor::backend_name)
+      .def_property_readonly("tp", &PyExecutor::tp_degree)
       .def_property_readonly("vocab_size", [](const PyExecutor& e) { return e.weights().config.vocab_size; })
       .def_property_readonly("model", [](const PyExecutor& e) { return model_config_to_dict(e.weights().config); })
       .def_property_readonly("limits", [](const PyExecutor& e) { return executor_config_to_dict(e.config()); });

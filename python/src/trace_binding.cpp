@@ -237,6 +237,7 @@ py::dict header_to_dict(const trace::TraceHeader& h) {
   d["foreign_executor"] = h.foreign_executor.empty() ? py::object(py::none()) : py::cast(h.foreign_executor);
   d["step_clock"] = h.step_clock;
   d["device_timer"] = h.device_timer;
+  d["tp_degree"] = h.tp_degree;
   return d;
 }
 

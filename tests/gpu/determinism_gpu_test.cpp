@@ -81,7 +81,8 @@ TEST(CudaDeterminism, TraceRecordedOnCudaReplaysBitIdentical) {
     options.mode = replay::ReplayMode::kExact;
     options.weights = &weights;
     options.make_backend = [graphs](const ModelWeights& w, const ExecutorConfig& c,
-                                    const std::string& /*drafter: none in this trace*/) {
+                                    const std::string& /*drafter: none in this trace*/,
+                                    int32_t /*tp_degree: 1 in this trace*/) {
       return make_cuda_backend(w, c, CudaBackendOptions{.graphs = graphs});
     };
     const replay::ReplayReport report = replay::replay_trace(path, options);

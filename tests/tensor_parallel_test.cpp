@@ -1,0 +1,404 @@
+// Tensor parallelism on the CPU reference (issue 18): the Megatron layout and its refusals, TP N
+// bit-identical run to run, TP N equal to TP 1 within the stated tolerance, the IDLE forward's
+// collectives, a trace recorded at TP 2 replayed at TP 2 (exact) and TP 1 (teacher-forced), and
+// the simulator at TP 2.
+#include "core/check.h"
+#include "core/cpu_backend.h"
+#include "core/executor.h"
+#include "core/model/weights.h"
+#include "core/tensor_parallel.h"
+#include "replay/replay.h"
+#include "sim/sweep.h"
+#include "sim/trace_recording.h"
+#include "sim/world.h"
+#include "tests/test_support.h"
+#include "trace/reader.h"
+#include "trace/recorder.h"
+#include "trace/trace_observer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
+namespace ls {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::decode_row;
+using testing::pages_from;
+using testing::prefill_row;
+using testing::prompt_for;
+
+// TP N vs TP 1 (fp32, the o and down all-reduces re-associated): over each logits row,
+// max |Δlogit| / max |logit| must stay below this, and every greedy token must agree.
+constexpr double kTpRelativeTolerance = 1e-5;
+
+// --- the layout -----------------------------------------------------------------------------
+
+std::string refusal(const ModelConfig& model, int32_t degree) {
+  try {
+    make_tp_layout(model, degree);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TpLayout, TinyAtTwoSplitsHeadsFfnAndVocabularyInHalves) {
+  const TpLayout tp = make_tp_layout(model_config_named("tiny"), 2);  // 4 heads, 2 kv, ffn 128
+  EXPECT_EQ(tp.query_heads(0), (ShardRange{0, 2}));
+  EXPECT_EQ(tp.query_heads(1), (ShardRange{2, 2}));
+  EXPECT_EQ(tp.kv_heads(0), (ShardRange{0, 1}));
+  EXPECT_EQ(tp.kv_heads(1), (ShardRange{1, 1}));
+  EXPECT_EQ(tp.ffn(1), (ShardRange{64, 64}));
+  EXPECT_EQ(tp.vocab(1), (ShardRange{256, 256}));
+}
+
+TEST(TpLayout, AVocabularyTheDegreeDoesNotDivideLeavesTheLastShardShorter) {
+  ModelConfig model = model_config_named("tiny");
+  model.vocab_size = 511;
+  const TpLayout tp = make_tp_layout(model, 2);
+  EXPECT_EQ(tp.vocab(0), (ShardRange{0, 256}));
+  EXPECT_EQ(tp.vocab(1), (ShardRange{256, 255}));
+}
+
+TEST(TpLayout, RefusesByNameADegreeTheModelCannotShard) {
+  const ModelConfig tiny = model_config_named("tiny");  // 4 heads, 2 kv heads, ffn 128
+  EXPECT_NE(refusal(tiny, 4).find("kv heads (num_key_value_heads) = 2"), std::string::npos)
+      << refusal(tiny, 4);
+  EXPECT_NE(refusal(tiny, 3).find("attention heads (num_attention_heads) = 4"), std::string::npos)
+      << refusal(tiny, 3);
+  ModelConfig odd_ffn = tiny;
+  odd_ffn.ffn_size = 127;
+  EXPECT_NE(refusal(odd_ffn, 2).find("ffn size (intermediate_size) = 127"), std::string::npos)
+      << refusal(odd_ffn, 2);
+  EXPECT_NE(refusal(tiny, 0).find("must be in [1, 8], got 0"), std::string::npos);
+  EXPECT_NE(refusal(tiny, 9).find("must be in [1, 8], got 9"), std::string::npos);
+  EXPECT_EQ(refusal(tiny, 2), "");
+  EXPECT_THROW(CpuBackend(testing::tiny_weights(), testing::small_config(), nullptr, false, nullptr, 4),
+               Error);
+}
+
+TEST(TpLayout, TheStubModelRefusesTensorParallelism) {
+  try {
+    CpuBackend backend(testing::tiny_weights(), testing::small_config(), nullptr,
+                       /*stub_model=*/true, nullptr, 2);
+    FAIL() << "the stub model accepted --tp 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stub model"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CpuTpGroup, AllReduceAddsTheRanksInRankOrder) {
+  CpuTpGroup group(3, 1);
+  // Chosen so that the association shows: (1e8 + 1) + -1e8 = 0 in fp32, 1e8 + (1 + -1e8) = 0 too,
+  // but (1e8 + -1e8) + 1 = 1: rank order gives 0, another order would give 1.
+  const std::vector<float> partials = {1e8f, 1.0f, -1e8f};
+  std::vector<float> out(1);
+  group.all_reduce_sum(partials, out);
+  EXPECT_EQ(out[0], (1e8f + 1.0f) + -1e8f);
+  EXPECT_EQ(out[0], 0.0f);
+}
+
+// --- TP N vs TP 1 over a fixed workload ---------------------------------------------------------
+
+struct Run {
+  std::vector<std::vector<float>> logits;  // per step: [logits rows, V]
+  std::vector<std::vector<int32_t>> tokens;  // per step: the output tokens
+};
+
+constexpr int32_t kDecodeSteps = 12;
+
+// Three greedy requests (prompts of 5, 9 and 17 tokens) prefilled in one step, one of them in
+// two chunks, then decoded together for kDecodeSteps steps.
+Run run_workload(const ModelWeights& weights, int32_t tp_degree) {
+  const ExecutorConfig config = testing::small_config();
+  CpuBackend backend(weights, config, nullptr, false, nullptr, tp_degree);
+  Executor executor(config, weights.config.vocab_size, backend, {.capture_logits = true});
+  const int32_t vocab = weights.config.vocab_size;
+  const int32_t lengths[] = {5, 9, 17};
+  Run run;
+  auto keep = [&](const StepResult& r) {
+    run.logits.push_back(r.logits);
+    run.tokens.push_back(r.tokens);
+  };
+  for (int32_t chunk = 0; chunk < 2; ++chunk) {
+    ForwardOp op;
+    for (int32_t i = 0; i < 3; ++i) {
+      const RequestId id = 10 + i;
+      const int32_t half = lengths[i] / 2;
+      const int32_t prefix = i == 2 && chunk == 1 ? half : 0;
+      const int32_t take = i == 2 ? (chunk == 0 ? half : lengths[i] - half) : lengths[i];
+      if (i != 2 && chunk == 1) continue;
+      OpRow row = prefill_row(id, 1 + i, prefix, take, lengths[i]);
+      if (prefix == 0) {
+        row.refresh = {0, pages_from(1 + 20 * i, 10)};
+        row.sampling = SamplingParams{};
+      }
+      op.rows.push_back(row);
+      const std::vector<int32_t> prompt = prompt_for(id, lengths[i], vocab);
+      op.prefill_token_ids.insert(op.prefill_token_ids.end(), prompt.begin() + prefix,
+                                  prompt.begin() + prefix + take);
+    }
+    keep(executor.step(op));
+  }
+  for (int32_t step = 0; step < kDecodeSteps; ++step) {
+    ForwardOp op;
+    for (int32_t i = 0; i < 3; ++i) op.rows.push_back(decode_row(10 + i, 1 + i));
+    keep(executor.step(op));
+  }
+  return run;
+}
+
+bool bit_identical(const Run& a, const Run& b) {
+  if (a.logits.size() != b.logits.size() || a.tokens != b.tokens) return false;
+  for (size_t s = 0; s < a.logits.size(); ++s) {
+    if (a.logits[s].size() != b.logits[s].size()) return false;
+    if (std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+struct Agreement {
+  double relative_max = 0;    // over rows: max |Δ| / max |logit|
+  int64_t tokens_equal = 0;
+  int64_t tokens_count = 0;
+  int64_t logits_differing = 0;  // values whose bits differ
+  double norm = 0;
+};
+
+Agreement compare(const Run& tp1, const Run& tpn, int32_t vocab) {
+  Agreement a;
+  for (size_t s = 0; s < tp1.logits.size(); ++s) {
+    const std::vector<float>& x = tp1.logits[s];
+    const std::vector<float>& y = tpn.logits[s];
+    for (size_t row = 0; row * vocab < x.size(); ++row) {
+      double scale = 0, delta = 0;
+      for (size_t v = row * vocab; v < (row + 1) * vocab; ++v) {
+        scale = std::max(scale, std::fabs(double{x[v]}));
+        delta = std::max(delta, std::fabs(double{x[v]} - double{y[v]}));
+        a.logits_differing += std::memcmp(&x[v], &y[v], sizeof(float)) != 0;
+        a.norm += double{y[v]} * y[v];
+      }
+      a.relative_max = std::max(a.relative_max, delta / scale);
+    }
+    for (size_t i = 0; i < tp1.tokens[s].size(); ++i) {
+      a.tokens_equal += tp1.tokens[s][i] == tpn.tokens[s][i];
+      ++a.tokens_count;
+    }
+  }
+  return a;
+}
+
+void expect_tpn_within_tolerance_of_tp1(const ModelWeights& weights, int32_t degree,
+                                        const std::string& label) {
+  const Run tp1 = run_workload(weights, 1);
+  const Run tp2 = run_workload(weights, degree);
+  const Run tp2_again = run_workload(weights, degree);
+  EXPECT_TRUE(bit_identical(tp2, tp2_again)) << label << ": differs run to run";
+  const Agreement a = compare(tp1, tp2, weights.config.vocab_size);
+  std::printf("%s vs TP 1: max relative logit difference %.3g (tolerance %.0e), %ld/%ld "
+              "greedy tokens equal, %ld logits differ in their bits\n",
+              label.c_str(), a.relative_max, kTpRelativeTolerance, static_cast<long>(a.tokens_equal),
+              static_cast<long>(a.tokens_count), static_cast<long>(a.logits_differing));
+  ASSERT_GT(a.norm, 0) << label;
+  ASSERT_GE(a.tokens_count, 3 * kDecodeSteps) << label;
+  EXPECT_LE(a.relative_max, kTpRelativeTolerance) << label;
+  EXPECT_EQ(a.tokens_equal, a.tokens_count) << label;
+  // The all-reduce re-associates o and down: were TP N bit-identical to TP 1, it would not be
+  // simulating the ranks at all.
+  EXPECT_GT(a.logits_differing, 0) << label << ": computed exactly TP 1's bits";
+}
+
+TEST(TensorParallel, TinyAtTp2IsBitIdenticalRunToRunAndWithinToleranceOfTp1) {
+  expect_tpn_within_tolerance_of_tp1(testing::tiny_weights(), 2, "tiny, TP 2");
+}
+
+TEST(TensorParallel, FourRanksOverAnMhaTinyAreBitIdenticalRunToRunAndWithinToleranceOfTp1) {
+  // Four partials per all-reduce: unlike two (a + b = b + a), their order shows in the bits.
+  ModelConfig mha = model_config_named("tiny");
+  mha.kv_heads_count = mha.query_heads_count;
+  const ModelWeights weights = weights_from_seed(mha, 7);
+  expect_tpn_within_tolerance_of_tp1(weights, 4, "tiny (MHA), TP 4");
+}
+
+TEST(TensorParallel, HfQwen3FixtureAtTp2IsBitIdenticalRunToRunAndWithinToleranceOfTp1) {
+  // Qwen3: per-head q/k norms, which must stay on the rank that owns the head.
+  const ModelWeights weights = load_hf_directory(LOCKSTEP_SOURCE_DIR "/tests/fixtures/hf/qwen3");
+  expect_tpn_within_tolerance_of_tp1(weights, 2, "hf qwen3, TP 2");
+}
+
+TEST(TensorParallel, HfQwen2FixtureAtTp2IsWithinToleranceOfTp1) {
+  // Qwen2: q/k/v biases, split by the same columns as their weights.
+  const ModelWeights weights = load_hf_directory(LOCKSTEP_SOURCE_DIR "/tests/fixtures/hf/qwen2");
+  expect_tpn_within_tolerance_of_tp1(weights, 2, "hf qwen2, TP 2");
+}
+
+// --- the IDLE forward ------------------------------------------------------------------------
+
+TEST(TensorParallel, AnIdleStepIssuesTheBusyStepsCollectivesWithNoRowsAndChangesNothing) {
+  const ExecutorConfig config = testing::small_config();
+  const int32_t layers = testing::tiny_weights().config.layers_count;
+  auto prefill = [] {
+    ForwardOp op;
+    op.rows.push_back(prefill_row(5, 1, 0, 6, 6));
+    op.rows[0].refresh = {0, pages_from(1, 8)};
+    op.rows[0].sampling = SamplingParams{};
+    op.prefill_token_ids = prompt_for(5, 6);
+    return op;
+  };
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(5, 1));
+  // Two executors over one workload; the second runs an IDLE step between prefill and decode.
+  CpuBackend plain_backend(testing::tiny_weights(), config, nullptr, false, nullptr, 2);
+  Executor plain(config, 512, plain_backend, {.capture_logits = true});
+  CpuBackend idle_backend(testing::tiny_weights(), config, nullptr, false, nullptr, 2);
+  Executor with_idle(config, 512, idle_backend, {.capture_logits = true});
+  plain.step(prefill());
+  with_idle.step(prefill());
+  const std::vector<CollectiveCall> busy = idle_backend.collectives();
+  const StepResult idle = with_idle.step(ForwardOp{});
+  EXPECT_EQ(idle.mode, ForwardMode::kIdle);
+  const std::vector<CollectiveCall> idle_calls = idle_backend.collectives();
+  ASSERT_EQ(busy.size(), static_cast<size_t>(2 * layers + 1));
+  ASSERT_EQ(idle_calls.size(), busy.size()) << "the ranks of a DP group would deadlock";
+  for (size_t i = 0; i < busy.size(); ++i) {
+    EXPECT_EQ(idle_calls[i].kind, busy[i].kind) << "call " << i;
+    EXPECT_GT(busy[i].elements_count, 0) << "call " << i;
+    EXPECT_EQ(idle_calls[i].elements_count, 0) << "call " << i;
+  }
+  EXPECT_EQ(busy.back().kind, CollectiveKind::kAllGather);
+  const StepResult a = plain.step(decode);
+  const StepResult b = with_idle.step(decode);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)), 0)
+      << "the IDLE step changed the state the next step reads";
+  EXPECT_EQ(a.tokens, b.tokens);
+}
+
+// --- traces ----------------------------------------------------------------------------------
+
+constexpr uint64_t kSimWeightsSeed = 0;
+
+const ModelWeights& sim_weights() {
+  static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
+  return weights;
+}
+
+fs::path temp_path(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-tp-test-{}", ::getpid());
+  fs::create_directories(dir);
+  return dir / name;
+}
+
+// Records simulator seed `seed` at TP `tp_degree` to `path`.
+sim::SimSummary record_seed(uint64_t seed, int32_t tp_degree, const fs::path& path) {
+  const sim::SimParams params = sim::derive_params(seed, {.tp_degree = tp_degree});
+  const WeightSource source{WeightSource::Kind::kSeed, kSimWeightsSeed, ""};
+  trace::TraceHeader header =
+      trace::make_trace_header(sim_weights(), source, sim::executor_config_for(params), "cpu");
+  header.tp_degree = tp_degree;
+  auto recorder = trace::Recorder::open(path, header);
+  sim::SimTraceObserver observer(*recorder);
+  sim::WorldOptions world{.observer = &observer,
+                          .executor_options = trace::recording_executor_options()};
+  const sim::SimSummary summary = sim::run_world(params, sim_weights(), world);
+  recorder->close();
+  return summary;
+}
+
+TEST(TensorParallelTrace, RecordedAtTp2ReplaysExactlyAtTp2AndTeacherForcedAtTp1) {
+  const fs::path path = temp_path("tp2.trace");
+  const sim::SimSummary recorded = record_seed(3, 2, path);
+  ASSERT_TRUE(recorded.passed());
+  ASSERT_GT(recorded.tokens_generated, 0);
+  EXPECT_EQ(trace::TraceReader::open(path).header().tp_degree, 2);
+
+  const replay::ReplayReport exact = replay::replay_trace(path, {});
+  EXPECT_EQ(exact.tp_degree, 2);
+  EXPECT_FALSE(exact.divergence.has_value())
+      << "step " << exact.divergence->step << " field " << exact.divergence->field;
+  EXPECT_GT(exact.steps_compared, 10);
+
+  replay::ReplayOptions forced;
+  forced.mode = replay::ReplayMode::kTeacherForced;
+  forced.tp_degree = 1;
+  const replay::ReplayReport tp1 = replay::replay_trace(path, forced);
+  EXPECT_EQ(tp1.tp_degree, 1);
+  std::printf("TP 2 trace teacher-forced at TP 1: %ld/%ld tokens equal, max |dlogit| %.3g\n",
+              static_cast<long>(tp1.tokens_equal), static_cast<long>(tp1.tokens_count),
+              tp1.logit_delta_max);
+  ASSERT_GT(tp1.tokens_count, 0);
+  EXPECT_EQ(tp1.tokens_equal, tp1.tokens_count);
+  EXPECT_GT(tp1.logit_delta_max, 0.0f) << "TP 1 replayed TP 2's bits: the degree was not applied";
+  EXPECT_LE(tp1.logit_delta_max, 1e-4f);
+}
+
+TEST(TensorParallelTrace, ExactReplayRefusesADegreeOtherThanTheRecordedOne) {
+  const fs::path path = temp_path("tp2-refuse.trace");
+  ASSERT_TRUE(record_seed(4, 2, path).passed());
+  replay::ReplayOptions options;
+  options.tp_degree = 1;
+  try {
+    replay::replay_trace(path, options);
+    FAIL() << "exact replay at TP 1 of a TP 2 trace was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exact replay refuses --tp 1"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(TensorParallelTrace, ATraceFromBeforeTheFieldReadsAsTp1) {
+  // Recorded by a build from before issue 18 (the fuzzer's seed corpus).
+  const trace::TraceReader reader =
+      trace::TraceReader::open(LOCKSTEP_SOURCE_DIR "/fuzz/corpus/trace_reader/run_1_request.bin");
+  EXPECT_EQ(reader.header().tp_degree, 1);
+}
+
+TEST(TensorParallelTrace, TheRecorderRefusesADegreeTheRecordedModelCannotShard) {
+  trace::TraceHeader header = trace::make_trace_header(
+      sim_weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""}, testing::small_config(), "cpu");
+  header.tp_degree = 4;  // tiny has 2 kv heads
+  try {
+    trace::Recorder::open(temp_path("tp4.trace"), header);
+    FAIL() << "a TP 4 header for tiny was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("header: tp_degree"), std::string::npos) << e.what();
+  }
+}
+
+// --- the simulator ---------------------------------------------------------------------------
+
+TEST(TensorParallelSim, SeedsAtTp2PassEveryCheckerAndTheirTwinRuns) {
+  for (const bool speculative : {false, true}) {
+    for (uint64_t seed = 1; seed <= 4; ++seed) {
+      const sim::SimParams params =
+          sim::derive_params(seed, {.speculative = speculative, .tp_degree = 2});
+      ASSERT_EQ(params.tp_degree, 2);
+      const sim::SeedVerdict v = sim::run_seed(params, sim_weights(), {}, /*twin=*/true);
+      EXPECT_TRUE(v.summary.passed()) << sim::reproduce_command(params, {.tp_degree = 2}) << ": "
+                                      << (v.summary.failures.empty() ? "" : v.summary.failures[0].detail);
+      EXPECT_TRUE(v.twin_checked && v.twin_ok()) << "seed " << seed << " differs run to run at TP 2";
+      EXPECT_GT(v.summary.tokens_generated, 0);
+    }
+  }
+}
+
+TEST(TensorParallelSim, TheReproduceCommandNamesTheDegree) {
+  const sim::SimParams params = sim::derive_params(5, {.tp_degree = 2});
+  EXPECT_NE(sim::reproduce_command(params, {.tp_degree = 2}).find("--tp 2"), std::string::npos);
+  EXPECT_NE(params.describe().find("TP 2"), std::string::npos);
+  // The degree is an override drawn from nothing: the seed's other parameters are unchanged.
+  sim::SimParams tp1 = sim::derive_params(5, {});
+  tp1.tp_degree = 2;
+  EXPECT_EQ(tp1.describe(), params.describe());
+}
+
+}  // namespace
+}  // namespace ls
