@@ -352,9 +352,8 @@ __device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int3
   }
 }
 
-// One block per row: the segment partials combined in a fixed order (thread-strided, then the
-// block reductions of kernels/reduce.cuh).
-template <bool kRecord>
+// One block per row: the guard's segment partials combined in a fixed order (thread-strided, then
+// the block reductions of kernels/reduce.cuh).
 __global__ void __launch_bounds__(kCombineThreads)
 combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   __shared__ CombineScratch s;
@@ -386,16 +385,35 @@ combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
       g.row_sum[r] = sum;
     }
   }
-  if constexpr (kRecord) combine_record(g, w, segments, r, s);
+}
+
+// One block per row: the record's digest and top-k (it needs the pass alone, not the guard's
+// combine, so it may run beside that and the finish).
+__global__ void __launch_bounds__(kCombineThreads)
+record_combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+  __shared__ CombineScratch s;
+  combine_record(g, w, segments, static_cast<int32_t>(blockIdx.x), s);
 }
 
 template <bool kRecord>
-void launch(const LogitsPassArgs& g, cudaStream_t stream) {
+cudaError_t launch(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const int32_t segments = segments_of(g.vocab);
   const Workspace w = carve(g.workspace, g.rows, g.vocab);
   pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
       g.logits, g.vocab, segments, g.row_max != nullptr, w);
-  combine_kernel<kRecord><<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+  if constexpr (kRecord) {
+    cudaStream_t record_stream = stream;
+    if (fork != nullptr) {
+      if (const cudaError_t e = cudaEventRecord(fork->after_pass, stream); e != cudaSuccess) return e;
+      if (const cudaError_t e = cudaStreamWaitEvent(fork->stream, fork->after_pass); e != cudaSuccess) {
+        return e;
+      }
+      record_stream = fork->stream;
+    }
+    record_combine_kernel<<<g.rows, kCombineThreads, 0, record_stream>>>(g, w, segments);
+  }
+  combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -406,7 +424,7 @@ size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab) {
                   sizeof(RecordPartial));
 }
 
-cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
+cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const bool record = g.digests != nullptr;
   if (g.rows < 0 || g.rows > 65535 || g.vocab < 1 || g.logits == nullptr ||
       g.workspace == nullptr || g.nan_flags == nullptr || g.argmax == nullptr ||
@@ -415,12 +433,8 @@ cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (g.rows == 0) return cudaSuccess;
-  if (record) {
-    launch<true>(g, stream);
-  } else {
-    launch<false>(g, stream);
-  }
-  return cudaGetLastError();
+  const cudaError_t status = record ? launch<true>(g, stream, fork) : launch<false>(g, stream, fork);
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 }  // namespace ls::kernels
