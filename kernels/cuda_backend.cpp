@@ -275,6 +275,11 @@ struct CudaBackend::Impl {
   MemoryLedger ledger;
 
   CudaStream stream;
+  // A recorded step's record combine runs on record_stream, forked after the logits pass and
+  // joined before the copy back, beside the guard's combine, the finish and the drafter.
+  CudaStream record_stream;
+  CudaEvent record_fork;
+  CudaEvent record_join;
   CublasHandle cublas;
 
   // Weights, "E" = elements of the precision's storage type (bf16 or fp32). Linear layers of all
@@ -437,6 +442,9 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
              "cuda backend: no CUDA device {} (found {})", options.device, devices);
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
+  record_stream = CudaStream::create();
+  record_fork = CudaEvent::create();
+  record_join = CudaEvent::create();
   cublas = CublasHandle::create(stream.get());
 
   const auto t = static_cast<size_t>(tokens_max);
@@ -1012,8 +1020,9 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
 // exponentials, for log-probabilities (a graph always computes them; the header says whether
 // the finish uses them). Greedy rows read the guard's argmax: the sampler's weights and sort run
 // only when a row samples (top_k != 1). A recorded step's digests and top-k pairs come from the
-// guard's pass over the logits; its rows' state is snapshotted last, after the commit and the
-// drafter, so the one packed copy brings back all a record needs (issue 12).
+// guard's pass over the logits (their combine beside the finish, on record_stream); its rows'
+// state is snapshotted by the finish, or after the drafter when one runs, so the one packed copy
+// brings back all a record needs (issue 12).
 void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic,
                                              bool sums, int32_t record_k) {
   const cudaStream_t s = stream.get();
@@ -1032,7 +1041,8 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
       .top = record ? recorded.top : nullptr,
       .top_k = record ? record_k : 0,
   };
-  LS_CUDA(kernels::launch_logits_pass(pass, s));
+  const kernels::RecordFork fork{record_stream.get(), record_fork.get()};
+  LS_CUDA(kernels::launch_logits_pass(pass, s, record ? &fork : nullptr));
   mark(CudaPhase::kGuard);
   const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
   if (stochastic) {
@@ -1053,6 +1063,7 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
       .row_sum = row_sum.get(),
       .keys = sampler,
       .input_ids = input_ids.get(),
+      .snapshot = record && !drafting ? recorded : kernels::RecordBuffers{},
   };
   LS_CUDA(kernels::launch_finish_rows(args, rows, s));
   if (drafting) {
@@ -1062,7 +1073,13 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
     LS_CUDA(kernels::launch_record_and_draft(step_inputs(), device_state(), token_buffers(),
                                              token_history, rows, s));
   }
-  if (record) LS_CUDA(kernels::launch_record_state(step_inputs(), device_state(), rows, recorded, s));
+  if (record && drafting) {  // the drafts rewrote the future inputs after the finish's snapshot
+    LS_CUDA(kernels::launch_record_state(step_inputs(), device_state(), rows, recorded, s));
+  }
+  if (record) {
+    LS_CUDA(cudaEventRecord(record_join.get(), record_stream.get()));
+    LS_CUDA(cudaStreamWaitEvent(s, record_join.get()));
+  }
   mark(CudaPhase::kSampling);
 }
 

@@ -19,12 +19,11 @@ int32_t segments_of(int32_t vocab) { return (vocab + kLogitsSegment - 1) / kLogi
 
 size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
-// A segment's share of the record: its digest lane sums and its k best keys (digest::rank_key; 0 =
-// none: every real key is larger, its low half being an id's complement), best first.
+// A segment's share of the record: its digest lane sums. (Its top-k needs nothing more: the
+// guard's partial holds the segment's largest logit and its id.)
 struct RecordPartial {
   uint32_t a;
   uint32_t b;
-  unsigned long long keys[kK];
 };
 
 // The workspace: the guard's partials [rows, segments, 4] floats, then the record's [rows, segments].
@@ -96,7 +95,7 @@ __device__ unsigned long long warp_top(unsigned long long (&keys)[N], int32_t k)
   return mine;
 }
 
-// ---- the pass: one warp a segment of kSegment logits ----
+// ---- the pass: one warp a segment of kLogitsSegment logits ----
 
 // A lane holds kLaneValues logits of its warp's segment: vector j of lane l is logits
 // [(j·32 + l)·4, +4) of the segment (coalesced float4 loads), so a lane's values rise with the id.
@@ -108,118 +107,13 @@ __device__ __forceinline__ int32_t local_index(int32_t e, int32_t lane) {
   return ((e / 4) * 32 + lane) * 4 + e % 4;
 }
 
-// Where a warp ranks its candidates: the logits at or above its bound.
-constexpr int32_t kPool = 64;
-
-// The usual path: n <= kPool candidates (keys distinct) in `pool`; each one's rank is the number
-// of candidates above it. Writes keys[0, kK) of the segment's partial, best first, 0 past n.
-__device__ __forceinline__ void rank_pool(const unsigned long long* pool, int32_t n, int32_t k,
-                                          unsigned long long* keys) {
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  if (lane < kK && lane >= (n < k ? n : k)) keys[lane] = 0;
-  for (int32_t c = lane; c < n; c += 32) {
-    const unsigned long long mine = pool[c];
-    int32_t rank = 0;
-    for (int32_t m = 0; m < n; ++m) rank += pool[m] > mine ? 1 : 0;
-    if (rank < k) keys[rank] = mine;
-  }
-}
-
-// When more than kPool logits reach the bound (many equal logits): k rounds of a warp max over
-// the keys below the previous round's winner (distinct keys: round r finds the r-th best).
-template <bool kFull>
-__device__ __forceinline__ void rank_rounds(const float (&x)[kLaneValues], int32_t begin,
-                                            int32_t limit, int32_t k, unsigned long long* keys) {
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  unsigned long long last = ~0ull;
-  for (int32_t r = 0; r < kK; ++r) {
-    unsigned long long m = 0;
-    if (r < k) {
-#pragma unroll
-      for (int32_t e = 0; e < kLaneValues; ++e) {
-        const int32_t local = local_index(e, lane);
-        if (!kFull && local >= limit) continue;
-        const unsigned long long key = digest::rank_key(__float_as_uint(x[e]), begin + local);
-        m = key < last && key > m ? key : m;
-      }
-    }
-    m = warp_max_key(m);
-    if (lane == 0) keys[r] = m;  // 0 once the segment has no more, and for r >= k
-    last = m;
-  }
-}
-
-// The segment's record partial from its sanitised values (the lanes' largest in lane_max, −inf
-// for a lane without one). The bound, the least of the 8 largest values of the warp's groups of
-// 4 lanes, has 8 >= kK logits at or above it, so every one of the segment's k best reaches it;
-// typically ~20 of 1024 do and are ranked in one pass.
-template <bool kFull>
-__device__ __forceinline__ void record_segment(const float (&x)[kLaneValues], int32_t begin,
-                                               int32_t limit, float lane_max, int32_t k,
-                                               unsigned long long* pool, RecordPartial* out) {
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  uint32_t a = 0, b = 0;
-#pragma unroll
-  for (int32_t e = 0; e < kLaneValues; ++e) {
-    const int32_t local = local_index(e, lane);
-    const uint32_t i = static_cast<uint32_t>(begin + local);
-    const uint32_t bits = __float_as_uint(x[e]);
-    if (kFull || local < limit) {
-      a += digest::lane_a(bits, i);
-      b += digest::lane_b(bits, i);
-    }
-  }
-  a = __reduce_add_sync(kAllLanes, a);
-  b = __reduce_add_sync(kAllLanes, b);
-  if (lane == 0) {
-    out->a = a;
-    out->b = b;
-  }
-  if (k == 0) {
-    if (lane < kK) out->keys[lane] = 0;
-    return;
-  }
-  float bound = fmaxf(lane_max, __shfl_xor_sync(kAllLanes, lane_max, 1));
-  bound = fmaxf(bound, __shfl_xor_sync(kAllLanes, bound, 2));
-  bound = fminf(bound, __shfl_xor_sync(kAllLanes, bound, 4));
-  bound = fminf(bound, __shfl_xor_sync(kAllLanes, bound, 8));
-  bound = fminf(bound, __shfl_xor_sync(kAllLanes, bound, 16));
-  int32_t mine = 0;
-#pragma unroll
-  for (int32_t e = 0; e < kLaneValues; ++e) {
-    const int32_t local = local_index(e, lane);
-    mine += (kFull || local < limit) && x[e] >= bound ? 1 : 0;
-  }
-  int32_t before = mine;  // inclusive scan over the lanes, then exclusive
-#pragma unroll
-  for (int32_t d = 1; d < 32; d *= 2) {
-    const int32_t other = __shfl_up_sync(kAllLanes, before, d);
-    before += lane >= d ? other : 0;
-  }
-  const int32_t n = __shfl_sync(kAllLanes, before, 31);
-  before -= mine;
-  if (n > kPool) {
-    rank_rounds<kFull>(x, begin, limit, k, out->keys);
-    return;
-  }
-#pragma unroll
-  for (int32_t e = 0; e < kLaneValues; ++e) {
-    const int32_t local = local_index(e, lane);
-    if ((kFull || local < limit) && x[e] >= bound) {
-      pool[before++] = digest::rank_key(__float_as_uint(x[e]), begin + local);
-    }
-  }
-  __syncwarp();
-  rank_pool(pool, n, k, out->keys);
-}
-
 // One warp's segment [begin, begin + kLogitsSegment) of a row (limit: the logits it holds, fewer
-// in a row's last segment): sanitise in place, then its guard partial and (kRecord) record partial.
+// in a row's last segment): sanitise in place, then its guard partial and (kRecord) its digest
+// lane sums. All the record adds to the pass is the digest's few integer operations a logit.
 template <bool kRecord, bool kFull>
 __device__ __forceinline__ void pass_segment(float* row, int32_t begin, int32_t limit,
                                              bool vectorised, bool want_sum, float* guard_partial,
-                                             RecordPartial* record_partial, int32_t k,
-                                             unsigned long long* pool) {
+                                             RecordPartial* record_partial) {
   const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
   float x[kLaneValues];
   if (kFull && vectorised) {
@@ -238,6 +132,7 @@ __device__ __forceinline__ void pass_segment(float* row, int32_t begin, int32_t 
   }
   ArgMax best{-INFINITY, 0x7fffffff};
   int32_t saw_nan = 0;
+  uint32_t a = 0, b = 0;
 #pragma unroll
   for (int32_t e = 0; e < kLaneValues; ++e) {
     const int32_t local = local_index(e, lane);
@@ -251,8 +146,17 @@ __device__ __forceinline__ void pass_segment(float* row, int32_t begin, int32_t 
       row[begin + local] = x[e];
     }
     if (x[e] > best.value) best = ArgMax{x[e], begin + local};  // rising ids: the first keeps a tie
+    if constexpr (kRecord) {
+      const uint32_t i = static_cast<uint32_t>(begin + local);
+      a += digest::lane_a(__float_as_uint(x[e]), i);
+      b += digest::lane_b(__float_as_uint(x[e]), i);
+    }
   }
-  if constexpr (kRecord) record_segment<kFull>(x, begin, limit, best.value, k, pool, record_partial);
+  if constexpr (kRecord) {
+    a = __reduce_add_sync(kAllLanes, a);
+    b = __reduce_add_sync(kAllLanes, b);
+    if (lane == 0) *record_partial = RecordPartial{a, b};
+  }
   best = warp_argmax(best);
   float sum = 0.0f;
   if (want_sum) {
@@ -275,9 +179,7 @@ __device__ __forceinline__ void pass_segment(float* row, int32_t begin, int32_t 
 // are independent: no block barrier.
 template <bool kRecord>
 __global__ void __launch_bounds__(kThreads)
-pass_kernel(float* logits, int32_t vocab, int32_t segments, bool want_sum, Workspace w,
-            int32_t top_k) {
-  __shared__ unsigned long long pools[kRecord ? kWarps : 1][kPool];
+pass_kernel(float* logits, int32_t vocab, int32_t segments, bool want_sum, Workspace w) {
   const int32_t warp = static_cast<int32_t>(threadIdx.x / 32);
   const int32_t segment = static_cast<int32_t>(blockIdx.x) * kWarps + warp;
   if (segment >= segments) return;
@@ -286,15 +188,13 @@ pass_kernel(float* logits, int32_t vocab, int32_t segments, bool want_sum, Works
   float* row = logits + int64_t{blockIdx.y} * vocab;
   const int64_t partial = int64_t{blockIdx.y} * segments + segment;
   float* guard_partial = w.guard + partial * kGuardPartialFloats;
-  RecordPartial* record_partial = w.record + partial;
-  unsigned long long* pool = pools[kRecord ? warp : 0];
   const bool vectorised = vocab % 4 == 0;  // rows start 16-byte aligned (cudaMalloc'd base)
   if (limit >= kLogitsSegment) {
     pass_segment<kRecord, true>(row, begin, limit, vectorised, want_sum, guard_partial,
-                                record_partial, top_k, pool);
+                                w.record + partial);
   } else {
     pass_segment<kRecord, false>(row, begin, limit, vectorised, want_sum, guard_partial,
-                                 record_partial, top_k, pool);
+                                 w.record + partial);
   }
 }
 
@@ -303,59 +203,157 @@ pass_kernel(float* logits, int32_t vocab, int32_t segments, bool want_sum, Works
 constexpr int32_t kCombineThreads = 256;
 constexpr int32_t kCombineWarps = kCombineThreads / 32;
 static_assert(kCombineWarps * kK == 64, "warp 0 ranks the warps' k best, two keys a lane");
+// Candidates ranked in one pass; more (many equal logits at the bound) take the rounds.
+constexpr int32_t kPool = kCombineThreads;
+// Logits of the candidate segments a thread loads before it tests them (independent loads).
+constexpr int32_t kRescanBatch = 8;
 
 struct CombineScratch {
   float values[32];
   int32_t indices[32];
   uint32_t sums[2][kCombineWarps];
   unsigned long long candidates[kCombineWarps * kK];
+  unsigned long long warp_keys[kCombineWarps];
+  unsigned long long top[kK];
+  unsigned long long pool[kPool];
+  int32_t list[kK];
+  uint32_t list_count;
+  uint32_t pool_count;
+  unsigned long long bound;
 };
 
-// The row's digest and k best pairs from its segments' record partials: thread t holds segment
-// t's k best (and inserts those of t + 256, … in a longer row), each warp ranks its lanes', warp 0
-// the warps'. The lane sums are integer sums: any order gives the same bits.
-__device__ void combine_record(const LogitsPassArgs& g, const RecordPartial* p, int32_t segments,
+// The block's largest key over every thread's `key`; every thread receives it.
+__device__ unsigned long long block_max_key(unsigned long long key, CombineScratch& s) {
+  const int32_t t = static_cast<int32_t>(threadIdx.x);
+  key = warp_max_key(key);
+  __syncthreads();  // warp_keys may still be read by a previous call
+  if (t % 32 == 0) s.warp_keys[t / 32] = key;
+  __syncthreads();
+  unsigned long long m = s.warp_keys[0];
+#pragma unroll
+  for (int32_t i = 1; i < kCombineWarps; ++i) m = s.warp_keys[i] > m ? s.warp_keys[i] : m;
+  return m;
+}
+
+// Calls f(id, x) for every logit of the listed segments, kRescanBatch loads in flight a thread.
+template <typename F>
+__device__ __forceinline__ void for_listed_logits(const LogitsPassArgs& g, int32_t r, int32_t listed,
+                                                  const CombineScratch& s, F&& f) {
+  const float* row = g.logits + int64_t{r} * g.vocab;
+  const int32_t total = listed * kLogitsSegment;
+  for (int32_t base = 0; base < total; base += kCombineThreads * kRescanBatch) {
+    int32_t ids[kRescanBatch];
+    float x[kRescanBatch];
+#pragma unroll
+    for (int32_t j = 0; j < kRescanBatch; ++j) {
+      const int32_t flat = base + j * kCombineThreads + static_cast<int32_t>(threadIdx.x);
+      ids[j] = flat < total ? s.list[flat / kLogitsSegment] * kLogitsSegment + flat % kLogitsSegment
+                            : g.vocab;
+      x[j] = ids[j] < g.vocab ? row[ids[j]] : 0.0f;
+    }
+#pragma unroll
+    for (int32_t j = 0; j < kRescanBatch; ++j) {
+      if (ids[j] < g.vocab) f(ids[j], x[j]);
+    }
+  }
+}
+
+// The row's digest and k best pairs. The digest: the segments' lane sums (integer sums: any order
+// gives the same bits). The top-k in two levels, by rank keys (distinct: they hold the id): the
+// k-th best of the segments' best keys is a lower bound on the row's k-th best key (the k segment
+// bests are k keys at or above it), and only a segment whose best reaches the bound holds a key
+// that does — the k best segments, no more. Their logits (read again, from L2: the pass just
+// read them) at or above the bound are ranked exactly: typically ~10, at most k segments' worth.
+__device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int32_t segments,
                                int32_t r, CombineScratch& s) {
   const int32_t t = static_cast<int32_t>(threadIdx.x);
   const int32_t lane = t % 32;
   const int32_t warp = t / 32;
+  const float* gp = w.guard + int64_t{r} * segments * kGuardPartialFloats;
+  const RecordPartial* rp = w.record + int64_t{r} * segments;
+  const int32_t k = g.top_k;
   uint32_t a = 0, b = 0;
   unsigned long long best[kK];
 #pragma unroll
-  for (int32_t j = 0; j < kK; ++j) best[j] = t < segments ? p[t].keys[j] : 0;  // best first
+  for (int32_t j = 0; j < kK; ++j) best[j] = 0;
   for (int32_t c = t; c < segments; c += kCombineThreads) {
-    a += p[c].a;
-    b += p[c].b;
-    if (c == t) continue;
-#pragma unroll
-    for (int32_t j = 0; j < kK; ++j) insert_key(best, p[c].keys[j]);
+    a += rp[c].a;
+    b += rp[c].b;
+    const float* q = gp + c * kGuardPartialFloats;
+    insert_key(best, digest::rank_key(__float_as_uint(q[0]), __float_as_int(q[1])));
   }
   a = __reduce_add_sync(kAllLanes, a);
   b = __reduce_add_sync(kAllLanes, b);
-  const unsigned long long mine = warp_top(best, g.top_k);
+  const unsigned long long mine = warp_top(best, k);
   if (lane < kK) s.candidates[warp * kK + lane] = mine;
   if (lane == 0) {
     s.sums[0][warp] = a;
     s.sums[1][warp] = b;
   }
+  if (t == 0) s.list_count = 0, s.pool_count = 0;
   __syncthreads();
-  if (warp != 0) return;
-  unsigned long long two[2] = {s.candidates[lane], s.candidates[lane + 32]};
-  const unsigned long long winner = warp_top(two, g.top_k);
-  const uint32_t ra = __reduce_add_sync(kAllLanes, lane < kCombineWarps ? s.sums[0][lane] : 0u);
-  const uint32_t rb = __reduce_add_sync(kAllLanes, lane < kCombineWarps ? s.sums[1][lane] : 0u);
-  if (lane == 0) g.digests[r] = digest::finish(ra, rb, static_cast<uint32_t>(g.vocab));
-  if (lane < g.top_k) {
-    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(winner));
-    int32_t* pair = g.top + (int64_t{r} * kK + lane) * 2;
+  if (warp == 0) {
+    unsigned long long two[2] = {s.candidates[lane], s.candidates[lane + 32]};
+    const unsigned long long ranked = warp_top(two, k);
+    const unsigned long long kth = k > 0 ? __shfl_sync(kAllLanes, ranked, k - 1) : 0;
+    const uint32_t ra = __reduce_add_sync(kAllLanes, lane < kCombineWarps ? s.sums[0][lane] : 0u);
+    const uint32_t rb = __reduce_add_sync(kAllLanes, lane < kCombineWarps ? s.sums[1][lane] : 0u);
+    if (lane == 0) {
+      g.digests[r] = digest::finish(ra, rb, static_cast<uint32_t>(g.vocab));
+      s.bound = kth;  // 0 (fewer segments than k): every logit
+    }
+  }
+  __syncthreads();
+  if (k == 0) return;
+  const unsigned long long bound = s.bound;
+  for (int32_t c = t; c < segments; c += kCombineThreads) {
+    const float* q = gp + c * kGuardPartialFloats;
+    if (digest::rank_key(__float_as_uint(q[0]), __float_as_int(q[1])) >= bound) {
+      s.list[atomicAdd(&s.list_count, 1u)] = c;  // at most k: the keys are distinct
+    }
+  }
+  __syncthreads();
+  const int32_t listed = static_cast<int32_t>(s.list_count);
+  for_listed_logits(g, r, listed, s, [&](int32_t id, float x) {
+    const unsigned long long key = digest::rank_key(__float_as_uint(x), id);
+    if (key < bound) return;
+    const uint32_t slot = atomicAdd(&s.pool_count, 1u);
+    if (slot < static_cast<uint32_t>(kPool)) s.pool[slot] = key;
+  });
+  __syncthreads();
+  const int32_t n = static_cast<int32_t>(s.pool_count);  // the same for every thread
+  if (n <= kPool) {
+    if (t < kK && t >= (n < k ? n : k)) s.top[t] = 0;
+    if (t < n) {  // keys are distinct: a candidate's rank is the number above it
+      const unsigned long long key = s.pool[t];
+      int32_t rank = 0;
+      for (int32_t i = 0; i < n; ++i) rank += s.pool[i] > key ? 1 : 0;
+      if (rank < k) s.top[rank] = key;
+    }
+  } else {  // more than kPool (equal logits): k rounds of a block max below the last winner
+    unsigned long long last = ~0ull;
+    for (int32_t round = 0; round < k; ++round) {
+      unsigned long long m = 0;
+      for_listed_logits(g, r, listed, s, [&](int32_t id, float x) {
+        const unsigned long long key = digest::rank_key(__float_as_uint(x), id);
+        m = key >= bound && key < last && key > m ? key : m;
+      });
+      last = block_max_key(m, s);
+      if (t == 0) s.top[round] = last;
+    }
+  }
+  __syncthreads();
+  if (t < k) {
+    const unsigned long long key = s.top[t];
+    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(key));
+    int32_t* pair = g.top + (int64_t{r} * kK + t) * 2;
     pair[0] = id;
     pair[1] = __float_as_int(g.logits[int64_t{r} * g.vocab + id]);
   }
 }
 
-// One block per row: the segment partials combined in a fixed order (thread-strided, then the
-// block reductions of kernels/reduce.cuh).
-template <bool kRecord>
+// One block per row: the guard's segment partials combined in a fixed order (thread-strided, then
+// the block reductions of kernels/reduce.cuh).
 __global__ void __launch_bounds__(kCombineThreads)
 combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   __shared__ CombineScratch s;
@@ -387,16 +385,35 @@ combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
       g.row_sum[r] = sum;
     }
   }
-  if constexpr (kRecord) combine_record(g, w.record + int64_t{r} * segments, segments, r, s);
+}
+
+// One block per row: the record's digest and top-k (it needs the pass alone, not the guard's
+// combine, so it may run beside that and the finish).
+__global__ void __launch_bounds__(kCombineThreads)
+record_combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+  __shared__ CombineScratch s;
+  combine_record(g, w, segments, static_cast<int32_t>(blockIdx.x), s);
 }
 
 template <bool kRecord>
-void launch(const LogitsPassArgs& g, cudaStream_t stream) {
+cudaError_t launch(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const int32_t segments = segments_of(g.vocab);
   const Workspace w = carve(g.workspace, g.rows, g.vocab);
   pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
-      g.logits, g.vocab, segments, g.row_max != nullptr, w, g.top_k);
-  combine_kernel<kRecord><<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+      g.logits, g.vocab, segments, g.row_max != nullptr, w);
+  if constexpr (kRecord) {
+    cudaStream_t record_stream = stream;
+    if (fork != nullptr) {
+      if (const cudaError_t e = cudaEventRecord(fork->after_pass, stream); e != cudaSuccess) return e;
+      if (const cudaError_t e = cudaStreamWaitEvent(fork->stream, fork->after_pass); e != cudaSuccess) {
+        return e;
+      }
+      record_stream = fork->stream;
+    }
+    record_combine_kernel<<<g.rows, kCombineThreads, 0, record_stream>>>(g, w, segments);
+  }
+  combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -407,7 +424,7 @@ size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab) {
                   sizeof(RecordPartial));
 }
 
-cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
+cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const bool record = g.digests != nullptr;
   if (g.rows < 0 || g.rows > 65535 || g.vocab < 1 || g.logits == nullptr ||
       g.workspace == nullptr || g.nan_flags == nullptr || g.argmax == nullptr ||
@@ -416,12 +433,8 @@ cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (g.rows == 0) return cudaSuccess;
-  if (record) {
-    launch<true>(g, stream);
-  } else {
-    launch<false>(g, stream);
-  }
-  return cudaGetLastError();
+  const cudaError_t status = record ? launch<true>(g, stream, fork) : launch<false>(g, stream, fork);
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 }  // namespace ls::kernels

@@ -36,7 +36,16 @@ struct LogitsPassArgs {
   int32_t top_k = 0;
 };
 
+// Where a recorded pass's record combine runs: on `stream`, after `after_pass` (recorded on the
+// pass's stream once the pass kernel is queued), beside the guard's combine and what follows it;
+// the caller joins `stream` back before it reads the record. Null: on the pass's stream.
+struct RecordFork {
+  cudaStream_t stream;
+  cudaEvent_t after_pass;
+};
+
 size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab);
-cudaError_t launch_logits_pass(const LogitsPassArgs& args, cudaStream_t stream);
+cudaError_t launch_logits_pass(const LogitsPassArgs& args, cudaStream_t stream,
+                               const RecordFork* fork = nullptr);
 
 }  // namespace ls::kernels

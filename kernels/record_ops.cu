@@ -1,5 +1,7 @@
 #include "kernels/record_ops.h"
 
+#include "kernels/record_state.cuh"
+
 namespace ls::kernels {
 
 namespace {
@@ -10,16 +12,7 @@ constexpr int32_t kThreads = 128;
 __global__ void __launch_bounds__(kThreads)
 record_state_kernel(StepInputs in, DeviceState state, RecordBuffers out) {
   const int32_t y = blockIdx.x;
-  if (y >= in.header->rows_count) return;
-  const int32_t p = in.pool_rows[y];
-  const int32_t w = state.verify_width;
-  if (threadIdx.x == 0) out.vcl[y] = state.vcl[p];
-  for (int32_t t = threadIdx.x; t < w; t += kThreads) {
-    out.future_inputs[int64_t{y} * w + t] = state.future_inputs[int64_t{p} * w + t];
-  }
-  for (int32_t t = threadIdx.x; t < state.table_width; t += kThreads) {
-    out.table[int64_t{y} * state.table_width + t] = state.table[int64_t{p} * state.table_width + t];
-  }
+  if (y < in.header->rows_count) snapshot_row(in, state, out, y, kThreads);
 }
 
 }  // namespace

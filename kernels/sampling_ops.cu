@@ -1,6 +1,7 @@
 // Compiled with --fmad=false: core/sampling.cpp's definition is IEEE fp32 without contraction.
 #include "kernels/sampling_ops.h"
 
+#include "kernels/record_state.cuh"
 #include "kernels/reduce.cuh"
 
 namespace ls::kernels {
@@ -174,11 +175,8 @@ __device__ int32_t verify_row(const FinishArgs& a, int32_t first_logits, const i
 }
 
 // Rules 6–9 for one op row, on one thread: its work is sequential by definition.
-__global__ void finish_rows_kernel(FinishArgs a) {
-  if (threadIdx.x != 0) return;
+__device__ void finish_row(const FinishArgs& a, int32_t row) {
   const StepHeader& h = *a.in.header;
-  const int32_t row = blockIdx.x;
-  if (row >= h.rows_count) return;
   const int32_t ne = h.prefill_rows_count;
   const int32_t w = h.verify_width;
   const int32_t p = a.in.pool_rows[row];
@@ -233,6 +231,16 @@ __global__ void finish_rows_kernel(FinishArgs a) {
   }
   a.out.oov_flags[row] = oov;
   a.out.nan_flags[row] = nan;
+}
+
+// One warp per op row: lane 0 finishes it; then, recording, the warp snapshots its state.
+__global__ void finish_rows_kernel(FinishArgs a) {
+  const int32_t row = blockIdx.x;
+  if (row >= a.in.header->rows_count) return;
+  if (threadIdx.x == 0) finish_row(a, row);
+  if (a.snapshot.vcl == nullptr) return;
+  __syncwarp();  // lane 0's commit (vcl, future inputs) before the copy
+  snapshot_row(a.in, a.state, a.snapshot, row, 32);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // a strict total order — and launch_sort_sampling_keys sorts each row's keys descending.
 #pragma once
 
+#include "kernels/record_ops.h"
 #include "kernels/step_layout.h"
 
 #include <cuda_runtime.h>
@@ -48,6 +49,9 @@ struct FinishArgs {
   const float* row_sum;           // [logits rows]
   SamplingKeys keys;              // read for stochastic rows only
   const int32_t* input_ids;       // [step tokens] the step's (clamped) inputs: verify drafts
+  // A recorded step without a drafter: each row's state after its commit, into the record's part
+  // of the results (null vcl: none; with a drafter, launch_record_state does it after the drafts).
+  RecordBuffers snapshot{};
 };
 
 // One block per op row of [0, rows_grid); rows past the header's rows_count write nothing.
