@@ -112,7 +112,7 @@ pack_python() {
   ninja -C "$build" -j2 $PY_ARCHIVES lockstep
   rm -rf "$DIST/pylib" "$DIST/include" && mkdir -p "$DIST/pylib" "$DIST/include" "$DIST/bin" "$DIST/lib"
   for a in $PY_ARCHIVES; do
-    find "$build" -name "lib$a.a" -exec cp {} "$DIST/pylib/" \;
+    find "$build/" -name "lib$a.a" -exec cp {} "$DIST/pylib/" \;  # "/": build-gpu may be a link
   done
   cp "$cuda_lib/libcudart_static.a" "$DIST/pylib/"
   cp -r /usr/include/fmt "$DIST/include/"
