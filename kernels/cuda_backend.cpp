@@ -317,7 +317,7 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> cublas_workspace;
   std::unique_ptr<kernels::GemmPlans> gemm_plans;  // bf16 linear layers: pinned per shape
   // Guard and sampler.
-  DeviceArray<uint8_t> logits_workspace;  // the logits pass's chunk partials (guard, record)
+  DeviceArray<uint8_t> logits_workspace;  // the logits pass's segment partials (guard, record)
   DeviceArray<int32_t> argmax;         // [logits_rows_max]
   DeviceArray<int32_t> row_nan_flags;  // [logits_rows_max]
   DeviceArray<float> row_max;          // [logits_rows_max]

@@ -13,7 +13,6 @@ constexpr int32_t kWarps = kThreads / 32;
 constexpr int32_t kK = kTopLogitsCountMax;
 constexpr int32_t kGuardPartialFloats = 4;  // max, argmax (int bits), NaN seen, Σ exp(x − max)
 constexpr uint32_t kAllLanes = 0xffffffffu;
-static_assert(kK <= 8, "the record's bound is the least of 8 groups' maxima");
 
 int32_t segments_of(int32_t vocab) { return (vocab + kLogitsSegment - 1) / kLogitsSegment; }
 
@@ -26,7 +25,8 @@ struct RecordPartial {
   uint32_t b;
 };
 
-// The workspace: the guard's partials [rows, segments, 4] floats, then the record's [rows, segments].
+// The workspace: the guard's partials [rows, segments, 4] floats, then the record's
+// [rows, segments].
 struct Workspace {
   float* guard;
   RecordPartial* record;
