@@ -1,6 +1,7 @@
 #include "core/cpu_backend.h"
 
 #include "core/check.h"
+#include "core/ops/nan_guard.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +10,6 @@ namespace ls {
 
 namespace {
 constexpr int32_t kPadInputId = 1;  // what padded tokens read (seed spec invariant 9)
-constexpr float kSanitisedMagnitude = 1e30f;
 }  // namespace
 
 CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
@@ -216,12 +216,8 @@ void CpuBackend::guard_logits(const StepPlan& plan, StepResult& result) {
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const int32_t row = r < ne ? r : ne + (r - ne) / plan.verify_width;
     for (float& x : logits_row(r)) {
-      if (std::isnan(x)) {
-        result.nan_flags[row] = 1;
-        x = -kSanitisedMagnitude;
-      } else if (std::isinf(x)) {
-        x = x > 0 ? kSanitisedMagnitude : -kSanitisedMagnitude;
-      }
+      if (std::isnan(x)) result.nan_flags[row] = 1;
+      x = ops::sanitised_logit(x);
     }
   }
 }

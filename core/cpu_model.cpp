@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/host_memory.h"
+#include "core/ops/layer_math.h"
 #include "core/step_plan.h"
 
 #include <cmath>
@@ -10,17 +11,8 @@ namespace ls {
 
 namespace {
 
-// Dot product with one fixed summation order: eight interleaved partial sums combined pairwise.
-// The order depends only on n, so the result never depends on the batch.
-float dot(const float* a, const float* b, int32_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int32_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int32_t k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  for (int32_t k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+// One fixed summation order (core/ops/layer_math.h): the result never depends on the batch.
+float dot(const float* a, const float* b, int32_t n) { return ops::dot_fixed_order(a, b, n); }
 
 // y[o] = W[o, :] · x for a row-major [out, in] matrix.
 void matvec(const std::vector<float>& w, const float* x, int32_t out, int32_t in, float* y) {
@@ -28,16 +20,12 @@ void matvec(const std::vector<float>& w, const float* x, int32_t out, int32_t in
 }
 
 void rms_norm(const float* x, const std::vector<float>& weight, int32_t n, float eps, float* y) {
-  const float mean_square = dot(x, x, n) / static_cast<float>(n);
-  const float scale = 1.0f / std::sqrt(mean_square + eps);
-  for (int32_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
+  ops::rms_norm_row(x, weight.data(), n, eps, y);
 }
 
 void add_bias(const std::vector<float>& bias, float* y) {
   for (size_t i = 0; i < bias.size(); ++i) y[i] += bias[i];
 }
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
@@ -222,7 +210,7 @@ void CpuModel::ffn_layer(int32_t layer, int32_t tokens_count) {
     rms_norm(residual, w.ffn_norm, h, model_.rms_eps, normed);
     matvec(w.w_gate, normed, f, h, gate_.data());
     matvec(w.w_up, normed, f, h, up_.data());
-    for (int32_t i = 0; i < f; ++i) gate_[i] = silu(gate_[i]) * up_[i];
+    for (int32_t i = 0; i < f; ++i) gate_[i] = ops::swiglu(gate_[i], up_[i]);
     matvec(w.w_down, gate_.data(), h, f, normed);
     for (int32_t i = 0; i < h; ++i) residual[i] += normed[i];
   }

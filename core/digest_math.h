@@ -5,13 +5,9 @@
 // C++17, so that nvcc's dialect reads it too.
 #pragma once
 
-#include <cstdint>
+#include "core/ops/host_device.h"
 
-#if defined(__CUDACC__)
-#define LS_HOST_DEVICE __host__ __device__
-#else
-#define LS_HOST_DEVICE
-#endif
+#include <cstdint>
 
 namespace ls {
 
