@@ -7,10 +7,22 @@
 
 namespace ls {
 
+namespace {
+
+const ExecutorConfig& validated(const ExecutorConfig& config) {
+  config.validate();
+  return config;
+}
+
+}  // namespace
+
 Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& backend,
                    ExecutorOptions options)
-    : config_(config), vocab_size_(vocab_size), backend_(backend), options_(options) {
-  config_.validate();
+    : config_(validated(config)),
+      vocab_size_(vocab_size),
+      backend_(backend),
+      options_(options),
+      validator_(config_, vocab_size) {
   LS_REQUIRE(vocab_size > 1, "executor: vocab_size must be > 1, got {}", vocab_size);
   LS_REQUIRE(options.top_logits_count >= 0 && options.top_logits_count <= kTopLogitsCountMax,
              "executor: top_logits_count {} is outside [0, {}]", options.top_logits_count,
@@ -30,7 +42,7 @@ void Executor::submit(const ForwardOp& op) {
   // step in flight, even when the op is rejected.
   InFlight& slot = in_flight_[static_cast<size_t>(submitted_count_ % kInFlightMax)];
   StepPlan& plan = slot.plan;
-  validate_forward_op(op, config_, vocab_size_);
+  validator_.validate(op);
   // May still reject (missing sampling parameters, fault rows out of range) before anything
   // changes.
   const int32_t slices_clamped = plan_step(op, plan);

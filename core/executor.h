@@ -122,6 +122,7 @@ class Executor {
   int32_t vocab_size_;
   Backend& backend_;
   ExecutorOptions options_;
+  ForwardOpValidator validator_;  // after config_: sized from its validated limits
   ExecutorStats stats_;
   std::array<InFlight, kInFlightMax> in_flight_;  // step k in [k % kInFlightMax]
   int64_t submitted_count_ = 0;
