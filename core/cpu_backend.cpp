@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/ops/nan_guard.h"
+#include "core/seams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -272,12 +273,8 @@ void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
     std::span<int32_t> out(result.tokens.data() + first_logits, w);
     const int32_t accepted = verifier_->verify(verify_row, out, scratch_);
     LS_ASSERT(accepted >= 1 && accepted <= w, "verifier accepted {} of W = {}", accepted, w);
-#ifdef LOCKSTEP_PLANTED_BUG_CLAMP_ONE_SITE
-    // Planted bug (test-only library): site 1 forgets the clamp; only the step result clamps.
-    const int32_t in_step = accepted;
-#else
-    const int32_t in_step = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
-#endif
+    const int32_t in_step =
+        seams::accepted_committed_in_step(accepted, vcl_old, config_.context_length);
     commit_decode_row(plan, row, out, in_step);
     const int32_t reported = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
     std::fill(out.begin() + reported, out.end(), 0);
