@@ -166,10 +166,10 @@ void CpuBackend::poison_logits(std::span<const int32_t> logits_rows, float value
   }
 }
 
-StepResult CpuBackend::finish_step(const StepPlan& plan) {
+void CpuBackend::finish_step(const StepPlan& plan, StepResult& result) {
   const int32_t bs = plan.rows_count;
   const int32_t ne = plan.prefill_rows_count;
-  StepResult result;
+  clear_optional_fields(result);
   result.mode = plan.mode;
   result.prefill_rows_count = ne;
   result.verify_width = plan.verify_width;
@@ -177,7 +177,7 @@ StepResult CpuBackend::finish_step(const StepPlan& plan) {
   result.accepted_lengths.assign(static_cast<size_t>(bs), 0);
   result.nan_flags.assign(static_cast<size_t>(bs), 0);
   result.oov_flags.assign(static_cast<size_t>(bs), 0);
-  if (bs == 0) return result;
+  if (bs == 0) return;
   guard_logits(plan, result);
   sample_prefill_rows(plan, result);
   verify_decode_rows(plan, result);
@@ -188,7 +188,19 @@ StepResult CpuBackend::finish_step(const StepPlan& plan) {
                          logits_.begin() + static_cast<size_t>(plan.logits_rows_count()) * vocab_size_);
   }
   if (plan.record) fill_record(plan, result);
-  return result;
+}
+
+// What a step fills only when asked: emptied, their capacity kept for the next step that asks.
+void CpuBackend::clear_optional_fields(StepResult& result) {
+  result.logprobs.clear();
+  result.logits.clear();
+  result.logits_digests.clear();
+  result.top_logits_count = 0;
+  result.top_logits.clear();
+  result.state.pool_rows.clear();
+  result.state.valid_cache_length.clear();
+  result.state.future_inputs.clear();
+  result.state.table.clear();
 }
 
 // The trace's view of the step (core/logits_digest.h), from the sanitised logits the sampler
@@ -197,7 +209,7 @@ void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
   result.top_logits_count = plan.top_logits_count;
   result.logits_digests.clear();
   result.top_logits.clear();
-  // One allocation each (the step's result is new every step), not one per doubling.
+  // At most one allocation each, none once the caller's reused result has the capacity.
   const size_t rows = static_cast<size_t>(plan.logits_rows_count());
   result.logits_digests.reserve(rows);
   result.top_logits.reserve(rows * static_cast<size_t>(plan.top_logits_count));

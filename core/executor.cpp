@@ -62,7 +62,7 @@ void Executor::submit(const ForwardOp& op) {
   if (slot.deferred) {
     backend_.enqueue_finish(plan);  // rules 5–9 launched
   } else {
-    slot.result = backend_.finish_step(plan);  // rules 5–9 done
+    backend_.finish_step(plan, slot.result);  // rules 5–9 done, into the slot's reused result
   }
   ++submitted_count_;
   ++stats_.steps_count;
@@ -74,7 +74,7 @@ void Executor::collect(StepResult& result) {
   if (slot.deferred) {
     backend_.collect_finish(slot.plan, result);
   } else {
-    result = std::move(slot.result);
+    std::swap(result, slot.result);  // the caller's old vectors serve the slot's next step
   }
   ++collected_count_;
 }
@@ -86,10 +86,16 @@ StepResult Executor::collect() {
 }
 
 StepResult Executor::step(const ForwardOp& op) {
+  StepResult result;
+  step(op, result);
+  return result;
+}
+
+void Executor::step(const ForwardOp& op, StepResult& result) {
   LS_REQUIRE(in_flight_count() == 0, "executor: step() with {} steps in flight; collect them first",
              in_flight_count());
   submit(op);
-  return collect();
+  collect(result);
 }
 
 void Executor::copy_pages(const CacheOp& op) {

@@ -1303,13 +1303,11 @@ void CudaBackend::poison_logits(std::span<const int32_t> logits_rows, float valu
   }
 }
 
-StepResult CudaBackend::finish_step(const StepPlan& plan) {
+void CudaBackend::finish_step(const StepPlan& plan, StepResult& result) {
   LS_ASSERT(impl_->steps_in_flight() == 0, "finish_step with {} steps in flight",
             impl_->steps_in_flight());
   enqueue_finish(plan);
-  StepResult result;
   collect_finish(plan, result);
-  return result;
 }
 
 bool CudaBackend::can_run_ahead() const { return !impl_->options.profile; }
