@@ -16,28 +16,14 @@ namespace ls::ops {
 // IEEE fp32 round-to-nearest products and sums that the device compiler may not contract into a
 // fused multiply-add (host code is built without contraction). Where the definition fixes the
 // rounding of every operation, these spell it out.
-LS_HOST_DEVICE LS_INLINE float mul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
+LS_HOST_DEVICE LS_INLINE float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+LS_HOST_DEVICE LS_INLINE float add_rn(float a, float b) { return __fadd_rn(a, b); }
+LS_HOST_DEVICE LS_INLINE float sub_rn(float a, float b) { return __fsub_rn(a, b); }
 #else
-  return a * b;
+LS_HOST_DEVICE LS_INLINE float mul_rn(float a, float b) { return a * b; }
+LS_HOST_DEVICE LS_INLINE float add_rn(float a, float b) { return a + b; }
+LS_HOST_DEVICE LS_INLINE float sub_rn(float a, float b) { return a - b; }
 #endif
-}
-
-LS_HOST_DEVICE LS_INLINE float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-LS_HOST_DEVICE LS_INLINE float sub_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
 
 }  // namespace ls::ops

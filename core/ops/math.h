@@ -10,36 +10,16 @@
 
 namespace ls::ops {
 
-LS_HOST_DEVICE LS_INLINE float exp_f(float x) {
 #if defined(__CUDA_ARCH__)
-  return expf(x);
+LS_HOST_DEVICE LS_INLINE float exp_f(float x) { return expf(x); }
+LS_HOST_DEVICE LS_INLINE float sqrt_f(float x) { return sqrtf(x); }
+LS_HOST_DEVICE LS_INLINE bool is_nan(float x) { return isnan(x); }
+LS_HOST_DEVICE LS_INLINE bool is_inf(float x) { return isinf(x); }
 #else
-  return std::exp(x);
+LS_HOST_DEVICE LS_INLINE float exp_f(float x) { return std::exp(x); }
+LS_HOST_DEVICE LS_INLINE float sqrt_f(float x) { return std::sqrt(x); }
+LS_HOST_DEVICE LS_INLINE bool is_nan(float x) { return std::isnan(x); }
+LS_HOST_DEVICE LS_INLINE bool is_inf(float x) { return std::isinf(x); }
 #endif
-}
-
-LS_HOST_DEVICE LS_INLINE float sqrt_f(float x) {
-#if defined(__CUDA_ARCH__)
-  return sqrtf(x);
-#else
-  return std::sqrt(x);
-#endif
-}
-
-LS_HOST_DEVICE LS_INLINE bool is_nan(float x) {
-#if defined(__CUDA_ARCH__)
-  return isnan(x);
-#else
-  return std::isnan(x);
-#endif
-}
-
-LS_HOST_DEVICE LS_INLINE bool is_inf(float x) {
-#if defined(__CUDA_ARCH__)
-  return isinf(x);
-#else
-  return std::isinf(x);
-#endif
-}
 
 }  // namespace ls::ops
