@@ -9,6 +9,7 @@
 // this one isolates the kernel so its changes can be measured on their own.
 #include "kernels/attention.h"
 
+#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -106,13 +107,15 @@ void run_case(const Heads& h, int32_t batch, int32_t context, int32_t iterations
 
 int main(int argc, char** argv) {
   int32_t iterations = 50;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--iterations") == 0 && i + 1 < argc) {
-      iterations = std::atoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: lockstep_gpu_attention_bench [--iterations N]\n");
-      return 2;
-    }
+  CLI::App app{"Decode attention alone: bandwidth of the split-KV kernel per head layout, batch and "
+               "context", "lockstep_gpu_attention_bench"};
+  app.add_option("--iterations", iterations, "Timed launches per case")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));

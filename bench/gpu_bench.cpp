@@ -28,6 +28,7 @@
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
 
+#include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
 
@@ -598,32 +599,16 @@ std::string utc_now() {
   return text;
 }
 
-Options parse(int argc, char** argv) {
-  Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      o.quick = true;
-    } else if (a == "--recording") {
-      o.recording = true;
-    } else if (a == "--shapes" && i + 1 < argc) {
-      o.shapes.clear();
-      o.shapes_given = true;
-      std::stringstream list(argv[++i]);
-      for (std::string s; std::getline(list, s, ',');) o.shapes.push_back(s);
-    } else if (o.out_path.empty() && !a.starts_with("--")) {
-      o.out_path = a;
-    } else {
-      throw Error("usage: lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,...] "
-                  "[--recording]");
-    }
-  }
-  LS_REQUIRE(!o.out_path.empty(), "usage: lockstep_gpu_bench OUT.json [--quick] [--shapes ...]");
-  return o;
+void add_options(CLI::App& app, Options& o) {
+  app.add_option("out", o.out_path, "Where the figures go (JSON)")->required();
+  app.add_flag("--quick", o.quick, "Fewer iterations");
+  app.add_flag("--recording", o.recording, "Only the recording figures");
+  app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
+      ->delimiter(',')
+      ->each([&o](const std::string&) { o.shapes_given = true; });
 }
 
-int run(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+int run(const Options& o) {
   const CudaMachineInfo machine = cuda_machine_info();
   std::printf("%s, %s SMs, driver %s, CUDA runtime %s, cuBLAS %s, commit %s\n",
               machine.gpu_name.c_str(), machine.sm_count.c_str(), machine.driver_version.c_str(),
@@ -678,8 +663,17 @@ int run(int argc, char** argv) {
 }  // namespace ls
 
 int main(int argc, char** argv) {
+  ls::Options options;
+  CLI::App app{"The GPU benchmark harness: bandwidth, decode step time, prefill, recording",
+               "lockstep_gpu_bench"};
+  ls::add_options(app, options);
   try {
-    return ls::run(argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return ls::run(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lockstep_gpu_bench: %s\n", e.what());
     return 1;

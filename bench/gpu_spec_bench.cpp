@@ -15,6 +15,7 @@
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -201,20 +202,7 @@ std::string utc_now() {
   return text;
 }
 
-int run(int argc, char** argv) {
-  std::string out_path;
-  bool quick = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-    } else if (out_path.empty() && !a.starts_with("--")) {
-      out_path = a;
-    } else {
-      throw Error("usage: lockstep_gpu_spec_bench OUT.json [--quick]");
-    }
-  }
-  LS_REQUIRE(!out_path.empty(), "usage: lockstep_gpu_spec_bench OUT.json [--quick]");
+int run(const std::string& out_path, bool quick) {
   const int32_t steps = quick ? 24 : 64;
   const CudaMachineInfo machine = cuda_machine_info();
   std::printf("%s, %s SMs, driver %s, CUDA runtime %s, cuBLAS %s, commit %s\n",
@@ -279,8 +267,19 @@ int run(int argc, char** argv) {
 }  // namespace ls
 
 int main(int argc, char** argv) {
+  std::string out_path;
+  bool quick = false;
+  CLI::App app{"Speculative decoding on the GPU: W = 4 with the device n-gram drafter against W = 1",
+               "lockstep_gpu_spec_bench"};
+  app.add_option("out", out_path, "Where the figures go (JSON)")->required();
+  app.add_flag("--quick", quick, "Fewer timed steps");
   try {
-    return ls::run(argc, argv);
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return ls::run(out_path, quick);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "lockstep_gpu_spec_bench: %s\n", e.what());
     return 1;

@@ -18,6 +18,7 @@
 #include "trace/reader.h"
 #include "trace/recorder.h"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -187,20 +188,15 @@ int main(int argc, char** argv) {
   const Launcher help = fork_launcher(Run::kCliHelp);
   double gib = 1.0;
   std::string dir = "/tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--gib") {
-      gib = std::atof(argv[i + 1]);
-    } else if (flag == "--dir") {
-      dir = argv[i + 1];
-    } else {
-      fmt::print(stderr, "usage: lockstep_bench_report [--gib 1.0] [--dir /tmp]; unknown flag {}\n", flag);
-      return 2;
-    }
-  }
-  if ((argc - 1) % 2 != 0 || gib <= 0) {
-    fmt::print(stderr, "usage: lockstep_bench_report [--gib 1.0] [--dir /tmp]\n");
-    return 2;
+  CLI::App app{"lockstep report of a large trace: peak RSS and time", "lockstep_bench_report"};
+  app.add_option("--gib", gib, "Size of the trace to write, GiB")
+      ->check(CLI::Range(0.001, 1024.0))
+      ->capture_default_str();
+  app.add_option("--dir", dir, "Where the trace is written")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
   }
   const std::filesystem::path base = std::filesystem::path(dir) / fmt::format("lockstep-report-bench-{}", ::getpid());
   const std::string seed_trace = base.string() + "-seed.trace", big = base.string() + ".trace";

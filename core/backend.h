@@ -43,8 +43,10 @@ class Backend {
   virtual void forward(const StepPlan& plan) = 0;
   // A fault site: overwrite whole logits rows with `value` — NaN, or ±inf (simulator and tests).
   virtual void poison_logits(std::span<const int32_t> logits_rows, float value) = 0;
-  // Rules 5–9: NaN guard, sample/verify, context clamp, commit, output clamp; the result.
-  virtual StepResult finish_step(const StepPlan& plan) = 0;
+  // Rules 5–9: NaN guard, sample/verify, context clamp, commit, output clamp. Writes every field
+  // of `result`, reusing its vectors' capacity, so a caller that keeps its result allocates
+  // nothing once warmed up.
+  virtual void finish_step(const StepPlan& plan, StepResult& result) = 0;
 
   // Running ahead (DESIGN.md rule 9: the host plans step k+1 before it reads step k). A backend
   // that can says so here and splits finish_step in two: enqueue_finish launches rules 5–9 and

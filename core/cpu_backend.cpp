@@ -1,6 +1,8 @@
 #include "core/cpu_backend.h"
 
 #include "core/check.h"
+#include "core/ops/nan_guard.h"
+#include "core/seams.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,7 +11,6 @@ namespace ls {
 
 namespace {
 constexpr int32_t kPadInputId = 1;  // what padded tokens read (seed spec invariant 9)
-constexpr float kSanitisedMagnitude = 1e30f;
 }  // namespace
 
 CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config,
@@ -169,10 +170,10 @@ void CpuBackend::poison_logits(std::span<const int32_t> logits_rows, float value
   }
 }
 
-StepResult CpuBackend::finish_step(const StepPlan& plan) {
+void CpuBackend::finish_step(const StepPlan& plan, StepResult& result) {
   const int32_t bs = plan.rows_count;
   const int32_t ne = plan.prefill_rows_count;
-  StepResult result;
+  clear_optional_fields(result);
   result.mode = plan.mode;
   result.prefill_rows_count = ne;
   result.verify_width = plan.verify_width;
@@ -180,7 +181,7 @@ StepResult CpuBackend::finish_step(const StepPlan& plan) {
   result.accepted_lengths.assign(static_cast<size_t>(bs), 0);
   result.nan_flags.assign(static_cast<size_t>(bs), 0);
   result.oov_flags.assign(static_cast<size_t>(bs), 0);
-  if (bs == 0) return result;
+  if (bs == 0) return;
   guard_logits(plan, result);
   sample_prefill_rows(plan, result);
   verify_decode_rows(plan, result);
@@ -191,7 +192,19 @@ StepResult CpuBackend::finish_step(const StepPlan& plan) {
                          logits_.begin() + static_cast<size_t>(plan.logits_rows_count()) * vocab_size_);
   }
   if (plan.record) fill_record(plan, result);
-  return result;
+}
+
+// What a step fills only when asked: emptied, their capacity kept for the next step that asks.
+void CpuBackend::clear_optional_fields(StepResult& result) {
+  result.logprobs.clear();
+  result.logits.clear();
+  result.logits_digests.clear();
+  result.top_logits_count = 0;
+  result.top_logits.clear();
+  result.state.pool_rows.clear();
+  result.state.valid_cache_length.clear();
+  result.state.future_inputs.clear();
+  result.state.table.clear();
 }
 
 // The trace's view of the step (core/logits_digest.h), from the sanitised logits the sampler
@@ -200,7 +213,7 @@ void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
   result.top_logits_count = plan.top_logits_count;
   result.logits_digests.clear();
   result.top_logits.clear();
-  // One allocation each (the step's result is new every step), not one per doubling.
+  // At most one allocation each, none once the caller's reused result has the capacity.
   const size_t rows = static_cast<size_t>(plan.logits_rows_count());
   result.logits_digests.reserve(rows);
   result.top_logits.reserve(rows * static_cast<size_t>(plan.top_logits_count));
@@ -220,12 +233,8 @@ void CpuBackend::guard_logits(const StepPlan& plan, StepResult& result) {
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const int32_t row = r < ne ? r : ne + (r - ne) / plan.verify_width;
     for (float& x : logits_row(r)) {
-      if (std::isnan(x)) {
-        result.nan_flags[row] = 1;
-        x = -kSanitisedMagnitude;
-      } else if (std::isinf(x)) {
-        x = x > 0 ? kSanitisedMagnitude : -kSanitisedMagnitude;
-      }
+      if (std::isnan(x)) result.nan_flags[row] = 1;
+      x = ops::sanitised_logit(x);
     }
   }
 }
@@ -280,12 +289,8 @@ void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
     std::span<int32_t> out(result.tokens.data() + first_logits, w);
     const int32_t accepted = verifier_->verify(verify_row, out, scratch_);
     LS_ASSERT(accepted >= 1 && accepted <= w, "verifier accepted {} of W = {}", accepted, w);
-#ifdef LOCKSTEP_PLANTED_BUG_CLAMP_ONE_SITE
-    // Planted bug (test-only library): site 1 forgets the clamp; only the step result clamps.
-    const int32_t in_step = accepted;
-#else
-    const int32_t in_step = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
-#endif
+    const int32_t in_step =
+        seams::accepted_committed_in_step(accepted, vcl_old, config_.context_length);
     commit_decode_row(plan, row, out, in_step);
     const int32_t reported = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
     std::fill(out.begin() + reported, out.end(), 0);

@@ -35,7 +35,7 @@ class CpuBackend final : public Backend {
   void fill_inputs(const StepPlan& plan) override;
   void forward(const StepPlan& plan) override;
   void poison_logits(std::span<const int32_t> logits_rows, float value) override;
-  StepResult finish_step(const StepPlan& plan) override;
+  void finish_step(const StepPlan& plan, StepResult& result) override;
   void copy_pages(const CacheOp& op) override { model_.copy_pages(op); }
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
@@ -51,6 +51,7 @@ class CpuBackend final : public Backend {
   void record_input_history(const StepPlan& plan);
   void write_history(int32_t rpi, int32_t position, int32_t token);
   void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
+  static void clear_optional_fields(StepResult& result);
   void fill_logprobs(const StepPlan& plan, StepResult& result);
   void fill_record(const StepPlan& plan, StepResult& result) const;
   void snapshot_rows(std::span<const int32_t> pool_rows, StateSnapshot& out) const;

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/host_memory.h"
+#include "core/ops/layer_math.h"
 #include "core/step_plan.h"
 #include "core/tensor_parallel.h"
 
@@ -11,17 +12,8 @@ namespace ls {
 
 namespace {
 
-// Dot product with one fixed summation order: eight interleaved partial sums combined pairwise.
-// The order depends only on n, so the result never depends on the batch.
-float dot(const float* a, const float* b, int32_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int32_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int32_t k = 0; k < 8; ++k) acc[k] += a[i + k] * b[i + k];
-  }
-  for (int32_t k = 0; i < n; ++i, ++k) acc[k] += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
+// One fixed summation order (core/ops/layer_math.h): the result never depends on the batch.
+float dot(const float* a, const float* b, int32_t n) { return ops::dot_fixed_order(a, b, n); }
 
 // The column-parallel shard of y = W x for a row-major [out, in] matrix: y[o] = W[o, :] · x for
 // the output elements o in `rows` only — each the same dot product the whole matrix computes.
@@ -42,9 +34,7 @@ void matvec_partial(const std::vector<float>& w, const float* x, int32_t out, in
 }
 
 void rms_norm(const float* x, const std::vector<float>& weight, int32_t n, float eps, float* y) {
-  const float mean_square = dot(x, x, n) / static_cast<float>(n);
-  const float scale = 1.0f / std::sqrt(mean_square + eps);
-  for (int32_t i = 0; i < n; ++i) y[i] = x[i] * scale * weight[i];
+  ops::rms_norm_row(x, weight.data(), n, eps, y);
 }
 
 void add_bias(const std::vector<float>& bias, ShardRange rows, float* y) {
@@ -55,8 +45,6 @@ void add_bias(const std::vector<float>& bias, ShardRange rows, float* y) {
 ShardRange head_elements(ShardRange heads, int32_t head_dim) {
   return {heads.begin * head_dim, heads.count * head_dim};
 }
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 
 }  // namespace
 
@@ -297,7 +285,7 @@ void CpuModel::ffn_layer(int32_t layer, int32_t tokens_count) {
       const float* normed = normed_.data() + static_cast<size_t>(t) * h;
       matvec_rows(w.w_gate, normed, h, columns, gate_.data());
       matvec_rows(w.w_up, normed, h, columns, up_.data());
-      for (int32_t i = columns.begin; i < columns.end(); ++i) gate_[i] = silu(gate_[i]) * up_[i];
+      for (int32_t i = columns.begin; i < columns.end(); ++i) gate_[i] = ops::swiglu(gate_[i], up_[i]);
       matvec_partial(w.w_down, gate_.data(), h, f, columns, partial_at(rank, t, tokens_count));
     }
   }

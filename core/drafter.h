@@ -7,6 +7,7 @@
 #pragma once
 
 #include "core/forward_op.h"
+#include "core/ops/context_clamp.h"
 
 #include <cstdint>
 #include <memory>
@@ -16,13 +17,10 @@
 
 namespace ls {
 
-// The context clamp (DESIGN.md rule 7): a' = min(a, max(0, L − vcl_old)), so vcl never exceeds
-// L. Both clamp sites of a step (inside the step, and the step result) call this with the same
-// vcl_old, which makes applying both idempotent.
-inline int32_t clamp_accepted_to_context(int32_t accepted, int32_t vcl_old, int32_t context_length) {
-  const int32_t room = context_length - vcl_old;
-  return accepted < room ? accepted : (room > 0 ? room : 0);
-}
+// The context clamp (DESIGN.md rule 7), core/ops/context_clamp.h. Both clamp sites of a step
+// (inside the step, and the step result) call it with the same vcl_old, which makes applying both
+// idempotent.
+using ops::clamp_accepted_to_context;
 
 struct DraftContext {
   RequestId request_id = 0;

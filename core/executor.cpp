@@ -7,10 +7,22 @@
 
 namespace ls {
 
+namespace {
+
+const ExecutorConfig& validated(const ExecutorConfig& config) {
+  config.validate();
+  return config;
+}
+
+}  // namespace
+
 Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& backend,
                    ExecutorOptions options)
-    : config_(config), vocab_size_(vocab_size), backend_(backend), options_(options) {
-  config_.validate();
+    : config_(validated(config)),
+      vocab_size_(vocab_size),
+      backend_(backend),
+      options_(options),
+      validator_(config_, vocab_size) {
   LS_REQUIRE(vocab_size > 1, "executor: vocab_size must be > 1, got {}", vocab_size);
   LS_REQUIRE(options.top_logits_count >= 0 && options.top_logits_count <= kTopLogitsCountMax,
              "executor: top_logits_count {} is outside [0, {}]", options.top_logits_count,
@@ -30,7 +42,7 @@ void Executor::submit(const ForwardOp& op) {
   // step in flight, even when the op is rejected.
   InFlight& slot = in_flight_[static_cast<size_t>(submitted_count_ % kInFlightMax)];
   StepPlan& plan = slot.plan;
-  validate_forward_op(op, config_, vocab_size_);
+  validator_.validate(op);
   // May still reject (missing sampling parameters, fault rows out of range) before anything
   // changes.
   const int32_t slices_clamped = plan_step(op, plan);
@@ -50,7 +62,7 @@ void Executor::submit(const ForwardOp& op) {
   if (slot.deferred) {
     backend_.enqueue_finish(plan);  // rules 5–9 launched
   } else {
-    slot.result = backend_.finish_step(plan);  // rules 5–9 done
+    backend_.finish_step(plan, slot.result);  // rules 5–9 done, into the slot's reused result
   }
   ++submitted_count_;
   ++stats_.steps_count;
@@ -62,7 +74,7 @@ void Executor::collect(StepResult& result) {
   if (slot.deferred) {
     backend_.collect_finish(slot.plan, result);
   } else {
-    result = std::move(slot.result);
+    std::swap(result, slot.result);  // the caller's old vectors serve the slot's next step
   }
   ++collected_count_;
 }
@@ -74,10 +86,16 @@ StepResult Executor::collect() {
 }
 
 StepResult Executor::step(const ForwardOp& op) {
+  StepResult result;
+  step(op, result);
+  return result;
+}
+
+void Executor::step(const ForwardOp& op, StepResult& result) {
   LS_REQUIRE(in_flight_count() == 0, "executor: step() with {} steps in flight; collect them first",
              in_flight_count());
   submit(op);
-  return collect();
+  collect(result);
 }
 
 void Executor::copy_pages(const CacheOp& op) {

@@ -67,6 +67,7 @@ class Executor {
   void collect(StepResult& result);
   // submit + collect: one step at a time. ls::Error when a step is in flight.
   StepResult step(const ForwardOp& op);
+  void step(const ForwardOp& op, StepResult& result);
 
   // Executes KV page copies (retraction by swap). Throws ls::Error on an index out of range.
   // Ordered after every submitted step and before the next one.
@@ -122,6 +123,7 @@ class Executor {
   int32_t vocab_size_;
   Backend& backend_;
   ExecutorOptions options_;
+  ForwardOpValidator validator_;  // after config_: sized from its validated limits
   ExecutorStats stats_;
   std::array<InFlight, kInFlightMax> in_flight_;  // step k in [k % kInFlightMax]
   int64_t submitted_count_ = 0;

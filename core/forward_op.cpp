@@ -2,7 +2,8 @@
 
 #include "core/check.h"
 
-#include <unordered_set>
+#include <algorithm>
+#include <bit>
 
 namespace ls {
 
@@ -101,11 +102,45 @@ void validate_decode_row(int32_t i, const OpRow& row, const ExecutorConfig& conf
 }  // namespace
 
 void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size) {
+  ForwardOpValidator(config, vocab_size).validate(op);
+}
+
+ForwardOpValidator::ForwardOpValidator(const ExecutorConfig& config, int32_t vocab_size)
+    : config_(config), vocab_size_(vocab_size) {
+  pool_row_stamps_.assign(static_cast<size_t>(std::max(config.max_batch_rows, 0)) + 1, 0);
+  const auto slots = std::bit_ceil(2 * static_cast<uint64_t>(std::max(config.max_batch_rows, 1)));
+  id_slots_.assign(slots, IdSlot{});
+  id_shift_ = 64 - std::countr_zero(slots);
+}
+
+bool ForwardOpValidator::take_pool_row(int32_t pool_row) {
+  uint64_t& stamp = pool_row_stamps_[static_cast<size_t>(pool_row)];
+  if (stamp == stamp_) return false;
+  stamp = stamp_;
+  return true;
+}
+
+bool ForwardOpValidator::take_request_id(RequestId id) {
+  // Fibonacci hashing, then linear probing: an op holds at most B ids in 2·B slots or more.
+  const size_t mask = id_slots_.size() - 1;
+  for (size_t h = static_cast<size_t>((id * 0x9E3779B97F4A7C15ull) >> id_shift_);;
+       h = (h + 1) & mask) {
+    IdSlot& slot = id_slots_[h];
+    if (slot.stamp != stamp_) {
+      slot = IdSlot{id, stamp_};
+      return true;
+    }
+    if (slot.id == id) return false;
+  }
+}
+
+void ForwardOpValidator::validate(const ForwardOp& op) {
+  const ExecutorConfig& config = config_;
+  const int32_t vocab_size = vocab_size_;
+  ++stamp_;
   const int32_t bs = op.rows_count();
   LS_REQUIRE(bs <= config.max_batch_rows, "forward op: {} rows exceed max_batch_rows B = {}", bs,
              config.max_batch_rows);
-  std::unordered_set<int32_t> pool_rows;
-  std::unordered_set<RequestId> request_ids;
   int64_t prefill_tokens = 0;
   bool seen_decode = false;
   for (int32_t i = 0; i < bs; ++i) {
@@ -120,10 +155,10 @@ void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int3
     LS_REQUIRE(row.pool_row >= 1 && row.pool_row <= config.max_batch_rows,
                "{}: pool_row {} is unknown: pool rows are 1..max_batch_rows = {}", where(i, row),
                row.pool_row, config.max_batch_rows);
-    LS_REQUIRE(pool_rows.insert(row.pool_row).second,
+    LS_REQUIRE(take_pool_row(row.pool_row),
                "{}: pool_row {} is used by an earlier row of the same op", where(i, row),
                row.pool_row);
-    LS_REQUIRE(request_ids.insert(row.request_id).second,
+    LS_REQUIRE(take_request_id(row.request_id),
                "{}: request id {} appears in an earlier row of the same op", where(i, row),
                row.request_id);
     validate_refresh(i, row, config);

@@ -61,4 +61,29 @@ struct ForwardOp {
 // naming the field, the row and the limit. `vocab_size` bounds token ids.
 void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size);
 
+// validate_forward_op with its bookkeeping sized once from the limits, so that checking an op
+// allocates nothing: the executor keeps one and checks every step with it.
+class ForwardOpValidator {
+ public:
+  ForwardOpValidator(const ExecutorConfig& config, int32_t vocab_size);
+  void validate(const ForwardOp& op);
+
+ private:
+  // Each op draws a new stamp: an entry is taken by this op exactly when it holds the stamp, so
+  // nothing is cleared between ops.
+  bool take_pool_row(int32_t pool_row);
+  bool take_request_id(RequestId id);
+
+  struct IdSlot {
+    RequestId id = 0;
+    uint64_t stamp = 0;
+  };
+  ExecutorConfig config_;
+  int32_t vocab_size_ = 0;
+  uint64_t stamp_ = 0;
+  std::vector<uint64_t> pool_row_stamps_;  // [max_batch_rows + 1]
+  std::vector<IdSlot> id_slots_;           // open addressing, a power of two >= 2 · max_batch_rows
+  int32_t id_shift_ = 0;                   // 64 − log2(id_slots_.size())
+};
+
 }  // namespace ls

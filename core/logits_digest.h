@@ -23,7 +23,7 @@
 // NaN after every number, −0 equal to +0).
 #pragma once
 
-#include "core/digest_math.h"
+#include "core/ops/digest.h"
 
 #include <cstdint>
 #include <cstring>

@@ -41,6 +41,7 @@
 #include "core/sampling.h"
 
 #include "core/check.h"
+#include "core/ops/philox.h"
 
 #include <algorithm>
 #include <cmath>
@@ -51,29 +52,11 @@ namespace ls {
 
 namespace {
 
-// Philox4x32 round multipliers and Weyl key increments (Salmon et al., SC'11, Random123).
-constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
-constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
-constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
-constexpr int kPhiloxRounds = 10;
-
-// Draw indices at one position: each use of randomness has its own stream.
-constexpr uint32_t kDrawSample = 0;
-constexpr uint32_t kDrawCoin = 1;
-constexpr uint32_t kDrawCorrection = 2;
+using ops::kDrawCoin;
+using ops::kDrawCorrection;
+using ops::kDrawSample;
 
 constexpr int32_t kNoToken = -1;
-
-std::array<uint32_t, 4> philox_round(const std::array<uint32_t, 4>& counter,
-                                     const std::array<uint32_t, 2>& key) {
-  const uint64_t product0 = uint64_t{kPhiloxM0} * counter[0];
-  const uint64_t product1 = uint64_t{kPhiloxM1} * counter[2];
-  return {static_cast<uint32_t>(product1 >> 32) ^ counter[1] ^ key[0],
-          static_cast<uint32_t>(product1),
-          static_cast<uint32_t>(product0 >> 32) ^ counter[3] ^ key[1],
-          static_cast<uint32_t>(product0)};
-}
 
 // Step 4's order: weight descending, then id ascending.
 bool precedes(std::span<const float> weights, int32_t a, int32_t b) {
@@ -269,14 +252,9 @@ int32_t verify_stochastic(const VerifyRow& row, std::span<int32_t> out_tokens,
 
 std::array<uint32_t, 4> philox4x32_10_raw(std::array<uint32_t, 4> counter,
                                           std::array<uint32_t, 2> key) {
-  for (int round = 0; round < kPhiloxRounds; ++round) {
-    if (round > 0) {
-      key[0] += kPhiloxW0;
-      key[1] += kPhiloxW1;
-    }
-    counter = philox_round(counter, key);
-  }
-  return counter;
+  const ops::PhiloxBlock out = ops::philox4x32_10({{counter[0], counter[1], counter[2], counter[3]}},
+                                                  {{key[0], key[1]}});
+  return {out.word[0], out.word[1], out.word[2], out.word[3]};
 }
 
 std::array<uint32_t, 4> philox4x32_10(uint64_t key, uint64_t counter0, uint32_t counter1) {
@@ -285,14 +263,11 @@ std::array<uint32_t, 4> philox4x32_10(uint64_t key, uint64_t counter0, uint32_t 
       {static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)});
 }
 
-float uniform_from_bits(uint32_t bits) {
-  // 24 bits fill a float's significand exactly, so the conversion and the scaling are exact.
-  return static_cast<float>(bits >> 8) * 0x1p-24f;
-}
+float uniform_from_bits(uint32_t bits) { return ops::uniform_from_bits(bits); }
 
 float draw_uniform(uint64_t seed, int64_t position, uint32_t draw_index) {
   LS_ASSERT(position >= 0, "position {}", position);
-  return uniform_from_bits(philox4x32_10(seed, static_cast<uint64_t>(position), draw_index)[0]);
+  return ops::draw_uniform(seed, position, draw_index);
 }
 
 int32_t argmax_token(std::span<const float> logits) {

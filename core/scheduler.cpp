@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "core/scheduler_impl.h"
+#include "core/seams.h"
 
 #include <algorithm>
 
@@ -223,12 +224,7 @@ void Scheduler::Impl::cache_kv_pages(const SchedRequest& r, int32_t kv_tokens) {
 }
 
 void Scheduler::Impl::drop_device_pages(SchedRequest& r) {
-#ifdef LOCKSTEP_PLANTED_BUG_LEAK_PAGE_ON_ABORT
-  // Test-only build (lockstep_core_planted): an aborted request forgets to release its last page,
-  // so the simulator's checkers can show they catch a leak. Never defined in a production build.
-  if (r.finish_reason == FinishReason::kAbort && !r.pages.empty()) r.pages.pop_back();
-#endif
-  for (int32_t page : r.pages) pages.release(page);
+  for (int32_t page : seams::pages_released_at_end(r)) pages.release(page);
   r.pages.clear();
   r.table_synced_count = 0;
   if (r.pool_row != 0) free_pool_rows.insert(r.pool_row);

@@ -65,7 +65,7 @@ class ServingLoop {
     while (!scheduler_.done()) {
       StepPlanOut plan = scheduler_.plan();
       notify_events(plan.events);
-      if (in_flight_) apply(std::exchange(in_flight_, std::nullopt).value());
+      if (in_flight_) apply_in_flight();
       if (plan.op.rows.empty() && plan.cache_ops.empty()) {
         count_idle(idle);
         continue;
@@ -147,11 +147,11 @@ class ServingLoop {
     if (options_.observer) {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
     }
-    StepResult result;
+    StepResult& result = result_;  // the applied step's buffers, reused
     StepStats stats = timed() ? plan_stats(step_, plan.events, scheduler_) : StepStats{};
     const int64_t submit_ns = timed() ? options_.clock->now_ns() : 0;
     try {
-      result = executor_.step(plan.op);
+      executor_.step(plan.op, result);
     } catch (const Error& e) {
       if (options_.observer) options_.observer->on_step_rejected(step_, e.what());
       throw;
@@ -164,15 +164,19 @@ class ServingLoop {
                                         executor_.backend().read_state(pool_rows_of(plan.op)));
     }
     if (timed()) options_.observer->on_step_stats(stats);
-    InFlight done{std::move(plan.op), std::move(result), step_++};
     if (scheduler_.config().overlap) {
-      in_flight_ = std::move(done);
+      in_flight_ = InFlight{std::move(plan.op), std::move(result), step_++};
     } else {
-      apply(done);
+      apply(plan.op, result, step_++);
     }
   }
 
-  void apply(const InFlight& f) { apply(f.op, f.result, f.step); }
+  // Applies the step held back by the overlap, and takes its result's buffers back for the next.
+  void apply_in_flight() {
+    InFlight f = std::exchange(in_flight_, std::nullopt).value();
+    apply(f.op, f.result, f.step);
+    result_ = std::move(f.result);
+  }
 
   void apply(const ForwardOp& op, const StepResult& result, int64_t step) {
     for (int32_t a : result.accepted_lengths) progress_.tokens_generated += a;
@@ -196,7 +200,7 @@ class ServingLoop {
   const ServingLoopOptions& options_;
   std::optional<InFlight> in_flight_;
   std::optional<Submitted> submitted_;
-  StepResult result_;  // reused by every collect
+  StepResult result_;  // reused by every collect and step
   ServingProgress progress_;
   int64_t step_ = 0;
 };

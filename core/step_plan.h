@@ -5,6 +5,7 @@
 
 #include "core/config.h"
 #include "core/forward_op.h"
+#include "core/ops/slot.h"
 #include "core/sampling_params.h"
 
 #include <cstdint>
@@ -71,11 +72,9 @@ struct StepPlan {
   }
 };
 
-// The slot rule (seed spec §3.2 c): 0, the dummy slot, when the page column is past the table.
+// The slot rule (core/ops/slot.h): 0, the dummy slot, when the page column is past the table.
 inline int64_t slot_for(std::span<const int32_t> table_row, int32_t page_size, int64_t position) {
-  const int64_t column = position / page_size;
-  if (column >= static_cast<int64_t>(table_row.size())) return 0;
-  return int64_t{table_row[column]} * page_size + position % page_size;
+  return ops::slot_for(table_row.data(), static_cast<int64_t>(table_row.size()), page_size, position);
 }
 
 }  // namespace ls

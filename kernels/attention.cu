@@ -1,5 +1,6 @@
 #include "kernels/attention.h"
 
+#include "core/ops/slot.h"
 #include "kernels/reduce.cuh"
 #include "kernels/storage.cuh"
 
@@ -180,7 +181,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   const auto slot_of = [&](int32_t split) -> int64_t {
     const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
     if (p >= keys) return 0;
-    return int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
+    return ops::slot_in_table(table_row, s.page_size, p);
   };
   int64_t next_slot = slot_of(blockIdx.x);
   for (int32_t i = threadIdx.x; i < group_dim; i += kThreads) {

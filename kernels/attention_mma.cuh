@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   const auto slot_of = [&](int32_t split) -> int64_t {
     const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
     if (p >= keys) return 0;
-    return int64_t{table_row[p / s.page_size]} * s.page_size + p % s.page_size;
+    return ops::slot_in_table(table_row, s.page_size, p);
   };
   int64_t next_slot = slot_of(blockIdx.x);
   for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {

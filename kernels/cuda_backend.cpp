@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/drafter.h"
 #include "core/model/rope.h"
+#include "core/ops/seeded_weights.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_check.h"
 #include "kernels/device_memory.h"
@@ -218,7 +219,9 @@ struct CudaBackend::Impl {
   // Writes elements [offset, offset + src.size()) of a typed-by-precision buffer.
   void upload_tensor(const DeviceArray<uint8_t>& dst, size_t offset, std::span<const float> src);
   void seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count, uint64_t seed,
-                   uint32_t tensor_index, float center, float half_width);
+                   uint32_t tensor_index, ops::SeededRange range);
+  void seed_fp32(float* dst, int64_t count, uint64_t seed, uint32_t tensor_index,
+                 ops::SeededRange range);
   DeviceArray<uint8_t> elements(size_t count, int64_t& account) const {
     return DeviceArray<uint8_t>(count * elem_bytes, account);
   }
@@ -595,8 +598,8 @@ void CudaBackend::Impl::upload_tensor(const DeviceArray<uint8_t>& dst, size_t of
 }
 
 void CudaBackend::Impl::seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count,
-                                    uint64_t seed, uint32_t tensor_index, float center,
-                                    float half_width) {
+                                    uint64_t seed, uint32_t tensor_index, ops::SeededRange range) {
+  const float center = range.center, half_width = range.half_width;
   LS_ASSERT((offset + static_cast<size_t>(count)) * elem_bytes <= dst.bytes(), "seed past the buffer");
   if (options.precision == CudaPrecision::kFp32) {
     LS_CUDA(kernels::launch_seeded_f32(as<float>(dst) + offset, count, seed, tensor_index, center,
@@ -652,54 +655,69 @@ void CudaBackend::Impl::upload_features(size_t li, const LayerWeights& w) {
   }
 }
 
-// weights_from_seed's family tensors (core/model/weights.cpp's index table): layer l's k-th at
-// tensor index 3 + 9·L + 5·l + k — q, k, v bias (uniform ±1/8), q, k norm (1 ± 1/8).
+// weights_from_seed's tensors generated on the device, at the indices and in the ranges of
+// core/ops/seeded_weights.h. Norms, biases and head norms stay fp32 at every precision.
+void CudaBackend::Impl::seed_fp32(float* dst, int64_t count, uint64_t seed, uint32_t tensor_index,
+                                  ops::SeededRange range) {
+  LS_CUDA(kernels::launch_seeded_f32(dst, count, seed, tensor_index, range.center, range.half_width,
+                                     stream.get()));
+}
+
+// The family tensors: Qwen2's biases side by side in QKV order, Qwen3's head norms.
 void CudaBackend::Impl::generate_features(uint64_t seed) {
-  const cudaStream_t s = stream.get();
   const int64_t d = model.head_dim;
+  const auto index = [&](int32_t layer, ops::SeededFeatureTensor k) {
+    return ops::seeded_feature_tensor_index(static_cast<uint32_t>(layers),
+                                            static_cast<uint32_t>(layer), k);
+  };
   for (int32_t i = 0; i < layers; ++i) {
-    const uint32_t base = 3 + 9 * static_cast<uint32_t>(layers) + 5 * static_cast<uint32_t>(i);
     if (model.qkv_bias) {
       float* bias = qkv_bias.get() + static_cast<size_t>(i) * (q_size + 2 * kv_size);
-      LS_CUDA(kernels::launch_seeded_f32(bias, q_size, seed, base, 0.0f, 0.125f, s));
-      LS_CUDA(kernels::launch_seeded_f32(bias + q_size, kv_size, seed, base + 1, 0.0f, 0.125f, s));
-      LS_CUDA(kernels::launch_seeded_f32(bias + q_size + kv_size, kv_size, seed, base + 2, 0.0f,
-                                         0.125f, s));
+      seed_fp32(bias, q_size, seed, index(i, ops::kSeededQBias), ops::kSeededBiasRange);
+      seed_fp32(bias + q_size, kv_size, seed, index(i, ops::kSeededKBias), ops::kSeededBiasRange);
+      seed_fp32(bias + q_size + kv_size, kv_size, seed, index(i, ops::kSeededVBias),
+                ops::kSeededBiasRange);
     }
     if (model.qk_norm) {
-      LS_CUDA(kernels::launch_seeded_f32(q_norm.get() + i * d, d, seed, base + 3, 1.0f, 0.125f, s));
-      LS_CUDA(kernels::launch_seeded_f32(k_norm.get() + i * d, d, seed, base + 4, 1.0f, 0.125f, s));
+      seed_fp32(q_norm.get() + i * d, d, seed, index(i, ops::kSeededQNorm), ops::kSeededNormRange);
+      seed_fp32(k_norm.get() + i * d, d, seed, index(i, ops::kSeededKNorm), ops::kSeededNormRange);
     }
   }
 }
 
 void CudaBackend::Impl::generate_weights(uint64_t seed) {
   const int64_t h = hidden;
-  const cudaStream_t s = stream.get();
-  auto bound = [](int64_t in) { return 1.0f / std::sqrt(static_cast<float>(in)); };
+  auto linear = [](int64_t in) {
+    return ops::SeededRange{0.0f, 1.0f / std::sqrt(static_cast<float>(in))};
+  };
   auto at = [](int64_t elements) { return static_cast<size_t>(elements); };
-  seed_tensor(embedding, 0, vocab * h, seed, 0, 0.0f, 1.0f);
+  seed_tensor(embedding, 0, vocab * h, seed, ops::kSeededEmbeddingIndex, ops::kSeededEmbeddingRange);
   const int64_t qkv_rows = q_size + 2 * kv_size;
   for (int32_t i = 0; i < layers; ++i) {
-    const uint32_t base = 1 + 9 * static_cast<uint32_t>(i);
+    const auto index = [i](ops::SeededLayerTensor k) {
+      return ops::seeded_layer_tensor_index(static_cast<uint32_t>(i), k);
+    };
     const int64_t qkv_at = i * qkv_rows * h;
-    LS_CUDA(kernels::launch_seeded_f32(attn_norm.get() + i * h, h, seed, base, 1.0f, 0.125f, s));
-    seed_tensor(w_qkv, at(qkv_at), q_size * h, seed, base + 1, 0.0f, bound(h));
-    seed_tensor(w_qkv, at(qkv_at + q_size * h), kv_size * h, seed, base + 2, 0.0f, bound(h));
-    seed_tensor(w_qkv, at(qkv_at + (q_size + kv_size) * h), kv_size * h, seed, base + 3, 0.0f,
-                bound(h));
-    seed_tensor(w_o, at(i * h * q_size), h * q_size, seed, base + 4, 0.0f, bound(q_size));
-    LS_CUDA(kernels::launch_seeded_f32(ffn_norm.get() + i * h, h, seed, base + 5, 1.0f, 0.125f, s));
+    seed_fp32(attn_norm.get() + i * h, h, seed, index(ops::kSeededAttnNorm), ops::kSeededNormRange);
+    seed_tensor(w_qkv, at(qkv_at), q_size * h, seed, index(ops::kSeededWq), linear(h));
+    seed_tensor(w_qkv, at(qkv_at + q_size * h), kv_size * h, seed, index(ops::kSeededWk), linear(h));
+    seed_tensor(w_qkv, at(qkv_at + (q_size + kv_size) * h), kv_size * h, seed,
+                index(ops::kSeededWv), linear(h));
+    seed_tensor(w_o, at(i * h * q_size), h * q_size, seed, index(ops::kSeededWo), linear(q_size));
+    seed_fp32(ffn_norm.get() + i * h, h, seed, index(ops::kSeededFfnNorm), ops::kSeededNormRange);
     const int64_t gu_at = i * 2 * ffn * h;
-    seed_tensor(w_gate_up, at(gu_at), ffn * h, seed, base + 6, 0.0f, bound(h));
-    seed_tensor(w_gate_up, at(gu_at + ffn * h), ffn * h, seed, base + 7, 0.0f, bound(h));
-    seed_tensor(w_down, at(i * h * ffn), h * ffn, seed, base + 8, 0.0f, bound(ffn));
+    seed_tensor(w_gate_up, at(gu_at), ffn * h, seed, index(ops::kSeededWGate), linear(h));
+    seed_tensor(w_gate_up, at(gu_at + ffn * h), ffn * h, seed, index(ops::kSeededWUp), linear(h));
+    seed_tensor(w_down, at(i * h * ffn), h * ffn, seed, index(ops::kSeededWDown), linear(ffn));
   }
-  const uint32_t tail = 1 + 9 * static_cast<uint32_t>(layers);
-  LS_CUDA(kernels::launch_seeded_f32(final_norm.get(), h, seed, tail, 1.0f, 0.125f, s));
-  if (!model.tied_embeddings) seed_tensor(lm_head, 0, vocab * h, seed, tail + 1, 0.0f, bound(h));
+  const auto layers_count = static_cast<uint32_t>(layers);
+  seed_fp32(final_norm.get(), h, seed, ops::seeded_final_norm_index(layers_count),
+            ops::kSeededNormRange);
+  if (!model.tied_embeddings) {
+    seed_tensor(lm_head, 0, vocab * h, seed, ops::seeded_lm_head_index(layers_count), linear(h));
+  }
   generate_features(seed);
-  LS_CUDA(cudaStreamSynchronize(s));
+  LS_CUDA(cudaStreamSynchronize(stream.get()));
 }
 
 kernels::DeviceState CudaBackend::Impl::device_state() const {
@@ -1307,13 +1325,11 @@ void CudaBackend::poison_logits(std::span<const int32_t> logits_rows, float valu
   }
 }
 
-StepResult CudaBackend::finish_step(const StepPlan& plan) {
+void CudaBackend::finish_step(const StepPlan& plan, StepResult& result) {
   LS_ASSERT(impl_->steps_in_flight() == 0, "finish_step with {} steps in flight",
             impl_->steps_in_flight());
   enqueue_finish(plan);
-  StepResult result;
   collect_finish(plan, result);
-  return result;
 }
 
 bool CudaBackend::can_run_ahead() const { return !impl_->options.profile; }

@@ -159,7 +159,7 @@ class CudaBackend final : public Backend {
   void forward(const StepPlan& plan) override;
   void poison_logits(std::span<const int32_t> logits_rows, float value) override;
   // enqueue_finish then collect_finish: one step at a time.
-  StepResult finish_step(const StepPlan& plan) override;
+  void finish_step(const StepPlan& plan, StepResult& result) override;
   // Runs ahead unless options.profile. Results come back through a pinned buffer and an event
   // per step parity, so step k+1's copy never lands where the host unpacks step k; the device
   // buffers are single, ordered by the one stream.

@@ -1,4 +1,6 @@
 #include "kernels/layer_ops.h"
+
+#include "core/ops/layer_math.h"
 #include "kernels/reduce.cuh"
 #include "kernels/step_layout.h"
 #include "kernels/storage.cuh"
@@ -24,11 +26,10 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* row_index, int32_
   const float* xr = x + source * n;
   float sum = 0.0f;
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) sum += xr[i] * xr[i];
-  const float mean_square = block_sum(sum, scratch) / static_cast<float>(n);
-  const float scale = 1.0f / sqrtf(mean_square + eps);
+  const float scale = ops::rms_norm_scale(block_sum(sum, scratch), n, eps);
   T* o = out + int64_t{r} * n;
   for (int32_t i = threadIdx.x; i < n; i += blockDim.x) {
-    o[i] = from_float<T>(xr[i] * scale * weight[i]);
+    o[i] = from_float<T>(ops::rms_norm_element(xr[i], scale, weight[i]));
   }
 }
 
@@ -79,15 +80,16 @@ rms_norm_vec_kernel(const float* x, const int32_t* row_index, int32_t n, const f
       sum += v[k].w * v[k].w;
     }
   }
-  const float mean_square = block_sum(sum, scratch) / static_cast<float>(n);
-  const float scale = 1.0f / sqrtf(mean_square + eps);
+  const float scale = ops::rms_norm_scale(block_sum(sum, scratch), n, eps);
   T* o = out + int64_t{r} * n;
 #pragma unroll
   for (int32_t k = 0; k < kNormVecMax; ++k) {
     const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kNormThreads;
     if (i < vecs) {
-      store4(o + 4 * i, v[k].x * scale * w[k].x, v[k].y * scale * w[k].y,
-             v[k].z * scale * w[k].z, v[k].w * scale * w[k].w);
+      store4(o + 4 * i, ops::rms_norm_element(v[k].x, scale, w[k].x),
+             ops::rms_norm_element(v[k].y, scale, w[k].y),
+             ops::rms_norm_element(v[k].z, scale, w[k].z),
+             ops::rms_norm_element(v[k].w, scale, w[k].w));
     }
   }
 }
@@ -113,16 +115,15 @@ __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, cons
     const int32_t i = idx % half;
     const float x1 = row[head * head_dim + i];
     const float x2 = row[head * head_dim + i + half];
-    const float y1 = x1 * c[i] - x2 * s[i];
-    const float y2 = x2 * c[i] + x1 * s[i];
+    const ops::RotatedPair y = ops::rope_rotate(x1, x2, c[i], s[i]);
     if (head < query_heads) {
       float* q = q_out + int64_t{t} * q_size + head * head_dim;
-      q[i] = y1;
-      q[i + half] = y2;
+      q[i] = y.first;
+      q[i + half] = y.second;
     } else {
       T* k = k_cache + slot * kv_size + (head - query_heads) * head_dim;
-      k[i] = from_float<T>(y1);
-      k[i + half] = from_float<T>(y2);
+      k[i] = from_float<T>(y.first);
+      k[i + half] = from_float<T>(y.second);
     }
   }
   const float* v = row + q_size + kv_size;
@@ -139,7 +140,7 @@ __global__ void swiglu_kernel(const float* gate_up, int32_t ffn, int64_t count, 
   const int64_t i = index % ffn;
   const float g = gate_up[t * 2 * ffn + i];
   const float u = gate_up[t * 2 * ffn + ffn + i];
-  out[index] = from_float<T>(g / (1.0f + expf(-g)) * u);
+  out[index] = from_float<T>(ops::swiglu(g, u));
 }
 
 __global__ void residual_add_kernel(float* residual, const float* delta, int64_t count) {
@@ -173,8 +174,8 @@ qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int
     for (int32_t i = lane; i < head_dim; i += 32) sum += x[i] * x[i];
 #pragma unroll
     for (int32_t offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    const float scale = 1.0f / sqrtf(sum / static_cast<float>(head_dim) + eps);
-    for (int32_t i = lane; i < head_dim; i += 32) x[i] = x[i] * scale * weight[i];
+    const float scale = ops::rms_norm_scale(sum, head_dim, eps);
+    for (int32_t i = lane; i < head_dim; i += 32) x[i] = ops::rms_norm_element(x[i], scale, weight[i]);
   }
 }
 

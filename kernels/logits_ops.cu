@@ -1,6 +1,7 @@
 #include "kernels/logits_ops.h"
 
-#include "core/digest_math.h"
+#include "core/ops/digest.h"
+#include "core/ops/nan_guard.h"
 #include "kernels/reduce.cuh"
 #include "kernels/step_layout.h"
 
@@ -137,12 +138,13 @@ __device__ __forceinline__ void pass_segment(float* row, int32_t begin, int32_t 
   for (int32_t e = 0; e < kLaneValues; ++e) {
     const int32_t local = local_index(e, lane);
     if (!kFull && local >= limit) continue;
+    // Stores only what the guard changes; each branch folds sanitised_logit to its constant.
     if (isnan(x[e])) {
       saw_nan = 1;
-      x[e] = -kSanitisedMagnitude;
+      x[e] = ops::sanitised_logit(x[e]);
       row[begin + local] = x[e];
     } else if (isinf(x[e])) {
-      x[e] = x[e] > 0.0f ? kSanitisedMagnitude : -kSanitisedMagnitude;
+      x[e] = ops::sanitised_logit(x[e]);
       row[begin + local] = x[e];
     }
     if (x[e] > best.value) best = ArgMax{x[e], begin + local};  // rising ids: the first keeps a tie

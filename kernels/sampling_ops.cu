@@ -1,6 +1,8 @@
 // Compiled with --fmad=false: core/sampling.cpp's definition is IEEE fp32 without contraction.
 #include "kernels/sampling_ops.h"
 
+#include "core/ops/context_clamp.h"
+#include "core/ops/philox.h"
 #include "kernels/record_state.cuh"
 #include "kernels/reduce.cuh"
 
@@ -8,34 +10,13 @@ namespace ls::kernels {
 
 namespace {
 
-constexpr uint32_t kPhiloxM0 = 0xD2511F53u;
-constexpr uint32_t kPhiloxM1 = 0xCD9E8D57u;
-constexpr uint32_t kPhiloxW0 = 0x9E3779B9u;
-constexpr uint32_t kPhiloxW1 = 0xBB67AE85u;
-constexpr uint32_t kDrawSample = 0;
-constexpr uint32_t kDrawCoin = 1;
-constexpr uint32_t kDrawCorrection = 2;
+using ops::kDrawCoin;
+using ops::kDrawCorrection;
+using ops::kDrawSample;
 constexpr int32_t kNoToken = -1;
 
-// Word 0 of Philox4x32-10 with key = seed and counter = (position lo, position hi, draw, 0).
-__device__ uint32_t philox_word0(uint64_t seed, uint64_t position, uint32_t draw) {
-  uint32_t c0 = static_cast<uint32_t>(position), c1 = static_cast<uint32_t>(position >> 32);
-  uint32_t c2 = draw, c3 = 0;
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) k0 += kPhiloxW0, k1 += kPhiloxW1;
-    const uint32_t hi0 = __umulhi(kPhiloxM0, c0), lo0 = kPhiloxM0 * c0;
-    const uint32_t hi1 = __umulhi(kPhiloxM1, c2), lo1 = kPhiloxM1 * c2;
-    const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0, c1 = n1, c2 = n2, c3 = n3;
-  }
-  return c0;
-}
-
 __device__ float draw_uniform(const SamplingRow& s, int64_t position, uint32_t draw) {
-  const uint64_t seed = (uint64_t{s.seed_hi} << 32) | s.seed_lo;
-  return static_cast<float>(philox_word0(seed, static_cast<uint64_t>(position), draw) >> 8) *
-         0x1p-24f;
+  return ops::draw_uniform((uint64_t{s.seed_hi} << 32) | s.seed_lo, position, draw);
 }
 
 __device__ __forceinline__ uint64_t key_of(float w, int32_t id) {
@@ -200,8 +181,8 @@ __device__ void finish_row(const FinishArgs& a, int32_t row) {
     const int32_t accepted =
         verify_row(a, first, a.input_ids + a.in.token_offsets[row], w, s, int64_t{vcl_old} + 1,
                    a.in.force_single[row - ne] != 0, out);
-    // Rule 7, the context clamp: a' = min(a, max(0, L − vcl_old)).
-    const int32_t clamped = min(accepted, max(0, st.context_length - vcl_old));
+    // Rule 7, the context clamp.
+    const int32_t clamped = ops::clamp_accepted_to_context(accepted, vcl_old, st.context_length);
     // Next round's input is read before the result's tail is zeroed: with a' = 0 it is predict[0]
     // (the seed's dummy index clamp(a, 1, N)), exactly as the CPU reference's commit.
     const int32_t last = min(max(out[max(clamped, 1) - 1], 0), st.vocab_size - 1);

@@ -1,17 +1,12 @@
 #include "kernels/state_ops.h"
 
+#include "core/ops/slot.h"
+
 namespace ls::kernels {
 
 namespace {
 
 constexpr int32_t kThreads = 128;
-
-__device__ int64_t slot_of(const int32_t* table_row, int32_t table_width, int32_t page_size,
-                           int32_t position) {
-  const int32_t column = position / page_size;
-  if (column >= table_width) return 0;
-  return int64_t{table_row[column]} * page_size + position % page_size;
-}
 
 __global__ void fill_decode_inputs_kernel(const int32_t* pool_rows, int32_t tokens_count,
                                           const int32_t* vcl, const int32_t* future_inputs,
@@ -27,7 +22,7 @@ __global__ void fill_decode_inputs_kernel(const int32_t* pool_rows, int32_t toke
   const int32_t id = future_inputs[pool_row * w + t];
   input_ids[token] = min(max(id, 0), vocab_size - 1);
   positions[token] = position;
-  slots[token] = slot_of(table + int64_t{pool_row} * table_width, table_width, page_size, position);
+  slots[token] = ops::slot_for(table + int64_t{pool_row} * table_width, table_width, page_size, position);
 }
 
 __global__ void apply_table_writes_kernel(StepInputs in, DeviceState state) {
@@ -101,7 +96,7 @@ __global__ void fill_tokens_kernel(StepInputs in, DeviceState state, TokenBuffer
   const int32_t position = start + i;
   tokens.input_ids[t] = min(max(id, 0), state.vocab_size - 1);
   tokens.positions[t] = position;
-  tokens.slots[t] = slot_of(state.table + int64_t{p} * state.table_width, state.table_width,
+  tokens.slots[t] = ops::slot_for(state.table + int64_t{p} * state.table_width, state.table_width,
                             state.page_size, position);
   tokens.token_pool_rows[t] = p;
 }

@@ -85,6 +85,5 @@ struct ResultBuffers {
 };
 
 constexpr int32_t kPadInputId = 1;  // what padded and scrubbed tokens read (seed spec invariant 9)
-constexpr float kSanitisedMagnitude = 1e30f;
 
 }  // namespace ls::kernels

@@ -69,14 +69,14 @@ void BrokenBackend::fill_inputs(const StepPlan& plan) {
   inner_->fill_inputs(plan);
 }
 
-StepResult BrokenBackend::finish_step(const StepPlan& plan) {
+void BrokenBackend::finish_step(const StepPlan& plan, StepResult& result) {
   ++calls_;
   StepPlan p = plan;
   for (size_t i = 0; i < p.sampling.size(); ++i) {
     if (bug_ == BackendBug::kRngByPoolRow) p.sampling[i].seed ^= uint64_t{0x9E3779B9u} * static_cast<uint64_t>(p.pool_rows[i]);
     if (bug_ == BackendBug::kRngByBatchRow) p.sampling[i].seed += i;
   }
-  StepResult result = inner_->finish_step(p);
+  inner_->finish_step(p, result);
   const int32_t ne = plan.prefill_rows_count;
   for (int32_t row = ne; row < plan.rows_count; ++row) {
     if (bug_ == BackendBug::kNoContextClamp) {
@@ -84,12 +84,12 @@ StepResult BrokenBackend::finish_step(const StepPlan& plan) {
     }
     if (bug_ == BackendBug::kNanGuardMissesDecode) result.nan_flags[row] = 0;
   }
-  return result;
 }
 
 void RunAheadBackend::enqueue_finish(const StepPlan& plan) {
   ++enqueued_;
-  StepResult result = inner_->finish_step(plan);
+  StepResult result;
+  inner_->finish_step(plan, result);
   if (single_result_slot_ && !pending_.empty()) {
     for (StepResult& older : pending_) older = result;  // one buffer: the newest copy wins
   }

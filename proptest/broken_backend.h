@@ -45,7 +45,7 @@ class BrokenBackend final : public Backend {
     ++calls_;
     inner_->poison_logits(logits_rows, value);
   }
-  StepResult finish_step(const StepPlan& plan) override;
+  void finish_step(const StepPlan& plan, StepResult& result) override;
   void copy_pages(const CacheOp& op) override { inner_->copy_pages(op); }
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override {
     return inner_->read_state(pool_rows);
@@ -80,7 +80,9 @@ class RunAheadBackend final : public Backend {
   void poison_logits(std::span<const int32_t> logits_rows, float value) override {
     inner_->poison_logits(logits_rows, value);
   }
-  StepResult finish_step(const StepPlan& plan) override { return inner_->finish_step(plan); }
+  void finish_step(const StepPlan& plan, StepResult& result) override {
+    inner_->finish_step(plan, result);
+  }
   bool can_run_ahead() const override { return true; }
   void enqueue_finish(const StepPlan& plan) override;
   void collect_finish(const StepPlan& plan, StepResult& result) override;

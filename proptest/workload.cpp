@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/cpu_backend.h"
+#include "core/invariants.h"
 #include "core/serving_loop.h"
 #include "trace/digests.h"
 #include "trace/recorder.h"
@@ -418,10 +419,8 @@ class Driver {
   const Live& live_of(const OpRow& row) const { return live_.at(row.request_id); }
 
   void check(const ForwardOp& op, const StepResult& r, const std::vector<int32_t>& poisoned) {
-    const int32_t ne = op.prefill_rows_count();
-    const int32_t w = config_.verify_width;
     const int32_t p = config_.page_size;
-    const int32_t l_max = config_.context_length;
+    const InvariantLimits limits = InvariantLimits::of(config_, vocab_);
     const StateSnapshot state = backend_.read_state(pool_rows_of(op));
     const InputSnapshot in = backend_.read_inputs();
     int32_t offset = 0;
@@ -429,19 +428,12 @@ class Driver {
       const OpRow& row = op.rows[i];
       const Live& l = live_of(row);
       const RowExpect& e = expect_[i];
-      const int32_t accepted = r.accepted_lengths[i];
       const int32_t vcl = state.valid_cache_length[i];
-      if (i < ne && accepted != 1) return fail(i, &l, "accepted_length", fmt::format("prefill row accepted {}, not 1", accepted));
-      if (accepted < 0 || accepted > w) return fail(i, &l, "accepted_length", fmt::format("{} outside [0, W = {}]", accepted, w));
-      if (i >= ne && accepted > std::max(0, l_max - e.base)) {
-        return fail(i, &l, "accepted_length", fmt::format("{} past the context clamp (vcl {} of L = {})", accepted, e.base, l_max));
-      }
-      const int32_t expected_vcl = e.base + (i < ne ? e.written : accepted);
-      if (vcl > l_max) return fail(i, &l, "valid_cache_length", fmt::format("{} exceeds L = {}", vcl, l_max));
-      if (vcl != expected_vcl) {
-        return fail(i, &l, "valid_cache_length",
-                    fmt::format("{} but the step committed {} from {}{}", vcl, expected_vcl, e.base,
-                                row.hist_token_length != -1 ? " (hist_token_length)" : ""));
+      // The shared invariants, from the start this model expects (not the op's own fields).
+      for (const std::optional<InvariantViolation>& v :
+           {check_accepted_length(StepShape::of(op), r, i, limits), check_context_clamp(op, r, i, e.base, limits),
+            check_valid_cache_length(op, r, i, e.base, vcl, limits)}) {
+        if (v) return fail(i, &l, v->invariant, fmt::format("{}: {}", v->field, v->detail));
       }
       for (int32_t t = 0; t < e.written; ++t) {
         const int32_t q = e.base + t;

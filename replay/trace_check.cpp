@@ -1,5 +1,7 @@
 #include "replay/trace_check.h"
 
+#include "core/invariants.h"
+
 #include "core/check.h"
 
 #include <fmt/format.h>
@@ -146,43 +148,23 @@ class Checker {
     const ForwardOp& op = open.input.op;
     const StepResult& r = out.result;
     const int32_t bs = op.rows_count();
-    const int32_t ne = op.prefill_rows_count();
-    const int32_t w = h_.executor.verify_width;
-    const int32_t l_max = h_.executor.context_length;
-    const int32_t v = h_.model.vocab_size;
-    const size_t tokens_expected = static_cast<size_t>(ne + (bs - ne) * w);
-    if (r.tokens.size() != tokens_expected || r.accepted_lengths.size() != static_cast<size_t>(bs)) {
-      return violate(out.step, -1, 0, "output_shape", "result",
-                     fmt::format("{} tokens and {} accepted lengths for {} rows ({} prefill)",
-                                 r.tokens.size(), r.accepted_lengths.size(), bs, ne));
-    }
-    for (size_t t = 0; t < r.tokens.size(); ++t) {
-      if (r.tokens[t] < 0 || r.tokens[t] >= v) {
-        const int32_t index = static_cast<int32_t>(t);
-        const int32_t row = index < ne ? index : ne + (index - ne) / w;
-        return violate(out.step, row, op.rows[row].request_id, "tokens", fmt::format("tokens[{}]", t),
-                       fmt::format("id {} outside [0, V = {})", r.tokens[t], v));
-      }
-    }
+    const InvariantLimits limits = InvariantLimits::of(h_.executor, h_.model.vocab_size);
+    const auto broken = [&](const std::optional<InvariantViolation>& v) {
+      if (!v) return false;
+      violate(out.step, v->row, v->row >= 0 ? op.rows[v->row].request_id : 0, v->invariant, v->field,
+              v->detail);
+      return true;
+    };
+    const StepShape shape = StepShape::of(op);
+    if (broken(check_output_shape(shape, r, limits)) || broken(check_output_tokens(shape, r, limits))) return;
     if (!check_greedy_tokens(out, open)) return;
     const bool nan_poison = std::isnan(open.input.faults.poison_value);
     for (int32_t i = 0; i < bs; ++i) {
       const OpRow& row = op.rows[i];
-      const int32_t a = r.accepted_lengths[i];
-      const std::string acc_field = fmt::format("accepted_lengths[{}]", i);
-      if (i < ne && a != 1) return violate(out.step, i, row.request_id, "accepted_length", acc_field, fmt::format("a prefill row accepted {}, not 1", a));
-      if (a < 0 || a > w) return violate(out.step, i, row.request_id, "accepted_length", acc_field, fmt::format("{} outside [0, W = {}]", a, w));
-      std::optional<int32_t> base;
-      if (i < ne) {
-        base = row.prefix_length;
-      } else if (row.hist_token_length != -1) {
-        base = row.hist_token_length;
-      } else {
-        base = open.vcl_before[i];
-      }
-      if (i >= ne && base && a > std::max(0, l_max - *base)) {
-        return violate(out.step, i, row.request_id, "context_clamp", acc_field,
-                       fmt::format("accepted {} from vcl {} runs past L = {}", a, *base, l_max));
+      const std::optional<int32_t> base = commit_start(op, i, open.vcl_before[i]);
+      if (broken(check_accepted_length(shape, r, i, limits)) ||
+          broken(check_context_clamp(op, r, i, base, limits))) {
+        return;
       }
       const bool poisoned = nan_poison && std::find(open.input.faults.poisoned_rows.begin(),
                                                     open.input.faults.poisoned_rows.end(), i) !=
@@ -199,18 +181,7 @@ class Checker {
         continue;
       }
       const int32_t vcl = out.valid_cache_lengths[i];
-      const std::string field = fmt::format("valid_cache_lengths[{}]", i);
-      if (vcl > l_max) return violate(out.step, i, row.request_id, "valid_cache_length", field, fmt::format("{} exceeds L = {}", vcl, l_max));
-      if (base) {
-        const int32_t expected = *base + (i < ne ? row.input_length : a);
-        if (vcl != expected) {
-          return violate(out.step, i, row.request_id, "valid_cache_length", field,
-                         i < ne ? fmt::format("{}, expected prefix {} + input {} = {}", vcl, *base, row.input_length, expected)
-                                : fmt::format("{}, expected {} {} + accepted {} = {}", vcl,
-                                              row.hist_token_length != -1 ? "hist_token_length" : "previous vcl",
-                                              *base, a, expected));
-        }
-      }
+      if (broken(check_valid_cache_length(op, r, i, base, vcl, limits))) return;
       pr.vcl = vcl;
       ++report_.rows_checked;
     }

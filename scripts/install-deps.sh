@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   capnproto libcapnp-dev
   librapidcheck-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libcli11-dev nlohmann-json3-dev libxxhash-dev libspdlog-dev libfmt-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev libfmt-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   chromium  # headless, for the test that renders `lockstep report` (cli_report_in_chromium)
 )

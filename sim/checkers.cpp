@@ -1,5 +1,7 @@
 #include "sim/checkers.h"
 
+#include "core/invariants.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -9,58 +11,43 @@ namespace ls::sim {
 
 namespace {
 
-void fail(std::vector<CheckFailure>& failures, int64_t step, const char* checker, std::string detail) {
-  failures.push_back({step, checker, std::move(detail)});
+void fail(std::vector<CheckFailure>& failures, int64_t step, std::string checker, std::string detail) {
+  failures.push_back({step, std::move(checker), std::move(detail)});
 }
 
-void check_result_shape(const StepObservation& o, std::vector<CheckFailure>& failures) {
-  const ForwardOp& op = *o.op;
-  const StepResult& r = *o.result;
-  const int32_t ne = op.prefill_rows_count();
-  const int32_t w = o.config->verify_width;
-  const size_t expected = static_cast<size_t>(ne + (op.rows_count() - ne) * w);
-  if (r.tokens.size() != expected || r.accepted_lengths.size() != op.rows.size()) {
-    fail(failures, o.step, "result-shape",
-         fmt::format("{} tokens and {} accepted lengths for {} rows", r.tokens.size(),
-                     r.accepted_lengths.size(), op.rows.size()));
-    return;
-  }
-  for (size_t i = 0; i < r.tokens.size(); ++i) {
-    if (r.tokens[i] < 0 || r.tokens[i] >= o.vocab_size) {
-      fail(failures, o.step, "output-ids-in-vocab", fmt::format("tokens[{}] = {}", i, r.tokens[i]));
-    }
-  }
-  for (int32_t row = 0; row < op.rows_count(); ++row) {
-    const int32_t a = r.accepted_lengths[row];
-    const bool ok = row < ne ? a == 1 : (a >= 0 && a <= w);
-    if (!ok) {
-      fail(failures, o.step, "accepted-length-range",
-           fmt::format("row {} (request {}) accepted {}", row, op.rows[row].request_id, a));
-    }
-  }
+void fail(std::vector<CheckFailure>& failures, int64_t step,
+          const std::optional<InvariantViolation>& v) {
+  if (v) fail(failures, step, v->invariant, fmt::format("{}: {}", v->field, v->detail));
 }
 
-// vcl ≤ L, and vcl grows by exactly what the row committed: prefill rows to prefix + input,
-// decode rows by a' from their (possibly recovered) start.
+InvariantLimits limits_of(const StepObservation& o) {
+  return InvariantLimits::of(*o.config, o.vocab_size);
+}
+
+// output_shape, tokens, accepted_length: false when the shape is off and nothing else can be read.
+bool check_result_shape(const StepObservation& o, std::vector<CheckFailure>& failures) {
+  const InvariantLimits limits = limits_of(o);
+  const StepShape step_shape = StepShape::of(*o.op);
+  const std::optional<InvariantViolation> shape = check_output_shape(step_shape, *o.result, limits);
+  fail(failures, o.step, shape);
+  if (shape) return false;
+  fail(failures, o.step, check_output_tokens(step_shape, *o.result, limits));
+  for (int32_t row = 0; row < o.op->rows_count(); ++row) {
+    fail(failures, o.step, check_accepted_length(step_shape, *o.result, row, limits));
+  }
+  return true;
+}
+
+// context_clamp and valid_cache_length on every row, from the vcl the row had before the step.
 void check_vcl(const StepObservation& o, std::vector<CheckFailure>& failures) {
-  const ForwardOp& op = *o.op;
-  for (int32_t row = 0; row < op.rows_count(); ++row) {
-    const OpRow& x = op.rows[row];
-    const int32_t after = o.after->valid_cache_length[row];
-    if (after > o.config->context_length) {
-      fail(failures, o.step, "vcl-within-context",
-           fmt::format("request {}: vcl {} > L = {}", x.request_id, after, o.config->context_length));
-    }
-    const int32_t expected =
-        x.kind == RowKind::kPrefill
-            ? x.prefix_length + x.input_length
-            : (x.hist_token_length != -1 ? x.hist_token_length : o.before->valid_cache_length[row]) +
-                  o.result->accepted_lengths[row];
-    if (after != expected) {
-      fail(failures, o.step, "vcl-commit",
-           fmt::format("request {} ({}): vcl {} after the step, expected {}", x.request_id,
-                       to_string(x.kind), after, expected));
-    }
+  const InvariantLimits limits = limits_of(o);
+  for (int32_t row = 0; row < o.op->rows_count(); ++row) {
+    const std::optional<int32_t> start =
+        commit_start(*o.op, row, o.before->valid_cache_length[row]);
+    fail(failures, o.step, check_context_clamp(*o.op, *o.result, row, start, limits));
+    fail(failures, o.step,
+         check_valid_cache_length(*o.op, *o.result, row, start, o.after->valid_cache_length[row],
+                                  limits));
   }
 }
 
@@ -89,7 +76,7 @@ void check_slots(const StepObservation& o, const Scheduler& scheduler,
 
 void check_step(const StepObservation& o, const Scheduler& scheduler,
                 std::vector<CheckFailure>& failures) {
-  check_result_shape(o, failures);
+  if (!check_result_shape(o, failures)) return;
   if (!failures.empty()) return;
   check_vcl(o, failures);
   check_slots(o, scheduler, failures);

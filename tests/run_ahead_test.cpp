@@ -54,14 +54,15 @@ class RunAheadCpu final : public Backend {
   void poison_logits(std::span<const int32_t> rows, float value) override {
     inner_.poison_logits(rows, value);
   }
-  StepResult finish_step(const StepPlan& plan) override {
+  void finish_step(const StepPlan& plan, StepResult& result) override {
     ADD_FAILURE() << "finish_step called on a backend that runs ahead";
-    return inner_.finish_step(plan);
+    inner_.finish_step(plan, result);
   }
   bool can_run_ahead() const override { return true; }
   void enqueue_finish(const StepPlan& plan) override {
     EXPECT_LT(queue_.size(), 2u) << "a third step enqueued before the first was collected";
-    queue_.push_back({&plan, plan.request_ids, plan.rows_count, inner_.finish_step(plan)});
+    queue_.push_back({&plan, plan.request_ids, plan.rows_count, {}});
+    inner_.finish_step(plan, queue_.back().result);
     in_flight_max = std::max(in_flight_max, static_cast<int32_t>(queue_.size()));
   }
   void collect_finish(const StepPlan& plan, StepResult& result) override {

@@ -141,15 +141,22 @@ TEST(SimCheckers, FlagVclPastContextAndAWrongCommit) {
   Scheduler scheduler(SchedulerConfig{});
   std::vector<CheckFailure> failures;
   check_step(o, scheduler, failures);
-  ASSERT_EQ(failures.size(), 1u);
-  EXPECT_EQ(failures[0].checker, "vcl-within-context");
+  // Accepting 1 at vcl 10 = L is past the clamp, and the vcl it committed is past L.
+  ASSERT_EQ(failures.size(), 2u);
+  EXPECT_EQ(failures[0].checker, "context_clamp");
   EXPECT_EQ(failures[0].step, 4);
+  EXPECT_EQ(failures[1].checker, "valid_cache_length");
+  EXPECT_NE(failures[1].detail.find("11 outside [0, L = 10]"), std::string::npos) << failures[1].detail;
 
-  after.valid_cache_length = {9};  // neither 10 + 1 nor within the rule
+  before.valid_cache_length = {8};
+  after.valid_cache_length = {7};  // not 8 + 1: a wrong commit within L
   failures.clear();
   check_step(o, scheduler, failures);
   ASSERT_EQ(failures.size(), 1u);
-  EXPECT_EQ(failures[0].checker, "vcl-commit");
+  EXPECT_EQ(failures[0].checker, "valid_cache_length");
+  EXPECT_NE(failures[0].detail.find("7, expected previous vcl 8 + accepted 1 = 9"),
+            std::string::npos)
+      << failures[0].detail;
 }
 
 TEST(SimCheckers, FlagOutOfVocabularyOutputsAndBadAcceptedLengths) {
@@ -167,8 +174,8 @@ TEST(SimCheckers, FlagOutOfVocabularyOutputsAndBadAcceptedLengths) {
   std::vector<CheckFailure> failures;
   check_step(o, Scheduler(SchedulerConfig{}), failures);
   ASSERT_EQ(failures.size(), 2u);
-  EXPECT_EQ(failures[0].checker, "output-ids-in-vocab");
-  EXPECT_EQ(failures[1].checker, "accepted-length-range");
+  EXPECT_EQ(failures[0].checker, "tokens");
+  EXPECT_EQ(failures[1].checker, "accepted_length");
 }
 
 }  // namespace

@@ -9,27 +9,26 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <rapidcheck.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <sstream>
 
 namespace ls::spec_props {
 
 namespace {
 
-// Uniform integers from Philox (seed, counter): the same workload on every platform.
-class Draws {
- public:
-  explicit Draws(uint64_t seed) : seed_(seed) {}
-  int32_t range(int32_t lo, int32_t hi) {
-    const uint32_t word = philox4x32_10(seed_, counter_++, 0x5bec)[0];
-    return lo + static_cast<int32_t>(word % static_cast<uint32_t>(hi - lo + 1));
-  }
-  bool chance(int32_t percent) { return range(0, 99) < percent; }
+constexpr uint64_t kCiSeed = 20240501;
+constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
 
- private:
-  uint64_t seed_;
-  uint64_t counter_ = 0;
+class QuietListener final : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
 };
 
 const ModelWeights& weights() {
@@ -240,24 +239,52 @@ std::string ClampWorkload::describe() const {
       ngram_drafter ? "ngram" : "none", recover_midway ? "yes" : "no");
 }
 
-ClampWorkload generate_clamp_workload(uint64_t seed) {
-  Draws d(seed);
-  ClampWorkload w;
-  w.seed = seed;
-  w.verify_width = d.range(2, 8);
-  w.page_size = 1 << d.range(1, 4);
-  w.context_length = d.range(w.verify_width + 8, 64);
-  const int32_t requests = d.range(1, 4);
-  for (int32_t i = 0; i < requests; ++i) {
-    // Most prompts end within 2W of L, so verify steps accept past the room left.
-    w.prompt_lengths.push_back(d.chance(70)
-                                   ? std::max(1, w.context_length - d.range(1, 2 * w.verify_width))
-                                   : d.range(1, w.context_length / 2));
-  }
-  w.lingering_steps = d.range(1, 3);
-  w.ngram_drafter = d.chance(50);
-  w.recover_midway = d.chance(30);
-  return w;
+void showValue(const ClampWorkload& w, std::ostream& os) { os << w.describe(); }
+
+rc::Gen<ClampWorkload> gen_clamp_workload() {
+  // At RapidCheck's nominal size every range below is drawn in full from the first case on.
+  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+    ClampWorkload w;
+    w.seed = *rc::gen::inRange<uint64_t>(1, uint64_t{1} << 32);
+    w.verify_width = *rc::gen::inRange(2, 9);
+    w.page_size = 1 << *rc::gen::inRange(1, 5);
+    w.context_length = *rc::gen::inRange(w.verify_width + 8, 65);
+    const int32_t requests = *rc::gen::inRange(1, 5);
+    for (int32_t i = 0; i < requests; ++i) {
+      // Most prompts end within 2W of L, so verify steps accept past the room left.
+      const bool near_limit = *rc::gen::inRange(0, 100) < 70;
+      w.prompt_lengths.push_back(
+          near_limit ? std::max(1, w.context_length - *rc::gen::inRange(1, 2 * w.verify_width + 1))
+                     : *rc::gen::inRange(1, w.context_length / 2 + 1));
+    }
+    w.lingering_steps = *rc::gen::inRange(1, 4);
+    w.ngram_drafter = *rc::gen::inRange(0, 2) == 1;
+    w.recover_midway = *rc::gen::inRange(0, 100) < 30;
+    return w;
+  }));
+}
+
+std::optional<std::string> counterexample(const std::string& id, const ClampProperty& property,
+                                          int cases) {
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  // CI's cases are fixed; RC_PARAMS (a printed reproduce line, or another seed) overrides.
+  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
+  params.maxSuccess = cases;
+  params.maxSize = kGenSize;
+  std::string last;  // RapidCheck runs the shrunk case last
+  const auto testable = [&] {
+    const ClampWorkload w = *gen_clamp_workload();
+    const std::string failure = property(w);
+    if (!failure.empty()) last = failure;  // names the workload
+    RC_ASSERT(failure.empty());
+  };
+  QuietListener quiet;
+  const rc::detail::TestResult result = rc::detail::checkTestable(
+      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
+  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
+  std::ostringstream text;
+  rc::detail::printResultMessage(result, text);
+  return fmt::format("{}\n{}", last, text.str());
 }
 
 std::string vcl_within_context(const ClampWorkload& w) {

@@ -288,10 +288,12 @@ class RunAheadCpu final : public Backend {
   void poison_logits(std::span<const int32_t> rows, float value) override {
     inner_.poison_logits(rows, value);
   }
-  StepResult finish_step(const StepPlan& plan) override { return inner_.finish_step(plan); }
+  void finish_step(const StepPlan& plan, StepResult& result) override {
+    inner_.finish_step(plan, result);
+  }
   bool can_run_ahead() const override { return true; }
   void enqueue_finish(const StepPlan& plan) override {
-    queue_.push_back(inner_.finish_step(plan));
+    inner_.finish_step(plan, queue_.emplace_back());
     in_flight_max = std::max(in_flight_max, static_cast<int32_t>(queue_.size()));
   }
   void collect_finish(const StepPlan&, StepResult& result) override {

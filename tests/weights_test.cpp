@@ -554,6 +554,28 @@ TEST(SeededWeights, TinyDigestIsUnchangedByTheFamilies) {
   EXPECT_EQ(weights_from_seed(model_config_named("tiny"), 0).digest(), 0xfba3b684ac54ae9aull);
 }
 
+// Threads split the elements, never the values: tiny plain, tied, and with both family features
+// (odd thread counts leave a short last share; more threads than the norms have elements).
+TEST(SeededWeights, ThreadsDoNotChangeTheBits) {
+  ModelConfig tied = tiny_config(false);
+  tied.tied_embeddings = true;
+  ModelConfig families = tiny_config(false);
+  families.family = ModelFamily::kQwen2;
+  families.qkv_bias = true;
+  families.qk_norm = true;
+  for (const ModelConfig& config : {tiny_config(false), tied, families}) {
+    const ModelWeights one = weights_from_seed(config, 7);
+    for (const int32_t threads : {3, 4, 100}) {
+      SCOPED_TRACE(fmt::format("{} threads, tied {}, qkv_bias {}", threads, config.tied_embeddings,
+                               config.qkv_bias));
+      const ModelWeights many = weights_from_seed(config, 7, threads);
+      expect_same_weights(one, many);
+      EXPECT_EQ(one.digest(), many.digest());
+    }
+  }
+  EXPECT_THROW(weights_from_seed(tied, 7, 0), Error);
+}
+
 TEST(SeededWeights, FamilyTensorsFollowTheDocumentedIndices) {
   const uint64_t seed = 77;
   SCOPED_TRACE(fmt::format("seed {}", seed));

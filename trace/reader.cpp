@@ -1,16 +1,13 @@
 #include "trace/reader.h"
 
 #include "core/check.h"
+#include "core/mapped_file.h"
 #include "trace/checks.h"
 #include "trace/codec.h"
 #include "trace/framing.h"
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -27,63 +24,6 @@ constexpr uint64_t kNestingLimit = 16;
 // A record is read once; the slack covers capnp's per-pointer accounting.
 constexpr uint64_t kTraversalFactor = 8;
 constexpr uint64_t kTraversalSlackWords = 1024;
-
-// A read-only private mapping of a whole file. One owner; moves, never copies.
-class MappedFile {
- public:
-  MappedFile() = default;
-  explicit MappedFile(const std::filesystem::path& path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    LS_REQUIRE(fd >= 0, "cannot open trace {}: {}", path.string(), std::strerror(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-      const int err = errno;
-      ::close(fd);
-      throw Error(fmt::format("cannot stat trace {}: {}", path.string(), std::strerror(err)));
-    }
-    size_ = static_cast<uint64_t>(st.st_size);
-    if (size_ > 0) {
-      void* addr = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-      const int err = errno;
-      ::close(fd);
-      LS_REQUIRE(addr != MAP_FAILED, "cannot map trace {}: {}", path.string(), std::strerror(err));
-      data_ = static_cast<const kj::byte*>(addr);
-      ::madvise(addr, size_, MADV_SEQUENTIAL);
-    } else {
-      ::close(fd);
-    }
-  }
-  ~MappedFile() { reset(); }
-  MappedFile(MappedFile&& other) noexcept { *this = std::move(other); }
-  MappedFile& operator=(MappedFile&& other) noexcept {
-    if (this != &other) {
-      reset();
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-  }
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  const kj::byte* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  // Drops the pages of [begin, end) from this process; they stay in the page cache.
-  void release(uint64_t begin, uint64_t end) const {
-    if (data_ != nullptr && end > begin) {
-      ::madvise(const_cast<kj::byte*>(data_) + begin, end - begin, MADV_DONTNEED);
-    }
-  }
-
- private:
-  void reset() {
-    if (data_ != nullptr) ::munmap(const_cast<kj::byte*>(data_), size_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-  const kj::byte* data_ = nullptr;
-  uint64_t size_ = 0;
-};
 
 uint32_t load_u32(const kj::byte* p) {
   uint32_t v;
@@ -451,8 +391,9 @@ TraceReader TraceReader::open(const std::filesystem::path& path, TraceReaderOpti
   auto impl = std::make_unique<Impl>();
   impl->name = path.string();
   impl->options = options;
-  impl->mapped = MappedFile(path);
-  impl->data = impl->mapped.data();
+  impl->mapped = MappedFile(path, "trace");
+  impl->mapped.advise_sequential();
+  impl->data = reinterpret_cast<const kj::byte*>(impl->mapped.data());
   impl->size = impl->mapped.size();
   impl->read_header();
   return TraceReader(std::move(impl));

@@ -1,6 +1,7 @@
 #include "core/model/rope.h"
 
 #include "core/check.h"
+#include "core/ops/layer_math.h"
 
 #include <cmath>
 #include <numbers>
@@ -75,10 +76,9 @@ void apply_rope(const RopeTable& table, int32_t position, float* head) {
   const float* s = table.sin.data() + static_cast<size_t>(position) * table.half_dim;
   const int32_t h = table.half_dim;
   for (int32_t i = 0; i < h; ++i) {
-    const float x1 = head[i];
-    const float x2 = head[i + h];
-    head[i] = x1 * c[i] - x2 * s[i];
-    head[i + h] = x2 * c[i] + x1 * s[i];
+    const ops::RotatedPair y = ops::rope_rotate(head[i], head[i + h], c[i], s[i]);
+    head[i] = y.first;
+    head[i + h] = y.second;
   }
 }
 

@@ -1,14 +1,11 @@
 #include "core/model/safetensors.h"
 
 #include "core/check.h"
+#include "core/mapped_file.h"
 #include "core/model/strict_json.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -40,47 +37,6 @@ constexpr size_t kWriteChunkElements = size_t{1} << 16;
 
 std::string shape_text(std::span<const int64_t> shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
-// A read-only private mapping of a whole file. The descriptor is closed right after mmap: the
-// mapping keeps the file alive on its own.
-class MappedFile {
- public:
-  explicit MappedFile(const std::filesystem::path& path);
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-  ~MappedFile() {
-    if (size_ > 0) ::munmap(address_, size_);
-  }
-  std::span<const std::byte> bytes() const {
-    return {static_cast<const std::byte*>(address_), size_};
-  }
-
- private:
-  void* address_ = nullptr;
-  size_t size_ = 0;
-};
-
-MappedFile::MappedFile(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  LS_REQUIRE(fd >= 0, "safetensors file {}: cannot open: {}", path.string(), std::strerror(errno));
-  struct stat st {};
-  const bool stat_ok = ::fstat(fd, &st) == 0;
-  const int stat_errno = errno;
-  if (!stat_ok || !S_ISREG(st.st_mode) || st.st_size == 0) {
-    ::close(fd);
-    LS_REQUIRE(stat_ok, "safetensors file {}: cannot stat: {}", path.string(),
-               std::strerror(stat_errno));
-    LS_REQUIRE(S_ISREG(st.st_mode), "safetensors file {}: not a regular file", path.string());
-    return;  // empty: nothing to map (mmap refuses length 0); open() reports the size.
-  }
-  void* address = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int map_errno = errno;
-  ::close(fd);
-  LS_REQUIRE(address != MAP_FAILED, "safetensors file {}: mmap of {} bytes failed: {}",
-             path.string(), st.st_size, std::strerror(map_errno));
-  address_ = address;
-  size_ = static_cast<size_t>(st.st_size);
 }
 
 uint64_t read_u64_le(std::span<const std::byte> bytes) {
@@ -305,7 +261,7 @@ int64_t TensorInfo::elements_count() const {
 }
 
 struct SafetensorsFile::Impl {
-  explicit Impl(const std::filesystem::path& file_path) : path(file_path), mapped(file_path) {}
+  explicit Impl(const std::filesystem::path& file_path) : path(file_path), mapped(file_path, "safetensors file") {}
 
   std::filesystem::path path;
   MappedFile mapped;

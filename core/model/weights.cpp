@@ -4,7 +4,7 @@
 #include "core/host_memory.h"
 #include "core/model/safetensors.h"
 #include "core/model/strict_json.h"
-#include "core/sampling.h"
+#include "core/ops/seeded_weights.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -23,6 +23,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <thread>
 
 namespace ls {
 namespace {
@@ -58,8 +59,8 @@ struct LayerTensorSpec {
   Dim cols;
 };
 
-// In LayerWeights field order. This order is part of the seeded weights and of the digest:
-// reordering it changes every seeded model and every recorded digest.
+// In LayerWeights field order, which is ops::SeededLayerTensor's. This order is part of the seeded
+// weights and of the digest: reordering it changes every seeded model and every recorded digest.
 constexpr std::array<LayerTensorSpec, 9> kLayerTensors = {{
     {&LayerWeights::attn_norm, "input_layernorm.weight", Dim::kHidden, Dim::kNone},
     {&LayerWeights::wq, "self_attn.q_proj.weight", Dim::kQ, Dim::kHidden},
@@ -103,47 +104,38 @@ std::vector<int64_t> spec_shape(const ModelConfig& config, const LayerTensorSpec
 
 // ---- Seeded weights ------------------------------------------------------------------------
 //
-// Element i of tensor t is a function of Philox4x32-10 word 0 at key = seed, counter0 = i,
-// counter1 = t, mapped to u in [0, 1) by uniform_from_bits. Tensor indices t:
-//   0                embedding                      [vocab, hidden]
-//   1 + 9·l + k      layer l, k = 0..8 in LayerWeights field order (kLayerTensors):
-//                    attn_norm, wq, wk, wv, wo, ffn_norm, w_gate, w_up, w_down
-//   1 + 9·L          final_norm                     [hidden]
-//   2 + 9·L          lm_head, only when embeddings are not tied   [vocab, hidden]
-//   3 + 9·L + 5·l + k  layer l's family tensors, k = 0..4 (kFeatureTensors), only when the
-//                    config has the feature: q_bias, k_bias, v_bias (qkv_bias), q_norm, k_norm
-//                    (qk_norm). Index 2 + 9·L stays lm_head's even when tied.
-// Values: linear weights bound·(2u − 1) with bound = 1/sqrt(in); embeddings 2u − 1; norms
-// 1 + (2u − 1)/8; biases (2u − 1)/8. 2u − 1 is exact (u has 24 bits) and so is the /8, so each value takes at most
-// one rounding and a fused multiply-add could not change it: the bits are the same everywhere.
+// The layout and the values are core/ops/seeded_weights.h's (the CUDA backend generates the same
+// tensors on the device from it). kLayerTensors and kFeatureTensors list the tensors in the
+// order of its SeededLayerTensor and SeededFeatureTensor.
 
 constexpr uint32_t kLayerTensorsCount = kLayerTensors.size();
 constexpr uint32_t kFeatureTensorsCount = kFeatureTensors.size();
+static_assert(kLayerTensorsCount == ops::kSeededLayerTensorsCount);
+static_assert(kFeatureTensorsCount == ops::kSeededFeatureTensorsCount);
 
-uint32_t feature_tensor_index(uint32_t layers_count, uint32_t layer, uint32_t k) {
-  return 3 + kLayerTensorsCount * layers_count + kFeatureTensorsCount * layer + k;
-}
-
-// value = center + half_width·(2u − 1)
+// center + half_width·(2u − 1) for every element, split over `threads` threads (the values do not
+// depend on the split).
 std::vector<float> seeded_tensor(uint64_t seed, uint32_t tensor_index, int64_t count,
-                                 float center, float half_width) {
+                                 ops::SeededRange range, int32_t threads) {
   std::vector<float> values(static_cast<size_t>(count));
-  for (size_t i = 0; i < values.size(); ++i) {
-    const uint32_t bits = philox4x32_10(seed, i, tensor_index)[0];
-    const float symmetric = 2.0f * uniform_from_bits(bits) - 1.0f;
-    values[i] = center + half_width * symmetric;
+  const auto fill = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      values[static_cast<size_t>(i)] =
+          ops::seeded_value(seed, tensor_index, i, range.center, range.half_width);
+    }
+  };
+  const int64_t per_thread = (count + threads - 1) / threads;
+  std::vector<std::thread> workers;
+  for (int64_t begin = per_thread; begin < count; begin += per_thread) {
+    workers.emplace_back(fill, begin, std::min(count, begin + per_thread));
   }
+  fill(0, std::min(count, per_thread));
+  for (std::thread& worker : workers) worker.join();
   return values;
 }
 
-std::vector<float> seeded_linear(uint64_t seed, uint32_t tensor_index, int64_t rows,
-                                 int64_t cols) {
-  const float bound = 1.0f / std::sqrt(static_cast<float>(cols));
-  return seeded_tensor(seed, tensor_index, rows * cols, 0.0f, bound);
-}
-
-std::vector<float> seeded_norm(uint64_t seed, uint32_t tensor_index, int64_t size) {
-  return seeded_tensor(seed, tensor_index, size, 1.0f, 0.125f);
+ops::SeededRange linear_range(int64_t cols) {
+  return {0.0f, 1.0f / std::sqrt(static_cast<float>(cols))};
 }
 
 // ---- Digest --------------------------------------------------------------------------------
@@ -431,8 +423,9 @@ void read_tied_head(TensorDirectory& tensors, const ModelWeights& weights,
 
 }  // namespace
 
-ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed) {
+ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t threads) {
   config.validate();
+  LS_REQUIRE(threads >= 1, "weights_from_seed: threads {} (at least 1)", threads);
   // Tensor indices up to 3 + 9·L + 5·L must fit Philox's 32-bit counter word.
   const auto layers_count = static_cast<uint32_t>(config.layers_count);  // > 0 after validate()
   LS_REQUIRE(layers_count <= (std::numeric_limits<uint32_t>::max() - 3) /
@@ -445,31 +438,34 @@ ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed) {
   const int64_t vocab = config.vocab_size;
   ModelWeights weights;
   weights.config = config;
-  uint32_t tensor_index = 0;
-  weights.embedding = seeded_tensor(seed, tensor_index++, vocab * hidden, 0.0f, 1.0f);
+  weights.embedding = seeded_tensor(seed, ops::kSeededEmbeddingIndex, vocab * hidden,
+                                    ops::kSeededEmbeddingRange, threads);
   weights.layers.resize(static_cast<size_t>(config.layers_count));
-  for (LayerWeights& layer : weights.layers) {
-    for (const LayerTensorSpec& spec : kLayerTensors) {
-      const int64_t rows = dim_size(config, spec.rows);
-      layer.*spec.field = spec.cols == Dim::kNone
-                              ? seeded_norm(seed, tensor_index, rows)
-                              : seeded_linear(seed, tensor_index, rows, dim_size(config, spec.cols));
-      ++tensor_index;
-    }
-  }
-  weights.final_norm = seeded_norm(seed, tensor_index++, hidden);
-  if (!config.tied_embeddings) weights.lm_head = seeded_linear(seed, tensor_index++, vocab, hidden);
-  // embedding + 9 per layer + final_norm (+ lm_head)
-  LS_ASSERT(tensor_index == 2 + kLayerTensorsCount * layers_count + (config.tied_embeddings ? 0 : 1),
-            "tensor index {} after {} layers", tensor_index, layers_count);
   for (uint32_t l = 0; l < layers_count; ++l) {
+    for (uint32_t k = 0; k < kLayerTensorsCount; ++k) {
+      const LayerTensorSpec& spec = kLayerTensors[k];
+      const int64_t rows = dim_size(config, spec.rows);
+      const bool norm = spec.cols == Dim::kNone;
+      const int64_t cols = norm ? 1 : dim_size(config, spec.cols);
+      weights.layers[l].*spec.field = seeded_tensor(
+          seed, ops::seeded_layer_tensor_index(l, static_cast<ops::SeededLayerTensor>(k)),
+          rows * cols, norm ? ops::kSeededNormRange : linear_range(cols), threads);
+    }
     for (uint32_t k = 0; k < kFeatureTensorsCount; ++k) {
       const FeatureTensorSpec& spec = kFeatureTensors[k];
       if (!has_feature(config, spec.feature)) continue;
-      weights.layers[l].*spec.field =
-          seeded_tensor(seed, feature_tensor_index(layers_count, l, k), dim_size(config, spec.rows),
-                        spec.is_norm ? 1.0f : 0.0f, 0.125f);
+      weights.layers[l].*spec.field = seeded_tensor(
+          seed,
+          ops::seeded_feature_tensor_index(layers_count, l, static_cast<ops::SeededFeatureTensor>(k)),
+          dim_size(config, spec.rows), spec.is_norm ? ops::kSeededNormRange : ops::kSeededBiasRange,
+          threads);
     }
+  }
+  weights.final_norm = seeded_tensor(seed, ops::seeded_final_norm_index(layers_count), hidden,
+                                     ops::kSeededNormRange, threads);
+  if (!config.tied_embeddings) {
+    weights.lm_head = seeded_tensor(seed, ops::seeded_lm_head_index(layers_count), vocab * hidden,
+                                    linear_range(hidden), threads);
   }
   return weights;
 }

@@ -2,6 +2,8 @@
 // token counts (1, 7, 129, 2048). Inputs are bf16-representable, so the only differences are the
 // device's accumulation order and its bf16 output rounding; tolerances are stated per test.
 #include "core/model/rope.h"
+#include "core/ops/layer_math.h"
+#include "core/ops/nan_guard.h"
 #include "kernels/gemm.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/layer_ops.h"
@@ -49,16 +51,13 @@ TEST_P(TokenCounts, EmbeddingGathersRows) {
   }
 }
 
-// CPU reference: core/cpu_model.cpp rms_norm.
+// CPU reference: core/cpu_model.cpp's rms_norm, ops::rms_norm_row.
 std::vector<float> rms_norm_ref(const std::vector<float>& x, const std::vector<int32_t>& rows,
                                 const std::vector<float>& w, int32_t n, float eps) {
   std::vector<float> y(rows.size() * n);
   for (size_t r = 0; r < rows.size(); ++r) {
-    const float* xr = x.data() + size_t(static_cast<uint32_t>(rows[r])) * n;
-    double ms = 0;
-    for (int32_t i = 0; i < n; ++i) ms += double{xr[i]} * xr[i];
-    const float scale = static_cast<float>(1.0 / std::sqrt(ms / n + eps));
-    for (int32_t i = 0; i < n; ++i) y[r * n + i] = xr[i] * scale * w[i];
+    ops::rms_norm_row(x.data() + size_t(static_cast<uint32_t>(rows[r])) * n, w.data(), n, eps,
+                      y.data() + r * n);
   }
   return y;
 }
@@ -144,7 +143,7 @@ TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
 }
 
 // CPU reference: the bias and head-norm loop of core/cpu_model.cpp attention_layer_qkv (biases
-// added to the whole row, then each q and k head normed over head_dim with a double sum here).
+// added to the whole row, then each q and k head normed over head_dim by ops::rms_norm_row).
 std::vector<float> bias_head_norm_ref(std::vector<float> qkv, int32_t tokens, int32_t qh,
                                       int32_t kvh, int32_t d, const std::vector<float>* bias,
                                       const std::vector<float>* q_norm,
@@ -159,10 +158,7 @@ std::vector<float> bias_head_norm_ref(std::vector<float> qkv, int32_t tokens, in
     for (int32_t h = 0; h < qh + kvh; ++h) {
       float* x = row + h * d;
       const std::vector<float>& w = h < qh ? *q_norm : *k_norm;
-      double ms = 0;
-      for (int32_t i = 0; i < d; ++i) ms += double{x[i]} * x[i];
-      const float scale = static_cast<float>(1.0 / std::sqrt(ms / d + eps));
-      for (int32_t i = 0; i < d; ++i) x[i] = x[i] * scale * w[i];
+      ops::rms_norm_row(x, w.data(), d, eps, x);
     }
   }
   return qkv;
@@ -224,7 +220,7 @@ TEST_P(TokenCounts, SwigluMatchesTheReference) {
   for (int32_t t = 0; t < tokens; ++t) {
     for (int32_t i = 0; i < ffn; ++i) {
       const float g = gu[size_t(t) * 2 * ffn + i], u = gu[size_t(t) * 2 * ffn + ffn + i];
-      ref[size_t(t) * ffn + i] = g / (1.0f + std::exp(-g)) * u;
+      ref[size_t(t) * ffn + i] = ops::swiglu(g, u);
     }
   }
   EXPECT_LT(relative_error(out, ref), kBf16Output);
@@ -396,8 +392,8 @@ TEST_P(LogitsRows, GuardSanitisesFlagsAndFindsTheArgmax) {
     int32_t flag = 0, best = 0;
     std::vector<float> sanitised(in, in + vocab);
     for (float& x : sanitised) {
-      if (std::isnan(x)) flag = 1, x = -1e30f;
-      else if (std::isinf(x)) x = x > 0 ? 1e30f : -1e30f;
+      if (std::isnan(x)) flag = 1;
+      x = ops::sanitised_logit(x);
     }
     for (int32_t i = 1; i < vocab; ++i) if (sanitised[i] > sanitised[best]) best = i;
     double sum = 0;

@@ -9,7 +9,6 @@
 #include "kernels/cuda_backend.h"
 #include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
-#include "tests/gpu/seeded_weights.h"
 #include "tests/test_support.h"
 
 #include <gtest/gtest.h>
@@ -31,15 +30,6 @@ constexpr int32_t kSteps = 32;
 // ‖Δ‖/‖ref‖ over the whole vocabulary of the first step's logits: bf16 weights, KV and GEMM
 // inputs against fp32 (measured well under this on tiny; one bf16 rounding is 2^-9).
 constexpr double kBf16LogitsTolerance = 2e-2;
-
-TEST(SeededWeightsParallel, EqualsWeightsFromSeed) {
-  const ModelConfig c = model_config_named("tiny");
-  EXPECT_EQ(gpu_test::weights_from_seed_parallel(c, 7, 3).digest(), weights_from_seed(c, 7).digest());
-  ModelConfig tied = c;
-  tied.tied_embeddings = true;
-  EXPECT_EQ(gpu_test::weights_from_seed_parallel(tied, 9, 4).digest(),
-            weights_from_seed(tied, 9).digest());
-}
 
 SchedulerConfig scheduler_for(int32_t rows) {
   SchedulerConfig c;
@@ -93,7 +83,7 @@ TEST(CudaLlama1b, EightPromptsThirtyTwoStepsAgreeWithTheCpuReference) {
   const int32_t threads = static_cast<int32_t>(std::max(2u, std::thread::hardware_concurrency()));
 
   const auto t0 = Clock::now();
-  const ModelWeights weights = gpu_test::weights_from_seed_parallel(model, kSeed, threads);
+  const ModelWeights weights = weights_from_seed(model, kSeed, threads);
   const auto t1 = Clock::now();
   // CPU reference: one thread, one executor per prompt.
   std::vector<Generated> cpu_runs(static_cast<size_t>(kPrompts));

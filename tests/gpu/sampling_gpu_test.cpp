@@ -2,6 +2,7 @@
 // temperature, top-k, top-p, min-p and their mixes draw the same tokens from the same Philox
 // counters; decode rows verify (W = 3, greedy and stochastic) and commit exactly as CpuBackend
 // does, context clamp included; forced outputs, the OOV flag and the output clamp; logprobs.
+#include "core/ops/context_clamp.h"
 #include "core/sampling.h"
 #include "kernels/logits_ops.h"
 #include "kernels/sampling_ops.h"
@@ -243,7 +244,7 @@ TEST_P(VerifyRows, DecodeRowsVerifyClampAndCommitLikeTheCpu) {
     };
     std::span<int32_t> o(tokens.data() + size_t(r) * w, size_t(w));
     const int32_t accepted = verifier.verify(row, o, scratch);
-    const int32_t clamped = std::min(accepted, std::max(0, context - vcl_before[r]));
+    const int32_t clamped = ops::clamp_accepted_to_context(accepted, vcl_before[r], context);
     // The next input is read before the tail is zeroed: with a' = 0 it is predict[0] (the CPU
     // reference's commit, core/cpu_backend.cpp).
     const int32_t last = std::clamp(o[size_t(std::max(clamped, 1) - 1)], 0, vocab - 1);

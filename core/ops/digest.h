@@ -1,17 +1,12 @@
 // The per-element arithmetic of the logits digest and the top-k order (core/logits_digest.h
 // states the definition; trace/trace.capnp "DIGESTS" is the contract). Plain integer code for the
 // host and the device alike: the CPU backend (core/logits_digest.cpp) and the CUDA kernel
-// (kernels/record_ops.cu) both include it, so they compute the same function of the same bits.
-// C++17, so that nvcc's dialect reads it too.
+// (kernels/logits_ops.cu) both include it, so they compute the same function of the same bits.
 #pragma once
 
-#include <cstdint>
+#include "core/ops/host_device.h"
 
-#if defined(__CUDACC__)
-#define LS_HOST_DEVICE __host__ __device__
-#else
-#define LS_HOST_DEVICE
-#endif
+#include <cstdint>
 
 namespace ls {
 
@@ -19,15 +14,6 @@ namespace ls {
 inline constexpr int32_t kTopLogitsCountMax = 8;
 
 namespace digest {
-
-LS_HOST_DEVICE inline uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  h ^= h >> 16;
-  return h;
-}
 
 LS_HOST_DEVICE inline uint64_t fmix64(uint64_t k) {
   k ^= k >> 33;

@@ -1,0 +1,25 @@
+// Link seams for the planted-bug companions of the property tests (STYLE: tests must be able to
+// fail). Each function is alone in its translation unit, core/seam_*.cpp, which the production
+// libraries build; the test-only libraries build a file of tests/planted/ in its place, and the
+// tests linked against them must then fail. Production code carries no planted bug of its own.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace ls {
+
+struct SchedRequest;
+
+namespace seams {
+
+// The accepted length a decode row commits inside the step (site 1 of the context clamp,
+// core/cpu_backend.cpp): the clamp. Planted (tests/planted/clamp_one_site.cpp): unclamped.
+int32_t accepted_committed_in_step(int32_t accepted, int32_t vcl_old, int32_t context_length);
+
+// The pages an ending request gives back to the allocator: all it holds. Planted
+// (tests/planted/leak_page_on_abort.cpp): an aborted request keeps its last page.
+std::span<const int32_t> pages_released_at_end(const SchedRequest& request);
+
+}  // namespace seams
+}  // namespace ls
