@@ -65,6 +65,8 @@ struct TopKeys {
 // ranked exactly.
 constexpr size_t kColumns = 64;
 constexpr size_t kChunk = 4096;
+// Candidates of a chunk ranked by counting (count² comparisons); more are inserted one by one.
+constexpr size_t kRankedMax = 64;
 
 // Column maxima of x[0, n) into `maxima` (NaN ignored); returns whether a NaN was seen.
 bool column_maxima(const float* x, size_t n, float* maxima) {
@@ -101,29 +103,30 @@ float kth_lower_bound(const float* maxima, size_t k) {
 }
 
 // The k-th largest column maximum, the tightest such bound: a column whose maximum is below it
-// holds none of the chunk's k best. Ranked among only the maxima at or above the loose bound (at
-// least k are: the groups' maxima), so few of the kColumns maxima reach the insertion.
+// holds none of the chunk's k best. Only the maxima at or above the loose bound (at least k are:
+// the groups' maxima; typically not many more) are gathered, then the least of them that fewer
+// than k exceed is counted out — no branch depends on the logits (they mispredict half the time).
 float kth_column_maximum(const float* maxima, size_t k, float loose) {
-  float best[kTopLogitsCountMax];
-  size_t held = 0;
+  float reaching[kColumns];
+  size_t count = 0;
   for (size_t c = 0; c < kColumns; ++c) {
-    const float v = maxima[c];
-    if (!(v >= loose) || (held == k && !(v > best[k - 1]))) continue;
-    size_t at = held < k ? held++ : k - 1;
-    while (at > 0 && v > best[at - 1]) {
-      best[at] = best[at - 1];
-      --at;
-    }
-    best[at] = v;
+    reaching[count] = maxima[c];
+    count += maxima[c] >= loose ? 1 : 0;
   }
-  return best[k - 1];
+  float bound = std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < count; ++i) {
+    size_t above = 0;
+    for (size_t j = 0; j < count; ++j) above += reaching[j] > reaching[i] ? 1 : 0;
+    bound = above < k && reaching[i] < bound ? reaching[i] : bound;
+  }
+  return bound;
 }
 
 // One chunk: the plain ascending scan when it holds a NaN (NaN ranks last and maxima ignore it)
 // or is too short to have more columns than k; otherwise only the columns whose maximum reaches
-// the k-th largest column maximum are scanned, and only their logits at or above it are ranked
-// exactly (ids out of ascending order: a tie may still rank first, so >=; insert() compares the
-// exact keys).
+// the k-th largest column maximum are scanned, their logits at or above it gathered without a
+// branch on the logits, and only those ranked exactly (ids out of ascending order: a tie may
+// still rank first, so >=; insert() compares the exact keys).
 void chunk_top(std::span<const float> row, size_t begin, size_t n, TopKeys& top) {
   float maxima[kColumns];
   if (n < kColumns * 2 || top.k >= kColumns || column_maxima(row.data() + begin, n, maxima)) {
@@ -133,15 +136,33 @@ void chunk_top(std::span<const float> row, size_t begin, size_t n, TopKeys& top)
     return;
   }
   const float bound = kth_column_maximum(maxima, top.k, kth_lower_bound(maxima, top.k));
+  const float* x = row.data();
+  uint32_t gathered[kChunk];
+  size_t count = 0;
   for (size_t c = 0; c < kColumns; ++c) {
     if (!(maxima[c] >= bound)) continue;
     for (size_t v = begin + c; v < begin + n; v += kColumns) {
-      if (row[v] >= bound &&
-          (top.held < top.k || top.threshold_nan || row[v] >= top.threshold)) {
-        top.insert(row, v);
-      }
+      gathered[count] = static_cast<uint32_t>(v);
+      count += x[v] >= bound ? 1 : 0;
     }
   }
+  if (count > kRankedMax) {  // many equal logits at the bound: one by one
+    for (size_t i = 0; i < count; ++i) top.insert(row, gathered[i]);
+    return;
+  }
+  // Each candidate's rank is the number of candidates above it (keys are distinct): counted, so
+  // no branch depends on the logits; the chunk's k best then enter `top` best first.
+  uint64_t keys[kRankedMax];
+  for (size_t i = 0; i < count; ++i) {
+    keys[i] = digest::rank_key(digest::bits_of(x[gathered[i]]), static_cast<int32_t>(gathered[i]));
+  }
+  uint32_t ranked[kTopLogitsCountMax + 1];  // slot k takes every rank past the k best
+  for (size_t i = 0; i < count; ++i) {
+    size_t rank = 0;
+    for (size_t j = 0; j < count; ++j) rank += keys[j] > keys[i] ? 1 : 0;
+    ranked[rank < top.k ? rank : top.k] = gathered[i];
+  }
+  for (size_t r = 0; r < std::min(count, top.k); ++r) top.insert(row, ranked[r]);
 }
 
 }  // namespace
