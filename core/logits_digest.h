@@ -1,6 +1,6 @@
 // What a trace records of one logits row, defined once for every backend (trace/trace.capnp
 // "DIGESTS" is the contract): the CPU reference computes it here, the CUDA backend in a kernel
-// (kernels/record_ops.cu) from the same per-element functions, so both give the same bits for the
+// (kernels/logits_ops.cu) from the same per-element functions, so both give the same bits for the
 // same logits bits. The functions are plain integer arithmetic so that they compile for the host
 // and for the device alike.
 //

@@ -6,13 +6,13 @@
 // the library, dlopen'ed (RTLD_LOCAL) by its soname at the first call. The signatures are the
 // headers' own: an extern "C" definition that differed from its declaration would not compile.
 //
-// A machine without the library gets ls::Error naming it and dlerror()'s reason — an operating
-// error (a CUDA backend asked for where cuBLAS is missing), not an abort.
-#include "core/check.h"
+// A machine without the library gets ls::Error naming it and dlerror()'s reason
+// (kernels/dynamic_library.h) — an operating error (a CUDA backend asked for where cuBLAS is
+// missing), not an abort.
+#include "kernels/dynamic_library.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#include <dlfcn.h>
 #include <fmt/format.h>
 
 #include <string>
@@ -22,37 +22,25 @@ namespace {
 
 enum class Library { kCublas, kCublasLt };
 
-void* open_library(Library library) {
+void* open_cublas(Library library) {
   const std::string soname = library == Library::kCublas ? fmt::format("libcublas.so.{}", CUBLAS_VER_MAJOR)
                                                          : fmt::format("libcublasLt.so.{}", CUBLAS_VER_MAJOR);
-  void* handle = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* reason = dlerror();
-    throw Error(fmt::format("the CUDA backend needs {} (cuBLAS {}), which could not be loaded: {}", soname,
-                            CUBLAS_VER_MAJOR, reason != nullptr ? reason : "unknown reason"));
-  }
-  return handle;
+  return open_library(soname, fmt::format("the CUDA backend needs {} (cuBLAS {})", soname,
+                                          CUBLAS_VER_MAJOR));
 }
 
-// Each library is opened once (thread-safe static initialisation) and never closed: its
-// functions stay callable until the process ends, as when it was linked.
+// Each library is opened once (thread-safe static initialisation).
 void* library_handle(Library library) {
   if (library == Library::kCublas) {
-    static void* const handle = open_library(Library::kCublas);
+    static void* const handle = open_cublas(Library::kCublas);
     return handle;
   }
-  static void* const handle = open_library(Library::kCublasLt);
+  static void* const handle = open_cublas(Library::kCublasLt);
   return handle;
 }
 
 void* resolve(Library library, const char* name) {
-  void* const function = dlsym(library_handle(library), name);
-  if (function == nullptr) {
-    const char* reason = dlerror();
-    throw Error(fmt::format("cuBLAS {} has no function {}: {}", CUBLAS_VER_MAJOR, name,
-                            reason != nullptr ? reason : "not found"));
-  }
-  return function;
+  return resolve_function(library_handle(library), name, fmt::format("cuBLAS {}", CUBLAS_VER_MAJOR));
 }
 
 }  // namespace

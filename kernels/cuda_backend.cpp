@@ -369,8 +369,9 @@ struct CudaBackend::Impl {
   // verify/commit, drafter) in one graph; the step's results copy stays outside (it targets the
   // step parity's pinned buffer).
   std::vector<CudaGraph> tail_graphs;
-  // [buckets], as tail_graphs with the record kernel last (ExecutorOptions::record with k =
-  // record_graph_k): a recorded step adds no launch of its own and no gap after the graph.
+  // [buckets], as tail_graphs with the record in them (the logits pass's digests and top-k, their
+  // forked combine, the finish's snapshot; ExecutorOptions::record with k = record_graph_k): a
+  // recorded step adds no launch of its own and no gap after the graph.
   std::vector<CudaGraph> record_tail_graphs;
   int32_t record_graph_k = 0;
   int64_t steps_count = 0;      // steps whose finish was enqueued

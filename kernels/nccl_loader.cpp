@@ -4,9 +4,8 @@
 // the TP group calls is defined here with the header's own signature, forwarding to the function
 // of libnccl.so.<major>, dlopen'ed (RTLD_LOCAL) at the first call. A machine without the library
 // gets ls::Error naming it and dlerror()'s reason.
-#include "core/check.h"
+#include "kernels/dynamic_library.h"
 
-#include <dlfcn.h>
 #include <fmt/format.h>
 #include <nccl.h>
 
@@ -15,27 +14,14 @@
 namespace ls::kernels {
 namespace {
 
-void* open_nccl() {
-  const std::string soname = fmt::format("libnccl.so.{}", NCCL_MAJOR);
-  void* handle = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle == nullptr) {
-    const char* reason = dlerror();
-    throw Error(fmt::format("tensor parallelism on CUDA needs {} (NCCL {}), which could not be "
-                            "loaded: {}", soname, NCCL_MAJOR, reason != nullptr ? reason : "unknown reason"));
-  }
-  return handle;
-}
-
-// Opened once (thread-safe static initialisation) and never closed.
+// Opened once (thread-safe static initialisation).
 void* resolve_nccl(const char* name) {
-  static void* const handle = open_nccl();
-  void* const function = dlsym(handle, name);
-  if (function == nullptr) {
-    const char* reason = dlerror();
-    throw Error(fmt::format("NCCL {} has no function {}: {}", NCCL_MAJOR, name,
-                            reason != nullptr ? reason : "not found"));
-  }
-  return function;
+  static void* const handle = [] {
+    const std::string soname = fmt::format("libnccl.so.{}", NCCL_MAJOR);
+    return open_library(soname, fmt::format("tensor parallelism on CUDA needs {} (NCCL {})",
+                                            soname, NCCL_MAJOR));
+  }();
+  return resolve_function(handle, name, fmt::format("NCCL {}", NCCL_MAJOR));
 }
 
 }  // namespace

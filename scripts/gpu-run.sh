@@ -16,8 +16,8 @@
 #                                # build-gpu/dist/pylib; run python/tests with backend cpu and cuda;
 #                                # then the Python engine loop against the C++ serving loop. Writes
 #                                # python_build.log, python_tests.log/xml, python_loop.log/json.
-#   scripts/gpu-run.sh recording # on the H200: only recording (issue 12): the record kernel against
-#                                # the CPU reference, recorded steps, run-ahead with the recorder,
+#   scripts/gpu-run.sh recording # on the H200: only recording (issue 12): the logits pass's record
+#                                # against the CPU reference, recorded steps, run-ahead with the recorder,
 #                                # CUDA trace → exact replay on CUDA and teacher-forced on the CPU,
 #                                # `generate --record` / replay / check on CUDA, and
 #                                # `lockstep_gpu_bench --recording` (llama-1b, llama-8b; batch 1,

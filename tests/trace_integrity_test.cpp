@@ -61,6 +61,25 @@ Bytes read_file(const fs::path& path) {
   return bytes;
 }
 
+// The serving loop over `scheduler` on `backend`, recorded as `generate --record` does; the
+// trace's bytes (the file is removed).
+Bytes record_serving(Scheduler& scheduler, Backend& backend, const ExecutorConfig& limits,
+                     const std::string& name) {
+  Executor executor(limits, weights().config.vocab_size, backend, trace::recording_executor_options());
+  const fs::path path = temp_path(name);
+  {
+    auto recorder = trace::Recorder::open(
+        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""},
+                                       limits, "cpu"));
+    trace::TraceObserver observer(*recorder);
+    run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer});
+    recorder->close();
+  }
+  Bytes bytes = read_file(path);
+  fs::remove(path);
+  return bytes;
+}
+
 // `lockstep generate --record` on tiny: the serving loop with the recorder on, greedy and
 // seeded-sampling requests, batch 4.
 Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
@@ -77,19 +96,7 @@ Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
     scheduler.submit(r, weights().config.vocab_size);
   }
   CpuBackend backend(weights(), limits);
-  Executor executor(limits, weights().config.vocab_size, backend, trace::recording_executor_options());
-  const fs::path path = temp_path("generate.trace");
-  {
-    auto recorder = trace::Recorder::open(
-        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""},
-                                       limits, "cpu"));
-    trace::TraceObserver observer(*recorder);
-    run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer});
-    recorder->close();
-  }
-  Bytes bytes = read_file(path);
-  fs::remove(path);
-  return bytes;
+  return record_serving(scheduler, backend, limits, "generate.trace");
 }
 
 // A simulator seed with faults, retraction and events (`lockstep sim --record`).
@@ -328,19 +335,8 @@ TEST(TraceIntegrity, ARunAheadRecordingChecksAndReplaysExactAndTeacherForced) {
     scheduler.submit(r, weights().config.vocab_size);
   }
   RunAheadCpu backend(limits);
-  Executor executor(limits, weights().config.vocab_size, backend, trace::recording_executor_options());
-  const fs::path path = temp_path("run_ahead.trace");
-  {
-    auto recorder = trace::Recorder::open(
-        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""},
-                                       limits, "cpu"));
-    trace::TraceObserver observer(*recorder);
-    run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer});
-    recorder->close();
-  }
+  const Bytes trace = record_serving(scheduler, backend, limits, "run_ahead.trace");
   ASSERT_EQ(backend.in_flight_max, 2) << "the loop did not run ahead while recording";
-  const Bytes trace = read_file(path);
-  fs::remove(path);
   const Outcome c = check_bytes(trace);
   EXPECT_EQ(c.exit, 0) << c.message;
   int64_t compared = 0;

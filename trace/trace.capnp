@@ -64,7 +64,7 @@
 #
 # DIGESTS AND TOP-K (header.captureLogits: every stepOutput carries both for every logits row;
 # otherwise neither. The executor computes them inside the step, where the logits are: on the
-# device for CUDA (kernels/record_ops.cu), in the CPU backend (core/logits_digest.cpp).)
+# device for CUDA (kernels/logits_ops.cu), in the CPU backend (core/logits_digest.cpp).)
 #   logitsDigests[i]       of logits row i, the V float32 values after the NaN guard (what the
 #                          sampler read); logits rows are one per prefill row, then W per decode
 #                          row. With u_j the bits of value j (uint32), arithmetic mod 2^32:
