@@ -129,6 +129,7 @@ class World final : private ServingHooks, private StepObserver {
   void on_step_input(int64_t /*step*/, const ForwardOp& op, const std::vector<CacheOp>& cache_ops,
                      const StepFaults& faults) override {
     if (options_.observer) options_.observer->on_step_input(step_, op, cache_ops, faults);
+    faults_planted_ = faults;  // the executor takes them with the step
   }
 
   void on_step_output(int64_t /*step*/, const ForwardOp& op, const StepResult& result,
@@ -136,8 +137,8 @@ class World final : private ServingHooks, private StepObserver {
     const int64_t submit_ns = clock_.now_ns();
     clock_.advance_ns(step_cost_ns(op));
     const InputSnapshot inputs = backend_->read_inputs();
-    const StepObservation o{step_, &op, &result, &before_, &after, &inputs,
-                            executor_.vocab_size(), &config_};
+    const StepObservation o{step_,  &op,    &result, &before_, &after, &inputs, executor_.vocab_size(),
+                            &config_, &faults_planted_};
     check_step(o, scheduler_, summary_.failures);
     if (config_.verify_width > 1) count_accepted(op, result);
     if (options_.observer) {
@@ -280,8 +281,9 @@ class World final : private ServingHooks, private StepObserver {
   std::map<RequestId, int64_t> finish_step_;
   std::map<RequestId, int64_t> client_abort_at_;
   int64_t starvation_bound_ = 0;
-  // The step under way: its rows' state before it, its stats as planned.
+  // The step under way: its rows' state before it, its faults, its stats as planned.
   StateSnapshot before_;
+  StepFaults faults_planted_;
   StepStats planned_;
 };
 

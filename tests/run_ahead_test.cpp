@@ -438,6 +438,30 @@ TEST(ServingLoopRunAhead, GivesTheSameTokensAsOneStepAtATime) {
   expect_same(expected, run_loop(cpu2, true));
 }
 
+// tokens_generated counts what the outputs hold, not the steps' accepted lengths: those also
+// count each mid-prompt chunk's sample and the results of steps applied after a retraction.
+class SumAcceptedLengths final : public StepObserver {
+ public:
+  void on_step_input(int64_t, const ForwardOp&, const std::vector<CacheOp>&,
+                     const StepFaults&) override {}
+  void on_step_output(int64_t, const ForwardOp&, const StepResult& result,
+                      const StateSnapshot&) override {
+    for (int32_t a : result.accepted_lengths) accepted += a;
+  }
+  void on_scheduler_events(int64_t, const std::vector<SchedulerEvent>&) override {}
+  int64_t accepted = 0;
+};
+
+TEST(ServingLoop, TokensGeneratedCountsTheTokensEmitted) {
+  CpuBackend cpu(tiny_weights(), executor_config_for(loop_config()));
+  SumAcceptedLengths sum;
+  const LoopRun run = run_loop(cpu, false, &sum);
+  int64_t emitted = 0;
+  for (const auto& [id, tokens] : run.tokens) emitted += std::ssize(tokens);
+  EXPECT_EQ(run.progress.tokens_generated, emitted);
+  EXPECT_GT(sum.accepted, emitted) << "the workload is meant to chunk prompts and retract";
+}
+
 // A step that fails at submit leaves the scheduler as one step at a time does: the step before
 // it collected and applied, the failed one planned and not applied.
 TEST(ServingLoopRunAhead, AFailedSubmitLeavesTheSameSchedulerStateAsOneStepAtATime) {
