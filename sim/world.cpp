@@ -75,9 +75,8 @@ class World final : private ServingHooks, private StepObserver {
   }
 
   SimSummary run() {
-    // One step at a time (the hooks imply it): the checkers read the state before each step.
+    // With hooks the loop runs one step at a time: the checkers read the state before each step.
     const ServingLoopOptions loop{.observer = this,
-                                  .run_ahead = false,
                                   // The world's own bound: options_.max_steps, idle ticks included.
                                   .idle_steps_max = std::numeric_limits<int64_t>::max(),
                                   .hooks = this};
