@@ -136,6 +136,7 @@ class Driver {
     const auto begin = Clock::now();
     int32_t row = 0;
     std::vector<int32_t> prefix(static_cast<size_t>(rows), 0);
+    StepResult result;  // every chunk's, into the same buffers
     first_id_ = next_id_;
     next_id_ += static_cast<RequestId>(rows);
     while (row < rows) {
@@ -166,7 +167,7 @@ class Driver {
         prefix[static_cast<size_t>(row)] += chunk;
         if (prefix[static_cast<size_t>(row)] == context) ++row;
       }
-      executor_.step(op);
+      executor_.step(op, result);
     }
     return std::chrono::duration<double>(Clock::now() - begin).count();
   }

@@ -105,12 +105,8 @@ int run_generate(GenerateOptions& o) {
                            ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
                            : std::string();
     if (o.model.tp_degree > 1) spec += fmt::format(", TP {}", o.model.tp_degree);
-    // The tokens the outputs hold: a step's accepted lengths also count the sampled token of a
-    // mid-prompt chunk and the lingering step of a finished request, which are never emitted.
-    int64_t tokens_emitted = 0;
-    for (const auto& [id, outcome] : scheduler.outcomes()) tokens_emitted += std::ssize(outcome.tokens);
     fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}{}, {:.3f} s)\n",
-               requests.size(), tokens_emitted, done.steps_count, backend->name(),
+               requests.size(), done.tokens_generated, done.steps_count, backend->name(),
                weights.config.name, spec, seconds);
   }
   return kExitOk;

@@ -61,13 +61,14 @@ class Executor {
   // can run ahead returns at once; one that cannot completes the step here and the result waits
   // for collect(). ls::Error, changing nothing, when kInFlightMax steps are in flight.
   void submit(const ForwardOp& op);
-  // The result of the oldest submitted step, waiting for it. ls::Error when none is in flight.
-  StepResult collect();
-  // The same into `result`, reusing its vectors' capacity (a caller's loop allocates nothing).
+  // The result of the oldest submitted step, waiting for it, into `result`, reusing its
+  // vectors' capacity (a caller's loop allocates nothing). ls::Error when none is in flight.
   void collect(StepResult& result);
   // submit + collect: one step at a time. ls::Error when a step is in flight.
-  StepResult step(const ForwardOp& op);
   void step(const ForwardOp& op, StepResult& result);
+  // By value, a fresh StepResult each: for tests and bindings, never a serving loop.
+  StepResult collect();
+  StepResult step(const ForwardOp& op);
 
   // Executes KV page copies (retraction by swap). Throws ls::Error on an index out of range.
   // Ordered after every submitted step and before the next one.

@@ -3,6 +3,10 @@
 #include "core/ops/context_clamp.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
 
 namespace ls {
 
@@ -105,6 +109,32 @@ std::optional<InvariantViolation> check_valid_cache_length(const ForwardOp& op,
   return violation("valid_cache_length", fmt::format("valid_cache_lengths[{}]", row), row,
                    fmt::format("{}, expected {} {} + {} {} = {}", vcl_after, from, *start,
                                is_prefill(op, row) ? "input" : "accepted", committed, expected));
+}
+
+std::optional<InvariantViolation> check_kv_slot(int32_t row, int32_t index, int32_t position,
+                                                int64_t slot, std::span<const int32_t> pages,
+                                                const InvariantLimits& limits) {
+  const int32_t column = position / limits.page_size;
+  const bool held = column < limits.table_width && column < std::ssize(pages);
+  const int64_t expected =
+      held ? int64_t{pages[column]} * limits.page_size + position % limits.page_size : 0;
+  if (slot == expected) return std::nullopt;
+  return violation("kv_slot", fmt::format("slots[{}]", index), row,
+                   fmt::format("position {} wrote slot {}, expected {} (pages held [{}])",
+                               position, slot, expected, fmt::join(pages, ", ")));
+}
+
+std::optional<InvariantViolation> check_nan_flag(const StepResult& result, int32_t row,
+                                                 const StepFaults& faults) {
+  if (result.nan_flags.empty()) return std::nullopt;
+  const auto& poisoned_rows = faults.poisoned_rows;
+  const bool poisoned = std::isnan(faults.poison_value) &&
+                        std::find(poisoned_rows.begin(), poisoned_rows.end(), row) != poisoned_rows.end();
+  const bool flagged = result.nan_flags[static_cast<size_t>(row)] != 0;
+  if (flagged == poisoned) return std::nullopt;
+  return violation("nan_flag", fmt::format("nan_flags[{}]", row), row,
+                   fmt::format("flag {} but the step's faults {} this row with NaN", flagged ? 1 : 0,
+                               poisoned ? "poisoned" : "did not poison"));
 }
 
 }  // namespace ls

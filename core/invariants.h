@@ -9,17 +9,24 @@
 //   context_clamp       a decode row accepts at most max(0, L − vcl_old) (core/ops/context_clamp.h)
 //   valid_cache_length  vcl after the step is at most L and equals where the commit starts plus
 //                       what it committed (prefill: + input_length, decode: + a)
+//   kv_slot             a token at position q writes the slot the slot rule gives (core/ops/slot.h)
+//                       over the pages its request holds, in table order: page[q / P]·P + q mod P,
+//                       and the dummy slot 0 past the table or past the pages held
+//   nan_flag            a row is flagged exactly when the step's faults poisoned it with NaN
+//                       (a ±inf poison is sanitised, not flagged)
 //
 // Each check returns the first violation it finds, naming the invariant, the field (as the trace
 // schema spells it) and the op row, or nothing.
 #pragma once
 
 #include "core/config.h"
+#include "core/executor.h"
 #include "core/forward_op.h"
 #include "core/step_result.h"
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace ls {
@@ -36,9 +43,12 @@ struct InvariantLimits {
   int32_t verify_width = 1;    // W
   int32_t context_length = 0;  // L
   int32_t vocab_size = 0;      // V
+  int32_t page_size = 1;       // P
+  int32_t table_width = 0;     // pages a block-table row holds
 
   static InvariantLimits of(const ExecutorConfig& config, int32_t vocab_size) {
-    return {config.verify_width, config.context_length, vocab_size};
+    return {config.verify_width, config.context_length, vocab_size, config.page_size,
+            config.table_width()};
   }
 };
 
@@ -81,5 +91,16 @@ std::optional<InvariantViolation> check_valid_cache_length(const ForwardOp& op,
                                                            std::optional<int32_t> start,
                                                            int32_t vcl_after,
                                                            const InvariantLimits& limits);
+
+// Token `index` of the step's inputs (of op row `row`) at `position` wrote `slot`; `pages` are
+// the pages its request holds, in table order.
+std::optional<InvariantViolation> check_kv_slot(int32_t row, int32_t index, int32_t position,
+                                                int64_t slot, std::span<const int32_t> pages,
+                                                const InvariantLimits& limits);
+
+// `faults`: what the step injected (Executor::pending_faults before its submit); a result
+// without flags (a foreign executor's trace) is not checked.
+std::optional<InvariantViolation> check_nan_flag(const StepResult& result, int32_t row,
+                                                 const StepFaults& faults);
 
 }  // namespace ls

@@ -167,6 +167,7 @@ void Scheduler::Impl::take_tokens(SchedRequest& r, const std::vector<int32_t>& t
                                   bool flagged, std::vector<SchedulerEvent>& events) {
   for (int32_t token : tokens) {
     r.tokens.push_back(token);
+    ++tokens_emitted;
     if (flagged) return finish(r, FinishReason::kNumericalError, events);  // keeps one token
     const auto& stops = r.spec.stop_ids;
     if (std::find(stops.begin(), stops.end(), token) != stops.end()) {
@@ -248,6 +249,7 @@ int32_t Scheduler::free_pool_rows_count() const {
   return static_cast<int32_t>(impl_->free_pool_rows.size());
 }
 int32_t Scheduler::live_requests_count() const { return impl_->live_count; }
+int64_t Scheduler::tokens_emitted_count() const { return impl_->tokens_emitted; }
 int32_t Scheduler::steps_in_flight_count() const {
   return static_cast<int32_t>(impl_->in_flight.size());
 }

@@ -114,6 +114,9 @@ class Scheduler {
   int32_t free_pool_rows_count() const;
   int32_t steps_in_flight_count() const;   // planned steps whose result is not applied yet
   int32_t live_requests_count() const;     // submitted and not finished
+  // Tokens taken into the requests' outputs so far, all requests together: not a step's
+  // accepted lengths, which also count a mid-prompt chunk's sample and results ignored.
+  int64_t tokens_emitted_count() const;
   std::optional<RequestState> state_of(RequestId id) const;
   // Pages a live request holds, in table order (empty when it holds none).
   std::vector<int32_t> pages_of(RequestId id) const;

@@ -106,6 +106,7 @@ struct Scheduler::Impl {
   std::deque<InFlightStep> in_flight;
   uint64_t plans_count = 0;
   int32_t live_count = 0;  // submitted and not finished (stats: the queue length)
+  int64_t tokens_emitted = 0;  // taken into the requests' outputs (take_tokens)
   // The head of the line, set by each plan: the live request that arrived first (earliest plan,
   // then lowest id). Borrowed from `requests`; null when every request has finished.
   SchedRequest* head = nullptr;

@@ -55,35 +55,47 @@ struct Submitted {
 class ServingLoop {
  public:
   ServingLoop(Scheduler& scheduler, Executor& executor, const ServingLoopOptions& options)
-      : scheduler_(scheduler), executor_(executor), options_(options) {}
+      : scheduler_(scheduler),
+        executor_(executor),
+        options_(options),
+        hooks_(options.hooks),
+        emitted_before_(scheduler.tokens_emitted_count()) {}
 
   ServingProgress run() {
     LS_REQUIRE(executor_.in_flight_count() == 0,
                "serving loop: the executor has {} steps in flight", executor_.in_flight_count());
     if (runs_ahead()) return run_ahead();
     int64_t idle = 0;
-    while (!scheduler_.done()) {
+    while (!finished()) {
+      if (hooks_ && !hooks_->before_plan()) break;
       StepPlanOut plan = scheduler_.plan();
       notify_events(plan.events);
       if (in_flight_) apply_in_flight();
       if (plan.op.rows.empty() && plan.cache_ops.empty()) {
         count_idle(idle);
+        if (hooks_) hooks_->on_idle();
         continue;
       }
       idle = 0;
       run_step(std::move(plan));
     }
+    if (in_flight_) apply_in_flight();  // the hooks stopped the loop with a step held back
     return progress_;
   }
 
  private:
+  bool finished() const {
+    return scheduler_.done() && !(hooks_ && hooks_->requests_to_come());
+  }
+
   // Run ahead only when nothing reads live device state: an observer needs each step's state
   // after it, which a recording executor snapshots inside the step (StepResult::state); without
-  // that, reading it with the next step in flight would show that step's effects too. Without
-  // the scheduler's overlap there is no next step to submit early.
+  // that, reading it with the next step in flight would show that step's effects too. Hooks
+  // read and change state between steps. Without the scheduler's overlap there is no next step
+  // to submit early.
   bool runs_ahead() const {
-    return options_.run_ahead && scheduler_.config().overlap && executor_.runs_ahead() &&
-           (options_.observer == nullptr || executor_.options().record);
+    return options_.run_ahead && hooks_ == nullptr && scheduler_.config().overlap &&
+           executor_.runs_ahead() && (options_.observer == nullptr || executor_.options().record);
   }
 
   // Plan k, submit k, then collect and apply k − 1: the device runs step k while the host
@@ -144,6 +156,7 @@ class ServingLoop {
 
   void run_step(StepPlanOut plan) {
     for (const CacheOp& c : plan.cache_ops) executor_.copy_pages(c);
+    if (hooks_) hooks_->before_step(plan);
     if (options_.observer) {
       options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
     }
@@ -166,8 +179,10 @@ class ServingLoop {
     if (timed()) options_.observer->on_step_stats(stats);
     if (scheduler_.config().overlap) {
       in_flight_ = InFlight{std::move(plan.op), std::move(result), step_++};
+      if (hooks_) hooks_->after_step(in_flight_->op);
     } else {
       apply(plan.op, result, step_++);
+      if (hooks_) hooks_->after_step(plan.op);
     }
   }
 
@@ -179,8 +194,8 @@ class ServingLoop {
   }
 
   void apply(const ForwardOp& op, const StepResult& result, int64_t step) {
-    for (int32_t a : result.accepted_lengths) progress_.tokens_generated += a;
     const std::vector<SchedulerEvent> events = scheduler_.apply_result(op, result);
+    progress_.tokens_generated = scheduler_.tokens_emitted_count() - emitted_before_;
     notify_events(events);
     progress_.steps_count = step + 1;
     if (options_.on_step) options_.on_step(progress_);
@@ -198,6 +213,8 @@ class ServingLoop {
   Scheduler& scheduler_;
   Executor& executor_;
   const ServingLoopOptions& options_;
+  ServingHooks* const hooks_;
+  const int64_t emitted_before_;  // the scheduler's tokens emitted before this loop
   std::optional<InFlight> in_flight_;
   std::optional<Submitted> submitted_;
   StepResult result_;  // reused by every collect and step

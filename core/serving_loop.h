@@ -17,7 +17,29 @@ namespace ls {
 struct ServingProgress {
   int64_t steps_count = 0;
   int64_t finished_count = 0;
-  int64_t tokens_generated = 0;
+  int64_t tokens_generated = 0;  // emitted into the requests' outputs (Scheduler::tokens_emitted_count)
+};
+
+// What a driver adds around the loop's steps: the simulator's clock and arrivals, its planted
+// faults, its checks and its stop at the first failure (sim/world.cpp). All calls happen on the
+// loop's thread; with hooks the loop runs one step at a time, since they read and change the
+// scheduler and the device between steps. Production passes none: one predictable branch per
+// call site, no virtual call per step.
+class ServingHooks {
+ public:
+  virtual ~ServingHooks() = default;
+  // Whether requests are still to arrive: the loop goes on while the scheduler is done.
+  virtual bool requests_to_come() const = 0;
+  // Before each plan (may submit and abort requests). false: the loop stops there, the step
+  // held back by the overlap applied first, with requests unfinished.
+  virtual bool before_plan() = 0;
+  // A plan with nothing to run.
+  virtual void on_idle() = 0;
+  // After the plan's cache ops ran, before its op reaches the observer and the executor:
+  // faults planted on the executor here go into this step.
+  virtual void before_step(const StepPlanOut& plan) = 0;
+  // After the step ran and its result was applied, or held back by the overlap.
+  virtual void after_step(const ForwardOp& op) = 0;
 };
 
 struct ServingLoopOptions {
@@ -35,9 +57,11 @@ struct ServingLoopOptions {
   bool run_ahead = true;
   std::function<void(const ServingProgress&)> on_step;  // e.g. a progress line
   int64_t idle_steps_max = 1000;  // consecutive IDLE plans with work left → ls::Error (stuck)
+  ServingHooks* hooks = nullptr;  // null: none (then the loop may run ahead)
 };
 
-// Runs until every submitted request has finished. Returns the final progress.
+// Runs until every submitted request has finished and the hooks have no more to come, or the
+// hooks stop it. Returns the final progress.
 ServingProgress run_serving_loop(Scheduler& scheduler, Executor& executor,
                                  const ServingLoopOptions& options = {});
 

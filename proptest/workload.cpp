@@ -378,10 +378,11 @@ class Driver {
     }
     idle_ = 0;
     result_.mixed_steps_count += op.mode() == ForwardMode::kMixed ? 1 : 0;
+    const StepFaults faults = executor_.pending_faults();  // what the step injects
     const StepResult result = executor_.step(op);
     for (const OpRow& row : op.rows) row_owner_[row.pool_row] = row.request_id;
     if (recorder_) recorder_->record_output(step_, result, backend_.read_state(pool_rows_of(op)));
-    if (options_.check_invariants) check(op, result, poisoned);
+    if (options_.check_invariants) check(op, result, faults);
     apply(op, result, poisoned);
     ++step_;
   }
@@ -418,8 +419,7 @@ class Driver {
 
   const Live& live_of(const OpRow& row) const { return live_.at(row.request_id); }
 
-  void check(const ForwardOp& op, const StepResult& r, const std::vector<int32_t>& poisoned) {
-    const int32_t p = config_.page_size;
+  void check(const ForwardOp& op, const StepResult& r, const StepFaults& faults) {
     const InvariantLimits limits = InvariantLimits::of(config_, vocab_);
     const StateSnapshot state = backend_.read_state(pool_rows_of(op));
     const InputSnapshot in = backend_.read_inputs();
@@ -437,21 +437,15 @@ class Driver {
       }
       for (int32_t t = 0; t < e.written; ++t) {
         const int32_t q = e.base + t;
-        const int64_t slot = in.slots[offset + t];
-        const int32_t column = q / p;
-        const int64_t expected = column < table_width() && column < static_cast<int32_t>(l.pages.size())
-                                     ? int64_t{l.pages[column]} * p + q % p : 0;
-        if (slot != expected) {
-          return fail(i, &l, "slot", fmt::format("token {} (position {}) writes slot {} but its pages give {}", t, q, slot, expected));
+        if (auto v = check_kv_slot(i, offset + t, q, in.slots[offset + t], l.pages, limits)) {
+          return fail(i, &l, v->invariant, fmt::format("{}: {}", v->field, v->detail));
         }
         if (in.positions[offset + t] != q) {
           return fail(i, &l, "position", fmt::format("token {} at position {}, expected {}", t, in.positions[offset + t], q));
         }
       }
-      const bool flagged = r.nan_flags[i] != 0;
-      const bool poisoned_row = std::find(poisoned.begin(), poisoned.end(), i) != poisoned.end();
-      if (flagged != poisoned_row) {
-        return fail(i, &l, "nan_flag", fmt::format("flag {} but the row was {}poisoned", flagged ? 1 : 0, poisoned_row ? "" : "not "));
+      if (auto v = check_nan_flag(r, i, faults)) {
+        return fail(i, &l, v->invariant, fmt::format("{}: {}", v->field, v->detail));
       }
       offset += row.input_length;
     }

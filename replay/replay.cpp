@@ -160,9 +160,9 @@ class Replayer {
     std::vector<int32_t> forced_rows;
     for (const auto& [row, id] : faults.forced_outputs) forced_rows.push_back(row);
     executor_.inject_next_step(std::move(faults));
-    StepResult result;
+    StepResult& result = result_;  // the previous step's vectors, reused
     try {
-      result = executor_.step(op);
+      executor_.step(op, result);
     } catch (const Error& e) {
       // The executor refused the op (e.g. a request new to its pool row without sampling
       // parameters); the recording must have refused it too (a stepRejected event follows).
@@ -344,6 +344,7 @@ class Replayer {
   const ModelWeights& weights_;
   std::unique_ptr<Backend> backend_;
   Executor executor_;
+  StepResult result_;  // every step's result, into the same buffers
   ReplayReport report_;
   std::deque<Executed> executed_;
   std::optional<trace::StepInputRecord> deferred_;  // read while the step before it was open

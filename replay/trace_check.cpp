@@ -158,7 +158,6 @@ class Checker {
     const StepShape shape = StepShape::of(op);
     if (broken(check_output_shape(shape, r, limits)) || broken(check_output_tokens(shape, r, limits))) return;
     if (!check_greedy_tokens(out, open)) return;
-    const bool nan_poison = std::isnan(open.input.faults.poison_value);
     for (int32_t i = 0; i < bs; ++i) {
       const OpRow& row = op.rows[i];
       const std::optional<int32_t> base = commit_start(op, i, open.vcl_before[i]);
@@ -166,15 +165,8 @@ class Checker {
           broken(check_context_clamp(op, r, i, base, limits))) {
         return;
       }
-      const bool poisoned = nan_poison && std::find(open.input.faults.poisoned_rows.begin(),
-                                                    open.input.faults.poisoned_rows.end(), i) !=
-                                              open.input.faults.poisoned_rows.end();
       // A foreign executor's flags are its own findings, not faults planted by lockstep.
-      if (!h_.is_foreign() && !r.nan_flags.empty() && (r.nan_flags[i] != 0) != poisoned) {
-        return violate(out.step, i, row.request_id, "nan_flags", fmt::format("nan_flags[{}]", i),
-                       fmt::format("flag {} but the recorded faults {} this row with NaN", r.nan_flags[i],
-                                   poisoned ? "poisoned" : "did not poison"));
-      }
+      if (!h_.is_foreign() && broken(check_nan_flag(r, i, open.input.faults))) return;
       PoolRowState& pr = rows_[row.pool_row];
       if (out.valid_cache_lengths.empty()) {
         pr.vcl = std::nullopt;

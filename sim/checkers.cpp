@@ -24,7 +24,7 @@ InvariantLimits limits_of(const StepObservation& o) {
   return InvariantLimits::of(*o.config, o.vocab_size);
 }
 
-// output_shape, tokens, accepted_length: false when the shape is off and nothing else can be read.
+// output_shape, tokens, accepted_length, nan_flag: false when the shape is off and nothing else can be read.
 bool check_result_shape(const StepObservation& o, std::vector<CheckFailure>& failures) {
   const InvariantLimits limits = limits_of(o);
   const StepShape step_shape = StepShape::of(*o.op);
@@ -34,6 +34,7 @@ bool check_result_shape(const StepObservation& o, std::vector<CheckFailure>& fai
   fail(failures, o.step, check_output_tokens(step_shape, *o.result, limits));
   for (int32_t row = 0; row < o.op->rows_count(); ++row) {
     fail(failures, o.step, check_accepted_length(step_shape, *o.result, row, limits));
+    fail(failures, o.step, check_nan_flag(*o.result, row, *o.faults));
   }
   return true;
 }
@@ -51,24 +52,20 @@ void check_vcl(const StepObservation& o, std::vector<CheckFailure>& failures) {
   }
 }
 
-// Every KV slot the step wrote is the dummy slot 0 or inside a page the request holds.
+// kv_slot on every token the step wrote, over the pages its request holds (the scheduler's).
 void check_slots(const StepObservation& o, const Scheduler& scheduler,
                  std::vector<CheckFailure>& failures) {
-  const ForwardOp& op = *o.op;
+  const InvariantLimits limits = limits_of(o);
   int32_t offset = 0;
-  for (const OpRow& row : op.rows) {
-    const std::vector<int32_t> pages = scheduler.pages_of(row.request_id);
-    for (int32_t t = 0; t < row.input_length; ++t) {
-      const int64_t slot = o.inputs->slots[offset + t];
-      const int32_t page = static_cast<int32_t>(slot / o.config->page_size);
-      if (slot != 0 && std::find(pages.begin(), pages.end(), page) == pages.end()) {
-        fail(failures, o.step, "kv-slot-in-own-pages",
-             fmt::format("request {} wrote slot {} (page {}) but holds pages [{}]", row.request_id,
-                         slot, page, fmt::join(pages, ", ")));
-        return;
-      }
+  for (int32_t row = 0; row < o.op->rows_count(); ++row) {
+    const OpRow& x = o.op->rows[row];
+    const std::vector<int32_t> pages = scheduler.pages_of(x.request_id);
+    for (int32_t index = offset; index < offset + x.input_length; ++index) {
+      const std::optional<InvariantViolation> v = check_kv_slot(
+          row, index, o.inputs->positions[index], o.inputs->slots[index], pages, limits);
+      if (v) return fail(failures, o.step, v);
     }
-    offset += row.input_length;
+    offset += x.input_length;
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/backend.h"
+#include "core/executor.h"
 #include "core/scheduler.h"
 #include "sim/world.h"
 
@@ -20,6 +21,7 @@ struct StepObservation {
   const InputSnapshot* inputs = nullptr;
   int32_t vocab_size = 0;
   const ExecutorConfig* config = nullptr;
+  const StepFaults* faults = nullptr;  // what the step injected
 };
 
 void check_step(const StepObservation& o, const Scheduler& scheduler,

@@ -4,23 +4,22 @@
 #include "core/cpu_backend.h"
 #include "core/serving_loop.h"
 #include "sim/checkers.h"
+#include "sim/clients.h"
+#include "sim/faults.h"
 #include "sim/oracle_drafter.h"
-#include "sim/random.h"
 #include "sim/workload.h"
 
 #define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <memory>
-#include <optional>
-#include <set>
 
 namespace ls::sim {
 
 namespace {
-
-constexpr uint32_t kFaultStream = 3;
 
 // The simulated clock (step stats in a recorded trace): a step costs a fixed part and a part per
 // token it computes, planning a fixed part, an idle tick its own; made-up magnitudes of a small
@@ -45,12 +44,11 @@ std::unique_ptr<Backend> make_world_backend(const SimParams& p, const ModelWeigh
                                       p.tp_degree);
 }
 
-struct InFlight {
-  ForwardOp op;
-  StepResult result;
-};
-
-class World {
+// The world drives the production serving loop (core/serving_loop.h): as its hooks it delivers
+// arrivals, ticks the simulated clock, plants faults and stops at the first failed check; as its
+// observer it checks every step, hashes the fingerprint and passes the steps on to the caller's
+// observer, numbered by the simulated clock (idle ticks and jumps to the next arrival count).
+class World final : private ServingHooks, private StepObserver {
  public:
   World(const SimParams& p, const ModelWeights& weights, const WorldOptions& options)
       : params_(p),
@@ -60,7 +58,11 @@ class World {
         executor_(config_, weights.config.vocab_size, *backend_, options.executor_options),
         scheduler_(scheduler_config_for(p)),
         workload_(generate_workload(p, weights.config.vocab_size)),
-        faults_(p.seed, kFaultStream) {
+        clients_(scheduler_),
+        faults_(params_, executor_, scheduler_, clients_,
+                [this](FaultSite site, RequestId id, const std::string& detail) {
+                  fired(site, id, detail);
+                }) {
     summary_.params = p;
     XXH3_64bits_reset(&hash_);
     int64_t work = 0;
@@ -73,15 +75,12 @@ class World {
   }
 
   SimSummary run() {
-    while (!finished()) {
-      if (step_ > options_.max_steps) {
-        fail("liveness", fmt::format("the run did not finish within {} steps", options_.max_steps));
-        break;
-      }
-      run_one_step();
-      if (!summary_.failures.empty()) break;
-    }
-    if (in_flight_) apply(*in_flight_), in_flight_.reset();
+    // With hooks the loop runs one step at a time: the checkers read the state before each step.
+    const ServingLoopOptions loop{.observer = this,
+                                  // The world's own bound: options_.max_steps, idle ticks included.
+                                  .idle_steps_max = std::numeric_limits<int64_t>::max(),
+                                  .hooks = this};
+    summary_.tokens_generated = run_serving_loop(scheduler_, executor_, loop).tokens_generated;
     if (summary_.failures.empty()) end_checks();
     summary_.steps_count = step_;
     summary_.fingerprint = XXH3_64bits_digest(&hash_);
@@ -89,65 +88,73 @@ class World {
   }
 
  private:
-  bool finished() const {
-    return next_arrival_ == workload_.size() && !in_flight_ && scheduler_.done();
-  }
+  // ServingHooks.
+  bool requests_to_come() const override { return next_arrival_ < workload_.size(); }
 
-  void run_one_step() {
+  bool before_plan() override {
+    if (!summary_.failures.empty()) return false;  // stop at the first failure
+    if (step_ > options_.max_steps) {
+      fail("liveness", fmt::format("the run did not finish within {} steps", options_.max_steps));
+      return false;
+    }
     const int64_t step_before = step_;
     deliver_arrivals();
     // An idle stretch the clock jumped over (nothing live: straight to the next arrival).
     clock_.advance_ns((step_ - step_before) * kIdleTickNs + kHostPlanNs);
     client_aborts();
-    if (enabled(FaultSite::kAbortMidPrefill) && faults_.chance(params_.fault_rate)) abort_mid_prefill();
-    StepPlanOut plan = scheduler_.plan();
-    observe_events(plan.events);
-    if (in_flight_) apply(*in_flight_), in_flight_.reset();
-    if (plan.op.rows.empty() && plan.cache_ops.empty()) {
-      ++step_;  // an idle tick of the simulated clock: nothing runs
-      clock_.advance_ns(kIdleTickNs);
-      return;
-    }
-    for (const CacheOp& c : plan.cache_ops) executor_.copy_pages(c);
-    plant_row_faults(plan.op);
-    execute(plan);
-    if (enabled(FaultSite::kLateResult) && params_.overlap && faults_.chance(params_.fault_rate)) {
-      abort_in_flight(plan.op);
-    }
+    faults_.before_plan();
+    return true;
+  }
+
+  void on_idle() override {
+    ++step_;  // an idle tick of the simulated clock: nothing runs
+    clock_.advance_ns(kIdleTickNs);
+  }
+
+  void before_step(const StepPlanOut& plan) override {
+    faults_.before_step(plan.op);
+    before_ = backend_->read_state(pool_rows_of(plan.op));
+    // The scheduler stands as planned until the step is applied.
+    if (options_.observer) planned_ = plan_stats(step_, plan.events, scheduler_);
+  }
+
+  void after_step(const ForwardOp& op) override {
+    faults_.after_step(op);
     check_pages(step_, scheduler_, submitted_, summary_.failures);
     ++step_;
   }
 
-  void execute(const StepPlanOut& plan) {
-    const std::vector<int32_t> rows = pool_rows_of(plan.op);
-    const StateSnapshot before = backend_->read_state(rows);
-    if (options_.observer) {
-      options_.observer->on_step_input(step_, plan.op, plan.cache_ops, executor_.pending_faults());
-    }
+  // StepObserver: the loop's step numbers are ignored; the simulated clock's stand instead.
+  void on_step_input(int64_t /*step*/, const ForwardOp& op, const std::vector<CacheOp>& cache_ops,
+                     const StepFaults& faults) override {
+    if (options_.observer) options_.observer->on_step_input(step_, op, cache_ops, faults);
+    faults_planted_ = faults;  // the executor takes them with the step
+  }
+
+  void on_step_output(int64_t /*step*/, const ForwardOp& op, const StepResult& result,
+                      const StateSnapshot& after) override {
     const int64_t submit_ns = clock_.now_ns();
-    StepResult result = executor_.step(plan.op);
-    clock_.advance_ns(step_cost_ns(plan.op));
-    const int64_t done_ns = clock_.now_ns();
-    const StateSnapshot after = backend_->read_state(rows);
+    clock_.advance_ns(step_cost_ns(op));
     const InputSnapshot inputs = backend_->read_inputs();
-    const StepObservation o{step_, &plan.op, &result, &before, &after, &inputs,
-                            executor_.vocab_size(), &config_};
+    const StepObservation o{step_,  &op,    &result, &before_, &after, &inputs, executor_.vocab_size(),
+                            &config_, &faults_planted_};
     check_step(o, scheduler_, summary_.failures);
-    if (config_.verify_width > 1) count_accepted(plan.op, result);
+    if (config_.verify_width > 1) count_accepted(op, result);
     if (options_.observer) {
-      options_.observer->on_step_output(step_, plan.op, result, after);
+      options_.observer->on_step_output(step_, op, result, after);
       // The simulated device is the clock: no device time of its own, no wait but the step.
-      StepStats stats = plan_stats(step_, plan.events, scheduler_);
-      time_stats(stats, submit_ns, done_ns, {});
-      options_.observer->on_step_stats(stats);
+      time_stats(planned_, submit_ns, clock_.now_ns(), {});
+      options_.observer->on_step_stats(planned_);
     }
-    fingerprint(plan.op, result);
-    InFlight done{plan.op, std::move(result)};
-    if (params_.overlap) {
-      in_flight_ = std::move(done);
-    } else {
-      apply(done);
-    }
+    fingerprint(op, result);
+  }
+
+  void on_scheduler_events(int64_t /*step*/, const std::vector<SchedulerEvent>& events) override {
+    observe_events(events);
+  }
+
+  void on_step_rejected(int64_t /*step*/, const std::string& message) override {
+    if (options_.observer) options_.observer->on_step_rejected(step_, message);
   }
 
   void count_accepted(const ForwardOp& op, const StepResult& result) {
@@ -159,24 +166,18 @@ class World {
     }
   }
 
-  void apply(const InFlight& f) {
-    for (int32_t row = 0; row < f.op.rows_count(); ++row) {
-      summary_.tokens_generated += f.result.accepted_lengths[row];
-    }
-    observe_events(scheduler_.apply_result(f.op, f.result));
-  }
-
   void deliver_arrivals() {
     while (next_arrival_ < workload_.size() && workload_[next_arrival_].arrival_step <= step_) {
       const SimRequest& q = workload_[next_arrival_++];
       scheduler_.submit(q.spec, executor_.vocab_size());
       submitted_.push_back(q.spec.id);
-      live_.insert(q.spec.id);
+      clients_.arrived(q.spec.id);
       arrival_step_[q.spec.id] = step_;
       if (q.abort_step >= 0) client_abort_at_[q.spec.id] = q.abort_step;
     }
     // Nothing live and nothing in flight: jump the clock to the next arrival.
-    if (live_.empty() && !in_flight_ && next_arrival_ < workload_.size()) {
+    if (clients_.live().empty() && scheduler_.steps_in_flight_count() == 0 &&
+        next_arrival_ < workload_.size()) {
       step_ = std::max(step_, workload_[next_arrival_].arrival_step);
       if (workload_[next_arrival_].arrival_step <= step_) deliver_arrivals();
     }
@@ -184,55 +185,12 @@ class World {
 
   void client_aborts() {
     for (auto it = client_abort_at_.begin(); it != client_abort_at_.end();) {
-      if (it->second <= step_ && live_.count(it->first)) {
-        request_abort(it->first);
+      if (it->second <= step_ && clients_.is_live(it->first)) {
+        clients_.abort(it->first);
         it = client_abort_at_.erase(it);
       } else {
         ++it;
       }
-    }
-  }
-
-  void abort_mid_prefill() {
-    for (RequestId id : live_) {
-      if (scheduler_.state_of(id) == RequestState::kPrefilling && !abort_requested_.count(id)) {
-        request_abort(id);
-        fired(FaultSite::kAbortMidPrefill, id, "client abort while prefilling");
-        return;
-      }
-    }
-  }
-
-  // A client abort of a request whose step is in flight: its result arrives late and must be
-  // ignored by the scheduler.
-  void abort_in_flight(const ForwardOp& op) {
-    for (const OpRow& row : op.rows) {
-      if (live_.count(row.request_id) && !abort_requested_.count(row.request_id) &&
-          scheduler_.state_of(row.request_id) == RequestState::kDecoding) {
-        request_abort(row.request_id);
-        fired(FaultSite::kLateResult, row.request_id, "abort with a step in flight");
-        return;
-      }
-    }
-  }
-
-  void request_abort(RequestId id) {
-    if (!abort_requested_.insert(id).second) return;
-    scheduler_.abort(id);
-  }
-
-  void plant_row_faults(const ForwardOp& op) {
-    if (op.rows.empty()) return;
-    if (enabled(FaultSite::kNanLogits) && faults_.chance(params_.fault_rate)) {
-      const int32_t row = static_cast<int32_t>(faults_.range(0, op.rows_count() - 1));
-      executor_.poison_next_step({row});
-      fired(FaultSite::kNanLogits, op.rows[row].request_id, fmt::format("NaN logits in op row {}", row));
-    }
-    if (enabled(FaultSite::kOovSample) && faults_.chance(params_.fault_rate)) {
-      const int32_t row = static_cast<int32_t>(faults_.range(0, op.rows_count() - 1));
-      const int32_t id = executor_.vocab_size() + static_cast<int32_t>(faults_.range(0, 99));
-      executor_.force_next_output(row, id);
-      fired(FaultSite::kOovSample, op.rows[row].request_id, fmt::format("id {} in op row {}", id, row));
     }
   }
 
@@ -259,7 +217,7 @@ class World {
   }
 
   void ended(const SchedulerEvent& e) {
-    if (!live_.erase(e.request_id)) return;
+    if (!clients_.ended(e.request_id)) return;
     finish_step_[e.request_id] = step_;
     if (e.finish_reason == FinishReason::kNumericalError) {
       ++summary_.requests_numerical_errors;
@@ -293,10 +251,6 @@ class World {
     }
   }
 
-  bool enabled(FaultSite site) const {
-    return std::find(params_.faults.begin(), params_.faults.end(), site) != params_.faults.end();
-  }
-
   void fired(FaultSite site, RequestId id, const std::string& detail) {
     ++summary_.faults_fired[static_cast<size_t>(site)];
     if (options_.observer) options_.observer->on_fault(step_, site, id, detail);
@@ -306,7 +260,6 @@ class World {
     summary_.failures.push_back({step_, checker, std::move(detail)});
   }
 
-
   SimParams params_;
   WorldOptions options_;
   ManualClock clock_;  // simulated time (step stats): advanced by the world, never by the host
@@ -315,20 +268,22 @@ class World {
   Executor executor_;
   Scheduler scheduler_;
   std::vector<SimRequest> workload_;
-  SimRandom faults_;
+  Clients clients_;
+  FaultInjector faults_;
   SimSummary summary_;
   XXH3_state_t hash_;
 
-  int64_t step_ = 0;
+  int64_t step_ = 0;  // the simulated clock's tick
   size_t next_arrival_ = 0;
-  std::optional<InFlight> in_flight_;
   std::vector<RequestId> submitted_;
-  std::set<RequestId> live_;
   std::map<RequestId, int64_t> arrival_step_;
   std::map<RequestId, int64_t> finish_step_;
   std::map<RequestId, int64_t> client_abort_at_;
-  std::set<RequestId> abort_requested_;
   int64_t starvation_bound_ = 0;
+  // The step under way: its rows' state before it, its faults, its stats as planned.
+  StateSnapshot before_;
+  StepFaults faults_planted_;
+  StepStats planned_;
 };
 
 }  // namespace

@@ -1,8 +1,9 @@
 // One simulated serving world: the seed's workload arrives on a simulated clock (one tick per
-// step), the production scheduler plans forward ops, the executor runs them on the CPU reference
-// (or a stubbed model, or a backend the caller builds: `lockstep sim --backend cuda`), faults fire
-// at named sites, and checkers run after every step and at the end. Single-threaded and fully
-// determined by the parameters.
+// step), and the production serving loop (core/serving_loop.h) runs it — the scheduler plans
+// forward ops, the executor runs them on the CPU reference (or a stubbed model, or a backend the
+// caller builds: `lockstep sim --backend cuda`) — while the world, through the loop's hooks,
+// delivers arrivals, fires faults at named sites (sim/faults.h) and runs checkers after every step
+// and at the end. Single-threaded and fully determined by the parameters.
 #pragma once
 
 #include "core/executor.h"
@@ -38,7 +39,7 @@ struct SimSummary {
   int64_t requests_finished = 0;  // by length, stop or context
   int64_t requests_aborted = 0;   // by the client
   int64_t requests_numerical_errors = 0;  // NaN or out-of-vocab rows: aborted by the guard
-  int64_t tokens_generated = 0;
+  int64_t tokens_generated = 0;  // emitted into the requests' outputs
   int64_t prefix_hit_tokens = 0;
   int64_t retractions_swap = 0;
   int64_t retractions_recompute = 0;

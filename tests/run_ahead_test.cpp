@@ -438,6 +438,85 @@ TEST(ServingLoopRunAhead, GivesTheSameTokensAsOneStepAtATime) {
   expect_same(expected, run_loop(cpu2, true));
 }
 
+// tokens_generated counts what the outputs hold, not the steps' accepted lengths: those also
+// count each mid-prompt chunk's sample and the results of steps applied after a retraction.
+class SumAcceptedLengths final : public StepObserver {
+ public:
+  void on_step_input(int64_t, const ForwardOp&, const std::vector<CacheOp>&,
+                     const StepFaults&) override {}
+  void on_step_output(int64_t, const ForwardOp&, const StepResult& result,
+                      const StateSnapshot&) override {
+    for (int32_t a : result.accepted_lengths) accepted += a;
+  }
+  void on_scheduler_events(int64_t, const std::vector<SchedulerEvent>&) override {}
+  int64_t accepted = 0;
+};
+
+TEST(ServingLoop, TokensGeneratedCountsTheTokensEmitted) {
+  CpuBackend cpu(tiny_weights(), executor_config_for(loop_config()));
+  SumAcceptedLengths sum;
+  const LoopRun run = run_loop(cpu, false, &sum);
+  int64_t emitted = 0;
+  for (const auto& [id, tokens] : run.tokens) emitted += std::ssize(tokens);
+  EXPECT_EQ(run.progress.tokens_generated, emitted);
+  EXPECT_GT(sum.accepted, emitted) << "the workload is meant to chunk prompts and retract";
+}
+
+// Hooks that feed the requests one every other plan and can stop the loop after a number of
+// steps; they count what the loop calls.
+class FeedAndStop final : public ServingHooks {
+ public:
+  FeedAndStop(Scheduler& scheduler, int64_t stop_after_steps)
+      : scheduler_(scheduler), requests_(loop_requests()), stop_after_(stop_after_steps) {}
+
+  bool requests_to_come() const override { return next_ < requests_.size(); }
+  bool before_plan() override {
+    if (after_steps == stop_after_) return false;
+    if (plans++ % 2 == 0 && requests_to_come()) scheduler_.submit(requests_[next_++], kVocab);
+    return true;
+  }
+  void on_idle() override { ++idles; }
+  void before_step(const StepPlanOut& plan) override {
+    EXPECT_FALSE(plan.op.rows.empty() && plan.cache_ops.empty());
+    EXPECT_EQ(before_steps++, after_steps) << "before_step twice without after_step";
+  }
+  void after_step(const ForwardOp&) override { ++after_steps; }
+
+  int64_t plans = 0, idles = 0, before_steps = 0, after_steps = 0;
+
+ private:
+  Scheduler& scheduler_;
+  std::vector<RequestSpec> requests_;
+  size_t next_ = 0;
+  int64_t stop_after_;
+};
+
+TEST(ServingLoop, HooksFeedArrivalsWhileTheSchedulerIsDoneAndRunOneStepAtATime) {
+  const SchedulerConfig sc = loop_config();
+  Scheduler scheduler(sc);
+  RunAheadCpu backend(executor_config_for(sc));
+  Executor executor(executor_config_for(sc), kVocab, backend);
+  FeedAndStop hooks(scheduler, -1);
+  const ServingProgress done = run_serving_loop(scheduler, executor, {.hooks = &hooks});
+  // The scheduler starts empty: only requests_to_come keeps the loop from ending at once.
+  EXPECT_EQ(scheduler.outcomes().size(), 14u);
+  EXPECT_EQ(hooks.after_steps, done.steps_count);
+  EXPECT_EQ(hooks.plans, done.steps_count + hooks.idles);
+  EXPECT_EQ(backend.in_flight_max, 1) << "the loop ran ahead although it has hooks";
+}
+
+TEST(ServingLoop, HooksStopTheLoopWithTheHeldBackStepApplied) {
+  const SchedulerConfig sc = loop_config();  // overlap on: each step is held back one plan
+  Scheduler scheduler(sc);
+  CpuBackend cpu(tiny_weights(), executor_config_for(sc));
+  Executor executor(executor_config_for(sc), kVocab, cpu);
+  FeedAndStop hooks(scheduler, 10);
+  const ServingProgress done = run_serving_loop(scheduler, executor, {.hooks = &hooks});
+  EXPECT_EQ(done.steps_count, 10);
+  EXPECT_EQ(scheduler.steps_in_flight_count(), 0);
+  EXPECT_FALSE(scheduler.done());
+}
+
 // A step that fails at submit leaves the scheduler as one step at a time does: the step before
 // it collected and applied, the failed one planned and not applied.
 TEST(ServingLoopRunAhead, AFailedSubmitLeavesTheSameSchedulerStateAsOneStepAtATime) {

@@ -136,8 +136,10 @@ TEST(SimCheckers, FlagVclPastContextAndAWrongCommit) {
   before.valid_cache_length = {10};
   after.valid_cache_length = {11};  // 10 + 1 = 11 > L
   InputSnapshot inputs;
+  inputs.positions = {10};
   inputs.slots = {0};
-  const StepObservation o{4, &op, &result, &before, &after, &inputs, 512, &config};
+  const StepFaults faults;
+  const StepObservation o{4, &op, &result, &before, &after, &inputs, 512, &config, &faults};
   Scheduler scheduler(SchedulerConfig{});
   std::vector<CheckFailure> failures;
   check_step(o, scheduler, failures);
@@ -169,13 +171,54 @@ TEST(SimCheckers, FlagOutOfVocabularyOutputsAndBadAcceptedLengths) {
   StateSnapshot state;
   state.valid_cache_length = {3};
   InputSnapshot inputs;
+  inputs.positions = {3};
   inputs.slots = {0};
-  const StepObservation o{0, &op, &result, &state, &state, &inputs, 512, &config};
+  const StepFaults faults;
+  const StepObservation o{0, &op, &result, &state, &state, &inputs, 512, &config, &faults};
   std::vector<CheckFailure> failures;
   check_step(o, Scheduler(SchedulerConfig{}), failures);
   ASSERT_EQ(failures.size(), 2u);
   EXPECT_EQ(failures[0].checker, "tokens");
   EXPECT_EQ(failures[1].checker, "accepted_length");
+}
+
+// A slot outside the pages the request holds, and NaN flags that disagree with the faults.
+TEST(SimCheckers, FlagAForeignKvSlotAndNanFlagsThatDisagreeWithTheFaults) {
+  ExecutorConfig config;
+  config.page_size = 4;
+  ForwardOp op;
+  op.rows.push_back({.kind = RowKind::kDecode, .request_id = 5, .pool_row = 1, .input_length = 1});
+  op.rows.push_back({.kind = RowKind::kDecode, .request_id = 6, .pool_row = 2, .input_length = 1});
+  StepResult result;
+  result.tokens = {3, 4};
+  result.accepted_lengths = {1, 1};
+  result.nan_flags = {0, 1};  // row 1 flagged, row 0 poisoned below
+  StateSnapshot before, after;
+  before.valid_cache_length = {2, 2};
+  after.valid_cache_length = {3, 3};
+  InputSnapshot inputs;
+  inputs.positions = {2, 2};
+  inputs.slots = {0, 4 * 7 + 2};  // request 6 holds no page, let alone page 7
+  StepFaults faults;
+  faults.poisoned_rows = {0};
+  const StepObservation o{9, &op, &result, &before, &after, &inputs, 512, &config, &faults};
+  const auto failures_of = [&] {
+    std::vector<CheckFailure> failures;
+    check_step(o, Scheduler(SchedulerConfig{}), failures);
+    return failures;
+  };
+  std::vector<CheckFailure> failures = failures_of();
+  ASSERT_EQ(failures.size(), 2u);
+  EXPECT_EQ(failures[0].checker, "nan_flag");
+  EXPECT_EQ(failures[0].detail, "nan_flags[0]: flag 0 but the step's faults poisoned this row with NaN");
+  EXPECT_EQ(failures[1].checker, "nan_flag");
+  EXPECT_EQ(failures[1].step, 9);
+
+  faults.poisoned_rows = {1};  // the flags agree now; the slot does not
+  failures = failures_of();
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].checker, "kv_slot");
+  EXPECT_EQ(failures[0].detail, "slots[1]: position 2 wrote slot 30, expected 0 (pages held [])");
 }
 
 }  // namespace

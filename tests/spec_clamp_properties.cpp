@@ -3,6 +3,7 @@
 #include "core/cpu_backend.h"
 #include "core/drafter.h"
 #include "core/executor.h"
+#include "core/invariants.h"
 #include "core/model/weights.h"
 #include "core/sampling.h"
 
@@ -66,9 +67,7 @@ struct StepView {
   const StateSnapshot* after = nullptr;
   const InputSnapshot* inputs = nullptr;
   const std::vector<std::vector<int32_t>>* held = nullptr;  // [rows] pages reserved per op row
-  int32_t context_length = 0;
-  int32_t page_size = 0;
-  int32_t verify_width = 0;
+  InvariantLimits limits;
 };
 using Check = std::function<std::string(const StepView&)>;
 
@@ -187,7 +186,7 @@ class Driver {
     const StateSnapshot after = backend_->read_state(rows);
     const InputSnapshot inputs = backend_->read_inputs();
     const StepView view{steps_, &op, &result, &before, &after, &inputs, &held,
-                        w_.context_length, w_.page_size, w_.verify_width};
+                        InvariantLimits::of(config_, executor_->vocab_size())};
     std::string failure = check(view);
     if (!failure.empty()) return fmt::format("{}\n  workload: {}", failure, w_.describe());
     apply(op, result);
@@ -291,8 +290,8 @@ std::string vcl_within_context(const ClampWorkload& w) {
   return Driver(w).run([](const StepView& v) -> std::string {
     for (int32_t row = 0; row < v.op->rows_count(); ++row) {
       const int32_t vcl = v.after->valid_cache_length[row];
-      if (vcl > v.context_length) {
-        return fmt::format("{}: vcl {} > L = {}", where(v, row), vcl, v.context_length);
+      if (vcl > v.limits.context_length) {
+        return fmt::format("{}: vcl {} > L = {}", where(v, row), vcl, v.limits.context_length);
       }
     }
     return {};
@@ -307,15 +306,14 @@ std::string kv_slots_within_own_pages(const ClampWorkload& w) {
       for (int32_t t = 0; t < v.op->rows[row].input_length; ++t) {
         const int32_t position = v.inputs->positions[offset + t];
         const int64_t slot = v.inputs->slots[offset + t];
-        const size_t column = static_cast<size_t>(position / v.page_size);
-        if (column >= pages.size()) {
+        // Stricter than kv_slot, which gives the dummy slot past the pages: with the clamp no
+        // row writes there at all.
+        if (position / v.limits.page_size >= std::ssize(pages)) {
           return fmt::format("{}: writes KV at position {} (slot {}), past its {} pages of {} tokens",
-                             where(v, row), position, slot, pages.size(), v.page_size);
+                             where(v, row), position, slot, pages.size(), v.limits.page_size);
         }
-        const int64_t own = int64_t{pages[column]} * v.page_size + position % v.page_size;
-        if (slot != own) {
-          return fmt::format("{}: writes KV at position {} into slot {}, but its page {} holds slot {}",
-                             where(v, row), position, slot, pages[column], own);
+        if (auto bad = check_kv_slot(row, offset + t, position, slot, pages, v.limits)) {
+          return fmt::format("{}: {}: {}", where(v, row), bad->field, bad->detail);
         }
       }
       offset += v.op->rows[row].input_length;
@@ -326,7 +324,7 @@ std::string kv_slots_within_own_pages(const ClampWorkload& w) {
 
 std::string accepted_lengths_equal_vcl_growth(const ClampWorkload& w) {
   return Driver(w).run([](const StepView& v) -> std::string {
-    const int32_t width = v.verify_width;
+    const int32_t width = v.limits.verify_width;
     for (int32_t row = v.op->prefill_rows_count(); row < v.op->rows_count(); ++row) {
       const OpRow& x = v.op->rows[row];
       const int32_t start = x.hist_token_length != -1 ? x.hist_token_length : v.before->valid_cache_length[row];
