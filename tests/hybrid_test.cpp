@@ -13,7 +13,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -33,10 +37,14 @@ using testing::prompt_for;
 constexpr int32_t kVocab = 512;
 
 const ModelWeights& hybrid_weights() {
+  // Its own directory: a ScratchDir is named after the running test, which may hold one too.
   static const ModelWeights weights = [] {
-    const testing::ScratchDir dir;
-    testing::write_hybrid_checkpoint(dir.path());
-    return load_hf_directory(dir.path());
+    const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep_{}_hybrid", ::getpid());
+    fs::create_directories(dir);
+    testing::write_hybrid_checkpoint(dir);
+    ModelWeights loaded = load_hf_directory(dir);
+    fs::remove_all(dir);
+    return loaded;
   }();
   return weights;
 }
@@ -493,8 +501,10 @@ TEST(HybridCpu, CopyOnWriteFromACheckpointResumesTheSharedPrefix) {
 // ---- Serving end to end ----------------------------------------------------------------------
 
 std::map<RequestId, std::vector<int32_t>> serve(const std::vector<RequestSpec>& requests,
-                                                int32_t max_batch_rows, int32_t pages_count) {
+                                                int32_t max_batch_rows, int32_t pages_count,
+                                                int32_t context_length = 64) {
   ExecutorConfig limits = hybrid_config();
+  limits.context_length = context_length;
   limits.max_batch_rows = max_batch_rows;
   limits.pages_count = pages_count;
   limits.prefill_chunk_tokens = 24;
@@ -543,6 +553,54 @@ TEST(HybridServing, TheSchedulerRefusesWhatTheStatePoolCannotServe) {
   sc.host_pages_count = 4;
   EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("retraction by swap is "
                                                                       "not implemented")));
+}
+
+// `lockstep generate --model DIR` on a hybrid checkpoint, end to end: --mamba-slots 0 (the
+// default) sizes the pool for the model, and the tokens are the in-process serving loop's.
+TEST(HybridCli, GenerateServesAHybridCheckpointEndToEnd) {
+  const testing::ScratchDir dir;
+  const fs::path model = dir.file("bamba");
+  fs::create_directories(model);
+  testing::write_hybrid_checkpoint(model);
+  std::vector<RequestSpec> requests;
+  std::string lines;
+  for (RequestId id = 1; id <= 5; ++id) {
+    const std::vector<int32_t> prompt = prompt_for(id, 20 * static_cast<int32_t>(id));
+    requests.push_back(RequestSpec{.id = id, .prompt = prompt, .max_new_tokens = 16});
+    lines += nlohmann::json{{"id", id}, {"prompt", prompt}, {"max_new_tokens", 16}}.dump() + "\n";
+  }
+  std::ofstream(dir.file("prompts.jsonl")) << lines;
+  const std::string command = fmt::format(
+      "timeout 120 '{}' generate --model '{}' --prompts '{}' --output '{}' --max-batch-rows 3 "
+      "--prefill-chunk-tokens 48 --context-length 128 -q 2>'{}'", LOCKSTEP_CLI, model.string(),
+      dir.file("prompts.jsonl").string(), dir.file("out.jsonl").string(),
+      dir.file("err.txt").string());
+  const int status = std::system(command.c_str());
+  std::ifstream err(dir.file("err.txt"));
+  const std::string err_text{std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>()};
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << err_text;
+  const auto expected = serve(requests, 2, 80, /*context_length=*/128);
+  std::ifstream out(dir.file("out.jsonl"));
+  int32_t lines_count = 0;
+  for (std::string line; std::getline(out, line); ++lines_count) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const RequestId id = j.at("id").get<RequestId>();
+    EXPECT_EQ(j.at("tokens").get<std::vector<int32_t>>(), expected.at(id)) << "request " << id;
+  }
+  EXPECT_EQ(lines_count, 5);
+}
+
+TEST(HybridCli, TheStatePoolFlagIsRefusedForAModelWithoutMambaLayers) {
+  const testing::ScratchDir dir;
+  std::ofstream(dir.file("p.jsonl")) << "{\"prompt\": [1, 2, 3], \"max_new_tokens\": 2}\n";
+  const std::string command = fmt::format(
+      "timeout 60 '{}' generate --model tiny --prompts '{}' --mamba-slots 4 -q >/dev/null 2>'{}'",
+      LOCKSTEP_CLI, dir.file("p.jsonl").string(), dir.file("err.txt").string());
+  const int status = std::system(command.c_str());
+  std::ifstream err(dir.file("err.txt"));
+  const std::string err_text{std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>()};
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << err_text;
+  EXPECT_THAT(err_text, HasSubstr("--mamba-slots 4: model 'tiny' has no Mamba layers"));
 }
 
 }  // namespace
