@@ -7,6 +7,7 @@
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
 #include "tests/hybrid_checkpoint.h"
+#include "tests/mamba_slot_properties.h"
 #include "tests/scratch_dir.h"
 #include "tests/test_support.h"
 
@@ -553,6 +554,13 @@ TEST(HybridServing, TheSchedulerRefusesWhatTheStatePoolCannotServe) {
   sc.host_pages_count = 4;
   EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("retraction by swap is "
                                                                       "not implemented")));
+}
+
+// The scheduler's slots over generated workloads (retraction, overlap on and off); its planted
+// companion is tests/mamba_slot_planted_test.cpp.
+TEST(MambaSlotProperty, NoTwoLiveRequestsShareAWorkingSlot) {
+  const std::optional<std::string> failure = mamba_props::counterexample(150);
+  EXPECT_FALSE(failure.has_value()) << *failure;
 }
 
 // `lockstep generate --model DIR` on a hybrid checkpoint, end to end: --mamba-slots 0 (the
