@@ -598,6 +598,35 @@ TEST(HybridCli, GenerateServesAHybridCheckpointEndToEnd) {
   EXPECT_EQ(lines_count, 5);
 }
 
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A recorded hybrid run carries the state slots (trace inspect shows them) and replays bit for bit.
+TEST(HybridCli, ARecordedRunReplaysBitForBit) {
+  const testing::ScratchDir dir;
+  const fs::path model = dir.file("bamba");
+  fs::create_directories(model);
+  testing::write_hybrid_checkpoint(model);
+  std::ofstream(dir.file("p.jsonl")) << nlohmann::json{{"prompt", prompt_for(1, 30)}}.dump() << "\n"
+                                     << nlohmann::json{{"prompt", prompt_for(2, 45)}}.dump() << "\n";
+  const fs::path trace = dir.file("run.trace");
+  const std::string record = fmt::format(
+      "timeout 120 '{0}' generate --model '{1}' --prompts '{2}' --record '{3}' -q >/dev/null 2>'{4}'"
+      " && '{0}' replay '{3}' >'{5}' 2>&1 && '{0}' trace inspect '{3}' --steps 0:2 >>'{5}' 2>&1",
+      LOCKSTEP_CLI, model.string(), dir.file("p.jsonl").string(), trace.string(),
+      dir.file("err.txt").string(), dir.file("out.txt").string());
+  const int status = std::system(record.c_str());
+  const std::string out = read_text(dir.file("out.txt"));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << record << "\n" << read_text(dir.file("err.txt")) << out;
+  EXPECT_THAT(out, HasSubstr("IDENTICAL: every compared output and digest matches bit for bit"));
+  EXPECT_THAT(out, HasSubstr("hybrid: layers MAMM; mamba2 heads 8 x 16, groups 2, state 16, conv 4 "
+                             "(bias), dt in [0.05, 2]; state slots 16"));
+  EXPECT_THAT(out, HasSubstr("1:P@1[0+30/30] state 0  2:P@2[0+45/45] state 1"));
+}
+
 TEST(HybridCli, TheStatePoolFlagIsRefusedForAModelWithoutMambaLayers) {
   const testing::ScratchDir dir;
   std::ofstream(dir.file("p.jsonl")) << "{\"prompt\": [1, 2, 3], \"max_new_tokens\": 2}\n";

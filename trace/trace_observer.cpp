@@ -98,10 +98,6 @@ std::string build_id() {
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,
                               const std::optional<MachineInfo>& machine) {
-  // TODO(spec): the mamba slot fields in the forward-op record, mamba_slots_count and the layer
-  // table in the header (issue 19); until then a trace of such a model would not replay.
-  LS_REQUIRE(!weights.config.has_recurrent_state(), "--record: model '{}' has Mamba2 layers, whose "
-             "recurrent-state fields the trace does not record yet", weights.config.name);
   TraceHeader h;
   h.build_id = build_id();
   h.model = weights.config;
