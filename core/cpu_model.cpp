@@ -60,6 +60,7 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   weights.validate();
   config.validate();
   check_context_length(model_, config.context_length, /*allow_beyond_max_positions=*/true);
+  // TODO(perf): a hybrid's Mamba layers keep K/V slots they never write (one layout for all layers).
   kv_slots_count_ = int64_t{config.pages_count} * config.page_size;
   const uint64_t slot_bytes = uint64_t{sizeof(float)} * model_.layers_count * 2 * model_.kv_size();
   require_host_memory(slot_bytes * static_cast<uint64_t>(kv_slots_count_ +
