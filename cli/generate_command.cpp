@@ -55,7 +55,7 @@ int run_generate(GenerateOptions& o) {
   const ModelWeights weights = load_model(o.model, source);
   const std::vector<RequestSpec> requests = read_prompts(o, weights.config);
   const ExecutorConfig& limits = o.model.executor;
-  Scheduler scheduler(SchedulerConfig{limits});
+  Scheduler scheduler(scheduler_config_for_model(limits, weights.config));
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   const bool recording = !o.record.empty();
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.

@@ -75,6 +75,7 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                "Allow --context-length past the checkpoint's max_position_embeddings (warns: the "
                "model was not made for those positions)");
   add_limit_option(app, o.executor.prefill_chunk_tokens, &Limits::prefill_chunk_tokens);
+  add_limit_option(app, o.executor.mamba_slots_count, &Limits::mamba_slots_count);
 }
 
 namespace {
@@ -111,6 +112,14 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
     fmt::print(stderr, "lockstep: warning: --context-length {} exceeds the model's "
                "max_position_embeddings = {}; positions past it were never trained\n",
                c.context_length, weights.config.max_positions);
+  }
+  // --mamba-slots 0 sizes the state pool for a model with Mamba layers: a working slot for every
+  // batch row (no checkpoints: the prefix cache is off for such models, see the scheduler).
+  if (weights.config.has_recurrent_state()) {
+    if (c.mamba_slots_count == 0) c.mamba_slots_count = c.max_batch_rows;
+  } else {
+    LS_REQUIRE(c.mamba_slots_count == 0, "--mamba-slots {}: model '{}' has no Mamba layers",
+               c.mamba_slots_count, weights.config.name);
   }
   const int32_t pages_per_row = (c.context_length + c.page_size - 1) / c.page_size + 1;
   if (o.pages_count > 0) {

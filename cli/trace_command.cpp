@@ -65,6 +65,15 @@ void print_header(const trace::TraceHeader& h) {
   fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}; drafter {}\n",
              e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
              e.verify_width, e.prefill_chunk_tokens, h.drafter.empty() ? "none" : h.drafter);
+  if (m.has_recurrent_state()) {
+    std::string kinds;
+    for (const LayerKind kind : m.layer_kinds) kinds += kind == LayerKind::kMamba2 ? 'M' : 'A';
+    fmt::print("hybrid: layers {}; mamba2 heads {} x {}, groups {}, state {}, conv {}{}, dt in "
+               "[{}, {}]; state slots {}\n", kinds, m.mamba.heads_count, m.mamba.head_dim,
+               m.mamba.groups_count, m.mamba.state_size, m.mamba.conv_kernel,
+               m.mamba.conv_bias ? " (bias)" : "", m.mamba.dt_min, m.mamba.dt_max,
+               e.mamba_slots_count);
+  }
   if (!h.step_clock.empty()) fmt::print("step stats: clock {}, device timer {}\n", h.step_clock, h.device_timer);
   fmt::print("backend {} ({}, TP {}), machine: {}{}\n", h.backend, h.determinism_mode, h.tp_degree,
              h.machine.cpu_name,
@@ -79,6 +88,11 @@ std::string row_summary(const OpRow& r) {
   if (r.kind == RowKind::kPrefill) s += fmt::format("[{}+{}/{}]", r.prefix_length, r.input_length, r.prompt_length);
   if (r.decode_override != -1) s += fmt::format(" override {}", r.decode_override);
   if (r.hist_token_length != -1) s += fmt::format(" hist {}", r.hist_token_length);
+  if (r.mamba_working != -1) s += fmt::format(" state {}", r.mamba_working);
+  if (r.mamba_checkpoint_dst != -1) s += fmt::format(" checkpoint {}", r.mamba_checkpoint_dst);
+  if (r.mamba_cow_src != -1) {
+    s += fmt::format(" cow {}@{}", r.mamba_cow_src, r.mamba_branching_seqlen);
+  }
   return s;
 }
 

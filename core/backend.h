@@ -39,6 +39,16 @@ class Backend {
   // Rule 3: ids (prefill from the plan, decode from future_input_map or the override), positions,
   // slots by the slot rule, id clamp to [0, V), tail scrub.
   virtual void fill_inputs(const StepPlan& plan) = 0;
+  // Whether the model carries per-request recurrent state (Mamba layers): rows then need working
+  // slots (the executor's validator requires them).
+  virtual bool has_recurrent_state() const { return false; }
+  // Between rules 3 and 4, for a model with recurrent state: the plan's copy-on-write copies, then
+  // its zeroing. Checkpoint snapshots run inside finish_step after the commit.
+  virtual void apply_state_rules(const StepPlan& plan) {
+    LS_ASSERT(plan.mamba_copies.empty() && plan.mamba_zeroes.empty() &&
+                  plan.mamba_snapshots.empty(),
+              "backend {} has no recurrent state", name());
+  }
   // Rule 4: the model forward; leaves the plan's logits rows in the backend.
   virtual void forward(const StepPlan& plan) = 0;
   // A fault site: overwrite whole logits rows with `value` — NaN, or ±inf (simulator and tests).

@@ -14,6 +14,7 @@ std::string_view to_string(ModelFamily family) {
     case ModelFamily::kQwen2: return "qwen2";
     case ModelFamily::kQwen3: return "qwen3";
     case ModelFamily::kMistral: return "mistral";
+    case ModelFamily::kBamba: return "bamba";
   }
   return "unknown";
 }
@@ -24,6 +25,7 @@ std::string_view architecture_name(ModelFamily family) {
     case ModelFamily::kQwen2: return "Qwen2ForCausalLM";
     case ModelFamily::kQwen3: return "Qwen3ForCausalLM";
     case ModelFamily::kMistral: return "MistralForCausalLM";
+    case ModelFamily::kBamba: return "BambaForCausalLM";
   }
   return "unknown";
 }
@@ -37,15 +39,78 @@ std::string_view to_string(RopeType type) {
   return "unknown";
 }
 
+std::string_view to_string(LayerKind kind) {
+  switch (kind) {
+    case LayerKind::kAttention: return "attention";
+    case LayerKind::kMamba2: return "mamba2";
+  }
+  return "unknown";
+}
+
+int32_t ModelConfig::mamba_layers_count() const {
+  int32_t count = 0;
+  for (const LayerKind kind : layer_kinds) count += kind == LayerKind::kMamba2 ? 1 : 0;
+  return count;
+}
+
 int64_t ModelConfig::parameters_count() const {
   const int64_t h = hidden_size;
   const int64_t biases = qkv_bias ? int64_t{q_size()} + 2 * kv_size() : 0;
   const int64_t head_norms = qk_norm ? 2 * int64_t{head_dim} : 0;
-  const int64_t per_layer = 2 * h + h * q_size() + 2 * h * kv_size() + int64_t{q_size()} * h +
-                            3 * h * ffn_size + biases + head_norms;
+  const int64_t attention = h * q_size() + 2 * h * kv_size() + int64_t{q_size()} * h + biases +
+                            head_norms;
+  const MambaConfig& m = mamba;
+  const int64_t mixer = h * m.in_proj_size() + m.conv_state_floats() +
+                        (m.conv_bias ? m.conv_dim() : 0) + 3 * int64_t{m.heads_count} +
+                        m.inner_size() + int64_t{m.inner_size()} * h;
+  const int64_t common = 2 * h + 3 * h * ffn_size;
+  const int64_t mambas = mamba_layers_count();
+  const int64_t per_layers = common * layers_count + attention * (layers_count - mambas) +
+                             mixer * mambas;
   const int64_t embeddings = int64_t{vocab_size} * h * (tied_embeddings ? 1 : 2);
-  return embeddings + h + per_layer * layers_count;
+  return embeddings + h + per_layers;
 }
+
+namespace {
+
+// The layer-kind table and the Mamba shape: a table for every layer when the family is hybrid,
+// none otherwise; the mixer's sizes in range and consistent.
+void validate_layer_kinds(const ModelConfig& c) {
+  const std::string& name = c.name;
+  if (c.family != ModelFamily::kBamba) {
+    LS_REQUIRE(c.layer_kinds.empty(), "model config '{}': family {} has no layer-kind table", name,
+               to_string(c.family));
+    return;
+  }
+  LS_REQUIRE(static_cast<int64_t>(c.layer_kinds.size()) == c.layers_count,
+             "model config '{}': the layer-kind table has {} entries for layers_count {}", name,
+             c.layer_kinds.size(), c.layers_count);
+  for (size_t i = 0; i < c.layer_kinds.size(); ++i) {
+    LS_REQUIRE(static_cast<uint8_t>(c.layer_kinds[i]) <= static_cast<uint8_t>(LayerKind::kMamba2),
+               "model config '{}': layer {} has an unknown kind {}", name, i,
+               static_cast<int>(c.layer_kinds[i]));
+  }
+  if (!c.has_recurrent_state()) return;
+  const MambaConfig& m = c.mamba;
+  auto in_range = [&](int64_t value, int64_t max, const char* field) {
+    LS_REQUIRE(value > 0 && value <= max, "model config '{}': mamba {} must be in [1, {}], got {}",
+               name, field, max, value);
+  };
+  in_range(m.heads_count, 1 << 12, "heads_count");
+  in_range(m.head_dim, 1 << 12, "head_dim");
+  in_range(m.groups_count, 1 << 12, "groups_count");
+  in_range(m.state_size, 1 << 12, "state_size");
+  in_range(m.conv_kernel, 64, "conv_kernel");
+  in_range(m.inner_size(), 1 << 18, "inner size (heads_count · head_dim)");
+  LS_REQUIRE(m.heads_count % m.groups_count == 0,
+             "model config '{}': mamba heads_count {} is not a multiple of groups_count {}", name,
+             m.heads_count, m.groups_count);
+  LS_REQUIRE(m.dt_min >= 0.0f && m.dt_min <= m.dt_max,
+             "model config '{}': mamba time-step limit [{}, {}] must satisfy 0 <= min <= max",
+             name, m.dt_min, m.dt_max);
+}
+
+}  // namespace
 
 void ModelConfig::validate() const {
   // Upper bounds far above any real Llama keep every size product inside int64 and stop a
@@ -69,7 +134,7 @@ void ModelConfig::validate() const {
   LS_REQUIRE(rope_theta > 0.0f, "model config '{}': rope_theta must be > 0, got {}", name,
              rope_theta);
   LS_REQUIRE(rms_eps > 0.0f, "model config '{}': rms_eps must be > 0, got {}", name, rms_eps);
-  LS_REQUIRE(static_cast<uint8_t>(family) <= static_cast<uint8_t>(ModelFamily::kMistral),
+  LS_REQUIRE(static_cast<uint8_t>(family) <= static_cast<uint8_t>(ModelFamily::kBamba),
              "model config '{}': unknown family {}", name, static_cast<int>(family));
   LS_REQUIRE(static_cast<uint8_t>(rope_type) <= static_cast<uint8_t>(RopeType::kLlama3),
              "model config '{}': unknown rope type {}", name, static_cast<int>(rope_type));
@@ -87,6 +152,7 @@ void ModelConfig::validate() const {
              max_positions);
   LS_REQUIRE(sliding_window >= 0, "model config '{}': sliding_window must be >= 0, got {}", name,
              sliding_window);
+  validate_layer_kinds(*this);
 }
 
 void check_context_length(const ModelConfig& model, int32_t context_length,

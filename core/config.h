@@ -12,12 +12,14 @@
 namespace ls {
 
 // The checkpoint families lockstep computes exactly as Hugging Face does. Each is a Llama-shaped
-// decoder; the differences are data in ModelConfig (qkv_bias, qk_norm), decided once at load.
+// decoder; the differences are data in ModelConfig (qkv_bias, qk_norm, the layer-kind table),
+// decided once at load.
 enum class ModelFamily : uint8_t {
   kLlama = 0,    // LlamaForCausalLM (Llama 2, 3.x)
   kQwen2 = 1,    // Qwen2ForCausalLM (Qwen2.5): q/k/v projection biases
   kQwen3 = 2,    // Qwen3ForCausalLM: per-head RMSNorm on q and k before RoPE
   kMistral = 3,  // MistralForCausalLM
+  kBamba = 4,    // BambaForCausalLM: Mamba2 mixer layers, attention at attn_layer_indices
 };
 std::string_view to_string(ModelFamily family);
 // The HF architecture name ("LlamaForCausalLM", ...).
@@ -30,6 +32,41 @@ enum class RopeType : uint8_t {
   kLlama3 = 2,   // Llama 3.1's band-wise scaling (factor, low/high frequency factors, original max)
 };
 std::string_view to_string(RopeType type);
+
+// What mixes the tokens in one decoder layer (the FFN after it is the same SwiGLU for both).
+enum class LayerKind : uint8_t {
+  kAttention = 0,  // GQA attention over the paged KV
+  kMamba2 = 1,     // Mamba2 mixer: a per-request recurrent state (conv window + SSM state)
+};
+std::string_view to_string(LayerKind kind);
+
+// The Mamba2 mixer's shape (transformers' BambaMixer, its torch_forward path):
+//   in_proj: hidden → [gate (inner) | xBC (conv_dim) | dt (heads)], inner = heads · head_dim,
+//   conv_dim = inner + 2 · groups · state_size; a causal depthwise conv1d of `conv_kernel` taps
+//   (bias when conv_bias) then SiLU over xBC; split into x (inner), B and C (groups · state each);
+//   per head h (group g = h / (heads / groups)): dt = clamp(softplus(dt + dt_bias), dt_min,
+//   dt_max), state = state · exp(dt · −exp(A_log)) + dt · B_g · x, y = state · C_g + D · x;
+//   then RMSNorm(y · silu(gate)) over all of inner, and out_proj: inner → hidden.
+struct MambaConfig {
+  int32_t heads_count = 0;
+  int32_t head_dim = 0;
+  int32_t groups_count = 0;
+  int32_t state_size = 0;
+  int32_t conv_kernel = 0;
+  bool conv_bias = true;
+  float dt_min = 0.0f;        // time_step_limit[0]
+  float dt_max = 0.0f;        // time_step_limit[1]
+
+  int32_t inner_size() const { return heads_count * head_dim; }
+  int32_t conv_dim() const { return inner_size() + 2 * groups_count * state_size; }
+  int32_t in_proj_size() const { return inner_size() + conv_dim() + heads_count; }
+  // One request's recurrent state in one Mamba layer: the conv window [conv_dim, conv_kernel]
+  // (the last conv_kernel xBC inputs, oldest first, as transformers keeps it) and the SSM state
+  // [heads, head_dim, state_size].
+  int64_t conv_state_floats() const { return int64_t{conv_dim()} * conv_kernel; }
+  int64_t ssm_state_floats() const { return int64_t{heads_count} * head_dim * state_size; }
+  bool operator==(const MambaConfig&) const = default;
+};
 
 struct RopeConfig {
   RopeType type = RopeType::kDefault;
@@ -70,6 +107,16 @@ struct ModelConfig {
   // A sliding attention window over all layers (Mistral's sliding_window, Qwen's with
   // use_sliding_window); 0 = none. Not implemented: a context longer than it is refused.
   int32_t sliding_window = 0;
+  // The layer-kind table: [layers_count] for a hybrid model; empty means every layer attends (the
+  // Llama-shaped families).
+  std::vector<LayerKind> layer_kinds;
+  MambaConfig mamba;  // used by the kMamba2 layers only
+
+  LayerKind layer_kind(int32_t layer) const {
+    return layer_kinds.empty() ? LayerKind::kAttention : layer_kinds[static_cast<size_t>(layer)];
+  }
+  int32_t mamba_layers_count() const;
+  bool has_recurrent_state() const { return mamba_layers_count() > 0; }
 
   int32_t q_size() const { return query_heads_count * head_dim; }
   int32_t kv_size() const { return kv_heads_count * head_dim; }

@@ -36,6 +36,7 @@ CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config
   positions_.assign(tokens, 0);
   slots_.assign(tokens, 0);
   token_pool_rows_.assign(tokens, 0);
+  token_mamba_slots_.assign(tokens, -1);
   logits_.assign(static_cast<size_t>(config.logits_rows_max()) * vocab_size_, 0.0f);
   vcl_before_.assign(static_cast<size_t>(config.max_batch_rows), 0);
   history_.assign(rows * static_cast<size_t>(history_capacity_), 0);
@@ -98,6 +99,7 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
       positions_[offset + t] = start + t;
       slots_[offset + t] = slot_for(table_row, config_.page_size, start + t);
       token_pool_rows_[offset + t] = rpi;
+      token_mamba_slots_[offset + t] = plan.mamba_working[row];
     }
   }
   for (int32_t t = 0; t < plan.tokens_count; ++t) {
@@ -108,7 +110,22 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
   std::fill(positions_.begin() + plan.tokens_count, positions_.end(), 0);
   std::fill(slots_.begin() + plan.tokens_count, slots_.end(), 0);
   std::fill(token_pool_rows_.begin() + plan.tokens_count, token_pool_rows_.end(), 0);
+  std::fill(token_mamba_slots_.begin() + plan.tokens_count, token_mamba_slots_.end(), -1);
   record_input_history(plan);
+}
+
+// Copy-on-write first (a prefix hit's checkpoint becomes the working state), then zeroing (a
+// request's first chunk starts from no state); the host planned which (Executor::plan_mamba_row).
+void CpuBackend::apply_state_rules(const StepPlan& plan) {
+  for (const MambaCopy& copy : plan.mamba_copies) model_.copy_mamba_state(copy.src, copy.dst);
+  for (const int32_t slot : plan.mamba_zeroes) model_.zero_mamba_state(slot);
+}
+
+// A DECODE step's checkpoints: working → checkpoint where the row's new vcl ends a page.
+void CpuBackend::snapshot_mamba_checkpoints(const StepPlan& plan) {
+  for (const MambaSnapshot& s : plan.mamba_snapshots) {
+    if (vcl_[plan.pool_rows[s.row]] % config_.page_size == 0) model_.copy_mamba_state(s.src, s.dst);
+  }
 }
 
 // Every (clamped) input id enters its row's history at its position: prefill tokens and the
@@ -141,6 +158,9 @@ void CpuBackend::forward(const StepPlan& plan) {
       .slots = std::span<const int64_t>(slots_.data(), t),
       .pool_rows = std::span<const int32_t>(token_pool_rows_.data(), t),
       .logits_token_index = plan.logits_token_index,
+      .mamba_slots = model_.has_recurrent_state()
+                         ? std::span<const int32_t>(token_mamba_slots_.data(), t)
+                         : std::span<const int32_t>(),
   };
   model_.forward(tokens, table_, logits_);
 }
@@ -185,6 +205,7 @@ void CpuBackend::finish_step(const StepPlan& plan, StepResult& result) {
   guard_logits(plan, result);
   sample_prefill_rows(plan, result);
   verify_decode_rows(plan, result);
+  snapshot_mamba_checkpoints(plan);
   flag_and_clamp_outputs(plan, result);
   if (plan.want_logprobs) fill_logprobs(plan, result);
   if (plan.capture_logits) {

@@ -30,6 +30,10 @@ class CpuBackend final : public Backend {
   int32_t tp_degree() const { return model_.tp_degree(); }
   // The collectives the last forward issued (an IDLE step issues the same ones, with no rows).
   const std::vector<CollectiveCall>& collectives() const { return model_.collectives(); }
+  bool has_recurrent_state() const override { return model_.has_recurrent_state(); }
+  void apply_state_rules(const StepPlan& plan) override;
+  // The recurrent state of one slot (tests): every Mamba layer's conv window and SSM state.
+  std::vector<float> read_mamba_state(int32_t slot) const { return model_.read_mamba_state(slot); }
   void apply_table_writes(const StepPlan& plan) override;
   void reset_lengths(const StepPlan& plan) override;
   void fill_inputs(const StepPlan& plan) override;
@@ -51,6 +55,7 @@ class CpuBackend final : public Backend {
   void record_input_history(const StepPlan& plan);
   void write_history(int32_t rpi, int32_t position, int32_t token);
   void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
+  void snapshot_mamba_checkpoints(const StepPlan& plan);
   static void clear_optional_fields(StepResult& result);
   void fill_logprobs(const StepPlan& plan, StepResult& result);
   void fill_record(const StepPlan& plan, StepResult& result) const;
@@ -74,6 +79,7 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> positions_;       // [step_tokens_max]
   std::vector<int64_t> slots_;           // [step_tokens_max]
   std::vector<int32_t> token_pool_rows_; // [step_tokens_max]
+  std::vector<int32_t> token_mamba_slots_; // [step_tokens_max] working slot, −1 for none
   std::vector<float> logits_;            // [logits_rows_max, V]
   std::vector<int32_t> vcl_before_;      // [max_batch_rows] vcl of each row before commit
   // The ids each pool row's owner holds, by position: every input id at its position, then the

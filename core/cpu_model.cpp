@@ -6,6 +6,7 @@
 #include "core/step_plan.h"
 #include "core/tensor_parallel.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ls {
@@ -59,6 +60,7 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   weights.validate();
   config.validate();
   check_context_length(model_, config.context_length, /*allow_beyond_max_positions=*/true);
+  // TODO(perf): a hybrid's Mamba layers keep K/V slots they never write (one layout for all layers).
   kv_slots_count_ = int64_t{config.pages_count} * config.page_size;
   const uint64_t slot_bytes = uint64_t{sizeof(float)} * model_.layers_count * 2 * model_.kv_size();
   require_host_memory(slot_bytes * static_cast<uint64_t>(kv_slots_count_ +
@@ -80,6 +82,66 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   gate_.resize(static_cast<size_t>(model_.ffn_size));
   up_.resize(static_cast<size_t>(model_.ffn_size));
   scores_.resize(static_cast<size_t>(rope_.positions_count));
+  init_mamba_pool(config, tp_degree);
+}
+
+// The recurrent-state pool, sized once from mamba_slots_count. Refused: what the reference does
+// not implement for Mamba layers yet — tensor parallelism, and verify widths > 1 (a rejected draft
+// would leave its update in the state; the seed keeps intermediate states per verify token).
+void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) {
+  mamba_index_.assign(static_cast<size_t>(model_.layers_count), -1);
+  if (!model_.has_recurrent_state()) return;
+  LS_REQUIRE(tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor parallelism is not "
+             "implemented for them", tp_degree, model_.name);
+  LS_REQUIRE(config.verify_width == 1, "verify_width {}: model '{}' has Mamba2 layers; speculative "
+             "decoding is not implemented for them (W must be 1)", config.verify_width, model_.name);
+  LS_REQUIRE(config.mamba_slots_count >= 1, "model '{}' has {} Mamba2 layers but "
+             "mamba_slots_count is 0: its requests need recurrent-state slots", model_.name,
+             model_.mamba_layers_count());
+  int32_t next = 0;
+  for (int32_t l = 0; l < model_.layers_count; ++l) {
+    if (model_.layer_kind(l) == LayerKind::kMamba2) mamba_index_[static_cast<size_t>(l)] = next++;
+  }
+  const MambaConfig& m = model_.mamba;
+  mamba_layer_floats_ = m.conv_state_floats() + m.ssm_state_floats();
+  mamba_slot_floats_ = mamba_layer_floats_ * next;
+  const uint64_t floats = static_cast<uint64_t>(mamba_slot_floats_) * config.mamba_slots_count;
+  require_host_memory(floats * sizeof(float),
+                      fmt::format("the CPU recurrent-state pool ({} slots)", config.mamba_slots_count));
+  mamba_states_.assign(static_cast<size_t>(floats), 0.0f);
+  proj_.resize(static_cast<size_t>(m.in_proj_size()));
+  conv_out_.resize(static_cast<size_t>(m.conv_dim()));
+  dt_.resize(static_cast<size_t>(m.heads_count));
+  mamba_y_.resize(static_cast<size_t>(m.inner_size()));
+}
+
+float* CpuModel::mamba_state_at(int32_t slot, int32_t layer) {
+  LS_ASSERT(slot >= 0 && slot < limits_.mamba_slots_count, "mamba slot {} of {}", slot,
+            limits_.mamba_slots_count);
+  const int32_t index = mamba_index_[static_cast<size_t>(layer)];
+  LS_ASSERT(index >= 0, "layer {} is not a Mamba layer", layer);
+  return mamba_states_.data() + static_cast<size_t>(slot) * mamba_slot_floats_ +
+         static_cast<size_t>(index) * mamba_layer_floats_;
+}
+
+void CpuModel::zero_mamba_state(int32_t slot) {
+  LS_ASSERT(slot >= 0 && slot < limits_.mamba_slots_count, "mamba slot {}", slot);
+  float* begin = mamba_states_.data() + static_cast<size_t>(slot) * mamba_slot_floats_;
+  std::fill(begin, begin + mamba_slot_floats_, 0.0f);
+}
+
+void CpuModel::copy_mamba_state(int32_t src, int32_t dst) {
+  LS_ASSERT(src >= 0 && src < limits_.mamba_slots_count, "mamba slot {}", src);
+  LS_ASSERT(dst >= 0 && dst < limits_.mamba_slots_count, "mamba slot {}", dst);
+  const float* from = mamba_states_.data() + static_cast<size_t>(src) * mamba_slot_floats_;
+  std::copy(from, from + mamba_slot_floats_,
+            mamba_states_.data() + static_cast<size_t>(dst) * mamba_slot_floats_);
+}
+
+std::vector<float> CpuModel::read_mamba_state(int32_t slot) const {
+  LS_ASSERT(slot >= 0 && slot < limits_.mamba_slots_count, "mamba slot {}", slot);
+  const float* from = mamba_states_.data() + static_cast<size_t>(slot) * mamba_slot_floats_;
+  return std::vector<float>(from, from + mamba_slot_floats_);
 }
 
 float* CpuModel::kv_at(int64_t slot, int32_t layer, int32_t which) {
@@ -125,8 +187,12 @@ void CpuModel::forward(const ForwardTokens& tokens, std::span<const int32_t> tab
   for (int32_t layer = 0; layer < model_.layers_count; ++layer) {
     // All K/V of the layer are written before any token attends, so a token inside a prefill
     // chunk sees the earlier tokens of its own chunk exactly as a decode step would.
-    attention_layer_qkv(layer, tokens);
-    attention_layer_out(layer, tokens, table);
+    if (model_.layer_kind(layer) == LayerKind::kMamba2) {
+      mamba_layer(layer, tokens);
+    } else {
+      attention_layer_qkv(layer, tokens);
+      attention_layer_out(layer, tokens, table);
+    }
     ffn_layer(layer, count);
   }
   lm_head(tokens.logits_token_index, logits);
@@ -290,6 +356,104 @@ void CpuModel::ffn_layer(int32_t layer, int32_t tokens_count) {
     }
   }
   reduce_into_residual(tokens_count);
+}
+
+}  // namespace ls
+
+namespace ls {
+
+namespace {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// torch.nn.functional.softplus with its defaults (beta 1, threshold 20).
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+}  // namespace
+
+// A Mamba2 layer (ModelConfig::mamba has the arithmetic): every token in buffer order, each a
+// single-step update of its request's working state. A row's tokens are contiguous and ascending,
+// so a prefill chunk runs exactly the steps decode would: one fixed sequential order, the same bits
+// however the prompt was chunked or batched. The out projections meet in the all-reduce as the
+// attention layer's do (TP 1 only: refused at construction otherwise).
+void CpuModel::mamba_layer(int32_t layer, const ForwardTokens& tokens) {
+  const LayerWeights& w = weights_.layers[static_cast<size_t>(layer)];
+  const int32_t h = model_.hidden_size;
+  const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
+  LS_ASSERT(tokens.mamba_slots.size() == static_cast<size_t>(count), "{} mamba slots for {} tokens",
+            tokens.mamba_slots.size(), count);
+  for (int32_t t = 0; t < count; ++t) {
+    float* normed = normed_.data() + static_cast<size_t>(t) * h;
+    rms_norm(residual_.data() + static_cast<size_t>(t) * h, w.attn_norm, h, model_.rms_eps, normed);
+    mamba_token(w, mamba_state_at(tokens.mamba_slots[t], layer), normed, partial_at(0, t, count));
+  }
+  reduce_into_residual(count);
+}
+
+// One token through the mixer, updating `state` (conv window, then SSM state) in place and
+// writing the out projection to `out` [hidden].
+void CpuModel::mamba_token(const LayerWeights& w, float* state, const float* normed, float* out) {
+  const MambaConfig& m = model_.mamba;
+  const int32_t h = model_.hidden_size;
+  const int32_t inner = m.inner_size();
+  const int32_t conv_dim = m.conv_dim();
+  const int32_t k = m.conv_kernel;
+  matvec_rows(w.in_proj, normed, h, ShardRange{0, m.in_proj_size()}, proj_.data());
+  const float* gate = proj_.data();
+  const float* xbc = proj_.data() + inner;
+  const float* dt = proj_.data() + inner + conv_dim;
+  // The causal conv: the window drops its oldest input and takes this token's xBC, then each
+  // channel is the dot of its window with its taps, oldest first.
+  float* window = state;
+  for (int32_t c = 0; c < conv_dim; ++c) {
+    float* row = window + static_cast<size_t>(c) * k;
+    std::copy(row + 1, row + k, row);
+    row[k - 1] = xbc[c];
+    const float* taps = w.conv_weight.data() + static_cast<size_t>(c) * k;
+    float sum = 0.0f;
+    for (int32_t i = 0; i < k; ++i) sum += row[i] * taps[i];
+    if (m.conv_bias) sum += w.conv_bias[static_cast<size_t>(c)];
+    conv_out_[static_cast<size_t>(c)] = silu(sum);
+  }
+  for (int32_t head = 0; head < m.heads_count; ++head) {
+    const float value = softplus(dt[head] + w.dt_bias[static_cast<size_t>(head)]);
+    dt_[static_cast<size_t>(head)] = std::clamp(value, m.dt_min, m.dt_max);
+  }
+  mamba_scan(w, state + m.conv_state_floats(), conv_out_.data(), dt_.data(), mamba_y_.data());
+  // The gated RMSNorm (norm after the gate, over all of inner, as BambaRMSNormGated does).
+  for (int32_t i = 0; i < inner; ++i) mamba_y_[static_cast<size_t>(i)] *= silu(gate[i]);
+  ops::rms_norm_row(mamba_y_.data(), w.mamba_norm.data(), inner, model_.rms_eps, mamba_y_.data());
+  matvec_rows(w.out_proj, mamba_y_.data(), inner, ShardRange{0, h}, out);
+}
+
+// The selective scan's single step for every head: dA = exp(dt · A), A = −exp(A_log);
+// state = state · dA + (dt · B) · x; y = Σ_n state · C (n ascending) + D · x.
+void CpuModel::mamba_scan(const LayerWeights& w, float* ssm, const float* conv_out, const float* dt,
+                          float* y) const {
+  const MambaConfig& m = model_.mamba;
+  const int32_t inner = m.inner_size();
+  const int32_t n_state = m.state_size;
+  const int32_t heads_per_group = m.heads_count / m.groups_count;
+  const float* x = conv_out;
+  for (int32_t head = 0; head < m.heads_count; ++head) {
+    const int32_t group = head / heads_per_group;
+    const float* b = conv_out + inner + static_cast<size_t>(group) * n_state;
+    const float* c = conv_out + inner + static_cast<size_t>(m.groups_count) * n_state +
+                     static_cast<size_t>(group) * n_state;
+    const float a = -std::exp(w.a_log[static_cast<size_t>(head)]);
+    const float step = dt[head];
+    const float decay = std::exp(step * a);
+    for (int32_t p = 0; p < m.head_dim; ++p) {
+      const int32_t i = head * m.head_dim + p;
+      float* s = ssm + (static_cast<size_t>(head) * m.head_dim + p) * n_state;
+      float sum = 0.0f;
+      for (int32_t n = 0; n < n_state; ++n) {
+        s[n] = s[n] * decay + (step * b[n]) * x[i];
+        sum += s[n] * c[n];
+      }
+      y[i] = sum + x[i] * w.d_skip[static_cast<size_t>(head)];
+    }
+  }
 }
 
 }  // namespace ls

@@ -29,6 +29,8 @@ struct ForwardTokens {
   std::span<const int64_t> slots;      // [T] KV slot each token writes
   std::span<const int32_t> pool_rows;  // [T] pool row of each token's request
   std::span<const int32_t> logits_token_index;  // [rows] tokens whose logits are wanted
+  std::span<const int32_t> mamba_slots;  // [T] working state slot of each token's request, or
+                                         // empty when the model has no Mamba layers
 };
 
 class CpuModel {
@@ -45,6 +47,13 @@ class CpuModel {
                std::span<float> logits);
 
   int64_t kv_slots_count() const { return kv_slots_count_; }
+  bool has_recurrent_state() const { return model_.has_recurrent_state(); }
+  // The recurrent-state pool (core/limits.h mamba_slots_count slots): each slot holds, for every
+  // Mamba layer, the conv window then the SSM state.
+  void zero_mamba_state(int32_t slot);
+  void copy_mamba_state(int32_t src, int32_t dst);
+  // One slot's state, every Mamba layer's conv window and SSM state in layer order (tests).
+  std::vector<float> read_mamba_state(int32_t slot) const;
   // Copies whole pages between the device KV pool and the host pool.
   void copy_pages(const CacheOp& op);
   int32_t tp_degree() const { return tp_.degree(); }
@@ -52,12 +61,18 @@ class CpuModel {
   const std::vector<CollectiveCall>& collectives() const { return group_.calls(); }
 
  private:
+  void init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree);
   void attention_layer_qkv(int32_t layer, const ForwardTokens& tokens);
   void attention_layer_out(int32_t layer, const ForwardTokens& tokens,
                            std::span<const int32_t> table);
   void rank_qkv(const LayerWeights& w, const float* normed, ShardRange q_heads,
                 ShardRange kv_heads, int32_t position, float* q, float* k, float* v);
   void ffn_layer(int32_t layer, int32_t tokens_count);
+  void mamba_layer(int32_t layer, const ForwardTokens& tokens);
+  void mamba_token(const LayerWeights& w, float* state, const float* normed, float* out);
+  void mamba_scan(const LayerWeights& w, float* ssm, const float* conv_out, const float* dt,
+                  float* y) const;
+  float* mamba_state_at(int32_t slot, int32_t layer);
   void lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits);
   void reduce_into_residual(int32_t tokens_count);
   float* partial_at(int32_t rank, int32_t token, int32_t tokens_count);
@@ -84,6 +99,17 @@ class CpuModel {
   std::vector<float> gate_;       // [ffn]
   std::vector<float> up_;         // [ffn]
   std::vector<float> scores_;     // [context_length + W]
+
+  // Recurrent state: per slot, per Mamba layer, [conv_dim · conv_kernel] then
+  // [heads · head_dim · state_size].
+  std::vector<int32_t> mamba_index_;  // [layers] the layer's index among the Mamba layers, or −1
+  int64_t mamba_layer_floats_ = 0;    // one slot's state in one Mamba layer
+  int64_t mamba_slot_floats_ = 0;     // one slot's state, all Mamba layers
+  std::vector<float> mamba_states_;   // [mamba_slots_count, mamba layers, mamba_layer_floats_]
+  std::vector<float> proj_;           // [in_proj_size] one token's in_proj output
+  std::vector<float> conv_out_;       // [conv_dim]
+  std::vector<float> dt_;             // [heads]
+  std::vector<float> mamba_y_;        // [inner]
 };
 
 }  // namespace ls

@@ -22,7 +22,7 @@ Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& ba
       vocab_size_(vocab_size),
       backend_(backend),
       options_(options),
-      validator_(config_, vocab_size) {
+      validator_(config_, vocab_size, backend.has_recurrent_state()) {
   LS_REQUIRE(vocab_size > 1, "executor: vocab_size must be > 1, got {}", vocab_size);
   LS_REQUIRE(options.top_logits_count >= 0 && options.top_logits_count <= kTopLogitsCountMax,
              "executor: top_logits_count {} is outside [0, {}]", options.top_logits_count,
@@ -54,6 +54,7 @@ void Executor::submit(const ForwardOp& op) {
   backend_.apply_table_writes(plan);  // rule 1
   backend_.reset_lengths(plan);       // rule 2
   backend_.fill_inputs(plan);         // rule 3
+  if (backend_.has_recurrent_state()) backend_.apply_state_rules(plan);
   backend_.forward(plan);             // rule 4
   if (!poisoned_logits_rows_.empty()) {
     backend_.poison_logits(poisoned_logits_rows_, faults.poison_value);
@@ -136,6 +137,8 @@ int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
   p.prefill_prefix.clear(), p.decode_overrides.clear(), p.force_single.clear();
   p.table_writes.clear(), p.table_pages.clear(), p.length_resets.clear();
   p.logits_token_index.clear();
+  p.mamba_working.clear(), p.mamba_copies.clear(), p.mamba_zeroes.clear();
+  p.mamba_snapshots.clear();
   int32_t offset = 0;
   int32_t slices_clamped = 0;
   for (const OpRow& row : op.rows) {
@@ -165,10 +168,27 @@ int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
       p.force_single.push_back(row.decode_override != -1 && w > 1 ? 1 : 0);
       for (int32_t t = 0; t < w; ++t) p.logits_token_index.push_back(offset + t);
     }
+    plan_mamba_row(row, static_cast<int32_t>(p.pool_rows.size()) - 1, op.mode(), p);
     offset += row.input_length;
   }
   p.tokens_count = offset;
   return slices_clamped;
+}
+
+// Seed spec §4 invariant 6, the host half: copy-on-write from cow_src when given (prefill rows and
+// recovered decode rows), zero the working state of a prefill row that starts from nothing
+// (cow_src −1, prefix 0: a request's first chunk), and in DECODE steps the checkpoint candidates.
+void Executor::plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode, StepPlan& p) {
+  p.mamba_working.push_back(row.mamba_working);
+  if (row.mamba_working < 0) return;
+  if (row.mamba_cow_src >= 0) p.mamba_copies.push_back({row.mamba_cow_src, row.mamba_working});
+  if (row.kind == RowKind::kPrefill && row.mamba_cow_src < 0 && row.prefix_length == 0) {
+    p.mamba_zeroes.push_back(row.mamba_working);
+  }
+  if (mode == ForwardMode::kDecode && row.mamba_checkpoint_dst >= 0 &&
+      row.mamba_checkpoint_dst != row.mamba_working) {
+    p.mamba_snapshots.push_back({row_index, row.mamba_working, row.mamba_checkpoint_dst});
+  }
 }
 
 void Executor::plan_sampling(const ForwardOp& op, StepPlan& plan) const {

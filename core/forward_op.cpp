@@ -101,12 +101,15 @@ void validate_decode_row(int32_t i, const OpRow& row, const ExecutorConfig& conf
 
 }  // namespace
 
-void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size) {
-  ForwardOpValidator(config, vocab_size).validate(op);
+void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size,
+                         bool recurrent_state) {
+  ForwardOpValidator(config, vocab_size, recurrent_state).validate(op);
 }
 
-ForwardOpValidator::ForwardOpValidator(const ExecutorConfig& config, int32_t vocab_size)
-    : config_(config), vocab_size_(vocab_size) {
+ForwardOpValidator::ForwardOpValidator(const ExecutorConfig& config, int32_t vocab_size,
+                                       bool recurrent_state)
+    : config_(config), vocab_size_(vocab_size), recurrent_state_(recurrent_state) {
+  mamba_slot_stamps_.assign(static_cast<size_t>(std::max(config.mamba_slots_count, 0)), 0);
   pool_row_stamps_.assign(static_cast<size_t>(std::max(config.max_batch_rows, 0)) + 1, 0);
   const auto slots = std::bit_ceil(2 * static_cast<uint64_t>(std::max(config.max_batch_rows, 1)));
   id_slots_.assign(slots, IdSlot{});
@@ -118,6 +121,68 @@ bool ForwardOpValidator::take_pool_row(int32_t pool_row) {
   if (stamp == stamp_) return false;
   stamp = stamp_;
   return true;
+}
+
+bool ForwardOpValidator::take_mamba_slot(int32_t slot) {
+  uint64_t& stamp = mamba_slot_stamps_[static_cast<size_t>(slot)];
+  if (stamp == stamp_) return false;
+  stamp = stamp_;
+  return true;
+}
+
+// The recurrent-state fields of one row (seed spec §4 invariant 6): each −1 or a slot in
+// [0, mamba_slots_count); a working slot on every row of a model with Mamba layers and on none
+// otherwise; no slot written by two rows (working slots and checkpoints alike); a copy-on-write
+// source with its branching length, which is the row's prefix (prefill) or its recovered KV
+// length (decode); checkpoints only in DECODE steps, the only ones that snapshot.
+void ForwardOpValidator::validate_mamba_row(int32_t i, const OpRow& row, bool op_has_prefill) {
+  const int32_t slots = config_.mamba_slots_count;
+  const auto check_slot = [&](int32_t slot, const char* field) {
+    LS_REQUIRE(slot == -1 || (slot >= 0 && slot < slots),
+               "{}: {} {} is outside [0, mamba_slots_count = {}) and is not -1", where(i, row),
+               field, slot, slots);
+  };
+  check_slot(row.mamba_working, "mamba_working_index");
+  check_slot(row.mamba_checkpoint_dst, "mamba_checkpoint_dst_index");
+  check_slot(row.mamba_cow_src, "mamba_cow_src_index");
+  if (!recurrent_state_) {
+    LS_REQUIRE(row.mamba_working == -1 && row.mamba_checkpoint_dst == -1 &&
+                   row.mamba_cow_src == -1 && row.mamba_branching_seqlen == -1,
+               "{}: the model has no Mamba layers, so the mamba fields must be -1 (working {}, "
+               "checkpoint_dst {}, cow_src {}, branching_seqlen {})", where(i, row),
+               row.mamba_working, row.mamba_checkpoint_dst, row.mamba_cow_src,
+               row.mamba_branching_seqlen);
+    return;
+  }
+  LS_REQUIRE(row.mamba_working != -1, "{}: mamba_working_index is -1, but the model has Mamba "
+             "layers: every row needs its working state slot", where(i, row));
+  LS_REQUIRE(take_mamba_slot(row.mamba_working), "{}: mamba_working_index {} is written by an "
+             "earlier row of the same op (two live requests would share a state)", where(i, row),
+             row.mamba_working);
+  if (row.mamba_checkpoint_dst != -1) {
+    LS_REQUIRE(!op_has_prefill, "{}: mamba_checkpoint_dst_index {} in a step with prefill rows: "
+               "checkpoints are snapshot in DECODE steps only", where(i, row),
+               row.mamba_checkpoint_dst);
+    LS_REQUIRE(row.mamba_checkpoint_dst == row.mamba_working ||
+                   take_mamba_slot(row.mamba_checkpoint_dst),
+               "{}: mamba_checkpoint_dst_index {} is written by an earlier row of the same op",
+               where(i, row), row.mamba_checkpoint_dst);
+  }
+  LS_REQUIRE(row.mamba_cow_src == -1 || row.mamba_cow_src != row.mamba_working,
+             "{}: mamba_cow_src_index {} is the row's own working slot", where(i, row),
+             row.mamba_cow_src);
+  LS_REQUIRE((row.mamba_cow_src == -1) == (row.mamba_branching_seqlen == -1),
+             "{}: mamba_cow_src_index {} and mamba_branching_seqlen {} must be -1 together",
+             where(i, row), row.mamba_cow_src, row.mamba_branching_seqlen);
+  if (row.mamba_cow_src == -1) return;
+  const bool prefill = row.kind == RowKind::kPrefill;
+  LS_REQUIRE(prefill || row.hist_token_length != -1, "{}: mamba_cow_src_index {} on a decode row "
+             "that is not recovering (hist_token_length -1)", where(i, row), row.mamba_cow_src);
+  const int32_t covered = prefill ? row.prefix_length : row.hist_token_length;
+  LS_REQUIRE(row.mamba_branching_seqlen == covered,
+             "{}: mamba_branching_seqlen {} differs from the {} {} the copied state must cover",
+             where(i, row), row.mamba_branching_seqlen,
+             prefill ? "prefix_length" : "hist_token_length", covered);
 }
 
 bool ForwardOpValidator::take_request_id(RequestId id) {
@@ -143,6 +208,7 @@ void ForwardOpValidator::validate(const ForwardOp& op) {
              config.max_batch_rows);
   int64_t prefill_tokens = 0;
   bool seen_decode = false;
+  const bool has_prefill = bs > 0 && op.rows[0].kind == RowKind::kPrefill;
   for (int32_t i = 0; i < bs; ++i) {
     const OpRow& row = op.rows[i];
     LS_REQUIRE(row.kind == RowKind::kPrefill || row.kind == RowKind::kDecode,
@@ -162,6 +228,7 @@ void ForwardOpValidator::validate(const ForwardOp& op) {
                "{}: request id {} appears in an earlier row of the same op", where(i, row),
                row.request_id);
     validate_refresh(i, row, config);
+    validate_mamba_row(i, row, has_prefill);
     if (row.sampling) row.sampling->validate(where(i, row));
     if (row.kind == RowKind::kPrefill) {
       validate_prefill_row(i, row, config);

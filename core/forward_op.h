@@ -40,6 +40,12 @@ struct OpRow {
   int32_t decode_override = -1;     // -1: input from future_input_map; else column 0's id
   int32_t hist_token_length = -1;   // -1, or the KV length to resume from after retraction
   TableRefresh refresh;
+  // Recurrent-state slots (models with Mamba layers; all −1 otherwise). Slot 0 is a real slot, so
+  // "none" is −1 (seed spec §4 invariant 6).
+  int32_t mamba_working = -1;          // the request's working state; required on such a model
+  int32_t mamba_checkpoint_dst = -1;   // DECODE steps: working → here when vcl lands on a page end
+  int32_t mamba_cow_src = -1;          // copied into the working slot before the forward
+  int32_t mamba_branching_seqlen = -1; // the tokens the copied state covers (with mamba_cow_src)
   // Required when the request is new to its pool row; ignored otherwise must not be given.
   std::optional<SamplingParams> sampling;
 
@@ -59,16 +65,21 @@ struct ForwardOp {
 
 // Checks everything about the op that the host can check without device state. Throws ls::Error
 // naming the field, the row and the limit. `vocab_size` bounds token ids.
-void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size);
+void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size,
+                         bool recurrent_state = false);
 
 // validate_forward_op with its bookkeeping sized once from the limits, so that checking an op
 // allocates nothing: the executor keeps one and checks every step with it.
 class ForwardOpValidator {
  public:
-  ForwardOpValidator(const ExecutorConfig& config, int32_t vocab_size);
+  // `recurrent_state`: the model has Mamba layers, so every row needs a working slot.
+  ForwardOpValidator(const ExecutorConfig& config, int32_t vocab_size, bool recurrent_state = false);
   void validate(const ForwardOp& op);
 
  private:
+  void validate_mamba_row(int32_t i, const OpRow& row, bool op_has_prefill);
+  // A slot this op writes (a working state, a checkpoint): false when an earlier row writes it.
+  bool take_mamba_slot(int32_t slot);
   // Each op draws a new stamp: an entry is taken by this op exactly when it holds the stamp, so
   // nothing is cleared between ops.
   bool take_pool_row(int32_t pool_row);
@@ -80,7 +91,9 @@ class ForwardOpValidator {
   };
   ExecutorConfig config_;
   int32_t vocab_size_ = 0;
+  bool recurrent_state_ = false;
   uint64_t stamp_ = 0;
+  std::vector<uint64_t> mamba_slot_stamps_;  // [mamba_slots_count]
   std::vector<uint64_t> pool_row_stamps_;  // [max_batch_rows + 1]
   std::vector<IdSlot> id_slots_;           // open addressing, a power of two >= 2 · max_batch_rows
   int32_t id_shift_ = 0;                   // 64 − log2(id_slots_.size())

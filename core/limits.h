@@ -27,6 +27,7 @@ inline constexpr int32_t kPagesCountMax = 1 << 26;
 inline constexpr int32_t kVerifyWidthMax = 16;
 inline constexpr int32_t kPrefillChunkTokensMax = 1 << 20;
 inline constexpr int32_t kHostPagesCountMax = 1 << 26;
+inline constexpr int32_t kMambaSlotsCountMax = 1 << 16;
 
 inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 static_assert(int64_t{kMaxBatchRowsMax} + 2 <= kInt32Max, "pool rows (B + 2) must fit in int32");
@@ -52,6 +53,9 @@ struct Limits {
   // the prefill it plans plus W per decode row stays within it.
   int32_t prefill_chunk_tokens = 512;
   int32_t host_pages_count = 0;        // host KV pages that retraction may swap to; 0 = none
+  // Recurrent-state slots of a model with Mamba layers (working states of live requests, and
+  // checkpoints), indexed from 0: slot 0 is a real slot, so "none" is −1. 0 = no state pool.
+  int32_t mamba_slots_count = 0;
 
   int32_t pool_rows_count() const { return max_batch_rows + 2; }
   int32_t sentinel_pool_row() const { return max_batch_rows + 1; }
@@ -94,6 +98,9 @@ inline constexpr LimitField kLimitFields[] = {
      "Prefill tokens in one step, summed over rows (longer prompts are chunked)"},
     {"host_pages_count", &Limits::host_pages_count, 0, kHostPagesCountMax, "",
      "Host KV pages that retraction may swap to; 0 = none (retraction recomputes)"},
+    {"mamba_slots_count", &Limits::mamba_slots_count, 0, kMambaSlotsCountMax, "--mamba-slots",
+     "Recurrent-state slots of a model with Mamba layers (one working slot per live request, "
+     "plus checkpoints); 0 = none, or for such a model one per batch row"},
 };
 
 // The row of kLimitFields for `member` (every member has one).

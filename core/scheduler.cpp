@@ -24,6 +24,16 @@ namespace {
 
 SchedulerConfig validated(const SchedulerConfig& c) {
   c.validate();  // B, L, P, pages, host pages, W, the token budget
+  if (c.recurrent_state) {
+    LS_REQUIRE(c.mamba_slots_count >= c.max_batch_rows, "scheduler config: mamba_slots_count {} "
+               "is below max_batch_rows B = {}: every live request needs a working state slot",
+               c.mamba_slots_count, c.max_batch_rows);
+    LS_REQUIRE(!c.prefix_cache, "scheduler config: prefix_cache with recurrent state (Mamba "
+               "layers) is not implemented: a hit needs a state checkpoint at its boundary");
+    LS_REQUIRE(c.host_pages_count == 0, "scheduler config: host_pages_count {} with recurrent "
+               "state (Mamba layers): retraction by swap is not implemented for it (use 0: "
+               "recompute)", c.host_pages_count);
+  }
   LS_REQUIRE(c.prefill_chunk_tokens >= c.verify_width,
              "scheduler config: prefill_chunk_tokens (the token budget) {} is below the verify "
              "width W = {}: no decode row would ever fit",

@@ -26,6 +26,12 @@ struct SchedulerConfig : Limits {
   bool mixed_batches = true;        // decode rows may join a step that carries prefill rows
   bool prefix_cache = true;
   bool overlap = true;              // plan step k before step k−1's result is applied
+  // The model has Mamba layers: every row carries its request's working state slot, which is its
+  // pool row − 1 (one per live request, freed with the row; needs mamba_slots_count >= B). Such a
+  // model needs prefix_cache off and host_pages_count 0 (TODO(spec): a prefix hit needs a
+  // checkpoint at the hit boundary, a swap needs the state copied with the pages), so retraction
+  // recomputes, which restarts the state from zero.
+  bool recurrent_state = false;
 };
 
 struct RequestSpec {
@@ -136,6 +142,15 @@ class Scheduler {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The scheduler for a model under `limits`: a model with Mamba layers gets recurrent_state on and
+// the prefix cache off (see SchedulerConfig::recurrent_state).
+inline SchedulerConfig scheduler_config_for_model(const Limits& limits, const ModelConfig& model) {
+  SchedulerConfig config{limits};
+  config.recurrent_state = model.has_recurrent_state();
+  config.prefix_cache = !config.recurrent_state;
+  return config;
+}
 
 // The executor that matches a scheduler runs under the same limits.
 inline ExecutorConfig executor_config_for(const SchedulerConfig& config) {

@@ -3,6 +3,7 @@
 // nothing fits.
 #include "core/check.h"
 #include "core/scheduler_impl.h"
+#include "core/seams.h"
 
 #include <algorithm>
 
@@ -129,6 +130,7 @@ bool Scheduler::Impl::grow_pages(SchedRequest& r, int32_t tokens) {
 // parameters.
 OpRow Scheduler::Impl::start_row(SchedRequest& r, RowKind kind) {
   OpRow row{.kind = kind, .request_id = r.spec.id, .pool_row = r.pool_row};
+  if (config.recurrent_state) row.mamba_working = seams::mamba_working_slot(r);
   const int32_t held = static_cast<int32_t>(r.pages.size());
   if (r.table_synced_count < held) {
     row.refresh.begin = r.table_synced_count;

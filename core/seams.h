@@ -21,5 +21,10 @@ int32_t accepted_committed_in_step(int32_t accepted, int32_t vcl_old, int32_t co
 // (tests/planted/leak_page_on_abort.cpp): an aborted request keeps its last page.
 std::span<const int32_t> pages_released_at_end(const SchedRequest& request);
 
+// The working state slot of a request on a model with Mamba layers: its pool row − 1, so one per
+// live request, freed with the row. Planted (tests/planted/share_mamba_slot.cpp): neighbouring
+// pool rows share a slot.
+int32_t mamba_working_slot(const SchedRequest& request);
+
 }  // namespace seams
 }  // namespace ls

@@ -27,6 +27,20 @@ struct LengthReset {
   int32_t length = 0;
 };
 
+// A DECODE step's checkpoint candidate: working slot `src` is copied to `dst` after the commit iff
+// the row's new vcl is a multiple of the page size (seed spec §4 invariant 6, no drafter). The host
+// filtered src ≥ 0, dst ≥ 0, src ≠ dst; the page test reads device state, so the backend makes it.
+struct MambaSnapshot {
+  int32_t row = 0;
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
+struct MambaCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+};
+
 struct StepPlan {
   ForwardMode mode = ForwardMode::kIdle;
   int32_t rows_count = 0;          // bs
@@ -46,6 +60,13 @@ struct StepPlan {
   std::vector<TableWrite> table_writes;  // rule 1, clamped
   std::vector<int32_t> table_pages;      // pages of all table writes, concatenated
   std::vector<LengthReset> length_resets;  // rule 2
+
+  // Recurrent state (models with Mamba layers), applied after rule 3 and before the forward:
+  // copy-on-write into working slots, then zeroing of fresh requests' working slots.
+  std::vector<int32_t> mamba_working;      // [bs] each row's working slot (−1: no state)
+  std::vector<MambaCopy> mamba_copies;     // cow_src → working
+  std::vector<int32_t> mamba_zeroes;       // working slots to zero
+  std::vector<MambaSnapshot> mamba_snapshots;  // after the commit, DECODE steps only
 
   // Logits rows: one per prefill row (its last token), then W per decode row.
   std::vector<int32_t> logits_token_index;  // [ne + nd·W] index into the token buffer

@@ -428,6 +428,10 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   model.validate();
   config.validate();
   check_context_length(model, config.context_length, /*allow_beyond_max_positions=*/true);
+  // TODO(perf): the chunked scan and single-step update kernels (issue 19).
+  LS_REQUIRE(!model.has_recurrent_state(), "cuda backend: model '{}' has {} Mamba2 layers, which "
+             "the CUDA backend does not implement yet (run it with --backend cpu)", model.name,
+             model.mamba_layers_count());
   LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName ||
                  options.drafter == "ngram",
              "cuda backend: unknown drafter '{}'; the CUDA backend runs 'none' and 'ngram' "

@@ -91,7 +91,7 @@ class Checker {
     last_step_ = in.step;
     const ForwardOp& op = in.op;
     try {
-      validate_forward_op(op, h_.executor, h_.model.vocab_size);
+      validate_forward_op(op, h_.executor, h_.model.vocab_size, h_.model.has_recurrent_state());
     } catch (const Error& e) {
       return violate(in.step, -1, 0, "forward_op", "op", e.what());
     }

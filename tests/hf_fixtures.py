@@ -18,6 +18,16 @@ directory's, so only its config.json and reference are written.
 
     python3 tests/hf_fixtures.py --out-dir tests/fixtures/hf
 
+`bamba` is a hybrid (issue 19): BambaForCausalLM with Mamba2 mixer layers and one attention layer
+(layers: mamba, attention, mamba, mamba; hidden 64; small Mamba heads, state and chunk). Its
+reference is BAMBA_PROMPTS prompts (lengths up to 400, so they cross many 16-token pages and
+lockstep's 256-token prefill chunks) x BAMBA_NEW_TOKENS greedy tokens, each step recomputing the
+whole sequence with transformers' torch_forward path (HF's Bamba returns no cache unless one is
+built by hand; the recompute is the plain forward, with no cache semantics to trust). The cached
+decode loop is run too and its agreement printed, as a cross-check of HF's own decode path.
+
+    python3 tests/hf_fixtures.py --out-dir tests/fixtures/hf --only bamba
+
 Needs torch and transformers (the H200 host has torch 2.11, transformers 5.17); no network.
 """
 import argparse
@@ -42,6 +52,19 @@ COMMON = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_k
               # model then repeats its last token, which makes a weak oracle.
               initializer_range=0.1)
 
+BAMBA_PROMPTS = 16
+BAMBA_NEW_TOKENS = 32
+BAMBA_PROMPT_LENGTHS = [5, 17, 33, 48, 64, 90, 120, 150, 181, 200, 233, 256, 270, 301, 333, 400]
+BAMBA = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=VOCAB, max_position_embeddings=1024,
+             rms_norm_eps=1e-5, hidden_act="silu", initializer_range=0.1,
+             tie_word_embeddings=False, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16,
+             mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+             mamba_chunk_size=16, mamba_conv_bias=True, mamba_proj_bias=False,
+             # A finite clamp that bites (softplus(dt + dt_bias) spreads around 1); the default
+             # (0, inf) would be written as the non-JSON token Infinity.
+             time_step_limit=(0.05, 1.2))
+
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 128}
@@ -62,6 +85,7 @@ def families():
         ("mistral", "MistralConfig", dict(COMMON, head_dim=32, tie_word_embeddings=False,
                                           sliding_window=None),
          {"rope_type": "default", "rope_theta": 1000000.0}),
+        ("bamba", "BambaConfig", BAMBA, {"rope_type": "default", "rope_theta": 10000.0}),
     ]
 
 
@@ -84,6 +108,71 @@ def perturb(model, generator):
                 p.copy_(0.2 * torch.randn(p.shape, generator=generator))
             elif "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=generator))
+
+
+def perturb_mamba(model, generator):
+    """A_log, D and dt_bias away from HF's log(1..H), 1 and 1, so that each matters per head."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("mamba.A_log") or name.endswith("mamba.dt_bias"):
+                p.add_(0.3 * torch.randn(p.shape, generator=generator))
+            elif name.endswith("mamba.D"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=generator))
+
+
+def check_full_rotation(model):
+    """lockstep rotates the whole head_dim for Bamba: transformers' default rotation must too
+    (BambaConfig forces partial_rotary_factor 0.5 into the config, which it does not read)."""
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rotated = 2 * model.model.rotary_emb.inv_freq.numel()
+    print(f"hf_fixtures: bamba: RoPE rotates {rotated} of head_dim {head_dim}", flush=True)
+    return rotated == head_dim
+
+
+def bamba_reference(model):
+    """Greedy tokens by recomputing the whole sequence each step, and the cached loop's agreement."""
+    prompts, tokens, logits = [], [], []
+    with torch.no_grad():
+        for i, length in enumerate(BAMBA_PROMPT_LENGTHS[:BAMBA_PROMPTS]):
+            prompt = prompt_for(i, length)
+            sequence, generated = list(prompt), []
+            for step in range(BAMBA_NEW_TOKENS):
+                out = model(torch.tensor([sequence]), use_cache=False).logits[0, -1].float()
+                if step == 0:
+                    logits.append([float(x) for x in out])
+                generated.append(int(out.argmax()))
+                sequence.append(generated[-1])
+            prompts.append(prompt)
+            tokens.append(generated)
+    agree = cached_agreement(model, prompts, tokens)
+    print(f"hf_fixtures: bamba: HF's cached decode loop agrees with the recompute on {agree}",
+          flush=True)
+    return prompts, tokens, logits
+
+
+def cached_agreement(model, prompts, tokens):
+    try:
+        from transformers.models.bamba.modeling_bamba import HybridMambaAttentionDynamicCache
+    except ImportError as e:
+        return f"(not run: {e})"
+    equal = total = 0
+    with torch.no_grad():
+        for prompt, want in zip(prompts, tokens):
+            cache = HybridMambaAttentionDynamicCache(model.config, 1, dtype=torch.float32)
+            ids = torch.tensor([prompt])
+            out = model(ids, past_key_values=cache, use_cache=True,
+                        cache_position=torch.arange(len(prompt)))
+            nxt, got = int(out.logits[0, -1].argmax()), []
+            for t in range(len(want)):
+                got.append(nxt)
+                position = torch.tensor([len(prompt) + t])
+                out = model(torch.tensor([[nxt]]), past_key_values=cache, use_cache=True,
+                            cache_position=position)
+                nxt = int(out.logits[0, -1].argmax())
+            equal += sum(a == b for a, b in zip(got, want))
+            total += len(want)
+    return f"{equal}/{total} tokens"
 
 
 def prompt_for(i, length):
@@ -128,7 +217,8 @@ def write_reference(directory, name, prompts, tokens, logits):
     with open(os.path.join(directory, "hf_reference.json"), "w") as f:
         json.dump(reference, f)
     distinct = sum(len(set(t)) for t in tokens) / len(tokens)
-    print(f"hf_fixtures: {name}: {len(prompts)} prompts (lengths {PROMPT_LENGTHS}) x {NEW_TOKENS} "
+    lengths = [len(p) for p in prompts]
+    print(f"hf_fixtures: {name}: {len(prompts)} prompts (lengths {lengths}) x {len(tokens[0])} "
           f"tokens; distinct tokens per sequence {distinct:.1f}; top-2 logit gap min {gaps[0]:.3g}",
           flush=True)
 
@@ -145,14 +235,24 @@ def legacy_config(config_json):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", required=True)
+    p.add_argument("--only", action="append", default=[],
+                   help="write only these families (repeatable); the manifest keeps the others")
     a = p.parse_args()
     torch.use_deterministic_algorithms(True)
     manifest = {}
+    manifest_path = os.path.join(a.out_dir, "manifest.json")
+    if a.only and os.path.exists(manifest_path):
+        with open(manifest_path) as f:
+            manifest = json.load(f).get("families", {})
     for index, (name, class_name, kwargs, rope) in enumerate(families()):
+        if a.only and name not in a.only:
+            continue
         torch.manual_seed(SEED + index)
         config = make_config(class_name, kwargs, rope)
         model = AutoModelForCausalLM.from_config(config).to(torch.float32)
         perturb(model, torch.Generator().manual_seed(SEED + 100 + index))
+        if name == "bamba":
+            perturb_mamba(model, torch.Generator().manual_seed(SEED + 200 + index))
         directory = os.path.join(a.out_dir, name)
         os.makedirs(directory, exist_ok=True)
         model.to(torch.bfloat16).save_pretrained(directory)
@@ -163,7 +263,11 @@ def main():
             saved = json.load(f)
         print(f"hf_fixtures: {name}: config.json {json.dumps(saved, sort_keys=True)}", flush=True)
         reloaded = load_back(directory)
-        prompts, tokens, logits = reference_of(reloaded)
+        if name == "bamba" and not check_full_rotation(reloaded):
+            print("hf_fixtures: bamba: transformers rotates part of each head; lockstep's Bamba "
+                  "rotates all of it: fix lockstep before writing this fixture", flush=True)
+            return 1
+        prompts, tokens, logits = (bamba_reference if name == "bamba" else reference_of)(reloaded)
         write_reference(directory, name, prompts, tokens, logits)
         manifest[name] = sorted(os.listdir(directory))
         if name == "llama3":
@@ -182,7 +286,7 @@ def main():
                 return 1
             os.remove(os.path.join(legacy_dir, "model.safetensors"))
             manifest["llama3-legacy"] = ["config.json (weights: ../llama3/model.safetensors)"]
-    with open(os.path.join(a.out_dir, "manifest.json"), "w") as f:
+    with open(manifest_path, "w") as f:
         json.dump({"seed": SEED, "torch": torch.__version__,
                    "transformers": transformers.__version__, "families": manifest}, f, indent=2)
     return 0

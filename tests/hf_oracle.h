@@ -120,9 +120,17 @@ inline void compare_prompt(const Reference& ref, size_t i, Result& out) {
   out.lockstep_logits_norm_min = i == 0 ? own_norm : std::min(out.lockstep_logits_norm_min, own_norm);
 }
 
+// For a model with Mamba layers (issue 19): a working state slot per batch row, the prefix cache
+// off (SchedulerConfig::recurrent_state).
+inline SchedulerConfig scheduler_config_for(const Reference& ref, const ModelConfig& model) {
+  SchedulerConfig sc = scheduler_config_for(ref);
+  if (model.has_recurrent_state()) sc.mamba_slots_count = sc.max_batch_rows;
+  return scheduler_config_for_model(sc, model);
+}
+
 inline Result run(Backend& backend, const ModelWeights& weights, const Reference& ref) {
   const int32_t vocab = weights.config.vocab_size;
-  const SchedulerConfig sc = scheduler_config_for(ref);
+  const SchedulerConfig sc = scheduler_config_for(ref, weights.config);
   Scheduler scheduler(sc);
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     RequestSpec r;

@@ -26,7 +26,7 @@ struct Expected {
 constexpr Expected kExpected[] = {
     {"max_batch_rows", 1, 4096},     {"context_length", 2, 1 << 24}, {"page_size", 1, 4096},
     {"pages_count", 2, 1 << 26},     {"verify_width", 1, 16},        {"prefill_chunk_tokens", 1, 1 << 20},
-    {"host_pages_count", 0, 1 << 26},
+    {"host_pages_count", 0, 1 << 26}, {"mamba_slots_count", 0, 1 << 16},
 };
 
 TEST(Limits, EachFieldIsRefusedJustOutsideItsRangeAndAcceptedAtItsEnds) {

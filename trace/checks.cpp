@@ -68,6 +68,17 @@ void check_row_indices(const OpRow& row, size_t i, const TraceHeader& h) {
              row.hist_token_length, c.context_length);
   LS_REQUIRE(row.refresh.begin >= 0, "rows[{}].refresh.begin = {} is negative", i,
              row.refresh.begin);
+  const auto check_slot = [&](int32_t slot, const char* field) {
+    LS_REQUIRE(slot >= -1 && slot < c.mamba_slots_count,
+               "rows[{}].{} = {} is outside [-1, mamba_slots_count = {})", i, field, slot,
+               c.mamba_slots_count);
+  };
+  check_slot(row.mamba_working, "mamba_working");
+  check_slot(row.mamba_checkpoint_dst, "mamba_checkpoint_dst");
+  check_slot(row.mamba_cow_src, "mamba_cow_src");
+  LS_REQUIRE(row.mamba_branching_seqlen >= -1 && row.mamba_branching_seqlen <= c.context_length,
+             "rows[{}].mamba_branching_seqlen = {} is outside [-1, context_length = {}]", i,
+             row.mamba_branching_seqlen, c.context_length);
   for (size_t j = 0; j < row.refresh.pages.size(); ++j) {
     const int32_t page = row.refresh.pages[j];
     LS_REQUIRE(page >= 1 && page < c.pages_count,
@@ -121,7 +132,7 @@ void check_step_input(const StepInputRecord& record, const TraceHeader& h, bool 
     LS_REQUIRE(row >= 0 && static_cast<size_t>(row) < op.rows.size(),
                "faults.forced_rows holds row {} of a {}-row op", row, op.rows.size());
   }
-  if (full) validate_forward_op(op, h.executor, h.model.vocab_size);
+  if (full) validate_forward_op(op, h.executor, h.model.vocab_size, h.model.has_recurrent_state());
 }
 
 void check_step_output(const StepOutputRecord& record, const OpenStep& open,

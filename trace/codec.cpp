@@ -59,6 +59,10 @@ void encode_row(const OpRow& row, schema::OpRow::Builder out) {
   } else {
     out.getSampling().setNone();
   }
+  out.setMambaWorking(row.mamba_working);
+  out.setMambaCheckpointDst(row.mamba_checkpoint_dst);
+  out.setMambaCowSrc(row.mamba_cow_src);
+  out.setMambaBranchingSeqlen(row.mamba_branching_seqlen);
 }
 
 void decode_row(schema::OpRow::Reader in, unsigned index, OpRow& out) {
@@ -74,6 +78,10 @@ void decode_row(schema::OpRow::Reader in, unsigned index, OpRow& out) {
   out.hist_token_length = in.getHistTokenLength();
   out.refresh.begin = in.getRefreshBegin();
   copy_list(in.getRefreshPages(), out.refresh.pages);
+  out.mamba_working = in.getMambaWorking();
+  out.mamba_checkpoint_dst = in.getMambaCheckpointDst();
+  out.mamba_cow_src = in.getMambaCowSrc();
+  out.mamba_branching_seqlen = in.getMambaBranchingSeqlen();
   const auto sampling = in.getSampling();
   switch (sampling.which()) {
     case schema::OpRow::Sampling::NONE: out.sampling.reset(); break;
@@ -98,7 +106,7 @@ schema::ForwardMode encode_mode(ForwardMode mode) {
 // The header's family and rope type names; "" is what a trace from before them holds.
 ModelFamily family_named(const std::string& name) {
   for (const ModelFamily f : {ModelFamily::kLlama, ModelFamily::kQwen2, ModelFamily::kQwen3,
-                              ModelFamily::kMistral}) {
+                              ModelFamily::kMistral, ModelFamily::kBamba}) {
     if (name == to_string(f)) return f;
   }
   LS_REQUIRE(name.empty(), "model.family '{}' is not a family this build knows", name);
@@ -141,6 +149,17 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   m.setQkNorm(h.model.qk_norm);
   m.setMaxPositions(h.model.max_positions);
   m.setSlidingWindow(h.model.sliding_window);
+  auto kinds = m.initLayerKinds(static_cast<unsigned>(h.model.layer_kinds.size()));
+  for (unsigned i = 0; i < kinds.size(); ++i) kinds.set(i, static_cast<uint8_t>(h.model.layer_kinds[i]));
+  const MambaConfig& mamba = h.model.mamba;
+  m.setMambaHeadsCount(mamba.heads_count);
+  m.setMambaHeadDim(mamba.head_dim);
+  m.setMambaGroupsCount(mamba.groups_count);
+  m.setMambaStateSize(mamba.state_size);
+  m.setMambaConvKernel(mamba.conv_kernel);
+  m.setMambaConvBias(mamba.conv_bias);
+  m.setMambaDtMin(mamba.dt_min);
+  m.setMambaDtMax(mamba.dt_max);
   auto w = out.initWeights();
   if (h.weights.kind == WeightSource::Kind::kSeed) {
     w.getSource().setSeed(h.weights.seed);
@@ -156,6 +175,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   e.setVerifyWidth(h.executor.verify_width);
   e.setPrefillChunkTokens(h.executor.prefill_chunk_tokens);
   e.setHostPagesCount(h.executor.host_pages_count);
+  e.setMambaSlotsCount(h.executor.mamba_slots_count);
   out.setCaptureLogits(header_records_logits(h));
   out.setWantLogprobs(h.executor_options.want_logprobs);
   out.setTopLogitsCount(h.top_logits_count);
@@ -201,6 +221,17 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.model.qk_norm = m.getQkNorm();
   out.model.max_positions = m.getMaxPositions();
   out.model.sliding_window = m.getSlidingWindow();
+  out.model.layer_kinds.clear();
+  for (const uint8_t kind : m.getLayerKinds()) out.model.layer_kinds.push_back(static_cast<LayerKind>(kind));
+  MambaConfig& mamba = out.model.mamba;
+  mamba.heads_count = m.getMambaHeadsCount();
+  mamba.head_dim = m.getMambaHeadDim();
+  mamba.groups_count = m.getMambaGroupsCount();
+  mamba.state_size = m.getMambaStateSize();
+  mamba.conv_kernel = m.getMambaConvKernel();
+  mamba.conv_bias = m.getMambaConvBias();
+  mamba.dt_min = m.getMambaDtMin();
+  mamba.dt_max = m.getMambaDtMax();
   const auto w = in.getWeights();
   switch (w.getSource().which()) {
     case schema::Weights::Source::SEED:
@@ -223,6 +254,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.executor.verify_width = e.getVerifyWidth();
   out.executor.prefill_chunk_tokens = e.getPrefillChunkTokens();
   out.executor.host_pages_count = e.getHostPagesCount();
+  out.executor.mamba_slots_count = e.getMambaSlotsCount();
   // What the recording executor computed in its steps; it never captured whole logits rows.
   out.executor_options.record = in.getCaptureLogits();
   out.executor_options.capture_logits = false;

@@ -172,6 +172,17 @@ struct ModelShape {
   qkNorm @18 :Bool;                  # per-head RMSNorm on q and k (Qwen3)
   maxPositions @19 :Int32;           # max_position_embeddings; 0 = no bound
   slidingWindow @20 :Int32;          # 0 = none
+  # Issue 19: a hybrid's layer-kind table (0 attention, 1 mamba2; empty: every layer attends) and
+  # its Mamba2 mixer (ModelConfig::mamba).
+  layerKinds @21 :List(UInt8);
+  mambaHeadsCount @22 :Int32;
+  mambaHeadDim @23 :Int32;
+  mambaGroupsCount @24 :Int32;
+  mambaStateSize @25 :Int32;
+  mambaConvKernel @26 :Int32;
+  mambaConvBias @27 :Bool;
+  mambaDtMin @28 :Float32;
+  mambaDtMax @29 :Float32;
 }
 
 struct Weights {
@@ -190,6 +201,7 @@ struct ExecutorLimits {
   verifyWidth @4 :Int32;
   prefillChunkTokens @5 :Int32;
   hostPagesCount @6 :Int32;
+  mambaSlotsCount @7 :Int32;         # recurrent-state slots (issue 19); 0 = none
 }
 
 struct Machine {
@@ -230,6 +242,12 @@ struct OpRow {
     none @10 :Void;
     params @11 :Sampling;
   }
+  # Issue 19: recurrent-state slots (−1 = none; slot 0 is real). A trace from before them reads
+  # all −1, which it was.
+  mambaWorking @12 :Int32 = -1;
+  mambaCheckpointDst @13 :Int32 = -1;
+  mambaCowSrc @14 :Int32 = -1;
+  mambaBranchingSeqlen @15 :Int32 = -1;
 }
 
 struct StepInput {

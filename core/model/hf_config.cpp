@@ -41,11 +41,12 @@ struct FamilyNames {
   std::string_view model_type;
 };
 
-constexpr std::array<FamilyNames, 4> kFamilies = {{
+constexpr std::array<FamilyNames, 5> kFamilies = {{
     {ModelFamily::kLlama, "LlamaForCausalLM", "llama"},
     {ModelFamily::kQwen2, "Qwen2ForCausalLM", "qwen2"},
     {ModelFamily::kQwen3, "Qwen3ForCausalLM", "qwen3"},
     {ModelFamily::kMistral, "MistralForCausalLM", "mistral"},
+    {ModelFamily::kBamba, "BambaForCausalLM", "bamba"},
 }};
 
 // Keys every family reads (implemented or checked) and the harmless metadata.
@@ -68,6 +69,17 @@ std::vector<std::string_view> family_keys(ModelFamily family) {
     case ModelFamily::kQwen3:
       return {"attention_bias", "sliding_window", "use_sliding_window", "max_window_layers",
               "layer_types"};
+    case ModelFamily::kBamba:
+      // read_mamba: implemented (the layer table and the mixer's shape, conv bias, the time-step
+      // clamp) or checked (mamba_proj_bias false, partial_rotary_factor 0.5); known harmless:
+      // time_step_min/max (they bound dt_bias's initialisation), z_loss_coefficient (a training
+      // loss), num_logits_to_keep (which logits generate() computes), mamba_chunk_size (the
+      // chunked scan's block size: the same recurrence summed in another order).
+      return {"attention_bias", "mlp_bias", "attn_layer_indices", "mamba_n_heads", "mamba_d_head",
+              "mamba_n_groups", "mamba_d_state", "mamba_d_conv", "mamba_expand",
+              "mamba_chunk_size", "mamba_conv_bias", "mamba_proj_bias", "time_step_min",
+              "time_step_max", "time_step_limit", "z_loss_coefficient", "num_logits_to_keep",
+              "partial_rotary_factor"};
   }
   return {};
 }
@@ -149,7 +161,7 @@ std::optional<ModelFamily> family_of_model_type(const Json* value, const std::st
     if (f.model_type == value->get_ref<const std::string&>()) return f.family;
   }
   throw Error(fmt::format("HF config '{}': 'model_type' {} is not supported (supported: llama, "
-                          "qwen2, qwen3, mistral)", name, value->dump()));
+                          "qwen2, qwen3, mistral, bamba)", name, value->dump()));
 }
 
 // The family named by `architectures` and `model_type` (either may be absent, not both; when both
@@ -191,12 +203,15 @@ void check_neutral_values(const Json& json, ModelFamily family, const std::strin
     LS_REQUIRE(act->get_ref<const std::string&>() == "silu",
                "HF config '{}': 'hidden_act' {} is not supported (only \"silu\")", name, act->dump());
   }
-  if (family == ModelFamily::kLlama || family == ModelFamily::kQwen3) {
+  if (family == ModelFamily::kLlama || family == ModelFamily::kQwen3 ||
+      family == ModelFamily::kBamba) {
     require_false(json, "attention_bias", name, "q/k/v/o projection biases are implemented for "
                   "Qwen2ForCausalLM only");
   }
-  if (family == ModelFamily::kLlama) {
+  if (family == ModelFamily::kLlama || family == ModelFamily::kBamba) {
     require_false(json, "mlp_bias", name, "MLP biases are not implemented");
+  }
+  if (family == ModelFamily::kLlama) {
     const std::optional<int32_t> tp = optional_int32(json, "pretraining_tp", name);
     LS_REQUIRE(tp.value_or(1) == 1, "HF config '{}': 'pretraining_tp' = {} is not supported (only 1)",
                name, tp.value_or(1));
@@ -234,11 +249,13 @@ void read_shape(const Json& json, ModelFamily family, ModelConfig& c) {
                "num_attention_heads {}", name, c.hidden_size, c.query_heads_count);
     c.head_dim = c.hidden_size / c.query_heads_count;
   }
-  c.rms_eps = optional_float(json, "rms_norm_eps", 1e-6f, name);
+  c.rms_eps = optional_float(json, "rms_norm_eps", family == ModelFamily::kBamba ? 1e-5f : 1e-6f,
+                             name);
   c.tied_embeddings = optional_bool(json, "tie_word_embeddings", false, name);
   // transformers' defaults when the key is absent.
   const int32_t default_max_positions = family == ModelFamily::kLlama     ? 2048
                                         : family == ModelFamily::kMistral ? 131072
+                                        : family == ModelFamily::kBamba   ? 262144
                                                                           : 32768;
   c.max_positions =
       optional_int32(json, "max_position_embeddings", name).value_or(default_max_positions);
@@ -265,6 +282,11 @@ void read_rope_object(const Json& rope, const std::string& where, bool theta_ins
   std::vector<std::string_view> wanted;
   if (type_name == "default") {
     c.rope_type = RopeType::kDefault;
+  } else if (c.family == ModelFamily::kBamba) {
+    // transformers' Bamba computes its default rotation over the whole head_dim, but the scaled
+    // types would read the partial_rotary_factor 0.5 that BambaConfig forces: not implemented.
+    throw Error(fmt::format("HF config '{}': '{}.rope_type' \"{}\" is not supported for "
+                            "BambaForCausalLM (only \"default\")", name, where, type_name));
   } else if (type_name == "linear") {
     c.rope_type = RopeType::kLinear, wanted = {"factor"};
   } else if (type_name == "llama3") {
@@ -276,6 +298,7 @@ void read_rope_object(const Json& rope, const std::string& where, bool theta_ins
   }
   for (const auto& [key, value] : rope.items()) {
     const bool known = key == "rope_type" || key == "type" || (theta_inside && key == "rope_theta") ||
+                       (c.family == ModelFamily::kBamba && key == "partial_rotary_factor") ||
                        std::ranges::find(wanted, key) != wanted.end();
     LS_REQUIRE(known, "HF config '{}': '{}.{}' is not supported with rope_type \"{}\"", name, where,
                key, type_name);
@@ -332,7 +355,7 @@ void read_rope(const Json& json, ModelFamily family, ModelConfig& c) {
 // (absent means MistralConfig's default of 4096, null means none).
 void read_sliding_window(const Json& json, ModelFamily family, ModelConfig& c) {
   const std::string& name = c.name;
-  if (family == ModelFamily::kLlama) return;
+  if (family == ModelFamily::kLlama || family == ModelFamily::kBamba) return;
   const std::optional<int32_t> window = optional_int32(json, "sliding_window", name);
   LS_REQUIRE(window.value_or(1) > 0, "HF config '{}': 'sliding_window' must be > 0, got {}", name,
              window.value_or(1));
@@ -362,6 +385,91 @@ void read_sliding_window(const Json& json, ModelFamily family, ModelConfig& c) {
   c.sliding_window = any_sliding ? *window : 0;
 }
 
+// BambaConfig's defaults for the keys it may leave out.
+constexpr int32_t kBambaHeadsDefault = 128;
+constexpr int32_t kBambaGroupsDefault = 1;
+constexpr int32_t kBambaStateDefault = 256;
+constexpr int32_t kBambaConvDefault = 4;
+constexpr int32_t kBambaExpandDefault = 2;
+
+// Which layers attend: attn_layer_indices (absent, null or empty: none — transformers'
+// layers_block_type), every index in [0, layers) and given once.
+std::vector<LayerKind> read_layer_kinds(const Json& json, const ModelConfig& c) {
+  const std::string& name = c.name;
+  std::vector<LayerKind> kinds(static_cast<size_t>(std::max(c.layers_count, 0)), LayerKind::kMamba2);
+  const Json* indices = find_set(json, "attn_layer_indices");
+  if (indices == nullptr) return kinds;
+  LS_REQUIRE(indices->is_array(), "HF config '{}': 'attn_layer_indices' must be a list of layer "
+             "indices, got {}", name, indices->type_name());
+  for (size_t i = 0; i < indices->size(); ++i) {
+    const int32_t layer = int32_field((*indices)[i], fmt::format("attn_layer_indices[{}]", i), name);
+    LS_REQUIRE(layer >= 0 && layer < c.layers_count, "HF config '{}': 'attn_layer_indices'[{}] = "
+               "{} is outside [0, num_hidden_layers = {})", name, i, layer, c.layers_count);
+    LayerKind& kind = kinds[static_cast<size_t>(layer)];
+    LS_REQUIRE(kind == LayerKind::kMamba2, "HF config '{}': 'attn_layer_indices' names layer {} "
+               "twice", name, layer);
+    kind = LayerKind::kAttention;
+  }
+  return kinds;
+}
+
+// time_step_limit [min, max]: the clamp on dt after the softplus. Absent means transformers'
+// default (0, inf); null is refused (transformers' torch path indexes it and fails).
+void read_time_step_limit(const Json& json, const std::string& name, MambaConfig& m) {
+  m.dt_min = 0.0f, m.dt_max = std::numeric_limits<float>::infinity();
+  const auto it = json.find("time_step_limit");
+  if (it == json.end()) return;
+  LS_REQUIRE(it->is_array() && it->size() == 2, "HF config '{}': 'time_step_limit' must be a "
+             "list [min, max], got {}", name, it->dump());
+  m.dt_min = float_field((*it)[0], "time_step_limit[0]", name);
+  m.dt_max = float_field((*it)[1], "time_step_limit[1]", name);
+}
+
+// The Mamba2 mixer of BambaForCausalLM, every key implemented, checked or refused.
+void read_mamba(const Json& json, ModelConfig& c) {
+  const std::string& name = c.name;
+  if (c.family != ModelFamily::kBamba) return;
+  c.layer_kinds = read_layer_kinds(json, c);
+  MambaConfig& m = c.mamba;
+  m.heads_count = optional_int32(json, "mamba_n_heads", name).value_or(kBambaHeadsDefault);
+  m.groups_count = optional_int32(json, "mamba_n_groups", name).value_or(kBambaGroupsDefault);
+  m.state_size = optional_int32(json, "mamba_d_state", name).value_or(kBambaStateDefault);
+  m.conv_kernel = optional_int32(json, "mamba_d_conv", name).value_or(kBambaConvDefault);
+  const int32_t expand = optional_int32(json, "mamba_expand", name).value_or(kBambaExpandDefault);
+  LS_REQUIRE(expand > 0 && int64_t{expand} * c.hidden_size <= (1 << 18),
+             "HF config '{}': 'mamba_expand' {} times hidden_size {} is out of range", name, expand,
+             c.hidden_size);
+  const int32_t inner = expand * c.hidden_size;
+  LS_REQUIRE(m.heads_count > 0 && inner % m.heads_count == 0, "HF config '{}': 'mamba_n_heads' {} "
+             "does not divide mamba_expand · hidden_size = {}", name, m.heads_count, inner);
+  const Json* head_dim = find_set(json, "mamba_d_head");
+  m.head_dim = head_dim == nullptr || *head_dim == "auto"
+                   ? inner / m.heads_count
+                   : int32_field(*head_dim, "mamba_d_head", name);
+  LS_REQUIRE(int64_t{m.head_dim} * m.heads_count == inner, "HF config '{}': 'mamba_d_head' {} "
+             "times mamba_n_heads {} is not mamba_expand · hidden_size = {}", name, m.head_dim,
+             m.heads_count, inner);
+  m.conv_bias = optional_bool(json, "mamba_conv_bias", true, name);
+  require_false(json, "mamba_proj_bias", name, "in_proj/out_proj biases are not implemented");
+  read_time_step_limit(json, name, m);
+  if (const Json* chunk = find_set(json, "mamba_chunk_size")) {
+    const int32_t value = int32_field(*chunk, "mamba_chunk_size", name);
+    LS_REQUIRE(value > 0, "HF config '{}': 'mamba_chunk_size' must be > 0, got {}", name, value);
+  }
+  // BambaConfig always writes 0.5; its default rotation ignores it (see read_rope_object).
+  const Json* rope = find_set(json, "rope_parameters");
+  for (const Json* factor : {find_set(json, "partial_rotary_factor"),
+                             rope != nullptr && rope->is_object()
+                                 ? find_set(*rope, "partial_rotary_factor")
+                                 : nullptr}) {
+    if (factor == nullptr) continue;
+    LS_REQUIRE(float_field(*factor, "partial_rotary_factor", name) == 0.5f,
+               "HF config '{}': 'partial_rotary_factor' {} is not supported for BambaForCausalLM "
+               "(only the 0.5 BambaConfig writes, which its default rotation does not read)", name,
+               factor->dump());
+  }
+}
+
 }  // namespace
 
 ModelConfig model_config_from_hf_json(const std::string& json_text, const std::string& name) {
@@ -374,6 +482,7 @@ ModelConfig model_config_from_hf_json(const std::string& json_text, const std::s
   read_shape(json, c.family, c);
   read_rope(json, c.family, c);
   read_sliding_window(json, c.family, c);
+  read_mamba(json, c);
   c.validate();
   return c;
 }

@@ -36,7 +36,10 @@ static_assert(std::endian::native == std::endian::little, "weight digest assumes
 constexpr std::uintmax_t kConfigBytesMax = std::uintmax_t{16} << 20;
 
 // The widths a weight dimension can take, resolved against a ModelConfig.
-enum class Dim : uint8_t { kNone, kHidden, kQ, kKv, kFfn, kHeadDim };
+enum class Dim : uint8_t {
+  kNone, kHidden, kQ, kKv, kFfn, kHeadDim,
+  kMambaInProj, kMambaConv, kMambaKernel, kMambaHeads, kMambaInner,
+};
 
 int64_t dim_size(const ModelConfig& config, Dim dim) {
   switch (dim) {
@@ -46,6 +49,11 @@ int64_t dim_size(const ModelConfig& config, Dim dim) {
     case Dim::kKv: return config.kv_size();
     case Dim::kFfn: return config.ffn_size;
     case Dim::kHeadDim: return config.head_dim;
+    case Dim::kMambaInProj: return config.mamba.in_proj_size();
+    case Dim::kMambaConv: return config.mamba.conv_dim();
+    case Dim::kMambaKernel: return config.mamba.conv_kernel;
+    case Dim::kMambaHeads: return config.mamba.heads_count;
+    case Dim::kMambaInner: return config.mamba.inner_size();
   }
   LS_ASSERT(false, "dim {}", static_cast<int>(dim));
 }
@@ -92,6 +100,56 @@ constexpr std::array<FeatureTensorSpec, 5> kFeatureTensors = {{
     {&LayerWeights::q_norm, "self_attn.q_norm.weight", Dim::kHeadDim, Feature::kQkNorm, true},
     {&LayerWeights::k_norm, "self_attn.k_norm.weight", Dim::kHeadDim, Feature::kQkNorm, true},
 }};
+
+// A Mamba2 layer's mixer tensors (BambaMixer's names after "model.layers.{i}."), present exactly on
+// the kMamba2 layers; conv1d.bias only with mamba.conv_bias. HF stores the depthwise conv weight
+// as [conv_dim, 1, kernel]; the middle 1 is dropped here.
+struct MambaTensorSpec {
+  std::vector<float> LayerWeights::*field;
+  const char* hf_suffix;
+  Dim rows;
+  Dim cols;
+};
+
+constexpr std::array<MambaTensorSpec, 8> kMambaTensors = {{
+    {&LayerWeights::in_proj, "mamba.in_proj.weight", Dim::kMambaInProj, Dim::kHidden},
+    {&LayerWeights::conv_weight, "mamba.conv1d.weight", Dim::kMambaConv, Dim::kMambaKernel},
+    {&LayerWeights::conv_bias, "mamba.conv1d.bias", Dim::kMambaConv, Dim::kNone},
+    {&LayerWeights::dt_bias, "mamba.dt_bias", Dim::kMambaHeads, Dim::kNone},
+    {&LayerWeights::a_log, "mamba.A_log", Dim::kMambaHeads, Dim::kNone},
+    {&LayerWeights::d_skip, "mamba.D", Dim::kMambaHeads, Dim::kNone},
+    {&LayerWeights::mamba_norm, "mamba.norm.weight", Dim::kMambaInner, Dim::kNone},
+    {&LayerWeights::out_proj, "mamba.out_proj.weight", Dim::kHidden, Dim::kMambaInner},
+}};
+
+bool is_attention_tensor(const LayerTensorSpec& spec) {
+  return spec.field == &LayerWeights::wq || spec.field == &LayerWeights::wk ||
+         spec.field == &LayerWeights::wv || spec.field == &LayerWeights::wo;
+}
+
+// Whether layer `layer` holds the tensor: attention tensors on attention layers, mixer tensors on
+// Mamba layers (the conv bias only when configured), the norms and the FFN on every layer.
+bool layer_has(const ModelConfig& config, int32_t layer, const LayerTensorSpec& spec) {
+  return !is_attention_tensor(spec) || config.layer_kind(layer) == LayerKind::kAttention;
+}
+bool layer_has(const ModelConfig& config, int32_t layer, const MambaTensorSpec& spec) {
+  if (config.layer_kind(layer) != LayerKind::kMamba2) return false;
+  return spec.field != &LayerWeights::conv_bias || config.mamba.conv_bias;
+}
+
+int64_t elements_of(const ModelConfig& config, Dim rows, Dim cols) {
+  return dim_size(config, rows) * (cols == Dim::kNone ? 1 : dim_size(config, cols));
+}
+
+// Bamba's layers name the FFN and its norm differently from Llama's.
+std::string hf_layer_name(const ModelConfig& config, size_t layer, std::string_view suffix) {
+  std::string name(suffix);
+  if (config.family == ModelFamily::kBamba) {
+    if (name == "post_attention_layernorm.weight") name = "pre_ff_layernorm.weight";
+    if (name.starts_with("mlp.")) name = "feed_forward." + name.substr(4);
+  }
+  return fmt::format("model.layers.{}.{}", layer, name);
+}
 
 bool has_feature(const ModelConfig& config, Feature feature) {
   return feature == Feature::kQkvBias ? config.qkv_bias : config.qk_norm;
@@ -179,6 +237,20 @@ std::string config_extension_text(const ModelConfig& c) {
       c.qkv_bias ? 1 : 0, c.qk_norm ? 1 : 0);
 }
 
+// The hybrid fields, as a third line only for a model with a layer-kind table.
+std::string config_hybrid_text(const ModelConfig& c) {
+  if (c.layer_kinds.empty()) return "";
+  std::string kinds;
+  for (const LayerKind kind : c.layer_kinds) kinds += kind == LayerKind::kMamba2 ? 'M' : 'A';
+  const MambaConfig& m = c.mamba;
+  return fmt::format(
+      "lockstep.model_config.hybrid.v1 layers={} mamba_heads={} mamba_head_dim={} "
+      "mamba_groups={} mamba_state={} mamba_conv={} mamba_conv_bias={} dt_min_bits={:08x} "
+      "dt_max_bits={:08x}\n",
+      kinds, m.heads_count, m.head_dim, m.groups_count, m.state_size, m.conv_kernel,
+      m.conv_bias ? 1 : 0, std::bit_cast<uint32_t>(m.dt_min), std::bit_cast<uint32_t>(m.dt_max));
+}
+
 // The shape fields as one fixed-format line, floats by bit pattern so the text is exact. The name
 // is left out on purpose: it is a label, and the same weights loaded from a directory or built
 // from a seed under another name must digest the same.
@@ -189,7 +261,8 @@ std::string config_canonical_text(const ModelConfig& c) {
       "rms_eps_bits={:08x} tied_embeddings={}\n",
       c.hidden_size, c.layers_count, c.query_heads_count, c.kv_heads_count, c.head_dim,
       c.ffn_size, c.vocab_size, std::bit_cast<uint32_t>(c.rope_theta),
-      std::bit_cast<uint32_t>(c.rms_eps), c.tied_embeddings ? 1 : 0) + config_extension_text(c);
+      std::bit_cast<uint32_t>(c.rms_eps), c.tied_embeddings ? 1 : 0) + config_extension_text(c) +
+         config_hybrid_text(c);
 }
 
 // ---- Hugging Face directory ----------------------------------------------------------------
@@ -395,9 +468,18 @@ ModelConfig read_hf_config(const std::filesystem::path& directory) {
 
 void read_layer(TensorDirectory& tensors, const ModelConfig& config, size_t index,
                 LayerWeights& layer) {
+  const auto l = static_cast<int32_t>(index);
   for (const LayerTensorSpec& spec : kLayerTensors) {
-    const std::string name = fmt::format("model.layers.{}.{}", index, spec.hf_suffix);
-    layer.*spec.field = tensors.read(name, spec_shape(config, spec));
+    if (!layer_has(config, l, spec)) continue;  // left over: require_all_consumed names it
+    layer.*spec.field = tensors.read(hf_layer_name(config, index, spec.hf_suffix),
+                                     spec_shape(config, spec));
+  }
+  for (const MambaTensorSpec& spec : kMambaTensors) {
+    if (!layer_has(config, l, spec)) continue;
+    std::vector<int64_t> shape = {dim_size(config, spec.rows)};
+    if (spec.field == &LayerWeights::conv_weight) shape.push_back(1);
+    if (spec.cols != Dim::kNone) shape.push_back(dim_size(config, spec.cols));
+    layer.*spec.field = tensors.read(hf_layer_name(config, index, spec.hf_suffix), shape);
   }
   for (const FeatureTensorSpec& spec : kFeatureTensors) {
     if (!has_feature(config, spec.feature)) continue;  // left over: require_all_consumed names it
@@ -426,6 +508,10 @@ void read_tied_head(TensorDirectory& tensors, const ModelWeights& weights,
 ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t threads) {
   config.validate();
   LS_REQUIRE(threads >= 1, "weights_from_seed: threads {} (at least 1)", threads);
+  // TODO(spec): a seeded layout for the Mamba mixer tensors (and the CUDA side of it).
+  LS_REQUIRE(!config.has_recurrent_state(), "weights_from_seed: model '{}' has Mamba2 layers; "
+             "seeded weights are not implemented for them (load a checkpoint directory)",
+             config.name);
   // Tensor indices up to 3 + 9·L + 5·L must fit Philox's 32-bit counter word.
   const auto layers_count = static_cast<uint32_t>(config.layers_count);  // > 0 after validate()
   LS_REQUIRE(layers_count <= (std::numeric_limits<uint32_t>::max() - 3) /
@@ -479,6 +565,7 @@ uint64_t ModelWeights::digest() const {
     for (const LayerTensorSpec& spec : kLayerTensors) stream.update(layer.*spec.field);
     // Empty (and so hashing nothing) without the features: older digests are unchanged.
     for (const FeatureTensorSpec& spec : kFeatureTensors) stream.update(layer.*spec.field);
+    for (const MambaTensorSpec& spec : kMambaTensors) stream.update(layer.*spec.field);
   }
   stream.update(final_norm);
   if (!config.tied_embeddings) stream.update(lm_head_view());
@@ -498,9 +585,15 @@ void ModelWeights::validate() const {
              "model weights '{}': {} layers for layers_count {}", c.name, layers.size(),
              c.layers_count);
   for (size_t i = 0; i < layers.size(); ++i) {
+    const auto l = static_cast<int32_t>(i);
     for (const LayerTensorSpec& spec : kLayerTensors) {
-      const int64_t cols = spec.cols == Dim::kNone ? 1 : dim_size(c, spec.cols);
-      require_size(layers[i].*spec.field, dim_size(c, spec.rows) * cols,
+      require_size(layers[i].*spec.field,
+                   layer_has(c, l, spec) ? elements_of(c, spec.rows, spec.cols) : 0,
+                   fmt::format("layer {} {}", i, spec.hf_suffix));
+    }
+    for (const MambaTensorSpec& spec : kMambaTensors) {
+      require_size(layers[i].*spec.field,
+                   layer_has(c, l, spec) ? elements_of(c, spec.rows, spec.cols) : 0,
                    fmt::format("layer {} {}", i, spec.hf_suffix));
     }
     for (const FeatureTensorSpec& spec : kFeatureTensors) {
@@ -528,7 +621,9 @@ ModelWeights load_hf_directory(const std::filesystem::path& directory) {
   for (size_t i = 0; i < weights.layers.size(); ++i) {
     read_layer(tensors, config, i, weights.layers[i]);
   }
-  weights.final_norm = tensors.read("model.norm.weight", {config.hidden_size});
+  const char* final_norm = config.family == ModelFamily::kBamba ? "model.final_layernorm.weight"
+                                                                 : "model.norm.weight";
+  weights.final_norm = tensors.read(final_norm, {config.hidden_size});
   if (config.tied_embeddings) {
     read_tied_head(tensors, weights, directory);
   } else {

@@ -28,6 +28,15 @@ struct LayerWeights {
   std::vector<float> v_bias;     // [kv_heads·head_dim] when qkv_bias
   std::vector<float> q_norm;     // [head_dim] when qk_norm, shared by every query head
   std::vector<float> k_norm;     // [head_dim] when qk_norm, shared by every KV head
+  // A Mamba2 layer's mixer (ModelConfig::mamba), in place of wq..wo, which are then empty.
+  std::vector<float> in_proj;      // [inner + conv_dim + heads, hidden]
+  std::vector<float> conv_weight;  // [conv_dim, conv_kernel] (HF's [conv_dim, 1, conv_kernel])
+  std::vector<float> conv_bias;    // [conv_dim] when mamba.conv_bias
+  std::vector<float> dt_bias;      // [heads]
+  std::vector<float> a_log;        // [heads] A = −exp(a_log)
+  std::vector<float> d_skip;       // [heads] D
+  std::vector<float> mamba_norm;   // [inner] the gated RMSNorm's weight
+  std::vector<float> out_proj;     // [hidden, inner]
 };
 
 struct ModelWeights {
@@ -65,7 +74,7 @@ struct WeightSource {
 // core); the values do not depend on it.
 ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t threads = 1);
 
-// A Hugging Face checkpoint directory of a supported family (Llama, Qwen2, Qwen3, Mistral):
+// A Hugging Face checkpoint directory of a supported family (Llama, Qwen2, Qwen3, Mistral, Bamba):
 // config.json plus one or more *.safetensors files (bf16, fp16 or fp32), listed by
 // model.safetensors.index.json when there is one. Every tensor in the files is consumed or the
 // load fails naming it. Throws ls::Error naming the path, field or tensor on any problem

@@ -81,6 +81,7 @@ struct ExecutorLimits {
   verifyWidth @4 :Int32;
   prefillChunkTokens @5 :Int32;
   hostPagesCount @6 :Int32;
+  mambaSlotsCount @7 :Int32;
 }
 
 struct Machine {
@@ -121,8 +122,12 @@ struct OpRow {
     none @10 :Void;
     params @11 :Sampling;
   }
+  mambaWorking @12 :Int32 = -1;
+  mambaCheckpointDst @13 :Int32 = -1;
+  mambaCowSrc @14 :Int32 = -1;
+  mambaBranchingSeqlen @15 :Int32 = -1;
   # FUTURE: a new field inside a list element struct (grows the element's data section).
-  priority @12 :Int64;
+  priority @16 :Int64;
 }
 
 struct StepInput {

@@ -1,6 +1,7 @@
 // Round trips of every record kind through the recorder and the reader, compared field by field
 // with values written here by hand, and the digest helpers against XXH3 called directly.
 #include "tests/trace/trace_test_support.h"
+#include "trace/checks.h"
 #include "trace/digests.h"
 
 #include <gmock/gmock.h>
@@ -207,6 +208,51 @@ TEST(TraceRoundTrip, HeaderKeepsTheFamilyAndEveryRopeParameter) {
   EXPECT_EQ(m.head_dim, 128);
 }
 
+// Issue 19: a hybrid's layer table, its Mamba2 shape and the state pool's size in the header, and
+// every row's recurrent-state slots in the step input, read back as written; the reader refuses
+// a slot outside the pool, naming the row and the field.
+TEST(TraceRoundTrip, HybridHeaderAndStateSlotsReadBack) {
+  TempPath file("hybrid");
+  ExecutorConfig config = ls::testing::small_config();
+  config.mamba_slots_count = 6;
+  TraceHeader header = header_for(config, {});
+  ModelConfig& m = header.model;
+  m.name = "bamba-like";
+  m.family = ModelFamily::kBamba;
+  m.layer_kinds = {LayerKind::kMamba2, LayerKind::kAttention};
+  m.mamba = MambaConfig{.heads_count = 8, .head_dim = 16, .groups_count = 2, .state_size = 16,
+                        .conv_kernel = 4, .conv_bias = false, .dt_min = 0.05f, .dt_max = 1.5f};
+  ForwardOp op;
+  op.rows.push_back(ls::testing::decode_row(7, 1));
+  op.rows.push_back(ls::testing::decode_row(8, 2));
+  op.rows[0].mamba_working = 0, op.rows[0].mamba_checkpoint_dst = 5;
+  op.rows[1].mamba_working = 3, op.rows[1].mamba_cow_src = 4, op.rows[1].mamba_branching_seqlen = 9;
+  op.rows[1].hist_token_length = 9, op.rows[1].decode_override = 2;
+  {
+    auto recorder = Recorder::open(file.path(), header);
+    recorder->record_input(0, op);
+    recorder->close();
+  }
+  TraceReader reader = TraceReader::open(file.path());
+  const TraceHeader& h = reader.header();
+  EXPECT_EQ(h.model.family, ModelFamily::kBamba);
+  EXPECT_EQ(h.model.layer_kinds, m.layer_kinds);
+  EXPECT_EQ(h.model.mamba, m.mamba);
+  EXPECT_EQ(h.executor.mamba_slots_count, 6);
+  TraceRecord record;
+  ASSERT_TRUE(reader.next(record));
+  EXPECT_EQ(std::get<StepInputRecord>(record).op, op);
+
+  StepInputRecord bad{.step = 1, .op = op};
+  bad.op.rows[1].mamba_cow_src = 6;
+  EXPECT_THAT([&] { check_step_input(bad, h, /*full=*/false); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                  "rows[1].mamba_cow_src = 6 is outside [-1, mamba_slots_count = 6)")));
+  bad.op.rows[1].mamba_cow_src = 4, bad.op.rows[0].mamba_working = -1;
+  EXPECT_THAT([&] { check_step_input(bad, h, /*full=*/true); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                  "mamba_working_index is -1, but the model has Mamba layers")));
+}
 
 // trace.capnp's "DIGESTS" definition of a logits row's digest, written out again from the text
 // (64-bit sums truncated at the end), so that a change of either shows.

@@ -1,0 +1,644 @@
+// The hybrid (Mamba2 + attention) family on the CPU reference (issue 19): loading a Bamba
+// checkpoint with every config key and tensor used or refused, the forward op's recurrent-state
+// fields validated like every other field, the state rules (zeroing, copy-on-write, page-boundary
+// checkpoints), and the claims DESIGN.md makes for the reference, compared bit for bit: a
+// request's logits do not depend on its chunking or its co-batch.
+#include "core/executor.h"
+#include "core/scheduler.h"
+#include "core/serving_loop.h"
+#include "tests/hybrid_checkpoint.h"
+#include "tests/mamba_slot_properties.h"
+#include "tests/scratch_dir.h"
+#include "tests/test_support.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+
+namespace ls {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::decode_row;
+using testing::pages_from;
+using testing::prefill_row;
+using testing::prompt_for;
+
+constexpr int32_t kVocab = 512;
+
+const ModelWeights& hybrid_weights() {
+  // Its own directory: a ScratchDir is named after the running test, which may hold one too.
+  static const ModelWeights weights = [] {
+    const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep_{}_hybrid", ::getpid());
+    fs::create_directories(dir);
+    testing::write_hybrid_checkpoint(dir);
+    ModelWeights loaded = load_hf_directory(dir);
+    fs::remove_all(dir);
+    return loaded;
+  }();
+  return weights;
+}
+
+ExecutorConfig hybrid_config() {
+  ExecutorConfig c = testing::small_config();
+  c.mamba_slots_count = 12;
+  c.prefill_chunk_tokens = 96;  // two rows of a whole prompt
+  return c;
+}
+
+struct HybridHarness {
+  explicit HybridHarness(ExecutorConfig c = hybrid_config())
+      : config(c),
+        backend(hybrid_weights(), c),
+        executor(c, kVocab, backend, ExecutorOptions{.capture_logits = true}) {}
+  ExecutorConfig config;
+  CpuBackend backend;
+  Executor executor;
+};
+
+std::vector<float> row_logits(const StepResult& r, int32_t row) {
+  const auto begin = r.logits.begin() + static_cast<ptrdiff_t>(row) * kVocab;
+  return {begin, begin + kVocab};
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double norm_of(const std::vector<float>& v) {
+  double n = 0;
+  for (const float x : v) n += double{x} * x;
+  return std::sqrt(n);
+}
+
+// ---- Loading -------------------------------------------------------------------------------
+
+TEST(HybridLoad, ReadsTheLayerTableAndTheMixerShape) {
+  const ModelConfig& c = hybrid_weights().config;
+  EXPECT_EQ(c.family, ModelFamily::kBamba);
+  const std::vector<LayerKind> kinds = {LayerKind::kMamba2, LayerKind::kAttention,
+                                        LayerKind::kMamba2, LayerKind::kMamba2};
+  EXPECT_EQ(c.layer_kinds, kinds);
+  EXPECT_EQ(c.mamba_layers_count(), 3);
+  EXPECT_EQ(c.mamba.heads_count, 8);
+  EXPECT_EQ(c.mamba.head_dim, 16);
+  EXPECT_EQ(c.mamba.groups_count, 2);
+  EXPECT_EQ(c.mamba.state_size, 16);
+  EXPECT_EQ(c.mamba.conv_kernel, 4);
+  EXPECT_EQ(c.mamba.conv_dim(), 128 + 2 * 2 * 16);
+  EXPECT_EQ(c.mamba.dt_min, 0.05f);
+  EXPECT_EQ(c.mamba.dt_max, 2.0f);
+  EXPECT_EQ(c.head_dim, 16);  // hidden / heads: BambaConfig writes no head_dim
+  EXPECT_TRUE(hybrid_weights().layers[0].wq.empty());
+  EXPECT_EQ(hybrid_weights().layers[1].wq.size(), size_t{64 * 64});
+  EXPECT_EQ(hybrid_weights().layers[2].conv_weight.size(), size_t{(128 + 2 * 2 * 16) * 4});
+}
+
+// The digest covers the mixer: another seed for the same config digests differently, and the
+// time-step clamp is part of the config text.
+TEST(HybridLoad, TheDigestCoversTheMixerTensorsAndFields) {
+  const testing::ScratchDir dir;
+  testing::write_hybrid_checkpoint(dir.path(), /*seed=*/20);
+  EXPECT_NE(load_hf_directory(dir.path()).digest(), hybrid_weights().digest());
+  ModelWeights changed = hybrid_weights();
+  changed.config.mamba.dt_max = 3.0f;
+  EXPECT_NE(changed.digest(), hybrid_weights().digest());
+}
+
+struct ConfigRefusal {
+  std::string what;
+  std::function<void(nlohmann::json&)> edit;
+  std::string message;
+};
+
+class HybridConfigRefusal : public ::testing::TestWithParam<ConfigRefusal> {};
+
+TEST_P(HybridConfigRefusal, NamesTheKey) {
+  nlohmann::json config = testing::hybrid_config_json();
+  GetParam().edit(config);
+  EXPECT_THAT([&] { model_config_from_hf_json(config.dump(), "bamba-test"); },
+              ThrowsMessage<Error>(HasSubstr(GetParam().message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Keys, HybridConfigRefusal,
+    ::testing::Values(
+        ConfigRefusal{"unknown", [](auto& j) { j["mamba_rmsnorm"] = true; },
+                      "key 'mamba_rmsnorm' is not supported for BambaForCausalLM"},
+        ConfigRefusal{"index_range", [](auto& j) { j["attn_layer_indices"] = {4}; },
+                      "'attn_layer_indices'[0] = 4 is outside [0, num_hidden_layers = 4)"},
+        ConfigRefusal{"index_twice", [](auto& j) { j["attn_layer_indices"] = {1, 1}; },
+                      "'attn_layer_indices' names layer 1 twice"},
+        ConfigRefusal{"proj_bias", [](auto& j) { j["mamba_proj_bias"] = true; },
+                      "'mamba_proj_bias': true is not supported"},
+        ConfigRefusal{"mlp_bias", [](auto& j) { j["mlp_bias"] = true; },
+                      "'mlp_bias': true is not supported"},
+        ConfigRefusal{"heads", [](auto& j) { j["mamba_n_heads"] = 7; },
+                      "'mamba_n_heads' 7 does not divide mamba_expand · hidden_size = 128"},
+        ConfigRefusal{"head_dim", [](auto& j) { j["mamba_d_head"] = 8; },
+                      "'mamba_d_head' 8 times mamba_n_heads 8 is not mamba_expand"},
+        ConfigRefusal{"groups", [](auto& j) { j["mamba_n_groups"] = 3; },
+                      "mamba heads_count 8 is not a multiple of groups_count 3"},
+        ConfigRefusal{"limit_null", [](auto& j) { j["time_step_limit"] = nullptr; },
+                      "'time_step_limit' must be a list [min, max], got null"},
+        ConfigRefusal{"limit_order", [](auto& j) { j["time_step_limit"] = {1.0, 0.5}; },
+                      "mamba time-step limit [1, 0.5] must satisfy 0 <= min <= max"},
+        ConfigRefusal{"partial_rotary", [](auto& j) { j["partial_rotary_factor"] = 0.25; },
+                      "'partial_rotary_factor' 0.25 is not supported for BambaForCausalLM"},
+        ConfigRefusal{"rope_type", [](auto& j) {
+                        j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4},
+                                                {"factor", 2.0}};
+                      }, "'rope_parameters.rope_type' \"linear\" is not supported for "
+                         "BambaForCausalLM"},
+        ConfigRefusal{"expand", [](auto& j) { j["mamba_expand"] = 1.5; },
+                      "'mamba_expand' must be an integer"}),
+    [](const auto& param_info) { return param_info.param.what; });
+
+// The layer table decides which tensors each layer reads: a layer the config calls Mamba needs
+// the mixer's tensors, and a tensor the config does not use (a conv bias with mamba_conv_bias
+// false) fails the load by name.
+TEST(HybridLoad, TheLayerTableDecidesTheTensorsAndNoneIsIgnored) {
+  const testing::ScratchDir dir;
+  testing::write_hybrid_checkpoint(dir.path());
+  nlohmann::json config = testing::hybrid_config_json();
+  config["attn_layer_indices"] = nlohmann::json::array();
+  std::ofstream(dir.file("config.json")) << config.dump();
+  EXPECT_THAT([&] { load_hf_directory(dir.path()); },
+              ThrowsMessage<Error>(HasSubstr("tensor 'model.layers.1.mamba.in_proj.weight' not "
+                                             "found")));
+  config = testing::hybrid_config_json();
+  config["mamba_conv_bias"] = false;
+  std::ofstream(dir.file("config.json")) << config.dump();
+  EXPECT_THAT([&] { load_hf_directory(dir.path()); },
+              ThrowsMessage<Error>(HasSubstr("tensor 'model.layers.0.mamba.conv1d.bias' in "
+                                             "model.safetensors is not used by a "
+                                             "BambaForCausalLM")));
+}
+
+TEST(HybridLoad, SeededWeightsAndUnsupportedBackendsRefuseClearly) {
+  EXPECT_THAT([&] { weights_from_seed(hybrid_weights().config, 1); },
+              ThrowsMessage<Error>(HasSubstr("has Mamba2 layers; seeded weights are not "
+                                             "implemented")));
+  ExecutorConfig no_slots = hybrid_config();
+  no_slots.mamba_slots_count = 0;
+  EXPECT_THAT([&] { CpuBackend(hybrid_weights(), no_slots); },
+              ThrowsMessage<Error>(HasSubstr("mamba_slots_count is 0")));
+  ExecutorConfig spec = hybrid_config();
+  spec.verify_width = 2;
+  EXPECT_THAT([&] { CpuBackend(hybrid_weights(), spec); },
+              ThrowsMessage<Error>(HasSubstr("speculative decoding is not implemented")));
+  EXPECT_THAT([&] { CpuBackend(hybrid_weights(), hybrid_config(), nullptr, false, nullptr, 2); },
+              ThrowsMessage<Error>(HasSubstr("tensor parallelism is not implemented")));
+}
+
+// ---- Forward-op fields ---------------------------------------------------------------------
+
+ForwardOp two_prefills() {
+  ForwardOp op;
+  op.rows.push_back(prefill_row(1, 1, 0, 4, 4));
+  op.rows.push_back(prefill_row(2, 2, 0, 4, 4));
+  op.rows[0].mamba_working = 0;  // slot 0 is a real slot
+  op.rows[1].mamba_working = 3;
+  op.prefill_token_ids.assign(8, 5);
+  return op;
+}
+
+ForwardOp two_decodes() {
+  ForwardOp op;
+  op.rows.push_back(decode_row(1, 1));
+  op.rows.push_back(decode_row(2, 2));
+  op.rows[0].mamba_working = 0;
+  op.rows[1].mamba_working = 3;
+  return op;
+}
+
+struct FieldRefusal {
+  std::string what;
+  bool decode;  // edit two_decodes() rather than two_prefills()
+  std::function<void(ForwardOp&)> edit;
+  std::string message;
+};
+
+class MambaFieldRefusal : public ::testing::TestWithParam<FieldRefusal> {};
+
+TEST_P(MambaFieldRefusal, NamesTheFieldAndTheRow) {
+  const ExecutorConfig c = hybrid_config();
+  ForwardOp op = GetParam().decode ? two_decodes() : two_prefills();
+  EXPECT_NO_THROW(validate_forward_op(op, c, kVocab, /*recurrent_state=*/true));
+  GetParam().edit(op);
+  EXPECT_THAT([&] { validate_forward_op(op, c, kVocab, /*recurrent_state=*/true); },
+              ThrowsMessage<Error>(HasSubstr(GetParam().message)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, MambaFieldRefusal,
+    ::testing::Values(
+        FieldRefusal{"working_missing", false, [](ForwardOp& op) { op.rows[1].mamba_working = -1; },
+                     "row 1 (request 2, prefill): mamba_working_index is -1, but the model has "
+                     "Mamba layers"},
+        FieldRefusal{"working_range", false, [](ForwardOp& op) { op.rows[1].mamba_working = 12; },
+                     "mamba_working_index 12 is outside [0, mamba_slots_count = 12)"},
+        FieldRefusal{"working_negative", false,
+                     [](ForwardOp& op) { op.rows[0].mamba_working = -2; },
+                     "row 0 (request 1, prefill): mamba_working_index -2 is outside"},
+        FieldRefusal{"working_shared", false, [](ForwardOp& op) { op.rows[1].mamba_working = 0; },
+                     "mamba_working_index 0 is written by an earlier row of the same op (two live "
+                     "requests would share a state)"},
+        FieldRefusal{"dst_range", true,
+                     [](ForwardOp& op) { op.rows[0].mamba_checkpoint_dst = 99; },
+                     "mamba_checkpoint_dst_index 99 is outside [0, mamba_slots_count = 12)"},
+        FieldRefusal{"dst_is_other_working", true,
+                     [](ForwardOp& op) { op.rows[1].mamba_checkpoint_dst = 0; },
+                     "row 1 (request 2, decode): mamba_checkpoint_dst_index 0 is written by an "
+                     "earlier row"},
+        FieldRefusal{"dst_in_prefill_step", false,
+                     [](ForwardOp& op) { op.rows[0].mamba_checkpoint_dst = 7; },
+                     "checkpoints are snapshot in DECODE steps only"},
+        FieldRefusal{"cow_range", false, [](ForwardOp& op) { op.rows[0].mamba_cow_src = 12; },
+                     "mamba_cow_src_index 12 is outside"},
+        FieldRefusal{"cow_self", false,
+                     [](ForwardOp& op) {
+                       op.rows[0].mamba_cow_src = 0, op.rows[0].mamba_branching_seqlen = 0;
+                     },
+                     "mamba_cow_src_index 0 is the row's own working slot"},
+        FieldRefusal{"cow_without_length", false,
+                     [](ForwardOp& op) { op.rows[0].mamba_cow_src = 5; },
+                     "mamba_cow_src_index 5 and mamba_branching_seqlen -1 must be -1 together"},
+        FieldRefusal{"length_without_cow", false,
+                     [](ForwardOp& op) { op.rows[0].mamba_branching_seqlen = 0; },
+                     "mamba_cow_src_index -1 and mamba_branching_seqlen 0 must be -1 together"},
+        FieldRefusal{"length_not_prefix", false,
+                     [](ForwardOp& op) {
+                       op.rows[0].mamba_cow_src = 5, op.rows[0].mamba_branching_seqlen = 3;
+                     },
+                     "mamba_branching_seqlen 3 differs from the prefix_length 0"},
+        FieldRefusal{"cow_on_live_decode", true,
+                     [](ForwardOp& op) {
+                       op.rows[0].mamba_cow_src = 5, op.rows[0].mamba_branching_seqlen = 3;
+                     },
+                     "mamba_cow_src_index 5 on a decode row that is not recovering"}),
+    [](const auto& param_info) { return param_info.param.what; });
+
+TEST(MambaFields, AModelWithoutMambaLayersRefusesEveryField) {
+  const ExecutorConfig c = hybrid_config();
+  ForwardOp op = two_prefills();
+  EXPECT_THAT([&] { validate_forward_op(op, c, kVocab, /*recurrent_state=*/false); },
+              ThrowsMessage<Error>(HasSubstr("the model has no Mamba layers, so the mamba fields "
+                                             "must be -1 (working 0,")));
+  for (int32_t OpRow::*field : {&OpRow::mamba_checkpoint_dst, &OpRow::mamba_cow_src,
+                      &OpRow::mamba_branching_seqlen}) {
+    ForwardOp one = two_prefills();
+    for (OpRow& row : one.rows) row.mamba_working = -1;
+    one.rows[0].*field = 2;
+    EXPECT_THROW(validate_forward_op(one, c, kVocab, false), Error);
+  }
+}
+
+// A recovered decode row may copy its state in, branching at its recovered KV length; a
+// checkpoint may be the row's own working slot (no copy then).
+TEST(MambaFields, ValidCombinationsAreAccepted) {
+  const ExecutorConfig c = hybrid_config();
+  ForwardOp op = two_decodes();
+  op.rows[0].hist_token_length = 9, op.rows[0].decode_override = 4;
+  op.rows[0].mamba_cow_src = 7, op.rows[0].mamba_branching_seqlen = 9;
+  op.rows[1].mamba_checkpoint_dst = 3;
+  EXPECT_NO_THROW(validate_forward_op(op, c, kVocab, true));
+}
+
+// ---- The CPU reference ---------------------------------------------------------------------
+
+constexpr RequestId kSubject = 42;
+constexpr int32_t kPrompt = 37;  // crosses nine pages of 4
+constexpr int32_t kDecodeSteps = 10;
+
+struct SubjectRun {
+  std::vector<std::vector<float>> logits;  // the last prefill chunk's, then each decode step's
+  std::vector<int32_t> tokens;
+  std::vector<float> state;                // the working slot at the end
+};
+
+// Prefills the subject in `chunks` on pool row `row` and working slot `slot`, then decodes.
+// `companion`: a second request prefilled and decoded beside it in every step (its rows after
+// the subject's), or none.
+SubjectRun run_subject(const std::vector<int32_t>& chunks, int32_t row, int32_t slot,
+                bool companion = false) {
+  HybridHarness h;
+  const std::vector<int32_t> prompt = prompt_for(kSubject, kPrompt);
+  const std::vector<int32_t> other = prompt_for(7, kPrompt);
+  SubjectRun run;
+  int32_t prefix = 0;
+  for (const int32_t chunk : chunks) {
+    ForwardOp op;
+    op.rows.push_back(prefill_row(kSubject, row, prefix, chunk, kPrompt));
+    op.rows[0].mamba_working = slot;
+    op.prefill_token_ids.assign(prompt.begin() + prefix, prompt.begin() + prefix + chunk);
+    if (companion) {
+      op.rows.push_back(prefill_row(7, 5, prefix, chunk, kPrompt));
+      op.rows[1].mamba_working = 9;
+      op.prefill_token_ids.insert(op.prefill_token_ids.end(), other.begin() + prefix,
+                                  other.begin() + prefix + chunk);
+    }
+    if (prefix == 0) {
+      op.rows[0].refresh = {0, pages_from(20, 14)};
+      op.rows[0].sampling = SamplingParams{};
+      if (companion) op.rows[1].refresh = {0, pages_from(60, 14)}, op.rows[1].sampling = SamplingParams{};
+    }
+    const StepResult r = h.executor.step(op);
+    prefix += chunk;
+    if (prefix == kPrompt) run.logits.push_back(row_logits(r, 0)), run.tokens.push_back(r.tokens[0]);
+  }
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(kSubject, row));
+  decode.rows[0].mamba_working = slot;
+  if (companion) decode.rows.push_back(decode_row(7, 5)), decode.rows[1].mamba_working = 9;
+  for (int32_t s = 0; s < kDecodeSteps; ++s) {
+    const StepResult r = h.executor.step(decode);
+    run.logits.push_back(row_logits(r, 0));
+    run.tokens.push_back(r.tokens[0]);
+  }
+  run.state = h.backend.read_mamba_state(slot);
+  return run;
+}
+
+bool same_run(const SubjectRun& a, const SubjectRun& b) {
+  if (a.logits.size() != b.logits.size() || a.tokens != b.tokens) return false;
+  for (size_t i = 0; i < a.logits.size(); ++i) {
+    if (!same_bits(a.logits[i], b.logits[i])) return false;
+  }
+  return same_bits(a.state, b.state);
+}
+
+TEST(HybridCpu, PrefillTokenByTokenInChunksOrWholeIsBitIdentical) {
+  const SubjectRun whole = run_subject({kPrompt}, 1, 0);
+  ASSERT_EQ(whole.logits.size(), size_t{kDecodeSteps + 1});
+  EXPECT_GT(norm_of(whole.logits[0]), 0.0);
+  EXPECT_GT(norm_of(whole.state), 0.0);
+  std::vector<int32_t> ones(kPrompt, 1);
+  EXPECT_TRUE(same_run(whole, run_subject(ones, 1, 0))) << "token by token";
+  EXPECT_TRUE(same_run(whole, run_subject({4, 4, 29}, 1, 0))) << "page-sized chunks";
+  EXPECT_TRUE(same_run(whole, run_subject({1, 13, 23}, 1, 0))) << "odd chunks";
+}
+
+TEST(HybridCpu, ARequestAloneEqualsItselfCoBatchedOnAnotherRowAndSlot) {
+  const SubjectRun alone = run_subject({kPrompt}, 1, 0);
+  EXPECT_TRUE(same_run(alone, run_subject({kPrompt}, 3, 11)));
+  EXPECT_TRUE(same_run(alone, run_subject({kPrompt}, 1, 0, /*companion=*/true)));
+  EXPECT_TRUE(same_run(alone, run_subject({10, 27}, 2, 4, /*companion=*/true)));
+}
+
+// The greedy tokens are not degenerate (the model varies its output): a weak oracle otherwise.
+TEST(HybridCpu, TheTinyModelIsNotDegenerate) {
+  const SubjectRun run = run_subject({kPrompt}, 1, 0);
+  std::set<int32_t> distinct(run.tokens.begin(), run.tokens.end());
+  EXPECT_GE(distinct.size(), size_t{4}) << ::testing::PrintToString(run.tokens);
+}
+
+// A request's first chunk zeroes its working slot, so a slot left dirty by an earlier request
+// changes nothing; the dirt is real (the earlier request's state is non-zero), so without the
+// zeroing the later request's logits would differ (the SSM state enters every token's output).
+TEST(HybridCpu, TheFirstChunkZeroesAReusedWorkingSlot) {
+  HybridHarness h;
+  const std::vector<int32_t> first = prompt_for(3, 20);
+  ForwardOp a;
+  a.rows.push_back(prefill_row(3, 1, 0, 20, 20));
+  a.rows[0].mamba_working = 0, a.rows[0].refresh = {0, pages_from(80, 6)};
+  a.rows[0].sampling = SamplingParams{};
+  a.prefill_token_ids = first;
+  h.executor.step(a);
+  ASSERT_GT(norm_of(h.backend.read_mamba_state(0)), 0.0);
+  const std::vector<int32_t> prompt = prompt_for(kSubject, kPrompt);
+  ForwardOp b;
+  b.rows.push_back(prefill_row(kSubject, 1, 0, kPrompt, kPrompt));
+  b.rows[0].mamba_working = 0, b.rows[0].refresh = {0, pages_from(20, 14)};
+  b.rows[0].sampling = SamplingParams{};
+  b.prefill_token_ids = prompt;
+  const StepResult reused = h.executor.step(b);
+  const std::vector<float> fresh = run_subject({kPrompt}, 1, 0).logits[0];
+  EXPECT_TRUE(same_bits(row_logits(reused, 0), fresh));
+  // The same prompt starting from the dirty state instead (copied in, so not zeroed) differs.
+  ForwardOp dirty = b;
+  dirty.rows[0].request_id = 43, dirty.rows[0].pool_row = 2, dirty.rows[0].mamba_working = 4;
+  dirty.rows[0].mamba_cow_src = 0, dirty.rows[0].mamba_branching_seqlen = 0;
+  dirty.rows[0].refresh = {0, pages_from(40, 14)};
+  h.backend.apply_state_rules(StepPlan{});  // nothing planned: nothing changes
+  ASSERT_GT(norm_of(h.backend.read_mamba_state(0)), 0.0);
+  EXPECT_FALSE(same_bits(row_logits(h.executor.step(dirty), 0), fresh));
+}
+
+// DECODE steps copy working → checkpoint exactly when the new vcl ends a page (P = 4), never in a
+// step with prefill rows; the checkpoint then holds the working state of that moment.
+TEST(HybridCpu, DecodeStepsCheckpointAtPageBoundariesOnly) {
+  HybridHarness h;
+  const std::vector<int32_t> prompt = prompt_for(kSubject, 9);
+  ForwardOp prefill;
+  prefill.rows.push_back(prefill_row(kSubject, 1, 0, 9, 9));
+  prefill.rows[0].mamba_working = 2, prefill.rows[0].refresh = {0, pages_from(20, 14)};
+  prefill.rows[0].sampling = SamplingParams{};
+  prefill.prefill_token_ids = prompt;
+  h.executor.step(prefill);  // vcl 9
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(kSubject, 1));
+  decode.rows[0].mamba_working = 2, decode.rows[0].mamba_checkpoint_dst = 6;
+  const std::vector<float> zeros(h.backend.read_mamba_state(6).size(), 0.0f);
+  for (int32_t vcl = 10; vcl <= 17; ++vcl) {
+    const std::vector<float> before = h.backend.read_mamba_state(6);
+    h.executor.step(decode);
+    const std::vector<float> checkpoint = h.backend.read_mamba_state(6);
+    if (vcl % 4 == 0) {
+      EXPECT_TRUE(same_bits(checkpoint, h.backend.read_mamba_state(2))) << "vcl " << vcl;
+      EXPECT_FALSE(same_bits(checkpoint, before)) << "vcl " << vcl;
+    } else {
+      EXPECT_TRUE(same_bits(checkpoint, before)) << "vcl " << vcl << ": copied off a boundary";
+    }
+    if (vcl < 12) {
+      EXPECT_TRUE(same_bits(checkpoint, zeros)) << "vcl " << vcl;
+    }
+  }
+}
+
+// Copy-on-write: a request that shares the subject's first 8 tokens (two full pages: the KV pages
+// shared, the state copied from the subject's checkpoint at vcl 8) and prefills only the rest
+// computes the same logits, bit for bit, as the subject prefilling the whole prompt itself.
+TEST(HybridCpu, CopyOnWriteFromACheckpointResumesTheSharedPrefix) {
+  HybridHarness h;
+  const std::vector<int32_t> prompt = prompt_for(kSubject, kPrompt);
+  ForwardOp prefix;
+  prefix.rows.push_back(prefill_row(1, 1, 0, 7, 7));
+  prefix.rows[0].mamba_working = 0, prefix.rows[0].refresh = {0, pages_from(20, 14)};
+  prefix.rows[0].sampling = SamplingParams{};
+  prefix.prefill_token_ids.assign(prompt.begin(), prompt.begin() + 7);
+  const StepResult first = h.executor.step(prefix);  // vcl 7; the sampled token is fed next
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(1, 1));
+  decode.rows[0].mamba_working = 0, decode.rows[0].mamba_checkpoint_dst = 8;
+  decode.rows[0].decode_override = prompt[7];  // teacher-force the prompt's 8th token
+  h.executor.step(decode);                     // vcl 8: a page boundary, checkpoint in slot 8
+  (void)first;
+  ForwardOp branch;
+  branch.rows.push_back(prefill_row(kSubject, 2, 8, kPrompt - 8, kPrompt));
+  OpRow& row = branch.rows[0];
+  row.mamba_working = 5, row.mamba_cow_src = 8, row.mamba_branching_seqlen = 8;
+  std::vector<int32_t> pages = pages_from(20, 2);  // the shared prefix's pages
+  const std::vector<int32_t> rest = pages_from(40, 12);
+  pages.insert(pages.end(), rest.begin(), rest.end());
+  row.refresh = {0, pages};
+  row.sampling = SamplingParams{};
+  branch.prefill_token_ids.assign(prompt.begin() + 8, prompt.end());
+  const StepResult r = h.executor.step(branch);
+  EXPECT_TRUE(same_bits(row_logits(r, 0), run_subject({kPrompt}, 1, 0).logits[0]));
+}
+
+// ---- Serving end to end ----------------------------------------------------------------------
+
+std::map<RequestId, std::vector<int32_t>> serve(const std::vector<RequestSpec>& requests,
+                                                int32_t max_batch_rows, int32_t pages_count,
+                                                int32_t context_length = 64) {
+  ExecutorConfig limits = hybrid_config();
+  limits.context_length = context_length;
+  limits.max_batch_rows = max_batch_rows;
+  limits.pages_count = pages_count;
+  limits.prefill_chunk_tokens = 24;
+  limits.mamba_slots_count = max_batch_rows;
+  const SchedulerConfig sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  EXPECT_TRUE(sc.recurrent_state);
+  EXPECT_FALSE(sc.prefix_cache);
+  Scheduler scheduler(sc);
+  for (const RequestSpec& r : requests) scheduler.submit(r, kVocab);
+  CpuBackend backend(hybrid_weights(), executor_config_for(sc));
+  Executor executor(executor_config_for(sc), kVocab, backend);
+  run_serving_loop(scheduler, executor, ServingLoopOptions{});
+  std::map<RequestId, std::vector<int32_t>> tokens;
+  for (const RequestSpec& r : requests) tokens[r.id] = scheduler.outcomes().at(r.id).tokens;
+  return tokens;
+}
+
+// Through the scheduler (one working slot per live request, freed at finish; chunked prefill;
+// page pressure that retracts and recomputes): each request's tokens equal its tokens served
+// alone.
+TEST(HybridServing, EachRequestsTokensEqualItsTokensServedAlone) {
+  std::vector<RequestSpec> requests;
+  for (RequestId id = 1; id <= 6; ++id) {
+    requests.push_back(RequestSpec{.id = id, .prompt = prompt_for(id, 9 + 7 * static_cast<int32_t>(id)),
+                                   .max_new_tokens = 12});
+  }
+  const auto together = serve(requests, 3, 30);  // 3 rows, 29 pages of 4: requests wait, retract
+  for (const RequestSpec& r : requests) {
+    const auto alone = serve({r}, 1, 40);
+    EXPECT_EQ(together.at(r.id), alone.at(r.id)) << "request " << r.id;
+    EXPECT_EQ(together.at(r.id).size(), size_t{12});
+  }
+}
+
+TEST(HybridServing, TheSchedulerRefusesWhatTheStatePoolCannotServe) {
+  ExecutorConfig limits = hybrid_config();
+  SchedulerConfig sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  sc.mamba_slots_count = sc.max_batch_rows - 1;
+  EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("mamba_slots_count 7 is "
+                                                                      "below max_batch_rows")));
+  sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  sc.prefix_cache = true;
+  EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("prefix_cache with "
+                                                                      "recurrent state")));
+  sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  sc.host_pages_count = 4;
+  EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("retraction by swap is "
+                                                                      "not implemented")));
+}
+
+// The scheduler's slots over generated workloads (retraction, overlap on and off); its planted
+// companion is tests/mamba_slot_planted_test.cpp.
+TEST(MambaSlotProperty, NoTwoLiveRequestsShareAWorkingSlot) {
+  const std::optional<std::string> failure = mamba_props::counterexample(150);
+  EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+// `lockstep generate --model DIR` on a hybrid checkpoint, end to end: --mamba-slots 0 (the
+// default) sizes the pool for the model, and the tokens are the in-process serving loop's.
+TEST(HybridCli, GenerateServesAHybridCheckpointEndToEnd) {
+  const testing::ScratchDir dir;
+  const fs::path model = dir.file("bamba");
+  fs::create_directories(model);
+  testing::write_hybrid_checkpoint(model);
+  std::vector<RequestSpec> requests;
+  std::string lines;
+  for (RequestId id = 1; id <= 5; ++id) {
+    const std::vector<int32_t> prompt = prompt_for(id, 20 * static_cast<int32_t>(id));
+    requests.push_back(RequestSpec{.id = id, .prompt = prompt, .max_new_tokens = 16});
+    lines += nlohmann::json{{"id", id}, {"prompt", prompt}, {"max_new_tokens", 16}}.dump() + "\n";
+  }
+  std::ofstream(dir.file("prompts.jsonl")) << lines;
+  const std::string command = fmt::format(
+      "timeout 120 '{}' generate --model '{}' --prompts '{}' --output '{}' --max-batch-rows 3 "
+      "--prefill-chunk-tokens 48 --context-length 128 -q 2>'{}'", LOCKSTEP_CLI, model.string(),
+      dir.file("prompts.jsonl").string(), dir.file("out.jsonl").string(),
+      dir.file("err.txt").string());
+  const int status = std::system(command.c_str());
+  std::ifstream err(dir.file("err.txt"));
+  const std::string err_text{std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>()};
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << "\n" << err_text;
+  const auto expected = serve(requests, 2, 80, /*context_length=*/128);
+  std::ifstream out(dir.file("out.jsonl"));
+  int32_t lines_count = 0;
+  for (std::string line; std::getline(out, line); ++lines_count) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const RequestId id = j.at("id").get<RequestId>();
+    EXPECT_EQ(j.at("tokens").get<std::vector<int32_t>>(), expected.at(id)) << "request " << id;
+  }
+  EXPECT_EQ(lines_count, 5);
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A recorded hybrid run carries the state slots (trace inspect shows them) and replays bit for bit.
+TEST(HybridCli, ARecordedRunReplaysBitForBit) {
+  const testing::ScratchDir dir;
+  const fs::path model = dir.file("bamba");
+  fs::create_directories(model);
+  testing::write_hybrid_checkpoint(model);
+  std::ofstream(dir.file("p.jsonl")) << nlohmann::json{{"prompt", prompt_for(1, 30)}}.dump() << "\n"
+                                     << nlohmann::json{{"prompt", prompt_for(2, 45)}}.dump() << "\n";
+  const fs::path trace = dir.file("run.trace");
+  const std::string record = fmt::format(
+      "timeout 120 '{0}' generate --model '{1}' --prompts '{2}' --record '{3}' -q >/dev/null 2>'{4}'"
+      " && '{0}' replay '{3}' >'{5}' 2>&1 && '{0}' trace inspect '{3}' --steps 0:2 >>'{5}' 2>&1",
+      LOCKSTEP_CLI, model.string(), dir.file("p.jsonl").string(), trace.string(),
+      dir.file("err.txt").string(), dir.file("out.txt").string());
+  const int status = std::system(record.c_str());
+  const std::string out = read_text(dir.file("out.txt"));
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << record << "\n" << read_text(dir.file("err.txt")) << out;
+  EXPECT_THAT(out, HasSubstr("IDENTICAL: every compared output and digest matches bit for bit"));
+  EXPECT_THAT(out, HasSubstr("hybrid: layers MAMM; mamba2 heads 8 x 16, groups 2, state 16, conv 4 "
+                             "(bias), dt in [0.05, 2]; state slots 16"));
+  EXPECT_THAT(out, HasSubstr("1:P@1[0+30/30] state 0  2:P@2[0+45/45] state 1"));
+}
+
+TEST(HybridCli, TheStatePoolFlagIsRefusedForAModelWithoutMambaLayers) {
+  const testing::ScratchDir dir;
+  std::ofstream(dir.file("p.jsonl")) << "{\"prompt\": [1, 2, 3], \"max_new_tokens\": 2}\n";
+  const std::string command = fmt::format(
+      "timeout 60 '{}' generate --model tiny --prompts '{}' --mamba-slots 4 -q >/dev/null 2>'{}'",
+      LOCKSTEP_CLI, dir.file("p.jsonl").string(), dir.file("err.txt").string());
+  const int status = std::system(command.c_str());
+  std::ifstream err(dir.file("err.txt"));
+  const std::string err_text{std::istreambuf_iterator<char>(err), std::istreambuf_iterator<char>()};
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << err_text;
+  EXPECT_THAT(err_text, HasSubstr("--mamba-slots 4: model 'tiny' has no Mamba layers"));
+}
+
+}  // namespace
+}  // namespace ls

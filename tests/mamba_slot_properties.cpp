@@ -1,0 +1,187 @@
+#include "tests/mamba_slot_properties.h"
+
+#include "core/check.h"
+#include "core/forward_op.h"
+#include "core/scheduler.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <sstream>
+
+namespace ls::mamba_props {
+
+namespace {
+
+constexpr uint64_t kCiSeed = 20261219;
+constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
+constexpr int32_t kVocab = 64;
+constexpr int32_t kContextLength = 48;
+constexpr int64_t kStepsMax = 4000;
+
+class QuietListener final : public rc::detail::TestListener {
+ public:
+  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+
+// What a model would have returned: one token per prefill row, one accepted per decode row (W 1).
+StepResult fake_result(const ForwardOp& op, int64_t step) {
+  StepResult r;
+  r.mode = op.mode();
+  r.prefill_rows_count = op.prefill_rows_count();
+  for (const OpRow& row : op.rows) {
+    r.tokens.push_back(static_cast<int32_t>((row.request_id * 7 + static_cast<uint64_t>(step)) % kVocab));
+    r.accepted_lengths.push_back(1);
+  }
+  r.nan_flags.assign(op.rows.size(), 0);
+  r.oov_flags.assign(op.rows.size(), 0);
+  return r;
+}
+
+SchedulerConfig config_of(const SlotWorkload& w) {
+  SchedulerConfig c;
+  c.max_batch_rows = w.max_batch_rows;
+  c.context_length = kContextLength;
+  c.page_size = w.page_size;
+  c.pages_count = w.pages_count;
+  c.prefill_chunk_tokens = w.prefill_chunk_tokens;
+  c.mamba_slots_count = w.max_batch_rows;
+  c.overlap = w.overlap;
+  c.recurrent_state = true;
+  c.prefix_cache = false;
+  return c;
+}
+
+// The cross-step half: slot → the request that last used it, and request → its slot. A slot may
+// change hands only once its holder is no longer prefilling or decoding (finished, or retracted
+// to recompute) or holds another slot (recovered on another pool row).
+struct Owners {
+  std::map<int32_t, RequestId> of_slot;
+  std::map<RequestId, int32_t> of_request;
+};
+
+std::string check_owners(const Scheduler& scheduler, const ForwardOp& op, int64_t step,
+                         Owners& owners) {
+  std::map<int32_t, RequestId>& owner = owners.of_slot;
+  // First the requests that moved (recovered on another pool row in this op): their old slots
+  // are free, whichever row of the op comes first.
+  for (const OpRow& row : op.rows) {
+    const auto moved = owners.of_request.find(row.request_id);
+    if (moved != owners.of_request.end() && moved->second != row.mamba_working &&
+        owner[moved->second] == row.request_id) {
+      owner.erase(moved->second);
+    }
+    owners.of_request[row.request_id] = row.mamba_working;
+  }
+  for (const OpRow& row : op.rows) {
+    const auto it = owner.find(row.mamba_working);
+    if (it != owner.end() && it->second != row.request_id &&
+        owners.of_request[it->second] == row.mamba_working) {
+      const std::optional<RequestState> holder = scheduler.state_of(it->second);
+      if (holder == RequestState::kPrefilling || holder == RequestState::kDecoding) {
+        return fmt::format("step {}: working slot {} given to request {} while request {} that "
+                           "holds it is {}", step, row.mamba_working, row.request_id, it->second,
+                           to_string(*holder));
+      }
+    }
+    owner[row.mamba_working] = row.request_id;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string SlotWorkload::describe() const {
+  return fmt::format("B {} P {} pages {} chunk {} overlap {} prompts [{}] new [{}]", max_batch_rows,
+                     page_size, pages_count, prefill_chunk_tokens, overlap ? "on" : "off",
+                     fmt::join(prompt_lengths, ", "), fmt::join(new_tokens, ", "));
+}
+
+void showValue(const SlotWorkload& w, std::ostream& os) { os << w.describe(); }
+
+rc::Gen<SlotWorkload> gen_slot_workload() {
+  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+    SlotWorkload w;
+    w.max_batch_rows = *rc::gen::inRange(2, 7);
+    w.page_size = 1 << *rc::gen::inRange(1, 4);
+    const int32_t pages_per_request = kContextLength / w.page_size + 2;
+    // Tight pools retract; roomy ones let every row run at once.
+    w.pages_count = *rc::gen::inRange(pages_per_request + 1, w.max_batch_rows * pages_per_request + 2);
+    w.prefill_chunk_tokens = *rc::gen::inRange(2, 33);
+    w.overlap = *rc::gen::inRange(0, 2) == 1;
+    const int32_t requests = *rc::gen::inRange(2, 11);
+    for (int32_t i = 0; i < requests; ++i) {
+      const int32_t prompt = *rc::gen::inRange(1, kContextLength - 8);
+      w.prompt_lengths.push_back(prompt);
+      w.new_tokens.push_back(*rc::gen::inRange(1, 9));
+    }
+    return w;
+  }));
+}
+
+std::string working_slots_never_shared(const SlotWorkload& w) {
+  const SchedulerConfig config = config_of(w);
+  Scheduler scheduler(config);
+  for (size_t i = 0; i < w.prompt_lengths.size(); ++i) {
+    RequestSpec r;
+    r.id = static_cast<RequestId>(i + 1);
+    for (int32_t t = 0; t < w.prompt_lengths[i]; ++t) {
+      r.prompt.push_back(static_cast<int32_t>((r.id * 13 + static_cast<uint64_t>(t) * 5) % kVocab));
+    }
+    r.max_new_tokens = w.new_tokens[i];
+    scheduler.submit(r, kVocab);
+  }
+  ForwardOpValidator validator(executor_config_for(config), kVocab, /*recurrent_state=*/true);
+  Owners owner;
+  std::optional<std::pair<ForwardOp, StepResult>> in_flight;
+  for (int64_t step = 0; !scheduler.done(); ++step) {
+    if (step >= kStepsMax) return fmt::format("{}: not done after {} steps", w.describe(), step);
+    StepPlanOut plan = scheduler.plan();
+    if (in_flight) scheduler.apply_result(in_flight->first, in_flight->second);
+    in_flight.reset();
+    try {
+      validator.validate(plan.op);  // ranges, and no slot written by two rows of the op
+    } catch (const Error& e) {
+      return fmt::format("{}: step {}: {}", w.describe(), step, e.what());
+    }
+    const std::string shared = check_owners(scheduler, plan.op, step, owner);
+    if (!shared.empty()) return w.describe() + ": " + shared;
+    if (plan.op.rows.empty()) continue;
+    StepResult result = fake_result(plan.op, step);
+    if (config.overlap) {
+      in_flight.emplace(std::move(plan.op), std::move(result));
+    } else {
+      scheduler.apply_result(plan.op, result);
+    }
+  }
+  return "";
+}
+
+std::optional<std::string> counterexample(int cases) {
+  rc::detail::TestParams params = rc::detail::configuration().testParams;
+  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
+  params.maxSuccess = cases;
+  params.maxSize = kGenSize;
+  std::string last;  // RapidCheck runs the shrunk case last
+  const auto testable = [&] {
+    const SlotWorkload w = *gen_slot_workload();
+    const std::string failure = working_slots_never_shared(w);
+    if (!failure.empty()) last = failure;
+    RC_ASSERT(failure.empty());
+  };
+  QuietListener quiet;
+  const std::string id = "mamba/working_slots_never_shared";
+  const rc::detail::TestResult result = rc::detail::checkTestable(
+      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
+  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
+  std::ostringstream text;
+  rc::detail::printResultMessage(result, text);
+  return fmt::format("{}\n{}", last, text.str());
+}
+
+}  // namespace ls::mamba_props

@@ -1,0 +1,43 @@
+// The scheduler's recurrent-state slots (issue 19), as a RapidCheck property over generated
+// workloads on a model with Mamba layers: no two live requests share a working slot — within a
+// step (two rows) or across steps (a slot handed to a request while the one that held it is still
+// prefilling or decoding) — and every row's slot is in [0, mamba_slots_count). The scheduler runs
+// with fake results (no model: the property is about planning), through retraction under page
+// pressure, overlap on or off. It depends on the scheduler library only, so the same property
+// builds against lockstep_scheduler_mamba_planted (tests/planted/share_mamba_slot.cpp), where it
+// must fail.
+#pragma once
+
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace ls::mamba_props {
+
+struct SlotWorkload {
+  int32_t max_batch_rows = 2;
+  int32_t page_size = 4;
+  int32_t pages_count = 40;
+  int32_t prefill_chunk_tokens = 16;
+  bool overlap = true;
+  std::vector<int32_t> prompt_lengths;  // one request each
+  std::vector<int32_t> new_tokens;      // [requests]
+
+  std::string describe() const;
+};
+
+rc::Gen<SlotWorkload> gen_slot_workload();
+void showValue(const SlotWorkload& w, std::ostream& os);
+
+// "" when the workload keeps the property, else what broke (step, request, slot).
+std::string working_slots_never_shared(const SlotWorkload& w);
+
+// Runs the property over `cases` generated workloads (a fixed seed unless RC_PARAMS says
+// otherwise); the shrunk counterexample's description when one fails, nullopt when none does.
+std::optional<std::string> counterexample(int cases);
+
+}  // namespace ls::mamba_props
