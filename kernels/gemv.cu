@@ -60,26 +60,21 @@ gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __res
 #pragma unroll
   for (int32_t t = 0; t < kTokens; ++t) acc[t] = 0.0f;
   int32_t c = lane;
-  // Two rounds of weight loads in flight: the next round is issued before the current one is
-  // multiplied, so a lane never waits on memory with nothing requested.
-  uint4 raw[kGemvUnroll], next[kGemvUnroll];
-  const auto round_fits = [&](int32_t at) { return at + 32 * (kGemvUnroll - 1) < chunks; };
-  const auto load_round = [&](uint4* into, int32_t at) {
+  uint4 raw[kGemvUnroll];
+  const auto round_fits = [&] { return c + 32 * (kGemvUnroll - 1) < chunks; };
+  const auto load_round = [&] {
 #pragma unroll
-    for (int32_t u = 0; u < kGemvUnroll; ++u) into[u] = __ldcs(wr + at + 32 * u);
+    for (int32_t u = 0; u < kGemvUnroll; ++u) raw[u] = __ldcs(wr + c + 32 * u);
   };
-  if (round_fits(c)) load_round(raw, c);
+  if (round_fits()) load_round();
   wait_for_predecessor();
-  while (round_fits(c)) {
-    const int32_t following = c + 32 * kGemvUnroll;
-    if (round_fits(following)) load_round(next, following);
+  while (round_fits()) {
 #pragma unroll
     for (int32_t u = 0; u < kGemvUnroll; ++u) {
       accumulate<kTokens>(raw[u], xr, chunks, c + 32 * u, tokens, acc);
     }
-#pragma unroll
-    for (int32_t u = 0; u < kGemvUnroll; ++u) raw[u] = next[u];
-    c = following;
+    c += 32 * kGemvUnroll;
+    if (round_fits()) load_round();
   }
   for (; c < chunks; c += 32) accumulate<kTokens>(__ldcs(wr + c), xr, chunks, c, tokens, acc);
 #pragma unroll
