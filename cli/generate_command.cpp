@@ -71,6 +71,7 @@ int run_generate(GenerateOptions& o) {
                                                          machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
     header.tp_degree = o.model.tp_degree;
+    describe_collectives(o.model.backend, o.model.tp_degree, header);
     header.step_clock = "steady";
     header.device_timer = backend->name() == "cuda" ? "cuda-events" : "host-clock";
     recorder = trace::Recorder::open(o.record, header);

@@ -213,6 +213,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
                                  machine_info_for(o.backend));
     header.drafter = params.drafter_name();
     header.tp_degree = params.tp_degree;
+    describe_collectives(o.backend, params.tp_degree, header);
     header.step_clock = "simulated";  // the world's clock: a recorded seed's trace is deterministic
     header.device_timer = "simulated";
     recorder = trace::Recorder::open(o.record, header);

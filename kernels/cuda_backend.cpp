@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <type_traits>
@@ -1335,54 +1336,57 @@ void CudaBackend::Impl::capture_graphs() {
   const cudaStream_t s = stream.get();
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
   graphs.clear();
+  tail_graphs.clear();
+  record_tail_graphs.clear();
+  record_graph_k = std::min(kTopLogitsCountMax, vocab);
+  // One graph: what it enqueues and where it goes.
+  struct Capture {
+    std::function<void()> enqueue;
+    std::vector<CudaGraph>* into;
+    bool forward_only;
+  };
+  std::vector<Capture> captures;
   for (const int32_t grid : buckets) {
-    const int32_t tokens = grid * config.verify_width;
-    auto enqueue = [&] {
-      marks_count = 1;  // after the step's opening mark, which stage() records eagerly
-      enqueue_table_writes(grid);
-      enqueue_resets();
-      enqueue_fill(grid);
-      mark(CudaPhase::kStateOps);
-      enqueue_forward(tokens, tokens);
-    };
-    enqueue();
-    LS_CUDA(cudaStreamSynchronize(s));
+    captures.push_back({[this, grid] {
+                          marks_count = 1;  // after the step's opening mark, which stage() records eagerly
+                          enqueue_table_writes(grid);
+                          enqueue_resets();
+                          enqueue_fill(grid);
+                          mark(CudaPhase::kStateOps);
+                          enqueue_forward(grid * config.verify_width, grid * config.verify_width);
+                        },
+                        &graphs, true});
+  }
+  // The same with the greedy tail (profiling keeps the tail eager: its phases stay measurable).
+  for (const bool record : {false, true}) {
+    for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
+      captures.push_back({[this, grid, record] {
+                            const int32_t tokens = grid * config.verify_width;
+                            enqueue_table_writes(grid);
+                            enqueue_resets();
+                            enqueue_fill(grid);
+                            enqueue_forward(tokens, tokens);
+                            enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
+                                                 record ? record_graph_k : kNotRecorded);
+                          },
+                          record ? &record_tail_graphs : &tail_graphs, false});
+    }
+  }
+  // Every warm-up eagerly first, then every capture: a TP rank's warm-ups run collectives that
+  // wait for the other ranks, and none may still wait for this one while it instantiates graphs
+  // (kernels/tp_collectives.h).
+  for (const Capture& c : captures) c.enqueue();
+  LS_CUDA(cudaStreamSynchronize(s));
+  for (const Capture& c : captures) {
     capturing = true;
     try {
-      graphs.push_back(CudaGraph::capture(s, enqueue));
+      c.into->push_back(CudaGraph::capture(s, c.enqueue));
     } catch (...) {
       capturing = false;
       throw;
     }
     capturing = false;
-    graph_marks_end = marks_count;
-  }
-  // The same with the greedy tail (profiling keeps the tail eager: its phases stay measurable).
-  tail_graphs.clear();
-  record_tail_graphs.clear();
-  record_graph_k = std::min(kTopLogitsCountMax, vocab);
-  for (const bool record : {false, true}) {
-    for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
-      const int32_t tokens = grid * config.verify_width;
-      auto enqueue = [&] {
-        enqueue_table_writes(grid);
-        enqueue_resets();
-        enqueue_fill(grid);
-        enqueue_forward(tokens, tokens);
-        enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
-                             record ? record_graph_k : kNotRecorded);
-      };
-      enqueue();
-      LS_CUDA(cudaStreamSynchronize(s));
-      capturing = true;
-      try {
-        (record ? record_tail_graphs : tail_graphs).push_back(CudaGraph::capture(s, enqueue));
-      } catch (...) {
-        capturing = false;
-        throw;
-      }
-      capturing = false;
-    }
+    if (c.forward_only) graph_marks_end = marks_count;
   }
   LS_CUDA(cudaStreamSynchronize(s));
   marks_count = 0;

@@ -22,7 +22,7 @@
 
 namespace ls {
 
-class NcclComm;
+class TpCollectives;
 
 // What weights, KV and the inputs of the linear layers are stored in. Accumulation, the residual
 // stream, norms, softmax and logits are fp32 in both.
@@ -106,7 +106,7 @@ struct CudaBackendOptions {
   // degree 1). Every rank computes the whole logits, guard, sampling and state, identically.
   int32_t tp_degree = 1;
   int32_t tp_rank = 0;
-  const NcclComm* tp_comm = nullptr;
+  TpCollectives* tp_comm = nullptr;
 };
 
 // The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,

@@ -2,7 +2,8 @@
 
 #include "core/check.h"
 #include "kernels/cuda_check.h"
-#include "kernels/nccl_comm.h"
+#include "kernels/tp_collectives.h"
+#include "kernels/tp_rank.h"
 
 #include <cuda_runtime.h>
 
@@ -116,10 +117,6 @@ void check_same_result(const StepResult& leader, const StepResult& follower, int
             rank);
 }
 
-std::vector<int> as_ints(const std::vector<int32_t>& devices) {
-  return std::vector<int>(devices.begin(), devices.end());
-}
-
 }  // namespace
 
 std::vector<int32_t> tp_devices(int32_t degree) {
@@ -128,7 +125,7 @@ std::vector<int32_t> tp_devices(int32_t degree) {
   int count = 0;
   LS_REQUIRE(cudaGetDeviceCount(&count) == cudaSuccess && count > 0, "no CUDA device is available");
   std::vector<int32_t> devices;
-  for (int32_t rank = 0; rank < degree; ++rank) devices.push_back(rank % count);
+  for (int32_t rank = 0; rank < degree; ++rank) devices.push_back(count >= degree ? rank : 0);
   return devices;
 }
 
@@ -157,6 +154,11 @@ CudaKvSizing tp_cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& c
       share.page_bytes = s.page_bytes;
       ++ranks_here;
     }
+    // Ranks sharing the device also share the slab their collectives exchange through.
+    share.workspace_bytes += tp_group_bytes(
+        devices, TpRank::collective_floats_max(make_rank_shard(model, degree, 0),
+                                               config.step_tokens_max(), config.logits_rows_max(),
+                                               model.hidden_size));
     const int64_t left = share.free_bytes - share.weight_bytes - share.workspace_bytes;
     LS_REQUIRE(left > 0,
                "cuda backend: the weights ({} B) and workspaces ({} B) of {} TP ranks on device {} "
@@ -177,11 +179,9 @@ CudaKvSizing tp_cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& c
 }
 
 struct TpCudaBackend::Impl {
-  explicit Impl(const std::vector<int32_t>& device_list)
-      : devices(device_list), pinning(pin_nccl_environment()), threads(device_list) {
+  explicit Impl(const std::vector<int32_t>& device_list) : devices(device_list), threads(device_list) {
     LS_REQUIRE(devices.size() >= 2 && devices.size() <= static_cast<size_t>(kTpDegreeMax),
                "a CUDA TP group has 2..{} ranks, got {}", kTpDegreeMax, devices.size());
-    comms = NcclComm::for_devices(as_ints(devices));
     ranks.resize(devices.size());
     follower_results.resize(devices.size() - 1);
   }
@@ -201,12 +201,16 @@ struct TpCudaBackend::Impl {
   void build(const Weights& weights, const ExecutorConfig& config,
              const CudaBackendOptions& options) {
     const int32_t degree = static_cast<int32_t>(devices.size());
+    const TpRankShard shard = make_rank_shard(weights.config, degree, 0);
+    group = make_tp_group(devices, TpRank::collective_floats_max(shard, config.step_tokens_max(),
+                                                                 config.logits_rows_max(),
+                                                                 weights.config.hidden_size));
     threads.run([&](int32_t rank) {
       CudaBackendOptions o = options;
       o.device = devices[static_cast<size_t>(rank)];
       o.tp_degree = degree;
       o.tp_rank = rank;
-      o.tp_comm = &comms[static_cast<size_t>(rank)];
+      o.tp_comm = group.ranks[static_cast<size_t>(rank)].get();
       o.graphs = false;
       ranks[static_cast<size_t>(rank)] = std::make_unique<CudaBackend>(weights, config, o);
     });
@@ -256,9 +260,8 @@ struct TpCudaBackend::Impl {
   }
 
   std::vector<int32_t> devices;
-  NcclPinning pinning;
   RankThreads threads;  // declared before the ranks: joined after they are gone
-  std::vector<NcclComm> comms;
+  TpGroup group;        // the ranks' collectives, destroyed after the ranks
   std::vector<std::unique_ptr<CudaBackend>> ranks;
   std::vector<StepResult> follower_results;  // [ranks − 1], reused
   const StepPlan* deferred_plan = nullptr;
@@ -283,7 +286,7 @@ TpCudaBackend::~TpCudaBackend() = default;
 
 std::string TpCudaBackend::drafter_name() const { return impl_->ranks[0]->drafter_name(); }
 int32_t TpCudaBackend::tp_degree() const { return static_cast<int32_t>(impl_->ranks.size()); }
-const NcclPinning& TpCudaBackend::nccl_pinning() const { return impl_->pinning; }
+const std::optional<NcclPinning>& TpCudaBackend::nccl_pinning() const { return impl_->group.nccl; }
 
 const CudaBackend& TpCudaBackend::rank(int32_t r) const {
   LS_ASSERT(r >= 0 && r < tp_degree(), "rank {} of {}", r, tp_degree());

@@ -29,12 +29,14 @@
 #include "kernels/nccl_pinning.h"
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace ls {
 
-// Devices of N ranks on this host: rank r on device r when there are at least N devices, else on
-// device r mod count (ranks share). ls::Error when there is no device.
+// Devices of N ranks on this host: rank r on device r when there are at least N devices, else
+// every rank on device 0 (ranks share it: tests, and replays on a smaller host). ls::Error when
+// there is no device.
 std::vector<int32_t> tp_devices(int32_t degree);
 
 // KV pages for a TP group on `devices` (rank r on devices[r]): the fewest any device's share
@@ -49,7 +51,8 @@ class TpCudaBackend final : public Backend {
  public:
   // Rank r on devices[r], degree devices.size() (2..kTpDegreeMax), each built over `options`
   // (device, tp_degree, tp_rank and tp_comm are set per rank; options.graphs: captured once every
-  // rank is built). Pins NCCL (kernels/nccl_comm.h) and makes the communicators. Throws ls::Error
+  // rank is built). Makes the collectives (kernels/tp_collectives.h: NCCL, pinned, across GPUs;
+  // lockstep's kernels for ranks sharing one GPU, which needs CUDA_MODULE_LOADING=EAGER). Throws ls::Error
   // naming the field when the model cannot shard at that degree, and as CudaBackend does.
   TpCudaBackend(const ModelWeights& weights, const ExecutorConfig& config,
                 const CudaBackendOptions& options, const std::vector<int32_t>& devices);
@@ -60,8 +63,9 @@ class TpCudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   std::string drafter_name() const;
   int32_t tp_degree() const;
-  // What the trace header records about the collectives (NCCL_ALGO, NCCL_PROTO, the version).
-  const NcclPinning& nccl_pinning() const;
+  // What the trace header records about the collectives (NCCL_ALGO, NCCL_PROTO, the version);
+  // nullopt when the ranks share one GPU and lockstep's kernels ran them.
+  const std::optional<NcclPinning>& nccl_pinning() const;
   // Rank r's backend (memory reports, graph counts, phase times; tests). Not for stepping it.
   const CudaBackend& rank(int32_t r) const;
   CudaBackend& rank(int32_t r);

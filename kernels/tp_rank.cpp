@@ -1,9 +1,11 @@
 #include "kernels/tp_rank.h"
 
 #include "core/check.h"
+
+#include <algorithm>
 #include "kernels/cuda_check.h"
 #include "kernels/layer_ops.h"
-#include "kernels/nccl_comm.h"
+#include "kernels/tp_collectives.h"
 
 namespace ls {
 
@@ -21,7 +23,13 @@ int64_t TpRank::workspace_bytes(const TpRankShard& shard, int32_t tokens_max,
   return 4 * (int64_t{tokens_max} * hidden + head + shard.degree * head);
 }
 
-TpRank::TpRank(const ModelConfig& model, const TpRankShard& shard, const NcclComm& comm,
+size_t TpRank::collective_floats_max(const TpRankShard& shard, int32_t tokens_max,
+                                     int32_t logits_rows_max, int32_t hidden) {
+  return std::max(static_cast<size_t>(tokens_max) * static_cast<size_t>(hidden),
+                  static_cast<size_t>(logits_rows_max) * static_cast<size_t>(shard.vocab_rows));
+}
+
+TpRank::TpRank(const ModelConfig& model, const TpRankShard& shard, TpCollectives& comm,
                int32_t tokens_max, int32_t logits_rows_max, int64_t& workspace_ledger)
     : layout_(make_tp_layout(model, shard.degree)),
       shard_(shard),
@@ -40,7 +48,7 @@ TpRank::TpRank(const ModelConfig& model, const TpRankShard& shard, const NcclCom
 }
 
 void TpRank::all_reduce(float* buffer, size_t count, cudaStream_t stream) {
-  comm_.all_reduce_sum(buffer, buffer, count, stream);
+  comm_.all_reduce_sum(buffer, count, stream);
   calls_.push_back({CollectiveKind::kAllReduce, static_cast<int64_t>(count)});
 }
 

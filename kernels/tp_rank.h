@@ -17,7 +17,7 @@
 
 namespace ls {
 
-class NcclComm;
+class TpCollectives;
 
 class TpRank {
  public:
@@ -25,17 +25,21 @@ class TpRank {
   static int64_t workspace_bytes(const TpRankShard& shard, int32_t tokens_max,
                                  int32_t logits_rows_max, int32_t hidden);
 
+  // The largest collective a rank of `shard` issues, in floats (a shared-device group's slab).
+  static size_t collective_floats_max(const TpRankShard& shard, int32_t tokens_max,
+                                      int32_t logits_rows_max, int32_t hidden);
+
   // Rank shard.rank of `model` (the whole model's config) over shard.degree ranks. `comm` (not
   // owned) must be that rank's; the buffers' bytes are added to `workspace_ledger`.
-  TpRank(const ModelConfig& model, const TpRankShard& shard, const NcclComm& comm,
+  TpRank(const ModelConfig& model, const TpRankShard& shard, TpCollectives& comm,
          int32_t tokens_max, int32_t logits_rows_max, int64_t& workspace_ledger);
 
   const TpRankShard& shard() const { return shard_; }
 
   // Where a row-parallel layer (o, down) writes this rank's partial sum [tokens, hidden] fp32.
   float* partial() const { return partial_.get(); }
-  // Sums the ranks' partials in place (NCCL all-reduce, Ring/Simple pinned: identical bits on
-  // every rank, run to run) and adds the sum to residual [tokens, hidden] — the CPU reference's
+  // Sums the ranks' partials in place (kernels/tp_collectives.h: identical bits on every rank,
+  // run to run) and adds the sum to residual [tokens, hidden] — the CPU reference's
   // reduce_into_residual.
   void reduce_into_residual(float* residual, int32_t tokens, cudaStream_t stream);
 
@@ -60,7 +64,7 @@ class TpRank {
 
   TpLayout layout_;
   TpRankShard shard_;
-  const NcclComm& comm_;
+  TpCollectives& comm_;
   int32_t hidden_;
   int32_t vocab_;
   int32_t layers_;
