@@ -51,6 +51,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                         tp_degree);
   }
   make_tp_layout(weights.config, tp_degree);  // the model's refusal first: it names the field
+  prepare_backend_environment(name, tp_degree);  // in time unless CUDA already started
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
   options.drafter = drafter;
@@ -62,6 +63,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
 #else
   (void)time_steps;
   throw Error(kNoCuda);
+#endif
+}
+
+void prepare_backend_environment(const std::string& name, int32_t tp_degree) {
+#ifdef LOCKSTEP_HAVE_CUDA
+  if (name == "cuda" && tp_degree > 1) prepare_tp_module_loading();
+#else
+  (void)name, (void)tp_degree;
 #endif
 }
 

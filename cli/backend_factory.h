@@ -35,6 +35,10 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                       const std::string& drafter = "none", bool time_steps = false,
                                       int32_t tp_degree = 1);
 
+// Before the process's first CUDA call, for a run of backend `name` at `tp_degree`: a CUDA TP
+// group loads every CUDA module eagerly (kernels/tp_collectives.h, prepare_tp_module_loading).
+void prepare_backend_environment(const std::string& name, int32_t tp_degree);
+
 // KV pages sized from the device memory left after weights and workspaces (`fraction` of it)
 // for backend `name` with drafter `drafter` (whose token history is a workspace); nullopt for a
 // backend whose memory is not sized this way (the CPU).

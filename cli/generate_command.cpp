@@ -51,6 +51,7 @@ void write_outputs(std::ostream& out, const std::vector<RequestSpec>& requests,
 }
 
 int run_generate(GenerateOptions& o) {
+  prepare_backend_environment(o.model.backend, o.model.tp_degree);  // before CUDA starts
   WeightSource source;
   const ModelWeights weights = load_model(o.model, source);
   const std::vector<RequestSpec> requests = read_prompts(o, weights.config);

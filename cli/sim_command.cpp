@@ -196,6 +196,7 @@ void print_summary(const sim::SeedVerdict& v) {
 }
 
 int run_single(const SimOptions& o, const ModelWeights& weights) {
+  prepare_backend_environment(o.backend, o.tp_degree);  // before CUDA starts
   const sim::SimOverrides overrides = overrides_of(o);
   const sim::SimParams params = sim::derive_params(o.seed, overrides);
   fmt::print("reproduce: {}\n", reproduce(o, params, overrides));
@@ -240,6 +241,7 @@ std::string failure_line(const SeedResult& r) {
 }
 
 int run_sweep(const SimOptions& o, const ModelWeights& weights) {
+  prepare_backend_environment(o.backend, o.tp_degree);  // before CUDA starts
   const auto [first, last] = parse_seed_range(o.seeds, "--seeds");
   const Shard shard = parse_shard(o.shard);
   const sim::SimOverrides overrides = overrides_of(o);

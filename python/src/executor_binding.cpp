@@ -17,6 +17,7 @@
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "kernels/cuda_backend.h"
+#include "kernels/tp_collectives.h"
 #include "kernels/tp_cuda_backend.h"
 #endif
 
@@ -358,7 +359,8 @@ class PyExecutor {
     if (backend_name_ == "cuda") {
       CudaBackendOptions options{.graphs = graphs};
       options.drafter = drafter_;
-      if (tp_degree_ > 1) {  // one rank per GPU over NCCL (sharing GPUs when there are fewer)
+      if (tp_degree_ > 1) {  // one rank per GPU over NCCL (sharing GPU 0 when there are fewer)
+        prepare_tp_module_loading();  // in time when this is the process's first CUDA use
         return std::make_unique<TpCudaBackend>(weights_, config_, options, tp_devices(tp_degree_));
       }
       return make_cuda_backend(weights_, config_, options);
