@@ -6,6 +6,7 @@
 #include "kernels/device_memory.h"
 #include "kernels/nccl_comm.h"
 #include "kernels/shared_device_ops.h"
+#include "kernels/tp_cuda_backend.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -51,13 +51,6 @@ TpGroup make_tp_group(const std::vector<int32_t>& devices, size_t count_max);
 // collectives); false when the devices are distinct (NCCL). ls::Error for a mix.
 bool tp_ranks_share_a_device(const std::vector<int32_t>& devices);
 
-// Sets CUDA_MODULE_LOADING=EAGER unless the environment sets it: a TP group's collectives wait
-// for each other on the device, and a kernel loaded lazily (CUDA's default) while a peer's
-// collective spins can wait for it forever (CUDA's lazy-loading guide, "concurrent execution").
-// Takes effect only before the process's first CUDA call: callers that will build a TP group
-// call it first thing.
-void prepare_tp_module_loading();
-
 // Device bytes of the shared-device slab for `ranks` ranks (0 when they are on distinct devices).
 int64_t tp_group_bytes(const std::vector<int32_t>& devices, size_t count_max);
 

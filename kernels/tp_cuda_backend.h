@@ -39,6 +39,13 @@ namespace ls {
 // there is no device.
 std::vector<int32_t> tp_devices(int32_t degree);
 
+// Sets CUDA_MODULE_LOADING=EAGER unless the environment sets it: a TP group's collectives wait
+// for each other on the device, and a kernel loaded lazily (CUDA's default) while a peer's
+// collective spins can wait for it forever (CUDA's lazy-loading guide, "concurrent execution").
+// Takes effect only before the process's first CUDA call: callers that will build a TP group
+// call it first thing (kernels/tp_collectives.cpp).
+void prepare_tp_module_loading();
+
 // KV pages for a TP group on `devices` (rank r on devices[r]): the fewest any device's share
 // gives, where a device's share is options.kv_memory_fraction of its free memory less the weights
 // and workspaces of every rank it holds, split among those ranks' pages. ls::Error when even two

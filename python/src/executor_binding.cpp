@@ -17,7 +17,6 @@
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "kernels/cuda_backend.h"
-#include "kernels/tp_collectives.h"
 #include "kernels/tp_cuda_backend.h"
 #endif
 
