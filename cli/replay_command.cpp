@@ -166,7 +166,9 @@ std::function<int()> add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", o->tp_degree,
                   "Tensor-parallel degree to replay at (0 = the recorded one); exact mode refuses "
-                  "another, teacher-forced mode measures the agreement across degrees")
+                  "another, teacher-forced mode measures the agreement across degrees. With "
+                  "--backend cuda: one rank per GPU over NCCL, or every rank on GPU 0 when the "
+                  "host has fewer GPUs")
       ->check(CLI::Range(0, kTpDegreeMax))
       ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No progress line");

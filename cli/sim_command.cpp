@@ -321,7 +321,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", o->tp_degree,
                   "Tensor-parallel degree: the CPU reference simulates N ranks (Megatron sharding, "
-                  "fixed-order all-reduce); the model (tiny) must shard N ways")
+                  "fixed-order all-reduce); --backend cuda runs N CUDA ranks (one per GPU over "
+                  "NCCL, or all on GPU 0); the model (tiny) must shard N ways")
       ->check(CLI::Range(1, kTpDegreeMax))
       ->capture_default_str();
   cmd->footer(kExitStatusHelp);
