@@ -52,6 +52,12 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
                  ? fmt::format(" at TP {} (recorded at TP {})", r.tp_degree, h.tp_degree)
                  : std::string(),
              o.mode, r.steps_replayed, r.steps_compared);
+  if (h.nccl_version != 0) {
+    fmt::print("recorded collectives: NCCL {}.{}.{} (NCCL_ALGO={}, NCCL_PROTO={}); an exact "
+               "replay on CUDA expects the same NCCL and one GPU per rank\n",
+               h.nccl_version / 10000, h.nccl_version / 100 % 100, h.nccl_version % 100,
+               h.nccl_algo, h.nccl_proto);
+  }
   if (o.isolate && h.backend != "cpu") {
     fmt::print("note: --isolate assumes batch invariance, which the {} backend that recorded this "
                "trace does not guarantee\n", h.backend);

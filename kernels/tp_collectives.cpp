@@ -117,6 +117,7 @@ TpGroup make_tp_group(const std::vector<int32_t>& devices, size_t count_max) {
   memory->slab = DeviceArray<float>(2 * static_cast<size_t>(count) * std::max<size_t>(count_max, 1));
   memory->calls = DeviceArray<unsigned long long>(static_cast<size_t>(count));
   LS_CUDA(cudaMemset(memory->calls.get(), 0, memory->calls.bytes()));
+  LS_CUDA(cudaStreamSynchronize(nullptr));  // done before any rank's stream (non-blocking) runs
   for (int32_t rank = 0; rank < count; ++rank) {
     group.ranks.push_back(std::make_unique<SharedDeviceCollectives>(memory, rank));
   }

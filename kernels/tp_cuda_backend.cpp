@@ -12,6 +12,7 @@
 #include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace ls {
 
@@ -227,25 +228,25 @@ struct TpCudaBackend::Impl {
     deferred = static_cast<uint8_t>(deferred | rule);
   }
 
-  void run_deferred(CudaBackend& backend) const {
-    if (deferred_plan == nullptr) return;
-    const StepPlan& plan = *deferred_plan;
-    if (deferred & kTableWrites) backend.apply_table_writes(plan);
-    if (deferred & kLengthResets) backend.reset_lengths(plan);
-    if (deferred & kFillInputs) backend.fill_inputs(plan);
-    if (deferred & kForward) backend.forward(plan);
+  static void run_deferred(CudaBackend& backend, const StepPlan* plan, uint8_t rules) {
+    if (plan == nullptr) return;
+    if (rules & kTableWrites) backend.apply_table_writes(*plan);
+    if (rules & kLengthResets) backend.reset_lengths(*plan);
+    if (rules & kFillInputs) backend.fill_inputs(*plan);
+    if (rules & kForward) backend.forward(*plan);
   }
 
-  // f(rank, backend) on every rank at once, after the deferred rules.
+  // f(rank, backend) on every rank at once, after the deferred rules (handed over once, whether
+  // or not a rank throws).
   template <typename F>
   void on_every_rank(F&& f) {
+    const StepPlan* const plan = std::exchange(deferred_plan, nullptr);
+    const uint8_t rules = std::exchange(deferred, uint8_t{0});
     threads.run([&](int32_t rank) {
       CudaBackend& backend = *ranks[static_cast<size_t>(rank)];
-      run_deferred(backend);
+      run_deferred(backend, plan, rules);
       f(rank, backend);
     });
-    deferred_plan = nullptr;
-    deferred = 0;
   }
 
   // Every rank's result into its own; rank 0's into `result`, the others checked equal to it.
