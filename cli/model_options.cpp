@@ -68,7 +68,7 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
   app.add_option("--tp", o.tp_degree,
                  "Tensor-parallel degree N: the weights split the Megatron way over N ranks "
                  "(simulated in one process on the CPU reference; on CUDA one rank per GPU over "
-                 "NCCL, Ring/Simple pinned, ranks sharing GPUs when the host has fewer than N); "
+                 "NCCL, Ring/Simple pinned; every rank on GPU 0 when the host has fewer than N); "
                  "the model's heads, kv heads and ffn size must divide by N")
       ->check(CLI::Range(1, kTpDegreeMax))
       ->capture_default_str();
