@@ -6,7 +6,8 @@
 //    per-head norms, tied embeddings, so the LM head shard comes from the embedding's rows);
 //  - bf16 TP 2 is bit-identical run to run (logits and tokens, sampled rows included) and close
 //    to bf16 TP 1;
-//  - a trace recorded at TP 2 on CUDA replays bit-identical at TP 2, graphs on and off;
+//  - a trace recorded at TP 2 on CUDA replays bit-identical at TP 2, graphs on and off (and one
+//    recorded on two GPUs, over NCCL, also with both ranks on one);
 //  - an IDLE step issues the busy step's collectives with no elements (the CPU reference's calls).
 // Its own binary (lockstep_gpu_tp_tests): ranks sharing a GPU need every CUDA module loaded
 // eagerly, which the first line below asks for before CUDA starts.
@@ -314,11 +315,18 @@ TEST_P(CudaTp, ATraceRecordedAtTp2ReplaysBitIdenticalAtTp2GraphsOnAndOff) {
     recorder->close();
     ASSERT_GE(steps, 50);
   }
-  for (const bool graphs : {true, false}) {
+  // Replayed where it was recorded, graphs on and off; a trace recorded on two GPUs (NCCL) also on
+  // one (both ranks on device 0, lockstep's collectives): at TP 2 both sum two partials once.
+  struct Replay {
+    std::vector<int32_t> devices;
+    bool graphs;
+  };
+  std::vector<Replay> replays = {{devices(), true}, {devices(), false}};
+  if (GetParam() == Placement::kTwoGpus) replays.push_back({{0, 0}, true});
+  for (const auto& [d, graphs] : replays) {
     replay::ReplayOptions options;
     options.mode = replay::ReplayMode::kExact;
     options.weights = &weights;
-    const std::vector<int32_t> d = devices();
     options.make_backend = [graphs, d](const ModelWeights& w, const ExecutorConfig& c,
                                        const std::string& /*drafter: none*/,
                                        int32_t tp_degree) -> std::unique_ptr<Backend> {
@@ -329,11 +337,12 @@ TEST_P(CudaTp, ATraceRecordedAtTp2ReplaysBitIdenticalAtTp2GraphsOnAndOff) {
     EXPECT_EQ(report.tp_degree, 2);
     EXPECT_GE(report.steps_compared, steps);
     EXPECT_FALSE(report.divergence.has_value())
-        << "graphs " << graphs << ": diverged at step " << report.divergence->step << ", field "
-        << report.divergence->field << ": expected " << report.divergence->expected << ", actual "
-        << report.divergence->actual;
-    std::printf("tp: exact replay at TP 2 (graphs %d) of %ld recorded steps: %s\n", graphs ? 1 : 0,
-                static_cast<long>(steps), report.divergence ? "DIVERGED" : "IDENTICAL");
+        << "devices " << d[0] << "," << d[1] << ", graphs " << graphs << ": diverged at step "
+        << report.divergence->step << ", field " << report.divergence->field << ": expected "
+        << report.divergence->expected << ", actual " << report.divergence->actual;
+    std::printf("tp: exact replay at TP 2 on devices %d,%d (graphs %d) of %ld recorded steps: %s\n",
+                d[0], d[1], graphs ? 1 : 0, static_cast<long>(steps),
+                report.divergence ? "DIVERGED" : "IDENTICAL");
   }
   std::filesystem::remove(path);
 }
