@@ -766,7 +766,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   // Before CUDA starts: the ranks' collectives wait for each other (kernels/tp_collectives.h).
-  if (options.tp_degree > 1) ls::prepare_tp_module_loading();
+  if (options.tp_degree > 1) ls::prepare_tp_environment();
   try {
     return ls::run(options);
   } catch (const std::exception& e) {

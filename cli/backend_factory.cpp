@@ -68,7 +68,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
 
 void prepare_backend_environment(const std::string& name, int32_t tp_degree) {
 #ifdef LOCKSTEP_HAVE_CUDA
-  if (name == "cuda" && tp_degree > 1) prepare_tp_module_loading();
+  if (name == "cuda" && tp_degree > 1) prepare_tp_environment();
 #else
   (void)name, (void)tp_degree;
 #endif

@@ -36,7 +36,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                       int32_t tp_degree = 1);
 
 // Before the process's first CUDA call, for a run of backend `name` at `tp_degree`: a CUDA TP
-// group loads every CUDA module eagerly (kernels/tp_collectives.h, prepare_tp_module_loading).
+// group loads every CUDA module eagerly and takes every hardware queue (kernels/tp_cuda_backend.h,
+// prepare_tp_environment).
 void prepare_backend_environment(const std::string& name, int32_t tp_degree);
 
 // KV pages sized from the device memory left after weights and workspaces (`fraction` of it)

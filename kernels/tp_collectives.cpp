@@ -79,7 +79,10 @@ void require_eager_module_loading() {
 
 }  // namespace
 
-void prepare_tp_module_loading() { setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0); }
+void prepare_tp_environment() {
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+}
 
 bool tp_ranks_share_a_device(const std::vector<int32_t>& devices) {
   LS_REQUIRE(!devices.empty(), "a TP group of no devices");

@@ -39,12 +39,15 @@ namespace ls {
 // there is no device.
 std::vector<int32_t> tp_devices(int32_t degree);
 
-// Sets CUDA_MODULE_LOADING=EAGER unless the environment sets it: a TP group's collectives wait
-// for each other on the device, and a kernel loaded lazily (CUDA's default) while a peer's
-// collective spins can wait for it forever (CUDA's lazy-loading guide, "concurrent execution").
-// Takes effect only before the process's first CUDA call: callers that will build a TP group
-// call it first thing (kernels/tp_collectives.cpp).
-void prepare_tp_module_loading();
+// What a TP group's collectives need of CUDA, which waits for each other on the device: every
+// module loaded up front (CUDA_MODULE_LOADING=EAGER: a kernel loaded lazily, CUDA's default,
+// while a peer's collective spins could wait for it forever — CUDA's lazy-loading guide,
+// "concurrent execution"), and as many hardware queues as CUDA gives (CUDA_DEVICE_MAX_CONNECTIONS
+// =32: ranks sharing a GPU must not share a queue, where one rank's waiting kernel would hold up
+// the kernels its peer needs to arrive). Sets each unless the environment sets it; takes effect
+// only before the process's first CUDA call, so callers that will build a TP group call it first
+// thing (kernels/tp_collectives.cpp).
+void prepare_tp_environment();
 
 // KV pages for a TP group on `devices` (rank r on devices[r]): the fewest any device's share
 // gives, where a device's share is options.kv_memory_fraction of its free memory less the weights

@@ -520,7 +520,7 @@ run_tp() {
   begin_mode lockstep_gpu_tp_tests
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
-  export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER
+  export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32
   echo "== TP GPU tests"
   timeout 300 "$DIST/bin/lockstep_gpu_tp_tests" --gtest_output="json:$OUT/tp_tests.json" \
       > "$OUT/tp_tests.log" 2>&1 || status=1

@@ -359,7 +359,7 @@ class PyExecutor {
       CudaBackendOptions options{.graphs = graphs};
       options.drafter = drafter_;
       if (tp_degree_ > 1) {  // one rank per GPU over NCCL (sharing GPU 0 when there are fewer)
-        prepare_tp_module_loading();  // in time when this is the process's first CUDA use
+        prepare_tp_environment();  // in time when this is the process's first CUDA use
         return std::make_unique<TpCudaBackend>(weights_, config_, options, tp_devices(tp_degree_));
       }
       return make_cuda_backend(weights_, config_, options);

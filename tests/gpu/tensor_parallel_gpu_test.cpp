@@ -36,8 +36,8 @@
 
 namespace {
 // Before any CUDA call of this process (static initialisation runs before main): see
-// kernels/tp_collectives.cpp's require_eager_module_loading.
-const int kEagerModules = setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+// kernels/tp_cuda_backend.h's prepare_tp_environment.
+const int kEagerModules = (ls::prepare_tp_environment(), 0);
 }  // namespace
 
 namespace ls {
