@@ -680,6 +680,58 @@ int run_tp(const Options& o, const CudaMachineInfo& machine) {
   return 0;
 }
 
+// The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
+// kernels/launch.h) against plain stream order: two backends over the same weights (KV pages as
+// bench_config sizes them, so both fit), decode at context 1024, alternating blocks of steps.
+json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const ModelConfig model = model_config_named(shape);
+  constexpr int32_t kContext = 1024;
+  const int32_t steps = o.quick ? 10 : 30;
+  const int32_t blocks = o.quick ? 2 : 4;
+  const ExecutorConfig config = bench_config(kContext);
+  CudaBackend overlapped(DeviceSeededWeights{model, kWeightsSeed}, config,
+                         CudaBackendOptions{.graphs = true, .overlap_kernels = true, .time_steps = true});
+  CudaBackend plain(DeviceSeededWeights{model, kWeightsSeed}, config,
+                    CudaBackendOptions{.graphs = true, .overlap_kernels = false, .time_steps = true});
+  Executor on_executor(config, model.vocab_size, overlapped);
+  Executor off_executor(config, model.vocab_size, plain);
+  json rows_out = json::array();
+  for (const int32_t rows : std::vector<int32_t>{1, 16, 64}) {
+    Driver on(on_executor, config, model.vocab_size);
+    Driver off(off_executor, config, model.vocab_size);
+    std::vector<double> on_wall, off_wall;
+    for (int32_t b = 0; b < blocks; ++b) {
+      for (Driver* d : {&off, &on}) {
+        CudaBackend& backend = d == &on ? overlapped : plain;
+        d->prefill(rows, kContext);
+        d->decode(rows, kWarmupSteps, backend, false);
+        const Driver::DecodeTimes t = d->decode(rows, steps, backend, true);
+        auto& wall = d == &on ? on_wall : off_wall;
+        wall.insert(wall.end(), t.wall.begin(), t.wall.end());
+      }
+    }
+    const double on_ms = median(on_wall) * 1e3, off_ms = median(off_wall) * 1e3;
+    const int64_t moved = decode_bytes(model, rows, kContext + kWarmupSteps + steps / 2);
+    const auto read_fraction = [&](double ms) {
+      return static_cast<double>(moved) / (ms * 1e-3) / bandwidth.read;
+    };
+    std::printf("  %s kernels overlapped vs plain stream order, decode batch %2d context %d: "
+                "overlapped %.4f ms/step (%.1f%% of read BW), plain %.4f ms/step (%.1f%%): "
+                "%+.2f%% step time\n",
+                shape.c_str(), rows, kContext, on_ms, read_fraction(on_ms) * 100, off_ms,
+                read_fraction(off_ms) * 100, (on_ms / off_ms - 1) * 100);
+    rows_out.push_back({{"batch", rows},
+                        {"context", kContext},
+                        {"steps_per_block", steps},
+                        {"blocks", blocks},
+                        {"step_ms_median_overlapped", on_ms},
+                        {"step_ms_median_plain_order", off_ms},
+                        {"read_bandwidth_fraction_overlapped", read_fraction(on_ms)},
+                        {"read_bandwidth_fraction_plain_order", read_fraction(off_ms)}});
+  }
+  return {{"shape", shape}, {"overlap", rows_out}};
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -721,6 +773,7 @@ int run(const Options& o) {
               {"read_bandwidth_bytes_per_s", bandwidth.read},
               {"shapes", json::array()},
               {"eager", json::array()},
+              {"overlap", json::array()},
               {"profile", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
   if (o.recording) {
@@ -747,6 +800,8 @@ int run(const Options& o) {
     out["shapes"].push_back(bench_shape(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
+    save();
+    if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
     save();
   }
   return 0;

@@ -6,8 +6,12 @@
 // processes falls on both alike; the counters give each side's fastest and mean run, the ratio
 // (with / without − 1, the recording cost: the median over pairs, and fastest against fastest)
 // and the trace bytes per step.
-// Run: build/bench/lockstep_bench_recording [--benchmark_min_time=10x]
+// BM_RecordRow* time the record's per-row work alone (the digest, the top-8) over the logits
+// rows this workload produces (captured from a run without the recorder): `tiny`'s rows are not
+// like normal random ones, and the ranking's cost depends on how many logits reach its bound.
+// Run: build/bench/lockstep_bench_recording [--benchmark_filter=Generate]
 #include "core/cpu_backend.h"
+#include "core/logits_digest.h"
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
 #include "trace/trace_observer.h"
@@ -43,15 +47,27 @@ const ModelWeights& weights() {
   return w;
 }
 
-double thread_cpu_seconds() {
+void submit_workload(Scheduler& scheduler) {
+  for (int32_t i = 0; i < kRequests; ++i) {
+    RequestSpec r{.id = static_cast<RequestId>(i + 1), .max_new_tokens = kNewTokens};
+    for (int32_t t = 0; t < kPromptTokens; ++t) r.prompt.push_back((i * 131 + t * 17) % 512);
+    if (i % 2 == 1) {
+      r.sampling = SamplingParams{.temperature = 0.7f, .top_k = 40, .seed = static_cast<uint64_t>(i)};
+    }
+    scheduler.submit(r, weights().config.vocab_size);
+  }
+}
+
+double cpu_seconds(clockid_t clock) {
   timespec t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  clock_gettime(clock, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 struct RunTimes {
   double seconds = 0;
   double loop_cpu_seconds = 0;  // CPU time of the serving loop's thread (the writer's excluded)
+  double process_cpu_seconds = 0;  // every thread's: the loop's and the recorder's writer
   int64_t steps = 0;
   uint64_t trace_bytes = 0;
 };
@@ -62,14 +78,7 @@ RunTimes generate(bool record) {
   const SchedulerConfig sc = scheduler_config();
   const ExecutorConfig limits = executor_config_for(sc);
   Scheduler scheduler(sc);
-  for (int32_t i = 0; i < kRequests; ++i) {
-    RequestSpec r{.id = static_cast<RequestId>(i + 1), .max_new_tokens = kNewTokens};
-    for (int32_t t = 0; t < kPromptTokens; ++t) r.prompt.push_back((i * 131 + t * 17) % 512);
-    if (i % 2 == 1) {
-      r.sampling = SamplingParams{.temperature = 0.7f, .top_k = 40, .seed = static_cast<uint64_t>(i)};
-    }
-    scheduler.submit(r, weights().config.vocab_size);
-  }
+  submit_workload(scheduler);
   CpuBackend backend(weights(), limits);
   Executor executor(limits, weights().config.vocab_size, backend,
                     record ? trace::recording_executor_options() : ExecutorOptions{});
@@ -86,13 +95,15 @@ RunTimes generate(bool record) {
   }
   ServingLoopOptions loop;
   loop.observer = observer.get();
-  const double cpu_begin = thread_cpu_seconds();
+  const double cpu_begin = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+  const double process_begin = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   const auto begin = std::chrono::steady_clock::now();
   const ServingProgress done = run_serving_loop(scheduler, executor, loop);
   if (recorder) recorder->close();  // the writer's last batch and the footer count too
   const auto end = std::chrono::steady_clock::now();
-  RunTimes t{std::chrono::duration<double>(end - begin).count(), thread_cpu_seconds() - cpu_begin,
-             done.steps_count, 0};
+  RunTimes t{std::chrono::duration<double>(end - begin).count(),
+             cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_begin,
+             cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_begin, done.steps_count, 0};
   if (recorder) t.trace_bytes = recorder->stats().bytes_written;
   std::filesystem::remove(path);
   return t;
@@ -102,6 +113,7 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   double off_min = 1e30, on_min = 1e30, off_sum = 0, on_sum = 0;
   std::vector<double> ratios;  // on / off of each pair: robust to load that drifts between pairs
   std::vector<double> cpu_ratios;  // the same for the loop thread's CPU time
+  std::vector<double> process_ratios;  // and for every thread's
   int64_t steps = 0;
   uint64_t trace_bytes = 0;
   int64_t runs = 0;
@@ -116,6 +128,7 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
     off_sum += off.seconds, on_sum += on.seconds;
     ratios.push_back(on.seconds / off.seconds);
     cpu_ratios.push_back(on.loop_cpu_seconds / off.loop_cpu_seconds);
+    process_ratios.push_back(on.process_cpu_seconds / off.process_cpu_seconds);
     steps = on.steps;
     trace_bytes = on.trace_bytes;
     ++runs;
@@ -129,6 +142,9 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   std::sort(cpu_ratios.begin(), cpu_ratios.end());
   const double cpu_median = cpu_ratios[cpu_ratios.size() / 2];
   state.counters["loop_cpu_cost_pct_median_pair"] = (cpu_median - 1.0) * 100.0;
+  std::sort(process_ratios.begin(), process_ratios.end());
+  const double process_median = process_ratios[process_ratios.size() / 2];
+  state.counters["process_cpu_cost_pct_median_pair"] = (process_median - 1.0) * 100.0;
   state.counters["off_ms_min"] = off_min * 1e3;
   state.counters["on_ms_min"] = on_min * 1e3;
   state.counters["off_ms_mean"] = off_sum / n * 1e3;
@@ -149,9 +165,79 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
               on_sum / n * 1e3, (median - 1.0) * 100.0, (on_min / off_min - 1.0) * 100.0,
               (on_sum / off_sum - 1.0) * 100.0,
               static_cast<double>(trace_bytes) / static_cast<double>(steps));
-  std::printf("  the serving loop's own thread: %+.2f%% CPU time with the recorder (median of the "
-              "pairs; the writer thread runs beside it)\n", (cpu_median - 1.0) * 100.0);
+  std::printf("  CPU time with the recorder (medians of the pairs): the serving loop's own thread "
+              "%+.2f%%, every thread (the recorder's writer too) %+.2f%%\n",
+              (cpu_median - 1.0) * 100.0, (process_median - 1.0) * 100.0);
 }
+// Copies every logits row of every step (the run captures them).
+class LogitsRowsCollector final : public StepObserver {
+ public:
+  std::vector<float> logits;
+  void on_step_input(int64_t, const ForwardOp&, const std::vector<CacheOp>&,
+                     const StepFaults&) override {}
+  void on_step_output(int64_t, const ForwardOp&, const StepResult& result,
+                      const StateSnapshot&) override {
+    logits.insert(logits.end(), result.logits.begin(), result.logits.end());
+  }
+  void on_scheduler_events(int64_t, const std::vector<SchedulerEvent>&) override {}
+};
+
+// The workload's logits rows (sanitised, as the record reads them), captured once.
+const std::vector<float>& workload_rows() {
+  static const std::vector<float> rows = [] {
+    const SchedulerConfig sc = scheduler_config();
+    const ExecutorConfig limits = executor_config_for(sc);
+    Scheduler scheduler(sc);
+    submit_workload(scheduler);
+    CpuBackend backend(weights(), limits);
+    Executor executor(limits, weights().config.vocab_size, backend,
+                      ExecutorOptions{.capture_logits = true});
+    LogitsRowsCollector collector;
+    ServingLoopOptions loop;
+    loop.observer = &collector;
+    run_serving_loop(scheduler, executor, loop);
+    return collector.logits;
+  }();
+  return rows;
+}
+
+template <typename PerRow>
+void over_workload_rows(benchmark::State& state, PerRow per_row) {
+  const std::vector<float>& all = workload_rows();
+  const size_t vocab = static_cast<size_t>(weights().config.vocab_size);
+  const size_t rows = all.size() / vocab;
+  size_t r = 0;
+  for (auto _ : state) {
+    per_row(std::span<const float>(all.data() + r * vocab, vocab));
+    r = r + 1 == rows ? 0 : r + 1;
+  }
+  state.counters["rows"] = static_cast<double>(rows);
+}
+
+template <uint64_t (*Digest)(std::span<const float>)>
+void BM_RecordRowDigest(benchmark::State& state) {
+  over_workload_rows(state, [](std::span<const float> row) {
+    benchmark::DoNotOptimize(Digest(row));
+  });
+}
+// What the recorder runs (AVX-512 where the CPU has it), and the portable path beside it.
+BENCHMARK(BM_RecordRowDigest<logits_row_digest>)->Name("BM_RecordRowDigest");
+BENCHMARK(BM_RecordRowDigest<logits_row_digest_portable>)->Name("BM_RecordRowDigestPortable");
+
+template <void (*TopLogits)(std::span<const float>, int32_t, std::vector<TopLogit>&)>
+void BM_RecordRowTop8(benchmark::State& state) {
+  std::vector<TopLogit> top;
+  top.reserve(kTopLogitsCountMax);
+  over_workload_rows(state, [&](std::span<const float> row) {
+    top.clear();
+    TopLogits(row, kTopLogitsCountMax, top);
+    benchmark::DoNotOptimize(top.data());
+  });
+}
+// What the recorder runs (AVX-512 where the CPU has it), and the portable path beside it.
+BENCHMARK(BM_RecordRowTop8<append_top_logits>)->Name("BM_RecordRowTop8");
+BENCHMARK(BM_RecordRowTop8<append_top_logits_portable>)->Name("BM_RecordRowTop8Portable");
+
 BENCHMARK(BM_GenerateWithAndWithoutRecorder)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->Iterations(40);
 

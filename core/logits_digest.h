@@ -50,9 +50,18 @@ inline uint32_t bits_of(float x) {
 }  // namespace digest
 
 // The digest above over one row (the CPU reference of the device kernel).
+// On CPUs with AVX-512, 16 logits an instruction (core/logits_digest.cpp).
 uint64_t logits_row_digest(std::span<const float> row);
+// The same digest by the portable loop alone (what a CPU without AVX-512 runs): for the tests
+// that hold both paths to the definition.
+uint64_t logits_row_digest_portable(std::span<const float> row);
 
 // Appends the top min(count, row size) pairs of `row` to `out`, best first.
+// core/top_logits.cpp; on CPUs with AVX-512 its bounded path uses them.
 void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out);
+// The same pairs by the portable path alone (what a CPU without AVX-512 runs): for the tests
+// that hold both paths to the definition.
+void append_top_logits_portable(std::span<const float> row, int32_t count,
+                                std::vector<TopLogit>& out);
 
 }  // namespace ls

@@ -1,6 +1,7 @@
 #include "kernels/attention.h"
 
 #include "core/ops/slot.h"
+#include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/storage.cuh"
 
@@ -148,6 +149,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   __shared__ int64_t slot_s[kAttentionSplitKeys];
   __shared__ float m_s[G];
   __shared__ float l_s[G];
+  allow_successor();
+  wait_for_predecessor();
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.z;
   const int32_t token = a.token_begin + local_token;
@@ -378,19 +381,18 @@ cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* re
 // never more lanes than splits.
 template <typename T>
 cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
-                          const AttentionArgs<T>& args, int32_t tokens, cudaStream_t stream) {
+                          const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
   const AttentionShape& s = args.shape;
   int32_t resident = 0;
   const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
   if (status != cudaSuccess) return status;
   const int32_t lanes = std::clamp(resident / (tokens * s.kv_heads), 1,
                                    std::min(splits_max(s), kSplitLanesMax));
-  kernel<<<dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream>>>(args);
-  return cudaSuccess;
+  return launch_kernel(kernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
 }
 
 template <typename T, int32_t G>
-cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, cudaStream_t stream) {
+cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
   const int32_t d = args.shape.head_dim;
   if constexpr (std::is_same_v<T, bf16>) {
     if (d == 64) {
@@ -414,6 +416,8 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   extern __shared__ float combine_shared[];  // [splits] weights, then [splits] weighted l
   __shared__ float scratch[32];
   __shared__ float l_total;
+  allow_successor();
+  wait_for_predecessor();
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.y;
   const int32_t token = a.token_begin + local_token;
@@ -463,7 +467,7 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    const T* v_cache, const int32_t* positions,
                                    const int32_t* token_pool_rows, const int32_t* table,
                                    int32_t tokens_count, float* workspace,
-                                   size_t workspace_floats, T* out, cudaStream_t stream) {
+                                   size_t workspace_floats, T* out, LaunchStream stream) {
   const AttentionShape& s = shape;
   if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
       s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
@@ -498,10 +502,10 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
     if (launched != cudaSuccess) return launched;
     if (splits_max(s) > 1) {
       const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
-      attention_combine_kernel<T><<<dim3(s.query_heads, n), 128, shared, stream>>>(args);
+      const cudaError_t status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
+                                               128, shared, stream, args);
+      if (status != cudaSuccess) return status;
     }
-    const cudaError_t status = cudaGetLastError();
-    if (status != cudaSuccess) return status;
   }
   return cudaSuccess;
 }
@@ -509,10 +513,10 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
 template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
                                                   const bf16*, const int32_t*, const int32_t*,
                                                   const int32_t*, int32_t, float*, size_t, bf16*,
-                                                  cudaStream_t);
+                                                  LaunchStream);
 template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
                                                    const float*, const float*, const int32_t*,
                                                    const int32_t*, const int32_t*, int32_t, float*,
-                                                   size_t, float*, cudaStream_t);
+                                                   size_t, float*, LaunchStream);
 
 }  // namespace ls::kernels

@@ -14,6 +14,8 @@
 // a split is computed.
 #pragma once
 
+#include "kernels/launch.h"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -46,6 +48,6 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    const T* v_cache, const int32_t* positions,
                                    const int32_t* token_pool_rows, const int32_t* table,
                                    int32_t tokens_count, float* workspace,
-                                   size_t workspace_floats, T* out, cudaStream_t stream);
+                                   size_t workspace_floats, T* out, LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -74,6 +74,8 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   __shared__ int64_t slot_s[kAttentionSplitKeys];
   __shared__ float m_s[G];
   __shared__ float l_s[G];
+  allow_successor();
+  wait_for_predecessor();
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.z;
   const int32_t token = a.token_begin + local_token;

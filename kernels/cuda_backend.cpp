@@ -260,6 +260,8 @@ struct CudaBackend::Impl {
   void enqueue_forward_as(int32_t tokens, int32_t logits_rows);
   template <typename T>
   void enqueue_layer(int32_t layer, int32_t tokens);
+  // The step stream as the forward's kernels are launched on it (options.overlap_kernels).
+  kernels::LaunchStream forward_stream() const { return {stream.get(), options.overlap_kernels}; }
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out, int32_t in,
               float beta);
@@ -1010,7 +1012,7 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
     LS_CUBLAS(kernels::gemm_f32_rowmajor(cublas.get(), x, w, y, tokens, out, in, beta));
   } else {
     if (tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0) {
-      LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, stream.get()));
+      LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
     } else {
       LS_CUBLAS(gemm_plans->run(x, w, y, tokens, out, in, beta));
     }
@@ -1019,7 +1021,7 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
 
 template <typename T>
 void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
-  const cudaStream_t s = stream.get();
+  const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
   const int32_t qkv_rows = q_size + 2 * kv_size;
@@ -1065,7 +1067,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
 
 template <typename T>
 void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) {
-  const cudaStream_t s = stream.get();
+  const kernels::LaunchStream s = forward_stream();
   LS_CUDA(kernels::launch_embedding(as<T>(embedding), input_ids.get(), tokens, hidden,
                                     residual.get(), s));
   mark(CudaPhase::kEmbedding);

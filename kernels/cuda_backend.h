@@ -82,6 +82,10 @@ struct CudaBackendOptions {
   // Steps of at most this many tokens (≤ 8) run their linear layers through lockstep's GEMV
   // kernel (bf16 only); larger ones through cuBLAS. 0: always cuBLAS.
   int32_t gemv_tokens_max = 8;
+  // The forward's kernels (embedding, norms, GEMV, RoPE, attention, SwiGLU) launched to overlap
+  // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
+  // finishes); the same bits either way. Off: plain stream order (for comparison).
+  bool overlap_kernels = true;
   // Record timing events between the phases of every step (graphs included) and sum them per
   // phase (phase_times()). The marks themselves cost a little: benchmarks report both. The marks
   // are one set, read when the step is collected, so a profiling backend does not run ahead

@@ -15,6 +15,8 @@
 // (the default); the bf16 path goes further and pins the algorithm per shape (GemmPlans).
 #pragma once
 
+#include "kernels/launch.h"
+
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -31,6 +33,6 @@ constexpr int32_t kGemvTokensMax = 8;
 // Needs 1 <= tokens <= kGemvTokensMax, in % 8 == 0, and x, w 16-byte aligned.
 cudaError_t launch_gemv_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
                              int32_t tokens, int32_t out, int32_t in, float beta,
-                             cudaStream_t stream);
+                             LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -1,5 +1,6 @@
 #include "kernels/gemm.h"
 
+#include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 
 namespace ls::kernels {
@@ -41,11 +42,14 @@ __device__ __forceinline__ void accumulate(const uint4& w_raw, const uint4* x, i
 
 // grid: ⌈out / 4⌉ blocks of 4 warps; warp → output row. Lane l takes the 8-element chunks l,
 // l + 32, l + 64, ... of the row in ascending order (the unrolled and the tail loop keep that
-// order), then a butterfly sum across lanes: the order depends on `in` only.
+// order), then a butterfly sum across lanes: the order depends on `in` only. The first unrolled
+// round of weight loads is issued before waiting for the predecessor kernel (kernels/launch.h):
+// the weights depend on nothing earlier, and at hidden 2048 that round is the whole row.
 template <int32_t kTokens>
 __global__ void __launch_bounds__(kGemvThreads)
 gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ y,
             int32_t tokens, int32_t out, int32_t in, float beta) {
+  allow_successor();
   const int32_t row = blockIdx.x * kGemvWarps + threadIdx.x / 32;
   if (row >= out) return;
   const int32_t lane = threadIdx.x % 32;
@@ -56,14 +60,21 @@ gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __res
 #pragma unroll
   for (int32_t t = 0; t < kTokens; ++t) acc[t] = 0.0f;
   int32_t c = lane;
-  for (; c + 32 * (kGemvUnroll - 1) < chunks; c += 32 * kGemvUnroll) {
-    uint4 raw[kGemvUnroll];
+  uint4 raw[kGemvUnroll];
+  const auto round_fits = [&] { return c + 32 * (kGemvUnroll - 1) < chunks; };
+  const auto load_round = [&] {
 #pragma unroll
     for (int32_t u = 0; u < kGemvUnroll; ++u) raw[u] = __ldcs(wr + c + 32 * u);
+  };
+  if (round_fits()) load_round();
+  wait_for_predecessor();
+  while (round_fits()) {
 #pragma unroll
     for (int32_t u = 0; u < kGemvUnroll; ++u) {
       accumulate<kTokens>(raw[u], xr, chunks, c + 32 * u, tokens, acc);
     }
+    c += 32 * kGemvUnroll;
+    if (round_fits()) load_round();
   }
   for (; c < chunks; c += 32) accumulate<kTokens>(__ldcs(wr + c), xr, chunks, c, tokens, acc);
 #pragma unroll
@@ -79,32 +90,27 @@ gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __res
 }
 
 template <int32_t kTokens>
-void launch(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out, int32_t in,
-            float beta, cudaStream_t stream) {
+cudaError_t launch(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out, int32_t in,
+                   float beta, LaunchStream stream) {
   const int32_t blocks = (out + kGemvWarps - 1) / kGemvWarps;
-  gemv_kernel<kTokens><<<blocks, kGemvThreads, 0, stream>>>(x, w, y, tokens, out, in, beta);
+  return launch_kernel(gemv_kernel<kTokens>, blocks, kGemvThreads, 0, stream, x, w, y, tokens, out,
+                       in, beta);
 }
 
 }  // namespace
 
 cudaError_t launch_gemv_bf16(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out,
-                             int32_t in, float beta, cudaStream_t stream) {
+                             int32_t in, float beta, LaunchStream stream) {
   if (tokens < 1 || tokens > kGemvTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
       x == nullptr || w == nullptr || y == nullptr ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   // Instantiated at 1, 2, 4 and 8 tokens: a token's arithmetic is the same in each.
-  if (tokens == 1) {
-    launch<1>(x, w, y, tokens, out, in, beta, stream);
-  } else if (tokens == 2) {
-    launch<2>(x, w, y, tokens, out, in, beta, stream);
-  } else if (tokens <= 4) {
-    launch<4>(x, w, y, tokens, out, in, beta, stream);
-  } else {
-    launch<8>(x, w, y, tokens, out, in, beta, stream);
-  }
-  return cudaGetLastError();
+  if (tokens == 1) return launch<1>(x, w, y, tokens, out, in, beta, stream);
+  if (tokens == 2) return launch<2>(x, w, y, tokens, out, in, beta, stream);
+  if (tokens <= 4) return launch<4>(x, w, y, tokens, out, in, beta, stream);
+  return launch<8>(x, w, y, tokens, out, in, beta, stream);
 }
 
 }  // namespace ls::kernels

@@ -1,6 +1,7 @@
 #include "kernels/layer_ops.h"
 
 #include "core/ops/layer_math.h"
+#include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/step_layout.h"
 #include "kernels/storage.cuh"
@@ -11,6 +12,8 @@ namespace {
 
 template <typename T>
 __global__ void embedding_kernel(const T* table, const int32_t* ids, int32_t hidden, float* out) {
+  allow_successor();
+  wait_for_predecessor();
   const int32_t t = blockIdx.x;
   const T* row = table + int64_t{ids[t]} * hidden;
   float* o = out + int64_t{t} * hidden;
@@ -20,6 +23,8 @@ __global__ void embedding_kernel(const T* table, const int32_t* ids, int32_t hid
 template <typename T>
 __global__ void rms_norm_kernel(const float* x, const int32_t* row_index, int32_t n,
                                 const float* weight, float eps, T* out) {
+  allow_successor();
+  wait_for_predecessor();
   __shared__ float scratch[32];
   const int32_t r = blockIdx.x;
   const int64_t source = row_index ? row_index[r] : r;
@@ -56,6 +61,8 @@ template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
 rms_norm_vec_kernel(const float* x, const int32_t* row_index, int32_t n, const float* weight,
                     float eps, T* out) {
+  allow_successor();
+  wait_for_predecessor();
   __shared__ float scratch[32];
   const int32_t r = blockIdx.x;
   const int64_t source = row_index ? row_index[r] : r;
@@ -99,6 +106,8 @@ __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, cons
                                 int32_t query_heads, int32_t kv_heads, int32_t head_dim,
                                 const float* cos_table, const float* sin_table,
                                 int32_t positions_count, float* q_out, T* k_cache, T* v_cache) {
+  allow_successor();
+  wait_for_predecessor();
   const int32_t t = blockIdx.x;
   const int32_t half = head_dim / 2;
   const int32_t q_size = query_heads * head_dim;
@@ -134,6 +143,8 @@ __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, cons
 
 template <typename T>
 __global__ void swiglu_kernel(const float* gate_up, int32_t ffn, int64_t count, T* out) {
+  allow_successor();
+  wait_for_predecessor();
   const int64_t index = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (index >= count) return;
   const int64_t t = index / ffn;
@@ -157,6 +168,8 @@ constexpr int32_t kHeadNormThreads = 256;
 __global__ void __launch_bounds__(kHeadNormThreads)
 qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int32_t head_dim,
                           const float* bias, const float* q_norm, const float* k_norm, float eps) {
+  allow_successor();
+  wait_for_predecessor();
   const int32_t row_size = (query_heads + 2 * kv_heads) * head_dim;
   float* row = qkv + int64_t{blockIdx.x} * row_size;
   if (bias != nullptr) {
@@ -192,19 +205,18 @@ int32_t blocks_for(int64_t count, int32_t threads) {
 
 template <typename T>
 cudaError_t launch_embedding(const T* table, const int32_t* ids, int32_t tokens_count,
-                             int32_t hidden, float* out, cudaStream_t stream) {
+                             int32_t hidden, float* out, LaunchStream stream) {
   if (tokens_count < 0 || hidden < 1 || table == nullptr || out == nullptr) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
-  embedding_kernel<<<tokens_count, 256, 0, stream>>>(table, ids, hidden, out);
-  return cudaGetLastError();
+  return launch_kernel(embedding_kernel<T>, tokens_count, 256, 0, stream, table, ids, hidden, out);
 }
 
 template <typename T>
 cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t rows_count,
                             int32_t n, const float* weight, float eps, T* out,
-                            cudaStream_t stream) {
+                            LaunchStream stream) {
   if (rows_count < 0 || n < 1 || !(eps > 0.0f) || x == nullptr || weight == nullptr) {
     return cudaErrorInvalidValue;
   }
@@ -213,12 +225,11 @@ cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t ro
                        reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) == 0;
   if (n % 4 == 0 && n <= 4 * kNormThreads * kNormVecMax && aligned) {
-    rms_norm_vec_kernel<<<rows_count, kNormThreads, 0, stream>>>(x, row_index, n, weight, eps,
-                                                                 out);
-  } else {
-    rms_norm_kernel<<<rows_count, 256, 0, stream>>>(x, row_index, n, weight, eps, out);
+    return launch_kernel(rms_norm_vec_kernel<T>, rows_count, kNormThreads, 0, stream, x, row_index,
+                         n, weight, eps, out);
   }
-  return cudaGetLastError();
+  return launch_kernel(rms_norm_kernel<T>, rows_count, 256, 0, stream, x, row_index, n, weight,
+                       eps, out);
 }
 
 template <typename T>
@@ -226,38 +237,37 @@ cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const in
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
                             int32_t head_dim, const float* cos, const float* sin,
                             int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
-                            cudaStream_t stream) {
+                            LaunchStream stream) {
   if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 2 || head_dim % 2 != 0 ||
       positions_count < 1) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
   // 512 threads: a decode token's (heads · half) pairs take few rounds of loads.
-  rope_qkv_kernel<<<tokens_count, 512, 0, stream>>>(qkv, positions, slots, query_heads, kv_heads,
-                                                    head_dim, cos, sin, positions_count, q_out,
-                                                    k_cache, v_cache);
-  return cudaGetLastError();
+  return launch_kernel(rope_qkv_kernel<T>, tokens_count, 512, 0, stream, qkv, positions, slots,
+                       query_heads, kv_heads, head_dim, cos, sin, positions_count, q_out, k_cache,
+                       v_cache);
 }
 
 template <typename T>
 cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ffn, T* out,
-                          cudaStream_t stream) {
+                          LaunchStream stream) {
   if (tokens_count < 0 || ffn < 1) return cudaErrorInvalidValue;
   const int64_t count = int64_t{tokens_count} * ffn;
   if (count == 0) return cudaSuccess;
-  swiglu_kernel<<<blocks_for(count, 256), 256, 0, stream>>>(gate_up, ffn, count, out);
-  return cudaGetLastError();
+  return launch_kernel(swiglu_kernel<T>, blocks_for(count, 256), 256, 0, stream, gate_up, ffn, count,
+                       out);
 }
 
 #define LS_INSTANTIATE_LAYER_OPS(T)                                                               \
   template cudaError_t launch_embedding<T>(const T*, const int32_t*, int32_t, int32_t, float*,    \
-                                           cudaStream_t);                                         \
+                                           LaunchStream);                                         \
   template cudaError_t launch_rms_norm<T>(const float*, const int32_t*, int32_t, int32_t,         \
-                                          const float*, float, T*, cudaStream_t);                 \
+                                          const float*, float, T*, LaunchStream);                 \
   template cudaError_t launch_rope_qkv<T>(const float*, const int32_t*, const int64_t*, int32_t,  \
                                           int32_t, int32_t, int32_t, const float*, const float*,  \
-                                          int32_t, float*, T*, T*, cudaStream_t);                 \
-  template cudaError_t launch_swiglu<T>(const float*, int32_t, int32_t, T*, cudaStream_t);
+                                          int32_t, float*, T*, T*, LaunchStream);                 \
+  template cudaError_t launch_swiglu<T>(const float*, int32_t, int32_t, T*, LaunchStream);
 LS_INSTANTIATE_LAYER_OPS(bf16)
 LS_INSTANTIATE_LAYER_OPS(float)
 #undef LS_INSTANTIATE_LAYER_OPS
@@ -273,15 +283,14 @@ cudaError_t launch_residual_add(float* residual, const float* delta, int64_t cou
 cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t query_heads,
                                       int32_t kv_heads, int32_t head_dim, const float* bias,
                                       const float* q_norm, const float* k_norm, float eps,
-                                      cudaStream_t stream) {
+                                      LaunchStream stream) {
   if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 1 || qkv == nullptr ||
       (q_norm == nullptr) != (k_norm == nullptr) || !(eps > 0.0f)) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0 || (bias == nullptr && q_norm == nullptr)) return cudaSuccess;
-  qkv_bias_head_norm_kernel<<<tokens_count, kHeadNormThreads, 0, stream>>>(
-      qkv, query_heads, kv_heads, head_dim, bias, q_norm, k_norm, eps);
-  return cudaGetLastError();
+  return launch_kernel(qkv_bias_head_norm_kernel, tokens_count, kHeadNormThreads, 0, stream, qkv,
+                       query_heads, kv_heads, head_dim, bias, q_norm, k_norm, eps);
 }
 
 cudaError_t launch_fill_float(float* out, int64_t count, float value, cudaStream_t stream) {

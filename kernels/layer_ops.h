@@ -1,9 +1,12 @@
 // Per-token layer ops of the CUDA backend: embedding gather, RMSNorm, RoPE with the KV write,
 // SwiGLU, residual add (the logits' one pass, NaN guard and record, is kernels/logits_ops.h).
 // Launchers take raw device pointers, sizes and a stream, validate their arguments, and return the
-// launch status (STYLE.md §2–3). Each op's CPU reference is the matching loop of core/cpu_model.cpp or core/cpu_backend.cpp; tests/gpu/
+// launch status (STYLE.md §2–3). Those a decode step's layer loop calls take a LaunchStream
+// (kernels/launch.h): they may overlap their predecessor. Each op's CPU reference is the matching loop of core/cpu_model.cpp or core/cpu_backend.cpp; tests/gpu/
 // compares them on odd sizes.
 #pragma once
+
+#include "kernels/launch.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -20,14 +23,14 @@ using bf16 = __nv_bfloat16;
 // out[t, :] = table[ids[t], :] as fp32. table [vocab, hidden] T, out [tokens, hidden].
 template <typename T>
 cudaError_t launch_embedding(const T* table, const int32_t* ids, int32_t tokens_count,
-                             int32_t hidden, float* out, cudaStream_t stream);
+                             int32_t hidden, float* out, LaunchStream stream);
 
 // out[r, :] = x[s, :] · rsqrt(mean(x[s, :]²) + eps) · weight, s = row_index ? row_index[r] : r.
 // x [*, n] fp32, weight [n] fp32, out [rows, n] T (the next GEMM's input).
 template <typename T>
 cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t rows_count,
                             int32_t n, const float* weight, float eps, T* out,
-                            cudaStream_t stream);
+                            LaunchStream stream);
 
 // The QKV epilogue: qkv [tokens, q_size + 2·kv_size] fp32 (Q, K, V of each token side by side).
 // Rotates Q and K by the RoPE table at min(position, positions_count − 1) (HF rotate-half), writes
@@ -38,7 +41,7 @@ cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const in
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
                             int32_t head_dim, const float* cos, const float* sin,
                             int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
-                            cudaStream_t stream);
+                            LaunchStream stream);
 
 // The QKV epilogue of Qwen2/Qwen3, in place on qkv [tokens, q_size + 2·kv_size] fp32 before
 // RoPE: adds bias [q_size + 2·kv_size] fp32 (when not null; Qwen2's q/k/v biases side by side),
@@ -48,13 +51,13 @@ cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const in
 cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t query_heads,
                                       int32_t kv_heads, int32_t head_dim, const float* bias,
                                       const float* q_norm, const float* k_norm, float eps,
-                                      cudaStream_t stream);
+                                      LaunchStream stream);
 
 // out[t, i] = silu(g) · u with g = gate_up[t, i], u = gate_up[t, ffn + i]; silu(g) = g/(1+e^−g).
 // gate_up [tokens, 2·ffn] fp32, out [tokens, ffn] T.
 template <typename T>
 cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ffn, T* out,
-                          cudaStream_t stream);
+                          LaunchStream stream);
 
 // residual[i] += delta[i] for i < count (fp32). The backend fuses this add into its GEMMs
 // (beta = 1); the kernel is the plain form, for tests and non-GEMM paths.

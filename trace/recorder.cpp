@@ -19,6 +19,8 @@
 #include <mutex>
 #include <thread>
 
+#include <pthread.h>
+
 namespace ls::trace {
 
 namespace {
@@ -357,7 +359,11 @@ std::unique_ptr<Recorder> Recorder::open(const std::filesystem::path& path,
     throw;
   }
   State* raw = state.get();
-  state->writer = std::thread([raw] { raw->writer_main(); });
+  state->writer = std::thread([raw] {
+    // Named so that `top -H`, perf and gdb tell it from the serving loop's thread.
+    pthread_setname_np(pthread_self(), "ls-trace-writer");
+    raw->writer_main();
+  });
   return std::unique_ptr<Recorder>(new Recorder(std::move(state)));
 }
 

@@ -322,6 +322,34 @@ namespace {
 
 // append_top_logits against a full sort by the format's order, on rows with many ties, ±0,
 // ±inf and NaN, for every k.
+// The digest's paths (AVX-512 where the CPU has it, and the portable loop) against the text's
+// definition, over every length up to 300 (the vector loop and its scalar tail) and longer rows
+// with special values and random bits.
+TEST(TraceDigests, EveryDigestPathIsTheFormatsDefinition) {
+  std::mt19937 rng(5);
+  std::vector<float> row;
+  for (size_t n = 0; n <= 300; ++n) {
+    row.resize(n);
+    for (float& x : row) {
+      const uint32_t u = static_cast<uint32_t>(rng());
+      std::memcpy(&x, &u, 4);
+    }
+    const uint64_t expected = spec_logits_digest(row);
+    ASSERT_EQ(logits_row_digest(row), expected) << "length " << n;
+    ASSERT_EQ(logits_row_digest_portable(row), expected) << "length " << n;
+  }
+  for (const size_t n : {4095, 4096, 128256, 151936}) {
+    row.resize(n);
+    for (float& x : row) x = std::normal_distribution<float>(0.0f, 3.0f)(rng);
+    row[n / 3] = std::numeric_limits<float>::infinity();
+    row[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    row[n - 1] = -0.0f;
+    const uint64_t expected = spec_logits_digest(row);
+    EXPECT_EQ(logits_row_digest(row), expected) << "length " << n;
+    EXPECT_EQ(logits_row_digest_portable(row), expected) << "length " << n;
+  }
+}
+
 TEST(TraceDigests, TopLogitsEqualAFullSortOnRowsWithTiesAndNaNs) {
   std::mt19937_64 rng(99);
   const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, std::numeric_limits<float>::infinity(),
@@ -337,6 +365,9 @@ TEST(TraceDigests, TopLogitsEqualAFullSortOnRowsWithTiesAndNaNs) {
     if (long_row && trial % 5 == 0) {
       for (float& x : row) x = static_cast<float>(rng() % 1000) * 0.25f;
     }
+    if (long_row && trial % 7 == 0) {  // logits as a model gives them: few reach the bound
+      for (float& x : row) x = std::normal_distribution<float>(0.0f, 2.0f)(rng);
+    }
     std::vector<int32_t> order(row.size());
     for (size_t i = 0; i < row.size(); ++i) order[i] = static_cast<int32_t>(i);
     std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
@@ -346,11 +377,15 @@ TEST(TraceDigests, TopLogitsEqualAFullSortOnRowsWithTiesAndNaNs) {
       return a < b;
     });
     for (int32_t k = 0; k <= kTopLogitsCountMax; ++k) {
-      std::vector<TopLogit> top;
-      append_top_logits(row, k, top);
-      ASSERT_EQ(top.size(), std::min<size_t>(static_cast<size_t>(k), row.size()));
-      for (size_t j = 0; j < top.size(); ++j) {
-        ASSERT_EQ(top[j].id, order[j]) << "trial " << trial << " k " << k << " rank " << j;
+      // Both paths: AVX-512 where the CPU has it, and the portable one.
+      for (const auto path : {append_top_logits, append_top_logits_portable}) {
+        std::vector<TopLogit> top;
+        path(row, k, top);
+        ASSERT_EQ(top.size(), std::min<size_t>(static_cast<size_t>(k), row.size()));
+        for (size_t j = 0; j < top.size(); ++j) {
+          ASSERT_EQ(top[j].id, order[j]) << "trial " << trial << " k " << k << " rank " << j
+                                         << (path == append_top_logits ? "" : " (portable)");
+        }
       }
     }
   }
