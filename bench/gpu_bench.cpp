@@ -17,13 +17,21 @@
 // file), alternating blocks of steps on the two, with the step time, the device idle between
 // steps and the trace bytes per step of each.
 //
+// With --tp N (issue 18): tensor-parallel decode instead — llama-8b (or --shapes) at TP N, one rank
+// per GPU over NCCL (all ranks on GPU 0 when the host has fewer than N: figures of the machinery,
+// not of speed), batch 1 and 64 at context 1024, each against the summed read bandwidth of the
+// GPUs the ranks run on (each measured) and the bytes the whole model moves per step.
+//
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
+//                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
 #include "kernels/logits_ops.h"
+#include "kernels/tp_collectives.h"
+#include "kernels/tp_cuda_backend.h"
 #include "kernels/weight_init.h"
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
@@ -264,6 +272,7 @@ struct Options {
   std::string out_path;
   bool quick = false;
   bool recording = false;     // only the recording figures
+  int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
 };
@@ -593,6 +602,85 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
   return {{"shape", shape}, {"recording", rows_out}};
 }
 
+std::string utc_now();
+
+// Decode at TP N: batch 1 and 64 at context 1024 (batch 1 and 16 at 192 with --quick).
+json tp_shape(const std::string& shape, const Options& o, const std::vector<int32_t>& devices,
+              const Bandwidth& group_bandwidth) {
+  const ModelConfig model = model_config_named(shape);
+  const int32_t context = o.quick ? 192 : 1024;
+  const std::vector<int32_t> batches = o.quick ? std::vector<int32_t>{1, 16} : std::vector<int32_t>{1, 64};
+  ExecutorConfig config = bench_config(context);
+  const CudaBackendOptions options{.graphs = true, .time_steps = true};
+  const CudaKvSizing sizing = tp_cuda_kv_sizing(model, config, options, devices);
+  config.pages_count = sizing.pages_count;
+  TpCudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options, devices);
+  Executor executor(config, model.vocab_size, backend);
+  Driver driver(executor, config, model.vocab_size);
+  const CudaMemoryReport memory = backend.rank(0).memory_report();
+  std::printf("%s at TP %zu: rank 0 holds weights %.2f GB, KV %.2f GB (%d pages of %d), "
+              "workspace %.2f GB\n",
+              shape.c_str(), devices.size(), static_cast<double>(memory.weight_bytes) * 1e-9,
+              static_cast<double>(memory.kv_bytes) * 1e-9, config.pages_count, config.page_size,
+              static_cast<double>(memory.workspace_bytes) * 1e-9);
+  json result = {{"shape", shape},
+                 {"tp_degree", devices.size()},
+                 {"devices", devices},
+                 {"rank0_weight_bytes", memory.weight_bytes},
+                 {"rank0_kv_bytes", memory.kv_bytes},
+                 {"kv_pages", config.pages_count},
+                 {"decode", json::array()}};
+  for (const int32_t rows : batches) {
+    // The fractions are of the group's bandwidth: the bytes the whole model moves per step
+    // (every rank its shard) over the summed read bandwidth of the ranks' GPUs.
+    result["decode"].push_back(decode_figures(driver, backend.rank(0), model, rows, context,
+                                              o.quick ? 10 : 20, group_bandwidth, "TP    "));
+  }
+  result["graph_replays"] = backend.rank(0).graph_replays_count();
+  return result;
+}
+
+int run_tp(const Options& o, const CudaMachineInfo& machine) {
+  const std::vector<int32_t> devices = tp_devices(o.tp_degree);
+  const bool shared = tp_ranks_share_a_device(devices);
+  // Each distinct GPU's bandwidth, summed: what N ranks on N GPUs can read at most.
+  Bandwidth group;
+  json per_device = json::array();
+  for (size_t rank = 0; rank < (shared ? 1 : devices.size()); ++rank) {
+    LS_CUDA(cudaSetDevice(devices[rank]));
+    const Bandwidth b = measure_bandwidth(int64_t{2} << 30, o.quick ? 10 : 30);
+    std::printf("device %d: bandwidth copy %.2f TB/s, read %.2f TB/s\n", devices[rank],
+                b.copy * 1e-12, b.read * 1e-12);
+    per_device.push_back({{"device", devices[rank]},
+                          {"copy_bandwidth_bytes_per_s", b.copy},
+                          {"read_bandwidth_bytes_per_s", b.read}});
+    group.copy += b.copy;
+    group.read += b.read;
+  }
+  LS_CUDA(cudaSetDevice(0));
+  std::printf("TP %d on %s: summed read bandwidth %.2f TB/s\n", o.tp_degree,
+              shared ? "one GPU (every rank on device 0: not a speed figure)" : "one GPU per rank",
+              group.read * 1e-12);
+  json out = {{"date", utc_now()},
+              {"gpu", machine.gpu_name},
+              {"driver", machine.driver_version},
+              {"cuda_runtime", machine.runtime_version},
+              {"cublas", machine.cublas_version},
+              {"commit", LOCKSTEP_GIT_COMMIT},
+              {"command", fmt::format("lockstep_gpu_bench --tp {}", o.tp_degree)},
+              {"ranks_share_one_gpu", shared},
+              {"devices", per_device},
+              {"group_read_bandwidth_bytes_per_s", group.read},
+              {"tp", json::array()}};
+  const std::vector<std::string> shapes =
+      o.shapes_given ? o.shapes : std::vector<std::string>{"llama-8b"};
+  for (const std::string& shape : shapes) {
+    out["tp"].push_back(tp_shape(shape, o, devices, group));
+    std::ofstream(o.out_path) << out.dump(2) << "\n";
+  }
+  return 0;
+}
+
 // The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
 // kernels/launch.h) against plain stream order: two backends over the same weights (KV pages as
 // bench_config sizes them, so both fit), decode at context 1024, alternating blocks of steps.
@@ -656,6 +744,10 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("out", o.out_path, "Where the figures go (JSON)")->required();
   app.add_flag("--quick", o.quick, "Fewer iterations");
   app.add_flag("--recording", o.recording, "Only the recording figures");
+  app.add_option("--tp", o.tp_degree,
+                 "Only tensor-parallel decode at this degree (llama-8b unless --shapes), against "
+                 "the summed read bandwidth of the GPUs its ranks run on")
+      ->check(CLI::Range(1, kTpDegreeMax));
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -669,6 +761,7 @@ int run(const Options& o) {
   const Bandwidth bandwidth = measure_bandwidth(int64_t{2} << 30, o.quick ? 10 : 30);
   std::printf("bandwidth: copy (read + write) %.2f TB/s, read %.2f TB/s\n", bandwidth.copy * 1e-12,
               bandwidth.read * 1e-12);
+  if (o.tp_degree > 1) return run_tp(o, machine);
   json out = {{"date", utc_now()},
               {"gpu", machine.gpu_name},
               {"sm_count", machine.sm_count},
@@ -728,6 +821,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
+  // Before CUDA starts: the ranks' collectives wait for each other (kernels/tp_collectives.h).
+  if (options.tp_degree > 1) ls::prepare_tp_environment();
   try {
     return ls::run(options);
   } catch (const std::exception& e) {

@@ -7,6 +7,9 @@
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "kernels/cuda_backend.h"
+#include "kernels/nccl_comm.h"
+#include "kernels/tp_collectives.h"
+#include "kernels/tp_cuda_backend.h"
 #endif
 
 #include <fmt/format.h>
@@ -48,14 +51,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                         tp_degree);
   }
   make_tp_layout(weights.config, tp_degree);  // the model's refusal first: it names the field
-  LS_REQUIRE(tp_degree == 1,
-             "--tp {} with --backend {}: the CUDA backend runs on one GPU; its NCCL tensor-parallel "
-             "ranks are not built yet (the CPU reference simulates TP: --backend cpu)",
-             tp_degree, name);
+  prepare_backend_environment(name, tp_degree);  // in time unless CUDA already started
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
   options.drafter = drafter;
   options.time_steps = time_steps;
+  if (tp_degree > 1) {
+    return std::make_unique<TpCudaBackend>(weights, limits, options, tp_devices(tp_degree));
+  }
   return make_cuda_backend(weights, limits, options);
 #else
   (void)time_steps;
@@ -63,17 +66,28 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
 #endif
 }
 
+void prepare_backend_environment(const std::string& name, int32_t tp_degree) {
+#ifdef LOCKSTEP_HAVE_CUDA
+  if (name == "cuda" && tp_degree > 1) prepare_tp_environment();
+#else
+  (void)name, (void)tp_degree;
+#endif
+}
+
 std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
                                             const ExecutorConfig& limits, double fraction,
-                                            const std::string& drafter) {
+                                            const std::string& drafter, int32_t tp_degree) {
   if (name != "cuda") return std::nullopt;
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
   options.kv_memory_fraction = fraction;
   options.drafter = drafter;
+  if (tp_degree > 1) {
+    return tp_cuda_kv_sizing(model, limits, options, tp_devices(tp_degree)).pages_count;
+  }
   return cuda_kv_sizing(model, limits, options).pages_count;
 #else
-  (void)model, (void)limits, (void)fraction, (void)drafter;
+  (void)model, (void)limits, (void)fraction, (void)drafter, (void)tp_degree;
   throw Error(kNoCuda);
 #endif
 }
@@ -90,6 +104,21 @@ std::optional<trace::MachineInfo> machine_info_for(const std::string& name) {
   info.cublas_version = cuda.cublas_version;
   return info;
 #else
+  throw Error(kNoCuda);
+#endif
+}
+
+void describe_collectives(const std::string& name, int32_t tp_degree, trace::TraceHeader& header) {
+  if (name != "cuda" || tp_degree == 1) return;
+#ifdef LOCKSTEP_HAVE_CUDA
+  // Ranks sharing one GPU run lockstep's own collectives: no library to record.
+  if (tp_ranks_share_a_device(tp_devices(tp_degree))) return;
+  const NcclPinning nccl = pin_nccl_environment();  // what every TP group of this process pins
+  header.nccl_version = nccl.version;
+  header.nccl_algo = nccl.algo;
+  header.nccl_proto = nccl.proto;
+#else
+  (void)header;
   throw Error(kNoCuda);
 #endif
 }

@@ -27,22 +27,37 @@ std::string backend_name_error(const std::string& name);
 // included: it cannot be rebuilt outside the simulator) or a CUDA backend in a build without one.
 // `time_steps`: the device times each step with events (CUDA; what a recorded run's step stats
 // carry). `tp_degree`: the tensor-parallel ranks (the CPU reference simulates them in one
-// process, core/tensor_parallel.h); ls::Error naming the field when the model cannot shard at
-// that degree, and for CUDA above 1 (its NCCL ranks are not built yet).
+// process, core/tensor_parallel.h; CUDA runs one rank per GPU over NCCL, kernels/
+// tp_cuda_backend.h, the ranks sharing devices when the host has fewer than N); ls::Error naming
+// the field when the model cannot shard at that degree.
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits,
                                       const std::string& drafter = "none", bool time_steps = false,
                                       int32_t tp_degree = 1);
 
+// Before the process's first CUDA call, for a run of backend `name` at `tp_degree`: a CUDA TP
+// group loads every CUDA module eagerly and takes every hardware queue (kernels/tp_cuda_backend.h,
+// prepare_tp_environment).
+void prepare_backend_environment(const std::string& name, int32_t tp_degree);
+
 // KV pages sized from the device memory left after weights and workspaces (`fraction` of it)
 // for backend `name` with drafter `drafter` (whose token history is a workspace); nullopt for a
 // backend whose memory is not sized this way (the CPU).
+// At `tp_degree` > 1 each rank's pages hold its kv heads, sized on the devices the ranks use.
 std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
                                             const ExecutorConfig& limits, double fraction,
-                                            const std::string& drafter = "none");
+                                            const std::string& drafter = "none",
+                                            int32_t tp_degree = 1);
 
 // What a trace header records about the device that backend `name` runs on (GPU name, SM count,
 // driver, CUDA and cuBLAS versions); nullopt for the CPU.
 std::optional<trace::MachineInfo> machine_info_for(const std::string& name);
+
+// What a trace header records about the collectives of backend `name` at `tp_degree` (NCCL's
+// version and the pinned NCCL_ALGO and NCCL_PROTO, kernels/nccl_comm.h) for CUDA above TP 1 on
+// one GPU per rank; nothing otherwise (TP 1, the CPU's simulated ranks, CUDA ranks sharing one
+// GPU, whose collectives are lockstep's kernels). ls::Error when NCCL cannot be loaded or the
+// environment asks for another algorithm or protocol.
+void describe_collectives(const std::string& name, int32_t tp_degree, trace::TraceHeader& header);
 
 }  // namespace ls::cli

@@ -51,6 +51,7 @@ void write_outputs(std::ostream& out, const std::vector<RequestSpec>& requests,
 }
 
 int run_generate(GenerateOptions& o) {
+  prepare_backend_environment(o.model.backend, o.model.tp_degree);  // before CUDA starts
   WeightSource source;
   const ModelWeights weights = load_model(o.model, source);
   const std::vector<RequestSpec> requests = read_prompts(o, weights.config);
@@ -71,6 +72,7 @@ int run_generate(GenerateOptions& o) {
                                                          machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
     header.tp_degree = o.model.tp_degree;
+    describe_collectives(o.model.backend, o.model.tp_degree, header);
     header.step_clock = "steady";
     header.device_timer = backend->name() == "cuda" ? "cuda-events" : "host-clock";
     recorder = trace::Recorder::open(o.record, header);

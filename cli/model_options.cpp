@@ -67,8 +67,9 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
       ->capture_default_str();
   app.add_option("--tp", o.tp_degree,
                  "Tensor-parallel degree N: the weights split the Megatron way over N ranks "
-                 "(simulated in one process on the CPU reference); the model's heads, kv heads "
-                 "and ffn size must divide by N")
+                 "(simulated in one process on the CPU reference; on CUDA one rank per GPU over "
+                 "NCCL, Ring/Simple pinned; every rank on GPU 0 when the host has fewer than N); "
+                 "the model's heads, kv heads and ffn size must divide by N")
       ->check(CLI::Range(1, kTpDegreeMax))
       ->capture_default_str();
   app.add_flag("--context-beyond-max-positions", o.context_beyond_max_positions,
@@ -126,7 +127,7 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
     c.pages_count = o.pages_count;
   } else if (const std::optional<int32_t> sized =
                  kv_pages_from_memory(o.backend, weights.config, c, o.kv_memory_fraction,
-                                      o.drafter)) {
+                                      o.drafter, o.tp_degree)) {
     c.pages_count = *sized;
   } else {
     c.pages_count = c.max_batch_rows * pages_per_row + 1;

@@ -52,6 +52,12 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
                  ? fmt::format(" at TP {} (recorded at TP {})", r.tp_degree, h.tp_degree)
                  : std::string(),
              o.mode, r.steps_replayed, r.steps_compared);
+  if (h.nccl_version != 0) {
+    fmt::print("recorded collectives: NCCL {}.{}.{} (NCCL_ALGO={}, NCCL_PROTO={}); an exact "
+               "replay on CUDA expects the same NCCL and one GPU per rank\n",
+               h.nccl_version / 10000, h.nccl_version / 100 % 100, h.nccl_version % 100,
+               h.nccl_algo, h.nccl_proto);
+  }
   if (o.isolate && h.backend != "cpu") {
     fmt::print("note: --isolate assumes batch invariance, which the {} backend that recorded this "
                "trace does not guarantee\n", h.backend);
@@ -166,7 +172,9 @@ std::function<int()> add_replay_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", o->tp_degree,
                   "Tensor-parallel degree to replay at (0 = the recorded one); exact mode refuses "
-                  "another, teacher-forced mode measures the agreement across degrees")
+                  "another, teacher-forced mode measures the agreement across degrees. With "
+                  "--backend cuda: one rank per GPU over NCCL, or every rank on GPU 0 when the "
+                  "host has fewer GPUs")
       ->check(CLI::Range(0, kTpDegreeMax))
       ->capture_default_str();
   cmd->add_flag("--quiet,-q", o->quiet, "No progress line");

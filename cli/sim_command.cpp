@@ -196,6 +196,7 @@ void print_summary(const sim::SeedVerdict& v) {
 }
 
 int run_single(const SimOptions& o, const ModelWeights& weights) {
+  prepare_backend_environment(o.backend, o.tp_degree);  // before CUDA starts
   const sim::SimOverrides overrides = overrides_of(o);
   const sim::SimParams params = sim::derive_params(o.seed, overrides);
   fmt::print("reproduce: {}\n", reproduce(o, params, overrides));
@@ -213,6 +214,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
                                  machine_info_for(o.backend));
     header.drafter = params.drafter_name();
     header.tp_degree = params.tp_degree;
+    describe_collectives(o.backend, params.tp_degree, header);
     header.step_clock = "simulated";  // the world's clock: a recorded seed's trace is deterministic
     header.device_timer = "simulated";
     recorder = trace::Recorder::open(o.record, header);
@@ -239,6 +241,7 @@ std::string failure_line(const SeedResult& r) {
 }
 
 int run_sweep(const SimOptions& o, const ModelWeights& weights) {
+  prepare_backend_environment(o.backend, o.tp_degree);  // before CUDA starts
   const auto [first, last] = parse_seed_range(o.seeds, "--seeds");
   const Shard shard = parse_shard(o.shard);
   const sim::SimOverrides overrides = overrides_of(o);
@@ -318,7 +321,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tp", o->tp_degree,
                   "Tensor-parallel degree: the CPU reference simulates N ranks (Megatron sharding, "
-                  "fixed-order all-reduce); the model (tiny) must shard N ways")
+                  "fixed-order all-reduce); --backend cuda runs N CUDA ranks (one per GPU over "
+                  "NCCL, or all on GPU 0); the model (tiny) must shard N ways")
       ->check(CLI::Range(1, kTpDegreeMax))
       ->capture_default_str();
   cmd->footer(kExitStatusHelp);

@@ -81,6 +81,10 @@ void print_header(const trace::TraceHeader& h) {
                                                            h.machine.gpu_name, h.machine.sm_count,
                                                            h.machine.driver_version, h.machine.cuda_version,
                                                            h.machine.cublas_version));
+  if (h.nccl_version != 0) {
+    fmt::print("collectives: NCCL {}.{}.{}, NCCL_ALGO={}, NCCL_PROTO={}\n", h.nccl_version / 10000,
+               h.nccl_version / 100 % 100, h.nccl_version % 100, h.nccl_algo, h.nccl_proto);
+  }
 }
 
 std::string row_summary(const OpRow& r) {

@@ -42,11 +42,6 @@ void add_bias(const std::vector<float>& bias, ShardRange rows, float* y) {
   for (int32_t i = rows.begin; i < rows.end(); ++i) y[i] += bias[i];
 }
 
-// Heads [begin, end) of `heads` as the element range of a [heads, head_dim] vector.
-ShardRange head_elements(ShardRange heads, int32_t head_dim) {
-  return {heads.begin * head_dim, heads.count * head_dim};
-}
-
 }  // namespace
 
 CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, int32_t tp_degree)

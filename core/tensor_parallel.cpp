@@ -58,6 +58,53 @@ TpLayout make_tp_layout(const ModelConfig& model, int32_t degree) {
   return layout;
 }
 
+TpRankShard make_rank_shard(const ModelConfig& model, int32_t degree, int32_t rank) {
+  const TpLayout layout = make_tp_layout(model, degree);
+  LS_REQUIRE(rank >= 0 && rank < degree, "tensor-parallel rank {} is outside [0, {})", rank, degree);
+  return TpRankShard{.degree = degree,
+                     .rank = rank,
+                     .query_heads = layout.query_heads(rank),
+                     .kv_heads = layout.kv_heads(rank),
+                     .ffn = layout.ffn(rank),
+                     .vocab = layout.vocab(rank),
+                     .vocab_rows = layout.vocab(0).count};
+}
+
+ModelConfig rank_model_config(const ModelConfig& model, const TpRankShard& shard) {
+  ModelConfig local = model;
+  local.query_heads_count = shard.query_heads.count;
+  local.kv_heads_count = shard.kv_heads.count;
+  local.ffn_size = shard.ffn.count;
+  return local;
+}
+
+ShardRange head_elements(ShardRange heads, int32_t head_dim) {
+  return {heads.begin * head_dim, heads.count * head_dim};
+}
+
+std::span<const float> shard_rows(std::span<const float> tensor, int64_t cols, ShardRange rows) {
+  LS_ASSERT(rows.begin >= 0 && static_cast<size_t>(int64_t{rows.end()} * cols) <= tensor.size(),
+            "rows [{}, {}) of a {}-element tensor of {} columns", rows.begin, rows.end(),
+            tensor.size(), cols);
+  return tensor.subspan(static_cast<size_t>(int64_t{rows.begin} * cols),
+                        static_cast<size_t>(int64_t{rows.count} * cols));
+}
+
+std::span<const float> shard_columns(std::span<const float> tensor, int64_t rows, int64_t cols,
+                                     ShardRange columns, std::vector<float>& storage) {
+  LS_ASSERT(static_cast<size_t>(rows * cols) == tensor.size() && columns.begin >= 0 &&
+                columns.end() <= cols,
+            "columns [{}, {}) of a [{}, {}] tensor of {} elements", columns.begin, columns.end(),
+            rows, cols, tensor.size());
+  if (columns.begin == 0 && columns.count == cols) return tensor;
+  storage.resize(static_cast<size_t>(rows * columns.count));
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto from = tensor.begin() + static_cast<ptrdiff_t>(r * cols + columns.begin);
+    std::copy(from, from + columns.count, storage.begin() + static_cast<ptrdiff_t>(r * columns.count));
+  }
+  return storage;
+}
+
 CpuTpGroup::CpuTpGroup(int32_t degree, int32_t calls_per_forward) : degree_(degree) {
   LS_ASSERT(degree >= 1 && degree <= kTpDegreeMax, "degree {}", degree);
   calls_.reserve(static_cast<size_t>(calls_per_forward));  // the step loop allocates nothing

@@ -56,6 +56,36 @@ class TpLayout {
 // exactly its query heads).
 TpLayout make_tp_layout(const ModelConfig& model, int32_t degree);
 
+// One rank's part of a TP group, as a backend that holds only its shard uploads it (the CUDA
+// backend's ranks, kernels/tp_cuda_backend.h). At degree 1 every range is the whole tensor.
+struct TpRankShard {
+  int32_t degree = 1;
+  int32_t rank = 0;
+  ShardRange query_heads;
+  ShardRange kv_heads;
+  ShardRange ffn;
+  ShardRange vocab;
+  // The LM head shard's rows: ⌈V / N⌉ on every rank, so that every rank's all-gather sends the
+  // same count; the last rank's rows past vocab.count are zero and never read.
+  int32_t vocab_rows = 0;
+};
+TpRankShard make_rank_shard(const ModelConfig& model, int32_t degree, int32_t rank);
+
+// The model a rank computes: `model` with query_heads_count, kv_heads_count and ffn_size divided by
+// the degree (its own heads and ffn columns), everything else — hidden size, vocabulary, head_dim,
+// the family's features — unchanged.
+ModelConfig rank_model_config(const ModelConfig& model, const TpRankShard& shard);
+
+// Elements [count · head_dim) of the heads `heads`: the rows of q/k/v (or the columns of o).
+ShardRange head_elements(ShardRange heads, int32_t head_dim);
+
+// Rows `rows` of a row-major tensor of `cols` columns: a view, no copy.
+std::span<const float> shard_rows(std::span<const float> tensor, int64_t cols, ShardRange rows);
+// Columns `columns` of a row-major [rows, cols] tensor, row by row: the tensor itself when the
+// range is every column, else copied into `storage` [rows, columns.count].
+std::span<const float> shard_columns(std::span<const float> tensor, int64_t rows, int64_t cols,
+                                     ShardRange columns, std::vector<float>& storage);
+
 // The collectives of one forward, in the order the ranks issue them (what an IDLE forward must
 // repeat with no rows so the ranks of a data-parallel group stay in step).
 enum class CollectiveKind : uint8_t { kAllReduce = 0, kAllGather = 1 };

@@ -16,6 +16,7 @@
 #include "kernels/sampling_ops.h"
 #include "kernels/state_ops.h"
 #include "kernels/step_layout.h"
+#include "kernels/tp_rank.h"
 #include "kernels/weight_init.h"
 
 #include <cublas_v2.h>
@@ -27,6 +28,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <regex>
 #include <type_traits>
@@ -151,8 +153,17 @@ struct FixedBytes {
   int64_t workspace = 0;
 };
 
-FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
+// The shard of `model` a backend of `options` holds (the whole model at TP 1).
+TpRankShard rank_shard(const ModelConfig& model, const CudaBackendOptions& options) {
+  return make_rank_shard(model, options.tp_degree, options.tp_rank);
+}
+
+// `full_model`: the whole model; a TP rank holds its shard (rank_model_config) and, at TP > 1,
+// an LM head shard whether or not the embeddings are tied, plus TpRank's buffers.
+FixedBytes fixed_bytes(const ModelConfig& full_model, const ExecutorConfig& config,
                        const CudaBackendOptions& options) {
+  const TpRankShard shard = rank_shard(full_model, options);
+  const ModelConfig model = rank_model_config(full_model, shard);
   const int64_t e = options.precision == CudaPrecision::kFp32 ? 4 : 2;
   const int64_t h = model.hidden_size, l = model.layers_count, v = model.vocab_size;
   const int64_t qs = model.q_size(), kvs = model.kv_size(), f = model.ffn_size;
@@ -161,7 +172,8 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
   const int64_t tw = config.table_width();
   const int64_t positions = tw * config.page_size;
   FixedBytes out;
-  out.weights = e * (v * h * (model.tied_embeddings ? 1 : 2) + l * (qs + 2 * kvs) * h +
+  const int64_t head_rows = shard.degree > 1 ? shard.vocab_rows : model.tied_embeddings ? 0 : v;
+  out.weights = e * (v * h + head_rows * h + l * (qs + 2 * kvs) * h +
                      l * h * qs + l * 2 * f * h + l * h * f) +
                 4 * (2 * l * h + h) +
                 4 * l * ((model.qkv_bias ? qs + 2 * kvs : 0) + (model.qk_norm ? 2 * model.head_dim : 0));
@@ -192,6 +204,10 @@ FixedBytes fixed_bytes(const ModelConfig& model, const ExecutorConfig& config,
       + 4 * static_cast<int64_t>(ResultsLayout(config.max_batch_rows, config.logits_rows_max(),
                                                config.verify_width, config.table_width())
                                      .words);                             // results
+  if (shard.degree > 1) {
+    out.workspace += TpRank::workspace_bytes(shard, config.step_tokens_max(),
+                                             config.logits_rows_max(), model.hidden_size);
+  }
   if (drafts_ngram(config, options)) {
     out.workspace += 4 * pool * (int64_t{config.context_length} + config.verify_width)  // history
                      + 4 * pool;                                                         // begins
@@ -218,9 +234,9 @@ struct CudaBackend::Impl {
   void generate_features(uint64_t seed);
   // Writes elements [offset, offset + src.size()) of a typed-by-precision buffer.
   void upload_tensor(const DeviceArray<uint8_t>& dst, size_t offset, std::span<const float> src);
-  void seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count, uint64_t seed,
-                   uint32_t tensor_index, ops::SeededRange range);
-  void seed_fp32(float* dst, int64_t count, uint64_t seed, uint32_t tensor_index,
+  void seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, kernels::SeededBlock block,
+                   uint64_t seed, uint32_t tensor_index, ops::SeededRange range);
+  void seed_fp32(float* dst, kernels::SeededBlock block, uint64_t seed, uint32_t tensor_index,
                  ops::SeededRange range);
   DeviceArray<uint8_t> elements(size_t count, int64_t& account) const {
     return DeviceArray<uint8_t>(count * elem_bytes, account);
@@ -249,6 +265,10 @@ struct CudaBackend::Impl {
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out, int32_t in,
               float beta);
+  template <typename T>
+  void row_parallel(const T* x, const T* w, int32_t tokens, int32_t in);
+  template <typename T>
+  void lm_head_logits(int32_t logits_rows);
   void enqueue_tail(const StepPlan& plan);
   // record_k: the top-k pairs a recorded step writes a logits row; kNotRecorded: none.
   static constexpr int32_t kNotRecorded = -1;
@@ -267,6 +287,10 @@ struct CudaBackend::Impl {
   void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
   kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
 
+  // This rank's shard and the whole model; `model` is the shard's config (rank_model_config): its
+  // heads and ffn columns. At TP 1 the shard is the whole model and `model` equals full_model.
+  TpRankShard shard;
+  ModelConfig full_model;
   ModelConfig model;
   ExecutorConfig config;
   CudaBackendOptions options;
@@ -290,7 +314,7 @@ struct CudaBackend::Impl {
   // Weights, "E" = elements of the precision's storage type (bf16 or fp32). Linear layers of all
   // layers in one slab each: [layers, out, in] E.
   DeviceArray<uint8_t> embedding;  // [vocab, hidden] E
-  DeviceArray<uint8_t> lm_head;    // [vocab, hidden] E; empty when tied
+  DeviceArray<uint8_t> lm_head;    // [vocab, hidden] E; empty when tied; TP > 1: [vocab_rows, hidden]
   DeviceArray<uint8_t> w_qkv;      // [layers, q + 2·kv, hidden] E
   DeviceArray<uint8_t> w_o;        // [layers, hidden, q] E
   DeviceArray<uint8_t> w_gate_up;  // [layers, 2·ffn, hidden] E
@@ -321,6 +345,7 @@ struct CudaBackend::Impl {
   DeviceArray<float> logits;       // [logits_rows_max, vocab]
   DeviceArray<uint8_t> cublas_workspace;
   std::unique_ptr<kernels::GemmPlans> gemm_plans;  // bf16 linear layers: pinned per shape
+  std::unique_ptr<TpRank> tp;      // TP > 1: the collectives and their buffers
   // Guard and sampler.
   DeviceArray<uint8_t> logits_workspace;  // the logits pass's segment partials (guard, record)
   DeviceArray<int32_t> argmax;         // [logits_rows_max]
@@ -402,7 +427,9 @@ struct CudaBackend::Impl {
 
 CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& executor_config,
                         const CudaBackendOptions& backend_options)
-    : model(model_config),
+    : shard(rank_shard(model_config, backend_options)),
+      full_model(model_config),
+      model(rank_model_config(model_config, shard)),
       config(executor_config),
       options(backend_options),
       elem_bytes(backend_options.precision == CudaPrecision::kFp32 ? sizeof(float) : sizeof(bf16)),
@@ -450,6 +477,9 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   int devices = 0;
   LS_REQUIRE(cudaGetDeviceCount(&devices) == cudaSuccess && devices > options.device,
              "cuda backend: no CUDA device {} (found {})", options.device, devices);
+  LS_REQUIRE(shard.degree == 1 || options.tp_comm != nullptr,
+             "cuda backend: rank {} of a TP {} group needs its communicator", shard.rank,
+             shard.degree);
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
   record_stream = CudaStream::create();
@@ -465,7 +495,13 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   const auto pool = static_cast<size_t>(config.pool_rows_count());
   auto& w = ledger.weights;
   embedding = elements(v * h, w);
-  if (!model.tied_embeddings) lm_head = elements(v * h, w);
+  if (shard.degree > 1) {
+    lm_head = elements(static_cast<size_t>(shard.vocab_rows) * h, w);
+    // The last rank's rows past the vocabulary stay zero (their logits are never gathered).
+    LS_CUDA(cudaMemsetAsync(lm_head.get(), 0, lm_head.bytes(), stream.get()));
+  } else if (!model.tied_embeddings) {
+    lm_head = elements(v * h, w);
+  }
   w_qkv = elements(l * (q_size + 2 * kv_size) * h, w);
   w_o = elements(l * h * q_size, w);
   w_gate_up = elements(l * 2 * ffn * h, w);
@@ -515,6 +551,10 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_CUBLAS(cublasSetWorkspace(cublas.get(), cublas_workspace.get(), cublas_workspace.bytes()));
   gemm_plans = std::make_unique<kernels::GemmPlans>(stream.get(), cublas_workspace.get(),
                                                     cublas_workspace.bytes());
+  if (shard.degree > 1) {
+    tp = std::make_unique<TpRank>(full_model, shard, *options.tp_comm, tokens_max,
+                                  logits_rows_max, ws);
+  }
 
   logits_workspace =
       DeviceArray<uint8_t>(kernels::logits_pass_workspace_bytes(logits_rows_max, vocab), ws);
@@ -568,7 +608,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
     for (auto& event : step_end_marks) event = CudaEvent::create(true);
   }
   buckets = decode_buckets(rows_max);
-  const FixedBytes planned = fixed_bytes(model, config, options);
+  const FixedBytes planned = fixed_bytes(full_model, config, options);
   LS_ASSERT(planned.weights == ledger.weights, "weight bytes {} planned {}", ledger.weights,
             planned.weights);
   LS_ASSERT(planned.workspace == ledger.workspace, "workspace bytes {} planned {}",
@@ -604,42 +644,56 @@ void CudaBackend::Impl::upload_tensor(const DeviceArray<uint8_t>& dst, size_t of
   }
 }
 
-void CudaBackend::Impl::seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset, int64_t count,
-                                    uint64_t seed, uint32_t tensor_index, ops::SeededRange range) {
+void CudaBackend::Impl::seed_tensor(const DeviceArray<uint8_t>& dst, size_t offset,
+                                    kernels::SeededBlock block, uint64_t seed,
+                                    uint32_t tensor_index, ops::SeededRange range) {
   const float center = range.center, half_width = range.half_width;
-  LS_ASSERT((offset + static_cast<size_t>(count)) * elem_bytes <= dst.bytes(), "seed past the buffer");
+  LS_ASSERT((offset + static_cast<size_t>(block.rows * block.cols)) * elem_bytes <= dst.bytes(),
+            "seed past the buffer");
   if (options.precision == CudaPrecision::kFp32) {
-    LS_CUDA(kernels::launch_seeded_f32(as<float>(dst) + offset, count, seed, tensor_index, center,
+    LS_CUDA(kernels::launch_seeded_f32(as<float>(dst) + offset, block, seed, tensor_index, center,
                                        half_width, stream.get()));
   } else {
-    LS_CUDA(kernels::launch_seeded_bf16(as<bf16>(dst) + offset, count, seed, tensor_index, center,
+    LS_CUDA(kernels::launch_seeded_bf16(as<bf16>(dst) + offset, block, seed, tensor_index, center,
                                         half_width, stream.get()));
   }
 }
 
 void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
   LS_REQUIRE(weights.config.hidden_size == hidden && weights.config.layers_count == layers &&
-                 weights.config.vocab_size == vocab && weights.config.ffn_size == ffn,
+                 weights.config.vocab_size == vocab && weights.config.ffn_size == full_model.ffn_size,
              "cuda backend: the weights' shape does not match the model config");
   weights.validate();
   LS_REQUIRE(weights.config.qkv_bias == model.qkv_bias && weights.config.qk_norm == model.qk_norm,
              "cuda backend: the weights' family features do not match the model config");
   const size_t h = static_cast<size_t>(hidden);
+  const int32_t d = model.head_dim;
+  const ShardRange q_rows = head_elements(shard.query_heads, d);
+  const ShardRange kv_rows = head_elements(shard.kv_heads, d);
   upload_tensor(embedding, 0, weights.embedding);
-  if (!model.tied_embeddings) upload_tensor(lm_head, 0, weights.lm_head);
+  if (shard.degree > 1) {
+    upload_tensor(lm_head, 0, shard_rows(weights.lm_head_view(), hidden, shard.vocab));
+  } else if (!model.tied_embeddings) {
+    upload_tensor(lm_head, 0, weights.lm_head);
+  }
   const size_t qkv_rows = static_cast<size_t>(q_size + 2 * kv_size);
+  std::vector<float> columns;  // a column shard's copy (TP > 1)
   for (int32_t i = 0; i < layers; ++i) {
     const LayerWeights& w = weights.layers[i];
     const size_t li = static_cast<size_t>(i);
     const size_t qkv_at = li * qkv_rows * h;
-    upload_tensor(w_qkv, qkv_at, w.wq);
-    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size) * h, w.wk);
-    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size + kv_size) * h, w.wv);
-    upload_tensor(w_o, li * h * q_size, w.wo);
+    upload_tensor(w_qkv, qkv_at, shard_rows(w.wq, hidden, q_rows));
+    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size) * h, shard_rows(w.wk, hidden, kv_rows));
+    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size + kv_size) * h,
+                  shard_rows(w.wv, hidden, kv_rows));
+    upload_tensor(w_o, li * h * q_size,
+                  shard_columns(w.wo, hidden, full_model.q_size(), q_rows, columns));
     const size_t gu_at = li * 2 * ffn * h;
-    upload_tensor(w_gate_up, gu_at, w.w_gate);
-    upload_tensor(w_gate_up, gu_at + static_cast<size_t>(ffn) * h, w.w_up);
-    upload_tensor(w_down, li * h * ffn, w.w_down);
+    upload_tensor(w_gate_up, gu_at, shard_rows(w.w_gate, hidden, shard.ffn));
+    upload_tensor(w_gate_up, gu_at + static_cast<size_t>(ffn) * h,
+                  shard_rows(w.w_up, hidden, shard.ffn));
+    upload_tensor(w_down, li * h * ffn,
+                  shard_columns(w.w_down, hidden, full_model.ffn_size, shard.ffn, columns));
     LS_CUDA(cudaMemcpy(attn_norm.get() + li * h, w.attn_norm.data(), h * 4, cudaMemcpyHostToDevice));
     LS_CUDA(cudaMemcpy(ffn_norm.get() + li * h, w.ffn_norm.data(), h * 4, cudaMemcpyHostToDevice));
     upload_features(li, w);
@@ -647,14 +701,18 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
   LS_CUDA(cudaMemcpy(final_norm.get(), weights.final_norm.data(), h * 4, cudaMemcpyHostToDevice));
 }
 
-// Qwen2's biases side by side in QKV order; Qwen3's head norms.
+// Qwen2's biases side by side in QKV order (this rank's heads); Qwen3's head norms.
 void CudaBackend::Impl::upload_features(size_t li, const LayerWeights& w) {
-  auto copy = [](float* dst, const std::vector<float>& src) {
-    LS_CUDA(cudaMemcpy(dst, src.data(), src.size() * 4, cudaMemcpyHostToDevice));
+  auto copy = [](float* dst, std::span<const float> src) {
+    LS_CUDA(cudaMemcpy(dst, src.data(), src.size_bytes(), cudaMemcpyHostToDevice));
   };
   if (model.qkv_bias) {
+    const ShardRange q_rows = head_elements(shard.query_heads, model.head_dim);
+    const ShardRange kv_rows = head_elements(shard.kv_heads, model.head_dim);
     float* bias = qkv_bias.get() + li * static_cast<size_t>(q_size + 2 * kv_size);
-    copy(bias, w.q_bias), copy(bias + q_size, w.k_bias), copy(bias + q_size + kv_size, w.v_bias);
+    copy(bias, shard_rows(w.q_bias, 1, q_rows));
+    copy(bias + q_size, shard_rows(w.k_bias, 1, kv_rows));
+    copy(bias + q_size + kv_size, shard_rows(w.v_bias, 1, kv_rows));
   }
   if (model.qk_norm) {
     copy(q_norm.get() + li * model.head_dim, w.q_norm);
@@ -664,11 +722,24 @@ void CudaBackend::Impl::upload_features(size_t li, const LayerWeights& w) {
 
 // weights_from_seed's tensors generated on the device, at the indices and in the ranges of
 // core/ops/seeded_weights.h. Norms, biases and head norms stay fp32 at every precision.
-void CudaBackend::Impl::seed_fp32(float* dst, int64_t count, uint64_t seed, uint32_t tensor_index,
-                                  ops::SeededRange range) {
-  LS_CUDA(kernels::launch_seeded_f32(dst, count, seed, tensor_index, range.center, range.half_width,
+void CudaBackend::Impl::seed_fp32(float* dst, kernels::SeededBlock block, uint64_t seed,
+                                  uint32_t tensor_index, ops::SeededRange range) {
+  LS_CUDA(kernels::launch_seeded_f32(dst, block, seed, tensor_index, range.center, range.half_width,
                                      stream.get()));
 }
+
+namespace {
+
+// The seeded elements of rows `rows` of a [*, cols] tensor, and of columns `columns` of a
+// [rows, cols] one: a rank's shard of the TP-1 tensor, element for element.
+kernels::SeededBlock seeded_rows(ShardRange rows, int64_t cols) {
+  return {rows.count, cols, int64_t{rows.begin} * cols, cols};
+}
+kernels::SeededBlock seeded_columns(int64_t rows, int64_t cols, ShardRange columns) {
+  return {rows, columns.count, columns.begin, cols};
+}
+
+}  // namespace
 
 // The family tensors: Qwen2's biases side by side in QKV order, Qwen3's head norms.
 void CudaBackend::Impl::generate_features(uint64_t seed) {
@@ -677,51 +748,78 @@ void CudaBackend::Impl::generate_features(uint64_t seed) {
     return ops::seeded_feature_tensor_index(static_cast<uint32_t>(layers),
                                             static_cast<uint32_t>(layer), k);
   };
+  const ShardRange q_rows = head_elements(shard.query_heads, model.head_dim);
+  const ShardRange kv_rows = head_elements(shard.kv_heads, model.head_dim);
   for (int32_t i = 0; i < layers; ++i) {
     if (model.qkv_bias) {
       float* bias = qkv_bias.get() + static_cast<size_t>(i) * (q_size + 2 * kv_size);
-      seed_fp32(bias, q_size, seed, index(i, ops::kSeededQBias), ops::kSeededBiasRange);
-      seed_fp32(bias + q_size, kv_size, seed, index(i, ops::kSeededKBias), ops::kSeededBiasRange);
-      seed_fp32(bias + q_size + kv_size, kv_size, seed, index(i, ops::kSeededVBias),
+      seed_fp32(bias, seeded_rows(q_rows, 1), seed, index(i, ops::kSeededQBias),
                 ops::kSeededBiasRange);
+      seed_fp32(bias + q_size, seeded_rows(kv_rows, 1), seed, index(i, ops::kSeededKBias),
+                ops::kSeededBiasRange);
+      seed_fp32(bias + q_size + kv_size, seeded_rows(kv_rows, 1), seed,
+                index(i, ops::kSeededVBias), ops::kSeededBiasRange);
     }
     if (model.qk_norm) {
-      seed_fp32(q_norm.get() + i * d, d, seed, index(i, ops::kSeededQNorm), ops::kSeededNormRange);
-      seed_fp32(k_norm.get() + i * d, d, seed, index(i, ops::kSeededKNorm), ops::kSeededNormRange);
+      const kernels::SeededBlock head{1, d, 0, d};
+      seed_fp32(q_norm.get() + i * d, head, seed, index(i, ops::kSeededQNorm), ops::kSeededNormRange);
+      seed_fp32(k_norm.get() + i * d, head, seed, index(i, ops::kSeededKNorm), ops::kSeededNormRange);
     }
   }
 }
 
+// This rank's shard of each seeded tensor: the elements of weights_from_seed's TP-1 tensor that
+// the shard holds, so TP N's weights equal TP 1's. Ranges are the whole tensor's (1/sqrt(in) of
+// TP 1's in).
 void CudaBackend::Impl::generate_weights(uint64_t seed) {
   const int64_t h = hidden;
   auto linear = [](int64_t in) {
     return ops::SeededRange{0.0f, 1.0f / std::sqrt(static_cast<float>(in))};
   };
   auto at = [](int64_t elements) { return static_cast<size_t>(elements); };
-  seed_tensor(embedding, 0, vocab * h, seed, ops::kSeededEmbeddingIndex, ops::kSeededEmbeddingRange);
+  const int64_t full_q = full_model.q_size(), full_ffn = full_model.ffn_size;
+  const ShardRange q_rows = head_elements(shard.query_heads, model.head_dim);
+  const ShardRange kv_rows = head_elements(shard.kv_heads, model.head_dim);
+  const auto whole = [](int64_t rows, int64_t cols) { return kernels::SeededBlock{rows, cols, 0, cols}; };
+  seed_tensor(embedding, 0, whole(vocab, h), seed, ops::kSeededEmbeddingIndex,
+              ops::kSeededEmbeddingRange);
   const int64_t qkv_rows = q_size + 2 * kv_size;
   for (int32_t i = 0; i < layers; ++i) {
     const auto index = [i](ops::SeededLayerTensor k) {
       return ops::seeded_layer_tensor_index(static_cast<uint32_t>(i), k);
     };
     const int64_t qkv_at = i * qkv_rows * h;
-    seed_fp32(attn_norm.get() + i * h, h, seed, index(ops::kSeededAttnNorm), ops::kSeededNormRange);
-    seed_tensor(w_qkv, at(qkv_at), q_size * h, seed, index(ops::kSeededWq), linear(h));
-    seed_tensor(w_qkv, at(qkv_at + q_size * h), kv_size * h, seed, index(ops::kSeededWk), linear(h));
-    seed_tensor(w_qkv, at(qkv_at + (q_size + kv_size) * h), kv_size * h, seed,
+    seed_fp32(attn_norm.get() + i * h, whole(1, h), seed, index(ops::kSeededAttnNorm),
+              ops::kSeededNormRange);
+    seed_tensor(w_qkv, at(qkv_at), seeded_rows(q_rows, h), seed, index(ops::kSeededWq), linear(h));
+    seed_tensor(w_qkv, at(qkv_at + q_size * h), seeded_rows(kv_rows, h), seed,
+                index(ops::kSeededWk), linear(h));
+    seed_tensor(w_qkv, at(qkv_at + (q_size + kv_size) * h), seeded_rows(kv_rows, h), seed,
                 index(ops::kSeededWv), linear(h));
-    seed_tensor(w_o, at(i * h * q_size), h * q_size, seed, index(ops::kSeededWo), linear(q_size));
-    seed_fp32(ffn_norm.get() + i * h, h, seed, index(ops::kSeededFfnNorm), ops::kSeededNormRange);
+    seed_tensor(w_o, at(i * h * q_size), seeded_columns(h, full_q, q_rows), seed,
+                index(ops::kSeededWo), linear(full_q));
+    seed_fp32(ffn_norm.get() + i * h, whole(1, h), seed, index(ops::kSeededFfnNorm),
+              ops::kSeededNormRange);
     const int64_t gu_at = i * 2 * ffn * h;
-    seed_tensor(w_gate_up, at(gu_at), ffn * h, seed, index(ops::kSeededWGate), linear(h));
-    seed_tensor(w_gate_up, at(gu_at + ffn * h), ffn * h, seed, index(ops::kSeededWUp), linear(h));
-    seed_tensor(w_down, at(i * h * ffn), h * ffn, seed, index(ops::kSeededWDown), linear(ffn));
+    seed_tensor(w_gate_up, at(gu_at), seeded_rows(shard.ffn, h), seed, index(ops::kSeededWGate),
+                linear(h));
+    seed_tensor(w_gate_up, at(gu_at + ffn * h), seeded_rows(shard.ffn, h), seed,
+                index(ops::kSeededWUp), linear(h));
+    seed_tensor(w_down, at(i * h * ffn), seeded_columns(h, full_ffn, shard.ffn), seed,
+                index(ops::kSeededWDown), linear(full_ffn));
   }
   const auto layers_count = static_cast<uint32_t>(layers);
-  seed_fp32(final_norm.get(), h, seed, ops::seeded_final_norm_index(layers_count),
+  seed_fp32(final_norm.get(), whole(1, h), seed, ops::seeded_final_norm_index(layers_count),
             ops::kSeededNormRange);
-  if (!model.tied_embeddings) {
-    seed_tensor(lm_head, 0, vocab * h, seed, ops::seeded_lm_head_index(layers_count), linear(h));
+  if (shard.degree > 1) {
+    // Tied: the head is the embedding's rows, seeded as the embedding.
+    const bool tied = model.tied_embeddings;
+    seed_tensor(lm_head, 0, seeded_rows(shard.vocab, h), seed,
+                tied ? ops::kSeededEmbeddingIndex : ops::seeded_lm_head_index(layers_count),
+                tied ? ops::kSeededEmbeddingRange : linear(h));
+  } else if (!model.tied_embeddings) {
+    seed_tensor(lm_head, 0, whole(vocab, h), seed, ops::seeded_lm_head_index(layers_count),
+                linear(h));
   }
   generate_features(seed);
   LS_CUDA(cudaStreamSynchronize(stream.get()));
@@ -958,8 +1056,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
                                           tokens, attention_workspace.get(),
                                           attention_workspace.count(), as<T>(attn_out), s));
   mark(CudaPhase::kAttention);
-  linear(as<T>(attn_out), as<T>(w_o) + li * h * q_size, residual.get(), tokens, hidden, q_size,
-         1.0f);
+  row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, q_size);
   mark(CudaPhase::kGemmO);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                    ffn_norm.get() + li * h, model.rms_eps, x, s));
@@ -968,7 +1065,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   mark(CudaPhase::kGemmGateUp);
   LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
   mark(CudaPhase::kSwiglu);
-  linear(as<T>(act), as<T>(w_down) + li * h * ffn, residual.get(), tokens, hidden, ffn, 1.0f);
+  row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, ffn);
   mark(CudaPhase::kGemmDown);
 }
 
@@ -982,12 +1079,37 @@ void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) 
   LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
                                    hidden, final_norm.get(), model.rms_eps, as<T>(final_normed),
                                    s));
-  const T* head = as<T>(model.tied_embeddings ? embedding : lm_head);
-  linear(as<T>(final_normed), head, logits.get(), logits_rows, vocab, hidden, 0.0f);
+  lm_head_logits<T>(logits_rows);
   mark(CudaPhase::kLmHead);
 }
 
+// The o and down projections into the residual stream: fused into the GEMM (beta = 1) at TP 1;
+// at TP > 1 this rank's partial over its `in` columns, all-reduced, then added.
+template <typename T>
+void CudaBackend::Impl::row_parallel(const T* x, const T* w, int32_t tokens, int32_t in) {
+  if (!tp) {
+    linear(x, w, residual.get(), tokens, hidden, in, 1.0f);
+    return;
+  }
+  linear(x, w, tp->partial(), tokens, hidden, in, 0.0f);
+  tp->reduce_into_residual(residual.get(), tokens, stream.get());
+}
+
+// logits [rows, vocab]: at TP > 1 this rank's vocabulary shard, all-gathered from every rank.
+template <typename T>
+void CudaBackend::Impl::lm_head_logits(int32_t logits_rows) {
+  if (!tp) {
+    const T* head = as<T>(model.tied_embeddings ? embedding : lm_head);
+    linear(as<T>(final_normed), head, logits.get(), logits_rows, vocab, hidden, 0.0f);
+    return;
+  }
+  linear(as<T>(final_normed), as<T>(lm_head), tp->head_shard(), logits_rows, shard.vocab_rows,
+         hidden, 0.0f);
+  tp->gather_logits(logits.get(), logits_rows, stream.get());
+}
+
 void CudaBackend::Impl::enqueue_forward(int32_t tokens, int32_t logits_rows) {
+  if (tp) tp->begin_forward();
   if (options.precision == CudaPrecision::kFp32) {
     enqueue_forward_as<float>(tokens, logits_rows);
   } else {
@@ -1207,6 +1329,12 @@ CudaBackend::CudaBackend(const DeviceSeededWeights& weights, const ExecutorConfi
 
 CudaBackend::~CudaBackend() = default;
 
+void CudaBackend::capture_graphs() {
+  LS_ASSERT(impl_->steps_count == 0 && impl_->graphs.empty(), "graphs captured after {} steps",
+            impl_->steps_count);
+  impl_->capture_graphs();
+}
+
 // Warm-up eagerly at every bucket (module loading and cuBLAS's first calls stay out of capture),
 // then capture rules 1–4 of a decode step per bucket. The staged header is all zeros here: no
 // real rows, so the fill scrubs every token and the forward writes only the dummy page 0.
@@ -1214,54 +1342,57 @@ void CudaBackend::Impl::capture_graphs() {
   const cudaStream_t s = stream.get();
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
   graphs.clear();
+  tail_graphs.clear();
+  record_tail_graphs.clear();
+  record_graph_k = std::min(kTopLogitsCountMax, vocab);
+  // One graph: what it enqueues and where it goes.
+  struct Capture {
+    std::function<void()> enqueue;
+    std::vector<CudaGraph>* into;
+    bool forward_only;
+  };
+  std::vector<Capture> captures;
   for (const int32_t grid : buckets) {
-    const int32_t tokens = grid * config.verify_width;
-    auto enqueue = [&] {
-      marks_count = 1;  // after the step's opening mark, which stage() records eagerly
-      enqueue_table_writes(grid);
-      enqueue_resets();
-      enqueue_fill(grid);
-      mark(CudaPhase::kStateOps);
-      enqueue_forward(tokens, tokens);
-    };
-    enqueue();
-    LS_CUDA(cudaStreamSynchronize(s));
+    captures.push_back({[this, grid] {
+                          marks_count = 1;  // after the step's opening mark, which stage() records eagerly
+                          enqueue_table_writes(grid);
+                          enqueue_resets();
+                          enqueue_fill(grid);
+                          mark(CudaPhase::kStateOps);
+                          enqueue_forward(grid * config.verify_width, grid * config.verify_width);
+                        },
+                        &graphs, true});
+  }
+  // The same with the greedy tail (profiling keeps the tail eager: its phases stay measurable).
+  for (const bool record : {false, true}) {
+    for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
+      captures.push_back({[this, grid, record] {
+                            const int32_t tokens = grid * config.verify_width;
+                            enqueue_table_writes(grid);
+                            enqueue_resets();
+                            enqueue_fill(grid);
+                            enqueue_forward(tokens, tokens);
+                            enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
+                                                 record ? record_graph_k : kNotRecorded);
+                          },
+                          record ? &record_tail_graphs : &tail_graphs, false});
+    }
+  }
+  // Every warm-up eagerly first, then every capture: a TP rank's warm-ups run collectives that
+  // wait for the other ranks, and none may still wait for this one while it instantiates graphs
+  // (kernels/tp_collectives.h).
+  for (const Capture& c : captures) c.enqueue();
+  LS_CUDA(cudaStreamSynchronize(s));
+  for (const Capture& c : captures) {
     capturing = true;
     try {
-      graphs.push_back(CudaGraph::capture(s, enqueue));
+      c.into->push_back(CudaGraph::capture(s, c.enqueue));
     } catch (...) {
       capturing = false;
       throw;
     }
     capturing = false;
-    graph_marks_end = marks_count;
-  }
-  // The same with the greedy tail (profiling keeps the tail eager: its phases stay measurable).
-  tail_graphs.clear();
-  record_tail_graphs.clear();
-  record_graph_k = std::min(kTopLogitsCountMax, vocab);
-  for (const bool record : {false, true}) {
-    for (const int32_t grid : options.profile ? std::vector<int32_t>{} : buckets) {
-      const int32_t tokens = grid * config.verify_width;
-      auto enqueue = [&] {
-        enqueue_table_writes(grid);
-        enqueue_resets();
-        enqueue_fill(grid);
-        enqueue_forward(tokens, tokens);
-        enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
-                             record ? record_graph_k : kNotRecorded);
-      };
-      enqueue();
-      LS_CUDA(cudaStreamSynchronize(s));
-      capturing = true;
-      try {
-        (record ? record_tail_graphs : tail_graphs).push_back(CudaGraph::capture(s, enqueue));
-      } catch (...) {
-        capturing = false;
-        throw;
-      }
-      capturing = false;
-    }
+    if (c.forward_only) graph_marks_end = marks_count;
   }
   LS_CUDA(cudaStreamSynchronize(s));
   marks_count = 0;
@@ -1306,7 +1437,15 @@ void CudaBackend::forward(const StepPlan& plan) {
   Impl& m = *impl_;
   const ScopeNanos timer{&m.last_forward_ns};
   m.stage(plan);
-  if (plan.rows_count == 0) return;
+  if (plan.rows_count == 0) {
+    // An IDLE step at TP > 1 issues the busy step's collectives with no elements, so the ranks of
+    // a data-parallel group stay in step (the CPU reference's IDLE forward).
+    if (m.tp) {
+      m.tp->begin_forward();
+      m.tp->idle_collectives(m.stream.get());
+    }
+    return;
+  }
   if (m.graph_step()) {
     const auto& graphs = m.record_in_graph ? m.record_tail_graphs
                          : m.tail_in_graph ? m.tail_graphs
@@ -1485,6 +1624,10 @@ DeviceStepTime CudaBackend::last_device_time() const {
 
 CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_totals; }
 
+std::vector<CollectiveCall> CudaBackend::collectives() const {
+  return impl_->tp ? impl_->tp->calls() : std::vector<CollectiveCall>{};
+}
+
 void CudaBackend::reset_phase_times() {
   const bool available = impl_->phase_totals.available;
   impl_->phase_totals = CudaPhaseTimes{};
@@ -1541,7 +1684,9 @@ CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& conf
   s.weight_bytes = fixed.weights;
   s.workspace_bytes = fixed.workspace;
   const int64_t elem = options.precision == CudaPrecision::kFp32 ? 4 : 2;
-  s.page_bytes = 2 * int64_t{model.layers_count} * config.page_size * model.kv_size() * elem;
+  // A TP rank's pages hold its kv heads.
+  const int64_t kv_size = rank_model_config(model, rank_shard(model, options)).kv_size();
+  s.page_bytes = 2 * int64_t{model.layers_count} * config.page_size * kv_size * elem;
   const int64_t left = s.free_bytes - s.weight_bytes - s.workspace_bytes;
   LS_REQUIRE(left > 0, "cuda backend: weights ({} B) and workspaces ({} B) exceed the {} B free",
              s.weight_bytes, s.workspace_bytes, s.free_bytes);

@@ -10,6 +10,7 @@
 #include "core/backend.h"
 #include "core/config.h"
 #include "core/model/weights.h"
+#include "core/tensor_parallel.h"
 
 #include <array>
 #include <cstdint>
@@ -17,8 +18,11 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace ls {
+
+class TpCollectives;
 
 // What weights, KV and the inputs of the linear layers are stored in. Accumulation, the residual
 // stream, norms, softmax and logits are fp32 in both.
@@ -99,6 +103,14 @@ struct CudaBackendOptions {
   // NgramDrafter on the device: the same ids for the same history). Any other name is an
   // ls::Error at construction; oracle-mix is the simulator's and runs on the CPU reference only.
   std::string drafter = "none";
+  // Tensor parallelism (kernels/tp_cuda_backend.h builds the ranks): this backend is rank tp_rank
+  // of tp_degree. It holds that rank's shard of every weight (q/k/v and gate/up by columns, o and
+  // down by rows, the LM head by vocabulary: core/tensor_parallel.h) and of the KV pool (its kv
+  // heads), and joins the ranks through tp_comm (not owned; rank tp_rank of tp_degree; null at
+  // degree 1). Every rank computes the whole logits, guard, sampling and state, identically.
+  int32_t tp_degree = 1;
+  int32_t tp_rank = 0;
+  TpCollectives* tp_comm = nullptr;
 };
 
 // The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,
@@ -178,6 +190,12 @@ class CudaBackend final : public Backend {
   // last_wait_ns().
   DeviceStepTime last_device_time() const override;
 
+  // Captures the decode steps' graphs: what options.graphs does at construction. A TP group's
+  // ranks are built with graphs off and capture together once all are built, since a capture's
+  // warm-up steps run the collectives every rank must join (kernels/tp_cuda_backend.h). Before
+  // the first step, once.
+  void capture_graphs();
+
   CudaMemoryReport memory_report() const;
   int64_t graph_replays_count() const;
   // Of those, the replays whose graph also ran the greedy tail (guard, verify/commit, drafter).
@@ -196,6 +214,9 @@ class CudaBackend final : public Backend {
   // Per-phase device time summed since construction or the last reset (options.profile).
   CudaPhaseTimes phase_times() const;
   void reset_phase_times();
+  // TP > 1: the collectives of the last forward launched eagerly or captured (the CPU
+  // reference's CpuModel::collectives() is their oracle); empty at TP 1, which issues none.
+  std::vector<CollectiveCall> collectives() const;
 
   struct Impl;
 

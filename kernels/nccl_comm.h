@@ -4,9 +4,11 @@
 // CpuTpGroup (core/tensor_parallel.h) is its oracle for the call sequence; NCCL's ring order is
 // its own, so TP N on CUDA is promised bit-identical run to run, not equal to the CPU's bits.
 //
-// Status: the building block only. The CUDA backend does not shard its weights or call this yet;
+// The CUDA backend's ranks (kernels/tp_rank.h, kernels/tp_cuda_backend.h) call it;
 // tests/gpu/nccl_comm_gpu_test.cpp checks it on the GPUs of one host (label gpu).
 #pragma once
+
+#include "kernels/nccl_pinning.h"
 
 #include <cuda_runtime.h>
 
@@ -17,17 +19,6 @@
 #include <vector>
 
 namespace ls {
-
-// What a TP trace's header records about the collectives (NCCL_ALGO, NCCL_PROTO, the version).
-struct NcclPinning {
-  std::string algo;   // NCCL_ALGO
-  std::string proto;  // NCCL_PROTO
-  int32_t version = 0;  // ncclGetVersion
-};
-
-// The pinned values: one ring, the simple protocol, NVLink SHARP (multicast) off.
-inline constexpr const char* kNcclAlgo = "Ring";
-inline constexpr const char* kNcclProto = "Simple";
 
 // Sets NCCL_ALGO, NCCL_PROTO and NCCL_NVLS_ENABLE=0 in this process's environment before the
 // first communicator is made; a variable already set to another value is refused (ls::Error

@@ -7,11 +7,14 @@ namespace ls::kernels {
 namespace {
 
 template <typename T>
-__global__ void seeded_kernel(T* out, int64_t count, uint64_t seed, uint32_t tensor_index,
+__global__ void seeded_kernel(T* out, SeededBlock block, uint64_t seed, uint32_t tensor_index,
                               float center, float half_width) {
+  const int64_t count = block.rows * block.cols;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float v = ops::seeded_value(seed, tensor_index, i, center, half_width);
+    const int64_t r = i / block.cols;
+    const int64_t element = block.first + r * block.stride + (i - r * block.cols);
+    const float v = ops::seeded_value(seed, tensor_index, element, center, half_width);
     if constexpr (sizeof(T) == 2) {
       out[i] = __float2bfloat16_rn(v);
     } else {
@@ -40,25 +43,29 @@ __global__ void read_kernel(const int4* src, int64_t count, int4* sink) {
 constexpr int32_t kBlocks = kReadBlocks;  // enough to fill an H200; grid-stride beyond
 constexpr int32_t kThreads = 256;
 
-}  // namespace
-
-cudaError_t launch_seeded_bf16(__nv_bfloat16* out, int64_t count, uint64_t seed,
-                               uint32_t tensor_index, float center, float half_width,
-                               cudaStream_t stream) {
-  if (count < 0 || out == nullptr) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  seeded_kernel<<<kBlocks, kThreads, 0, stream>>>(out, count, seed, tensor_index, center,
+template <typename T>
+cudaError_t launch_seeded(T* out, SeededBlock block, uint64_t seed, uint32_t tensor_index,
+                          float center, float half_width, cudaStream_t stream) {
+  if (block.rows < 0 || block.cols < 0 || block.first < 0 || block.stride < 0 || out == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (block.rows == 0 || block.cols == 0) return cudaSuccess;
+  seeded_kernel<<<kBlocks, kThreads, 0, stream>>>(out, block, seed, tensor_index, center,
                                                   half_width);
   return cudaGetLastError();
 }
 
-cudaError_t launch_seeded_f32(float* out, int64_t count, uint64_t seed, uint32_t tensor_index,
+}  // namespace
+
+cudaError_t launch_seeded_bf16(__nv_bfloat16* out, SeededBlock block, uint64_t seed,
+                               uint32_t tensor_index, float center, float half_width,
+                               cudaStream_t stream) {
+  return launch_seeded(out, block, seed, tensor_index, center, half_width, stream);
+}
+
+cudaError_t launch_seeded_f32(float* out, SeededBlock block, uint64_t seed, uint32_t tensor_index,
                               float center, float half_width, cudaStream_t stream) {
-  if (count < 0 || out == nullptr) return cudaErrorInvalidValue;
-  if (count == 0) return cudaSuccess;
-  seeded_kernel<<<kBlocks, kThreads, 0, stream>>>(out, count, seed, tensor_index, center,
-                                                  half_width);
-  return cudaGetLastError();
+  return launch_seeded(out, block, seed, tensor_index, center, half_width, stream);
 }
 
 cudaError_t launch_copy_bytes(void* dst, const void* src, int64_t bytes, cudaStream_t stream) {

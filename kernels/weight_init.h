@@ -11,10 +11,21 @@
 
 namespace ls::kernels {
 
-cudaError_t launch_seeded_bf16(__nv_bfloat16* out, int64_t count, uint64_t seed,
+// The elements of a seeded tensor that one launch writes, out[r · cols + c] = element
+// first + r · stride + c for r < rows, c < cols: the whole tensor (rows · cols elements, stride
+// = cols), a tensor-parallel rank's rows of it (first = its first row · cols) or its columns of
+// every row (first = its first column, stride = the tensor's columns).
+struct SeededBlock {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int64_t first = 0;
+  int64_t stride = 0;
+};
+
+cudaError_t launch_seeded_bf16(__nv_bfloat16* out, SeededBlock block, uint64_t seed,
                                uint32_t tensor_index, float center, float half_width,
                                cudaStream_t stream);
-cudaError_t launch_seeded_f32(float* out, int64_t count, uint64_t seed, uint32_t tensor_index,
+cudaError_t launch_seeded_f32(float* out, SeededBlock block, uint64_t seed, uint32_t tensor_index,
                               float center, float half_width, cudaStream_t stream);
 
 // Streaming copy for the bandwidth probe: dst[i] = src[i], 16 bytes per thread per step.

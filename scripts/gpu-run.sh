@@ -23,6 +23,13 @@
 #                                # `lockstep_gpu_bench --recording` (llama-1b, llama-8b; batch 1,
 #                                # 16, 64; context 1024; with and without the recorder), ~1 min.
 #                                # Writes env.txt, recording_tests.log, recording_bench.log/json.
+#   scripts/gpu-run.sh tp        # on the H200 (one GPU or two): only tensor parallelism (issue 18):
+#                                # lockstep_gpu_tp_tests (both ranks on GPU 0; one rank per GPU when
+#                                # there are two), the NCCL tests, `generate --tp 2 --backend cuda
+#                                # --record` then `replay --backend cuda` (exact at TP 2) and
+#                                # teacher-forced at TP 1, and `lockstep_gpu_bench --tp 2` (llama-8b,
+#                                # batch 1 and 64, context 1024), ~3 min. Writes env.txt,
+#                                # tp_tests.log/json, tp_bench.log/json.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -51,7 +58,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=${DIST:-build-gpu/dist}
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
 PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
@@ -79,7 +86,7 @@ package() {
   # shellcheck disable=SC2086
   ninja -C build-gpu -j2 $GPU_TARGETS
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
-  cp build-gpu/tests/lockstep_gpu_tests build-gpu/bench/lockstep_gpu_bench \
+  cp build-gpu/tests/lockstep_gpu_tests build-gpu/tests/lockstep_gpu_tp_tests build-gpu/bench/lockstep_gpu_bench \
      build-gpu/bench/lockstep_gpu_spec_bench build-gpu/bench/lockstep_gpu_attention_bench \
      build-gpu/lockstep "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
@@ -506,6 +513,35 @@ run_recording() {
   return $status
 }
 
+# Tensor parallelism (issue 18): the TP tests on every placement this host has, the NCCL block's
+# tests, the CLI at --tp 2 on CUDA (record, exact replay at TP 2, teacher-forced at TP 1), and the
+# TP decode benchmark. NVLink multicast stays off (the collectives pin NCCL_NVLS_ENABLE=0).
+run_tp() {
+  begin_mode lockstep_gpu_tp_tests
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32
+  echo "== TP GPU tests"
+  timeout 300 "$DIST/bin/lockstep_gpu_tp_tests" --gtest_output="json:$OUT/tp_tests.json" \
+      > "$OUT/tp_tests.log" 2>&1 || status=1
+  timeout 60 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='NcclComm.*' >> "$OUT/tp_tests.log" 2>&1 || status=1
+  {
+    echo "== CLI on CUDA at TP 2: generate --record, replay exact at TP 2, teacher-forced at TP 1"
+    timeout 60 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda --tp 2 \
+        --record /tmp/cli_cuda_tp2.trace -o /tmp/cli_cuda_tp2.jsonl &&
+    "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda_tp2.trace | grep -E "TP|collectives" &&
+    timeout 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_tp2.trace --backend cuda -q &&
+    timeout 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_tp2.trace --backend cuda --tp 1 \
+        --mode teacher-forced -q
+  } >> "$OUT/tp_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|TP 2 vs TP 1|exact replay at TP|IDENTICAL|DIVERGED|agreement|collectives' \
+      "$OUT/tp_tests.log" | tail -30
+  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/tp_bench.json" --tp 2 > "$OUT/tp_bench.log" 2>&1 || status=1
+  cat "$OUT/tp_bench.log"
+  echo "gpu-run tp: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 case "${1:-run}" in
   package) package ;;
   run) run ;;
@@ -515,5 +551,6 @@ case "${1:-run}" in
   recording) run_recording ;;
   pack-python) pack_python "${2:-build-gpu}" ;;
   report) run_report ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  tp) run_tp ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac

@@ -93,6 +93,54 @@ TEST(TpLayout, TheStubModelRefusesTensorParallelism) {
   }
 }
 
+// --- one rank's shard (what a CUDA rank uploads) ---------------------------------------------
+
+TEST(TpRankShard, RankOneOfTinyAtTwoHoldsTheSecondHalfAndAShardOfTheModel) {
+  const ModelConfig tiny = model_config_named("tiny");  // 4 heads, 2 kv, ffn 128, vocab 512
+  const TpRankShard shard = make_rank_shard(tiny, 2, 1);
+  EXPECT_EQ(shard.query_heads, (ShardRange{2, 2}));
+  EXPECT_EQ(shard.kv_heads, (ShardRange{1, 1}));
+  EXPECT_EQ(shard.ffn, (ShardRange{64, 64}));
+  EXPECT_EQ(shard.vocab, (ShardRange{256, 256}));
+  EXPECT_EQ(shard.vocab_rows, 256);
+  const ModelConfig local = rank_model_config(tiny, shard);
+  EXPECT_EQ(local.query_heads_count, 2);
+  EXPECT_EQ(local.kv_heads_count, 1);
+  EXPECT_EQ(local.ffn_size, 64);
+  EXPECT_EQ(local.hidden_size, tiny.hidden_size);
+  EXPECT_EQ(local.vocab_size, 512);
+  EXPECT_EQ(local.head_dim, tiny.head_dim);
+}
+
+TEST(TpRankShard, TheLastRanksHeadShardIsPaddedToTheFirstRanksRows) {
+  ModelConfig model = model_config_named("tiny");
+  model.vocab_size = 511;
+  const TpRankShard last = make_rank_shard(model, 2, 1);
+  EXPECT_EQ(last.vocab, (ShardRange{256, 255}));
+  EXPECT_EQ(last.vocab_rows, 256);
+}
+
+TEST(TpRankShard, RefusesARankOutsideTheGroup) {
+  EXPECT_THROW(make_rank_shard(model_config_named("tiny"), 2, 2), Error);
+  EXPECT_THROW(make_rank_shard(model_config_named("tiny"), 2, -1), Error);
+}
+
+TEST(TpRankShard, RowsAreAViewAndColumnsAreCopiedRowByRow) {
+  // [3, 4]: element (r, c) = 10·r + c.
+  const std::vector<float> tensor = {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23};
+  const std::span<const float> rows = shard_rows(tensor, 4, ShardRange{1, 2});
+  EXPECT_EQ(rows.data(), tensor.data() + 4);
+  EXPECT_EQ(std::vector<float>(rows.begin(), rows.end()),
+            (std::vector<float>{10, 11, 12, 13, 20, 21, 22, 23}));
+  std::vector<float> storage;
+  const std::span<const float> columns = shard_columns(tensor, 3, 4, ShardRange{2, 2}, storage);
+  EXPECT_EQ(std::vector<float>(columns.begin(), columns.end()),
+            (std::vector<float>{2, 3, 12, 13, 22, 23}));
+  const std::span<const float> all = shard_columns(tensor, 3, 4, ShardRange{0, 4}, storage);
+  EXPECT_EQ(all.data(), tensor.data());  // every column: the tensor itself, no copy
+  EXPECT_EQ(head_elements(ShardRange{1, 2}, 8), (ShardRange{8, 16}));
+}
+
 TEST(CpuTpGroup, AllReduceAddsTheRanksInRankOrder) {
   CpuTpGroup group(3, 1);
   // Chosen so that the association shows: (1e8 + 1) + -1e8 = 0 in fp32, 1e8 + (1 + -1e8) = 0 too,
@@ -371,6 +419,51 @@ TEST(TensorParallelTrace, TheRecorderRefusesADegreeTheRecordedModelCannotShard) 
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("header: tp_degree"), std::string::npos) << e.what();
   }
+}
+
+TEST(TensorParallelTrace, TheNcclFieldsReadBackAndATraceFromBeforeThemHasNone) {
+  const trace::TraceReader old =
+      trace::TraceReader::open(LOCKSTEP_SOURCE_DIR "/fuzz/corpus/trace_reader/run_1_request.bin");
+  EXPECT_EQ(old.header().nccl_version, 0);
+  EXPECT_EQ(old.header().nccl_algo, "");
+  EXPECT_EQ(old.header().nccl_proto, "");
+  trace::TraceHeader header = trace::make_trace_header(
+      sim_weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""}, testing::small_config(), "cuda");
+  header.tp_degree = 2;
+  header.nccl_version = 22703;
+  header.nccl_algo = "Ring";
+  header.nccl_proto = "Simple";
+  const fs::path path = temp_path("tp2-nccl.trace");
+  trace::Recorder::open(path, header)->close();
+  const trace::TraceReader reader = trace::TraceReader::open(path);
+  EXPECT_EQ(reader.header().nccl_version, 22703);
+  EXPECT_EQ(reader.header().nccl_algo, "Ring");
+  EXPECT_EQ(reader.header().nccl_proto, "Simple");
+}
+
+TEST(TensorParallelTrace, TheRecorderRefusesNcclFieldsAtTp1OrOnlySomeOfThem) {
+  const auto refusal = [](int32_t degree, int32_t version, const std::string& algo) {
+    trace::TraceHeader header = trace::make_trace_header(
+        sim_weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""}, testing::small_config(),
+        "cuda");
+    header.tp_degree = degree;
+    header.nccl_version = version;
+    header.nccl_algo = algo;
+    header.nccl_proto = algo.empty() ? "" : "Simple";
+    try {
+      trace::Recorder::open(temp_path("tp-nccl-refused.trace"), header)->close();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refusal(1, 22703, "Ring").find("header: nccl_version 22703 is set at tp_degree 1"),
+            std::string::npos) << refusal(1, 22703, "Ring");
+  EXPECT_NE(refusal(2, 22703, "").find("all three are set or none"), std::string::npos)
+      << refusal(2, 22703, "");
+  EXPECT_NE(refusal(2, 0, "Ring").find("all three are set or none"), std::string::npos);
+  EXPECT_EQ(refusal(2, 22703, "Ring"), "");
+  EXPECT_EQ(refusal(2, 0, ""), "");  // the CPU reference's TP 2: no library ran collectives
 }
 
 // --- the simulator ---------------------------------------------------------------------------

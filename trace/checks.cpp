@@ -42,6 +42,15 @@ void check_header(const TraceHeader& h) {
   } catch (const Error& e) {
     throw Error(fmt::format("header: tp_degree: {}", e.what()));
   }
+  // The collectives' library: all three fields or none, and only where ranks communicated.
+  const bool nccl = h.nccl_version != 0 || !h.nccl_algo.empty() || !h.nccl_proto.empty();
+  if (nccl) {
+    LS_REQUIRE(h.nccl_version > 0 && !h.nccl_algo.empty() && !h.nccl_proto.empty(),
+               "header: nccl_version {}, nccl_algo '{}', nccl_proto '{}': all three are set or "
+               "none", h.nccl_version, h.nccl_algo, h.nccl_proto);
+    LS_REQUIRE(h.tp_degree > 1, "header: nccl_version {} is set at tp_degree 1 (no collectives)",
+               h.nccl_version);
+  }
 }
 
 namespace {

@@ -187,6 +187,9 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setStepClock(h.step_clock);
   out.setDeviceTimer(h.device_timer);
   out.setTpDegree(h.tp_degree);
+  out.setNcclVersion(h.nccl_version);
+  out.setNcclAlgo(h.nccl_algo);
+  out.setNcclProto(h.nccl_proto);
   auto mi = out.initMachine();
   mi.setCpuName(h.machine.cpu_name);
   mi.setGpuName(h.machine.gpu_name);
@@ -270,6 +273,9 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.step_clock = text(in.getStepClock());
   out.device_timer = text(in.getDeviceTimer());
   out.tp_degree = in.getTpDegree();
+  out.nccl_version = in.getNcclVersion();
+  out.nccl_algo = text(in.getNcclAlgo());
+  out.nccl_proto = text(in.getNcclProto());
   const auto mi = in.getMachine();
   out.machine.cpu_name = text(mi.getCpuName());
   out.machine.gpu_name = text(mi.getGpuName());

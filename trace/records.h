@@ -65,6 +65,12 @@ struct TraceHeader {
   // The tensor-parallel degree the outputs were computed at (core/tensor_parallel.h); 1 in traces
   // from before the field.
   int32_t tp_degree = 1;
+  // The collectives' library at TP > 1 on CUDA (kernels/nccl_pinning.h): NCCL's version and the
+  // pinned NCCL_ALGO and NCCL_PROTO. 0 and "" when no library ran them (TP 1, the CPU reference)
+  // and in traces from before the fields.
+  int32_t nccl_version = 0;
+  std::string nccl_algo;
+  std::string nccl_proto;
 
   bool is_foreign() const { return !foreign_executor.empty(); }
 };

@@ -92,6 +92,9 @@
 #   row-parallel partials (after o and after down) summed in rank order. Exact replay rebuilds
 #   the same degree (it refuses another: TP N equals TP 1 only within a tolerance); teacher-forced
 #   replay may run at any degree the model shards to. The reader checks 1 <= tpDegree <= 8.
+#   On CUDA the sums are NCCL's, with NCCL_ALGO and NCCL_PROTO pinned (one reduction order
+#   whatever the message size) and recorded with NCCL's version (ncclVersion, ncclAlgo,
+#   ncclProto); the reader checks they are all set or all empty, and set only when tpDegree > 1.
 #
 # EVOLUTION
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
@@ -146,6 +149,12 @@ struct Header {
   # Issue 18: the tensor-parallel degree the outputs were computed at, 1..8 (TENSOR PARALLELISM).
   # A trace from before the field reads as 1, which it was.
   tpDegree @17 :Int32 = 1;
+  # Issue 18 (CUDA): the library that ran a TP > 1 trace's collectives, with its pinned algorithm
+  # and protocol (NCCL_ALGO, NCCL_PROTO: TENSOR PARALLELISM). 0 and "" when none ran: TP 1, the
+  # CPU reference's simulated ranks, and traces from before the fields.
+  ncclVersion @18 :Int32;    # ncclGetVersion, e.g. 22703 for 2.27.3
+  ncclAlgo @19 :Text;        # "Ring"
+  ncclProto @20 :Text;       # "Simple"
 }
 
 struct ModelShape {

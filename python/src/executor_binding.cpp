@@ -17,6 +17,7 @@
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "kernels/cuda_backend.h"
+#include "kernels/tp_cuda_backend.h"
 #endif
 
 #include <pybind11/numpy.h>
@@ -217,6 +218,15 @@ class PyExecutor {
     header.executor_options = options_;  // what this executor captures, not what a recording would ask
     header.drafter = drafter_;
     header.tp_degree = tp_degree_;
+#ifdef LOCKSTEP_HAVE_CUDA
+    if (const auto* group = dynamic_cast<const TpCudaBackend*>(backend_.get())) {
+      if (const std::optional<NcclPinning>& nccl = group->nccl_pinning()) {  // NCCL ran them
+        header.nccl_version = nccl->version;
+        header.nccl_algo = nccl->algo;
+        header.nccl_proto = nccl->proto;
+      }
+    }
+#endif
     if (!options_.capture_logits) header.top_logits_count = 0;
     recorder_ = trace::Recorder::open(path, header);
   }
@@ -346,12 +356,12 @@ class PyExecutor {
     }
 #ifdef LOCKSTEP_HAVE_CUDA
     if (backend_name_ == "cuda") {
-      LS_REQUIRE(tp_degree_ == 1,
-                 "Executor: tp={} with backend='cuda': the CUDA backend runs on one GPU; its NCCL "
-                 "tensor-parallel ranks are not built yet (backend='cpu' simulates TP)",
-                 tp_degree_);
       CudaBackendOptions options{.graphs = graphs};
       options.drafter = drafter_;
+      if (tp_degree_ > 1) {  // one rank per GPU over NCCL (sharing GPU 0 when there are fewer)
+        prepare_tp_environment();  // in time when this is the process's first CUDA use
+        return std::make_unique<TpCudaBackend>(weights_, config_, options, tp_devices(tp_degree_));
+      }
       return make_cuda_backend(weights_, config_, options);
     }
 #else

@@ -238,6 +238,9 @@ py::dict header_to_dict(const trace::TraceHeader& h) {
   d["step_clock"] = h.step_clock;
   d["device_timer"] = h.device_timer;
   d["tp_degree"] = h.tp_degree;
+  d["nccl_version"] = h.nccl_version;
+  d["nccl_algo"] = h.nccl_algo;
+  d["nccl_proto"] = h.nccl_proto;
   return d;
 }
 

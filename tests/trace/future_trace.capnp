@@ -47,8 +47,12 @@ struct Header {
   foreignExecutor @14 :Text;
   stepClock @15 :Text;
   deviceTimer @16 :Text;
+  tpDegree @17 :Int32 = 1;
+  ncclVersion @18 :Int32;
+  ncclAlgo @19 :Text;
+  ncclProto @20 :Text;
   # FUTURE: a new header field.
-  hostName @17 :Text;
+  hostName @21 :Text;
 }
 
 struct ModelShape {
