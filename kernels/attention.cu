@@ -123,6 +123,29 @@ size_t split_shared_bytes(int32_t head_dim, int32_t group) {
                   size_t{kWarps} * group * head_dim * sizeof(float));
 }
 
+// A split's softmax pieces, one warp a head: each head's scores[0, count) become e = exp(score −
+// m) with m their maximum, m and Σ e go to m_s / l_s (the combine merges splits from them), and
+// scores[count, padded) are zeroed (the MMA path multiplies whole 16-key tiles).
+__device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t group, int32_t count,
+                                                     int32_t padded, int32_t warp, int32_t lane,
+                                                     float* m_s, float* l_s) {
+  for (int32_t h = warp; h < group; h += kWarps) {
+    float* sc = scores + h * kAttentionSplitKeys;
+    float m = -INFINITY;
+    for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int32_t x = lane; x < count; x += 32) {
+      const float e = expf(sc[x] - m);
+      sc[x] = e;
+      l += e;
+    }
+    for (int32_t x = count + lane; x < padded; x += 32) sc[x] = 0.0f;
+    l = warp_sum(l);
+    if (lane == 0) m_s[h] = m, l_s[h] = l;
+  }
+}
+
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
 // that share one KV head (every K/V element is read once per KV head, not once per query head),
 // for the splits split_lane, split_lane + lanes, ... How many lanes a launch uses depends on the
@@ -253,21 +276,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     const int32_t next = split + static_cast<int32_t>(gridDim.x);
     next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
-    // Softmax pieces per head: one warp per head.
-    for (int32_t h = warp; h < group; h += kWarps) {
-      float* sc = scores + h * kAttentionSplitKeys;
-      float m = -INFINITY;
-      for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
-      m = warp_max(m);
-      float l = 0.0f;
-      for (int32_t x = lane; x < count; x += 32) {
-        const float e = expf(sc[x] - m);
-        sc[x] = e;
-        l += e;
-      }
-      l = warp_sum(l);
-      if (lane == 0) m_s[h] = m, l_s[h] = l;
-    }
+    split_softmax_pieces(scores, group, count, count, warp, lane, m_s, l_s);
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
     // Weighted values from shared memory, the same lane layout as the keys.

@@ -175,22 +175,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
     const int32_t next = split + static_cast<int32_t>(gridDim.x);
     next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
-    // Softmax pieces per head: one warp per head; probabilities past the keys are zero.
-    for (int32_t h = warp; h < group; h += kWarps) {
-      float* sc = scores + h * kAttentionSplitKeys;
-      float m = -INFINITY;
-      for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
-      m = warp_max(m);
-      float l = 0.0f;
-      for (int32_t x = lane; x < count; x += 32) {
-        const float e = expf(sc[x] - m);
-        sc[x] = e;
-        l += e;
-      }
-      for (int32_t x = count + lane; x < padded; x += 32) sc[x] = 0.0f;
-      l = warp_sum(l);
-      if (lane == 0) m_s[h] = m, l_s[h] = l;
-    }
+    split_softmax_pieces(scores, group, count, padded, warp, lane, m_s, l_s);  // zero past keys
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
     float out[kDimPairs][2][4] = {};
