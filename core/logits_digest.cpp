@@ -42,13 +42,14 @@ LS_AVX512 uint64_t digest_avx512(const float* x, uint32_t n) {
   for (; i + 16 <= n; i += 16) {
     const __m512i bits = _mm512_loadu_si512(x + i);
     const __m512i mixed = _mm512_xor_si512(bits, index_mix);
-    // Each 64-bit lane's product folded (high XOR low) into its low 32 bits.
+    // Each 64-bit product folded (high XOR low) into both of its 32-bit halves: a product XOR
+    // itself with its halves swapped. The swaps are shuffles, which issue beside the multiplies
+    // (shifts would queue behind them).
     const __m512i even = _mm512_mul_epu32(mixed, multiplier);
-    const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(mixed, 32), multiplier);
-    const __m512i even_folded = _mm512_xor_si512(even, _mm512_srli_epi64(even, 32));
-    const __m512i odd_folded = _mm512_xor_si512(odd, _mm512_srli_epi64(odd, 32));
-    a = _mm512_add_epi32(a, _mm512_mask_blend_epi32(0xAAAA, even_folded,
-                                                    _mm512_slli_epi64(odd_folded, 32)));
+    const __m512i odd = _mm512_mul_epu32(_mm512_shuffle_epi32(mixed, _MM_PERM_CDAB), multiplier);
+    const __m512i even_folded = _mm512_xor_si512(even, _mm512_shuffle_epi32(even, _MM_PERM_CDAB));
+    const __m512i odd_folded = _mm512_xor_si512(odd, _mm512_shuffle_epi32(odd, _MM_PERM_CDAB));
+    a = _mm512_add_epi32(a, _mm512_mask_blend_epi32(0xAAAA, even_folded, odd_folded));
     b = _mm512_add_epi32(b, _mm512_mullo_epi32(_mm512_xor_si512(bits, salt), odd_factor));
     index_mix = _mm512_add_epi32(index_mix, index_mix_step);
     odd_factor = _mm512_add_epi32(odd_factor, odd_factor_step);

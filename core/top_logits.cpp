@@ -196,21 +196,27 @@ LS_AVX512 inline __mmask16 lanes_below(size_t n) {
 }
 
 // The k-th largest of the values of x[0, count), counted with their multiplicity: the least
-// value that fewer than k values exceed. `x` has room for whole vectors past count.
+// value that fewer than k values exceed (a lower bound is all the callers need: the gather takes
+// every logit at or above it). 16 values at a time count, in one register, how many of all the
+// values exceed each of them: one compare and one masked add per value, none depending on the one
+// before. `x` has room for whole vectors past count.
 LS_AVX512 float kth_largest_avx512(float* x, size_t count, size_t k) {
   // Lanes past the last: below every value counted (none is counted above itself).
   for (size_t i = count; i < (count + 15) / 16 * 16; ++i) {
     x[i] = -std::numeric_limits<float>::infinity();
   }
+  const __m512i ones = _mm512_set1_epi32(1);
+  const __m512i ks = _mm512_set1_epi32(static_cast<int32_t>(k));
   float bound = std::numeric_limits<float>::infinity();
-  for (size_t i = 0; i < count; ++i) {
-    const __m512 value = _mm512_set1_ps(x[i]);
-    size_t above = 0;
-    for (size_t j = 0; j < count; j += 16) {
-      above += static_cast<size_t>(
-          __builtin_popcount(_mm512_cmp_ps_mask(_mm512_loadu_ps(x + j), value, _CMP_GT_OQ)));
+  for (size_t i = 0; i < count; i += 16) {
+    const __m512 values = _mm512_loadu_ps(x + i);
+    __m512i above = _mm512_setzero_si512();
+    for (size_t j = 0; j < count; ++j) {
+      const __mmask16 exceeded = _mm512_cmp_ps_mask(_mm512_set1_ps(x[j]), values, _CMP_GT_OQ);
+      above = _mm512_mask_add_epi32(above, exceeded, above, ones);
     }
-    bound = above < k && x[i] < bound ? x[i] : bound;
+    const __mmask16 within = _mm512_mask_cmplt_epi32_mask(lanes_below(count - i), above, ks);
+    if (within != 0) bound = std::min(bound, _mm512_mask_reduce_min_ps(within, values));
   }
   return bound;
 }
