@@ -430,6 +430,8 @@ void read_time_step_limit(const Json& json, const std::string& name, MambaConfig
 // rope_parameters (where the config writes it too) and rotates int(head_dim · factor) dims. So:
 // rope_parameters.partial_rotary_factor when given, else 0.5; a top-level value other than 0.5
 // would be replaced by transformers and is refused rather than silently honoured or dropped.
+// (Whether transformers' rope init keeps a rope_parameters factor other than 0.5 is checked on the
+// torch host by tests/hf_fixtures.py, check_factor_from_rope_parameters.)
 void read_partial_rotary(const Json& json, ModelConfig& c) {
   const std::string& name = c.name;
   constexpr double kBambaForcedFactor = 0.5;
