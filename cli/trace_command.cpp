@@ -56,8 +56,9 @@ void print_header(const trace::TraceHeader& h) {
              m.max_positions == 0 ? std::string("none") : std::to_string(m.max_positions),
              m.sliding_window == 0 ? std::string("none") : std::to_string(m.sliding_window));
   fmt::print("rope {}: factor {}, low freq factor {}, high freq factor {}, original max positions "
-             "{}\n", to_string(m.rope_type), m.rope_factor, m.rope_low_freq_factor,
-             m.rope_high_freq_factor, m.rope_original_max_positions);
+             "{}, rotates {} of head_dim {}\n", to_string(m.rope_type), m.rope_factor,
+             m.rope_low_freq_factor, m.rope_high_freq_factor, m.rope_original_max_positions,
+             m.rotary_dim(), m.head_dim);
   fmt::print("weights {} (digest {:016x})\n",
              h.weights.kind == WeightSource::Kind::kSeed ? fmt::format("from seed {}", h.weights.seed)
                                                          : fmt::format("from {}", h.weights.directory),

@@ -148,6 +148,10 @@ void ModelConfig::validate() const {
                "model config '{}': llama3 rope original_max_position_embeddings must be > 0, got {}",
                name, rope_original_max_positions);
   }
+  LS_REQUIRE(partial_rotary_dim == 0 || (partial_rotary_dim > 0 && partial_rotary_dim < head_dim &&
+                                          partial_rotary_dim % 2 == 0),
+             "model config '{}': partial_rotary_dim must be 0 (the whole head) or even and in "
+             "[2, head_dim = {}), got {}", name, head_dim, partial_rotary_dim);
   LS_REQUIRE(max_positions >= 0, "model config '{}': max_positions must be >= 0, got {}", name,
              max_positions);
   LS_REQUIRE(sliding_window >= 0, "model config '{}': sliding_window must be >= 0, got {}", name,

@@ -99,6 +99,10 @@ struct ModelConfig {
   float rope_low_freq_factor = 1.0f;
   float rope_high_freq_factor = 4.0f;
   int32_t rope_original_max_positions = 8192;
+  // Partial rotary (Bamba's partial_rotary_factor): RoPE rotates only the first
+  // partial_rotary_dim dims of each q/k head (rotate-half within them, frequencies over that
+  // dim) and passes the rest through. 0 = the whole head, the one spelling of "full rotary".
+  int32_t partial_rotary_dim = 0;
   bool qkv_bias = false;  // q/k/v projections carry biases (Qwen2)
   bool qk_norm = false;   // per-head RMSNorm on q and k before RoPE (Qwen3)
   // max_position_embeddings: the context length the checkpoint was made for; 0 = no bound (the
@@ -120,6 +124,8 @@ struct ModelConfig {
 
   int32_t q_size() const { return query_heads_count * head_dim; }
   int32_t kv_size() const { return kv_heads_count * head_dim; }
+  // The dims of each q/k head that RoPE rotates (the first ones).
+  int32_t rotary_dim() const { return partial_rotary_dim == 0 ? head_dim : partial_rotary_dim; }
   RopeConfig rope() const {
     return RopeConfig{rope_type, rope_theta, rope_factor, rope_low_freq_factor,
                       rope_high_freq_factor, rope_original_max_positions};

@@ -48,7 +48,7 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
     : weights_(weights),
       model_(weights.config),
       limits_(config),
-      rope_(build_rope_table(model_.rope(), model_.head_dim,
+      rope_(build_rope_table(model_.rope(), model_.rotary_dim(),
                              config.table_width() * config.page_size)),
       tp_(make_tp_layout(weights.config, tp_degree)),
       group_(tp_degree, kCollectivesPerLayer * weights.config.layers_count + 1) {

@@ -459,6 +459,11 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_REQUIRE(!model.has_recurrent_state(), "cuda backend: model '{}' has {} Mamba2 layers, which "
              "the CUDA backend does not implement yet (run it with --backend cpu)", model.name,
              model.mamba_layers_count());
+  // The RoPE kernel pairs dim i with i + head_dim/2 over the whole head: a partial rotary would
+  // need a table of rotary_dim/2 columns and pass-through dims it does not have.
+  LS_REQUIRE(model.rotary_dim() == model.head_dim, "cuda backend: model '{}' rotates {} of its "
+             "head_dim {} (partial_rotary_dim), which the CUDA RoPE kernel does not implement "
+             "(run it with --backend cpu)", model.name, model.rotary_dim(), model.head_dim);
   LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName ||
                  options.drafter == "ngram",
              "cuda backend: unknown drafter '{}'; the CUDA backend runs 'none' and 'ngram' "
@@ -523,7 +528,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * l *
                                  config.page_size * kv_size * elem_bytes);
   // The same table as the CPU reference's: one function of the model's rope parameters.
-  const RopeTable rope = build_rope_table(model.rope(), model.head_dim, positions_count);
+  const RopeTable rope = build_rope_table(model.rope(), model.rotary_dim(), positions_count);
   auto& ws = ledger.workspace;
   rope_cos = DeviceArray<float>(rope.cos.size(), ws);
   rope_sin = DeviceArray<float>(rope.sin.size(), ws);

@@ -120,14 +120,58 @@ def perturb_mamba(model, generator):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=generator))
 
 
-def check_full_rotation(model):
-    """lockstep rotates the whole head_dim for Bamba: transformers' default rotation must too
-    (BambaConfig forces partial_rotary_factor 0.5 into the config, which it does not read)."""
+def lockstep_rotary_dim(config_json, head_dim):
+    """The dims lockstep's Bamba rotates for this config.json (core/model/hf_config.cpp,
+    read_partial_rotary): int(head_dim * rope_parameters.partial_rotary_factor), 0.5 when absent."""
+    factor = (config_json.get("rope_parameters") or {}).get("partial_rotary_factor", 0.5)
+    return int(head_dim * factor)
+
+
+def hf_rotation(model):
+    """What transformers' Bamba rotates: (rotated dims, inv_freq, head_dim, theta)."""
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rotated = 2 * model.model.rotary_emb.inv_freq.numel()
-    print(f"hf_fixtures: bamba: RoPE rotates {rotated} of head_dim {head_dim}", flush=True)
-    return rotated == head_dim
+    inv_freq = model.model.rotary_emb.inv_freq.double()
+    return 2 * inv_freq.numel(), inv_freq, head_dim, config.rope_parameters["rope_theta"]
+
+
+def check_rotation(model, config_json):
+    """lockstep rotates the first rotary_dim dims of each q/k head, rotate-half within them, with
+    inv_freq_j = theta^(-2j/rotary_dim), and passes the rest through: transformers must too."""
+    from transformers.models.bamba import modeling_bamba
+    rotated, inv_freq, head_dim, theta = hf_rotation(model)
+    want = lockstep_rotary_dim(config_json, head_dim)
+    print(f"hf_fixtures: bamba: RoPE rotates {rotated} of head_dim {head_dim}; lockstep rotates "
+          f"{want}", flush=True)
+    if rotated != want:
+        return False
+    expected = 1.0 / theta ** (torch.arange(0, want, 2, dtype=torch.float64) / want)
+    if not torch.allclose(inv_freq, expected, rtol=1e-6, atol=0.0):
+        print(f"hf_fixtures: bamba: inv_freq {inv_freq.tolist()} is not theta^(-2j/{want}) "
+              f"{expected.tolist()}", flush=True)
+        return False
+    g = torch.Generator().manual_seed(SEED + 300)
+    q, k = (torch.randn(1, 2, 5, head_dim, generator=g) for _ in range(2))
+    cos, sin = model.model.rotary_emb(q, torch.arange(5)[None])
+    q_out, k_out = modeling_bamba.apply_rotary_pos_emb(q, k, cos, sin)
+    passed = torch.equal(q_out[..., want:], q[..., want:]) and torch.equal(k_out[..., want:], k[..., want:])
+    moved = not torch.equal(q_out[..., :want], q[..., :want])
+    print(f"hf_fixtures: bamba: apply_rotary_pos_emb keeps dims {want}.. as they are: {passed}; "
+          f"rotates the first {want}: {moved}", flush=True)
+    return passed and moved
+
+
+def check_factor_from_rope_parameters():
+    """lockstep takes a factor other than BambaConfig's 0.5 from rope_parameters; transformers'
+    BambaConfig forces the top-level attribute to 0.5, so check that its rope init honours it."""
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
+    config = make_config("BambaConfig", BAMBA, rope)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+    rotated, _, head_dim, _ = hf_rotation(model)
+    want = lockstep_rotary_dim({"rope_parameters": rope}, head_dim)
+    print(f"hf_fixtures: bamba: with rope_parameters.partial_rotary_factor 0.25 transformers "
+          f"rotates {rotated} of head_dim {head_dim}; lockstep rotates {want}", flush=True)
+    return rotated == want
 
 
 def bamba_reference(model):
@@ -263,9 +307,11 @@ def main():
             saved = json.load(f)
         print(f"hf_fixtures: {name}: config.json {json.dumps(saved, sort_keys=True)}", flush=True)
         reloaded = load_back(directory)
-        if name == "bamba" and not check_full_rotation(reloaded):
-            print("hf_fixtures: bamba: transformers rotates part of each head; lockstep's Bamba "
-                  "rotates all of it: fix lockstep before writing this fixture", flush=True)
+        if name == "bamba" and not (check_rotation(reloaded, saved) and
+                                    check_factor_from_rope_parameters()):
+            print("hf_fixtures: bamba: transformers and lockstep rotate different parts of each "
+                  "head: fix lockstep (core/model/hf_config.cpp read_partial_rotary, "
+                  "core/model/rope.cpp) before writing this fixture", flush=True)
             return 1
         prompts, tokens, logits = (bamba_reference if name == "bamba" else reference_of)(reloaded)
         write_reference(directory, name, prompts, tokens, logits)

@@ -59,7 +59,9 @@ inline nlohmann::json hybrid_config_json() {
       {"time_step_limit", {0.05, 2.0}},
       {"z_loss_coefficient", 0.0},
       {"partial_rotary_factor", 0.5},
-      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}},
+      // As transformers 5.17 saves it: BambaConfig's forced 0.5, top-level and in rope_parameters.
+      {"rope_parameters",
+       {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}}},
       {"dtype", "float32"},
       {"transformers_version", "5.17.0"},
   };

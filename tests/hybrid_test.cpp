@@ -100,6 +100,8 @@ TEST(HybridLoad, ReadsTheLayerTableAndTheMixerShape) {
   EXPECT_EQ(c.mamba.dt_min, 0.05f);
   EXPECT_EQ(c.mamba.dt_max, 2.0f);
   EXPECT_EQ(c.head_dim, 16);  // hidden / heads: BambaConfig writes no head_dim
+  EXPECT_EQ(c.partial_rotary_dim, 8);  // int(16 · partial_rotary_factor 0.5)
+  EXPECT_EQ(c.rotary_dim(), 8);
   EXPECT_TRUE(hybrid_weights().layers[0].wq.empty());
   EXPECT_EQ(hybrid_weights().layers[1].wq.size(), size_t{64 * 64});
   EXPECT_EQ(hybrid_weights().layers[2].conv_weight.size(), size_t{(128 + 2 * 2 * 16) * 4});
@@ -154,8 +156,25 @@ INSTANTIATE_TEST_SUITE_P(
                       "'time_step_limit' must be a list [min, max], got null"},
         ConfigRefusal{"limit_order", [](auto& j) { j["time_step_limit"] = {1.0, 0.5}; },
                       "mamba time-step limit [1, 0.5] must satisfy 0 <= min <= max"},
-        ConfigRefusal{"partial_rotary", [](auto& j) { j["partial_rotary_factor"] = 0.25; },
-                      "'partial_rotary_factor' 0.25 is not supported for BambaForCausalLM"},
+        ConfigRefusal{"partial_rotary_top_level", [](auto& j) { j["partial_rotary_factor"] = 0.25; },
+                      "'partial_rotary_factor' 0.25 is not supported for BambaForCausalLM: "
+                      "transformers' BambaConfig replaces it with 0.5"},
+        ConfigRefusal{"partial_rotary_zero",
+                      [](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.0; },
+                      "'rope_parameters.partial_rotary_factor' 0.0 is outside (0, 1]"},
+        ConfigRefusal{"partial_rotary_above_one",
+                      [](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 1.5; },
+                      "'rope_parameters.partial_rotary_factor' 1.5 is outside (0, 1]"},
+        ConfigRefusal{"partial_rotary_string",
+                      [](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = "0.5"; },
+                      "'rope_parameters.partial_rotary_factor' must be a number"},
+        ConfigRefusal{"partial_rotary_odd",  // int(16 · 0.1875) = 3
+                      [](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.1875; },
+                      "rotates int(head_dim 16 · factor) = 3 dims of each head; RoPE needs an "
+                      "even count >= 2"},
+        ConfigRefusal{"partial_rotary_none",  // int(16 · 0.1) = 1
+                      [](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.1; },
+                      "= 1 dims of each head; RoPE needs an even count >= 2"},
         ConfigRefusal{"rope_type", [](auto& j) {
                         j["rope_parameters"] = {{"rope_type", "linear"}, {"rope_theta", 1e4},
                                                 {"factor", 2.0}};
@@ -164,6 +183,38 @@ INSTANTIATE_TEST_SUITE_P(
         ConfigRefusal{"expand", [](auto& j) { j["mamba_expand"] = 1.5; },
                       "'mamba_expand' must be an integer"}),
     [](const auto& param_info) { return param_info.param.what; });
+
+// The rotated part of each head, as transformers decides it: int(head_dim ·
+// rope_parameters.partial_rotary_factor), BambaConfig's 0.5 when the config gives none, the
+// product truncated in double as Python's int() does (20 · 0.7 is 14.0 in double but 13.99... with
+// the factor in fp32, which would truncate to 13).
+TEST(HybridLoad, PartialRotaryFactorDecidesTheRotatedDims) {
+  auto rotary_dim_for = [](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json config = testing::hybrid_config_json();
+    edit(config);
+    return model_config_from_hf_json(config.dump(), "bamba-test").rotary_dim();
+  };
+  EXPECT_EQ(rotary_dim_for([](auto&) {}), 8);
+  EXPECT_EQ(rotary_dim_for([](auto& j) {
+              j.erase("partial_rotary_factor");
+              j["rope_parameters"].erase("partial_rotary_factor");
+            }), 8);
+  EXPECT_EQ(rotary_dim_for([](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.25; }), 4);
+  EXPECT_EQ(rotary_dim_for([](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 0.3; }), 4);
+  EXPECT_EQ(rotary_dim_for([](auto& j) { j["rope_parameters"]["partial_rotary_factor"] = 1.0; }), 16);
+  EXPECT_EQ(model_config_from_hf_json(
+                [] {
+                  nlohmann::json j = testing::hybrid_config_json();
+                  j["rope_parameters"]["partial_rotary_factor"] = 1.0;
+                  return j.dump();
+                }(),
+                "bamba-test").partial_rotary_dim, 0);  // the one spelling of "the whole head"
+  EXPECT_EQ(rotary_dim_for([](auto& j) {
+              j["hidden_size"] = 80, j["num_attention_heads"] = 4;  // head_dim 20
+              j["mamba_d_head"] = 20;
+              j["rope_parameters"]["partial_rotary_factor"] = 0.7;
+            }), 14);
+}
 
 // The layer table decides which tensors each layer reads: a layer the config calls Mamba needs
 // the mixer's tensors, and a tensor the config does not use (a conv bias with mamba_conv_bias

@@ -621,6 +621,7 @@ TEST(WeightDigest, CoversBiasesHeadNormsAndTheFamilyFields) {
   EXPECT_TRUE(changed([](ModelWeights& w) { w.config.rope_type = RopeType::kLinear; }));
   EXPECT_TRUE(changed([](ModelWeights& w) { w.config.rope_factor = 2.0f; }));
   EXPECT_TRUE(changed([](ModelWeights& w) { w.config.rope_original_max_positions = 4096; }));
+  EXPECT_TRUE(changed([](ModelWeights& w) { w.config.partial_rotary_dim = 8; }));
 }
 
 TEST(NamedShapes, QwenShapesAreTheReleasedModels) {

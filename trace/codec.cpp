@@ -160,6 +160,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   m.setMambaConvBias(mamba.conv_bias);
   m.setMambaDtMin(mamba.dt_min);
   m.setMambaDtMax(mamba.dt_max);
+  m.setPartialRotaryDim(h.model.partial_rotary_dim);
   auto w = out.initWeights();
   if (h.weights.kind == WeightSource::Kind::kSeed) {
     w.getSource().setSeed(h.weights.seed);
@@ -235,6 +236,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   mamba.conv_bias = m.getMambaConvBias();
   mamba.dt_min = m.getMambaDtMin();
   mamba.dt_max = m.getMambaDtMax();
+  out.model.partial_rotary_dim = m.getPartialRotaryDim();
   const auto w = in.getWeights();
   switch (w.getSource().which()) {
     case schema::Weights::Source::SEED:

@@ -192,6 +192,10 @@ struct ModelShape {
   mambaConvBias @27 :Bool;
   mambaDtMin @28 :Float32;
   mambaDtMax @29 :Float32;
+  # Partial rotary (ModelConfig::partial_rotary_dim): RoPE rotates the first partialRotaryDim dims of each
+  # q/k head and passes the rest through. 0 = the whole head: a trace from before the field reads
+  # as full rotary, which it was.
+  partialRotaryDim @30 :Int32;
 }
 
 struct Weights {

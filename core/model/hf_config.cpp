@@ -71,7 +71,7 @@ std::vector<std::string_view> family_keys(ModelFamily family) {
               "layer_types"};
     case ModelFamily::kBamba:
       // read_mamba: implemented (the layer table and the mixer's shape, conv bias, the time-step
-      // clamp) or checked (mamba_proj_bias false, partial_rotary_factor 0.5); known harmless:
+      // clamp, partial_rotary_factor) or checked (mamba_proj_bias false); known harmless:
       // time_step_min/max (they bound dt_bias's initialisation), z_loss_coefficient (a training
       // loss), num_logits_to_keep (which logits generate() computes), mamba_chunk_size (the
       // chunked scan's block size: the same recurrence summed in another order).
@@ -283,8 +283,8 @@ void read_rope_object(const Json& rope, const std::string& where, bool theta_ins
   if (type_name == "default") {
     c.rope_type = RopeType::kDefault;
   } else if (c.family == ModelFamily::kBamba) {
-    // transformers' Bamba computes its default rotation over the whole head_dim, but the scaled
-    // types would read the partial_rotary_factor 0.5 that BambaConfig forces: not implemented.
+    // Scaled types with Bamba's partial rotary (transformers' _compute_*_parameters read the
+    // factor too): not implemented, so not accepted.
     throw Error(fmt::format("HF config '{}': '{}.rope_type' \"{}\" is not supported for "
                             "BambaForCausalLM (only \"default\")", name, where, type_name));
   } else if (type_name == "linear") {
@@ -425,6 +425,41 @@ void read_time_step_limit(const Json& json, const std::string& name, MambaConfig
   m.dt_max = float_field((*it)[1], "time_step_limit[1]", name);
 }
 
+// BambaConfig's partial rotary. transformers' BambaConfig sets the top-level partial_rotary_factor
+// to 0.5 whatever config.json says ("hardcode for BC"); the rope init then takes the factor from
+// rope_parameters (where the config writes it too) and rotates int(head_dim · factor) dims. So:
+// rope_parameters.partial_rotary_factor when given, else 0.5; a top-level value other than 0.5
+// would be replaced by transformers and is refused rather than silently honoured or dropped.
+// (Whether transformers' rope init keeps a rope_parameters factor other than 0.5 is checked on the
+// torch host by tests/hf_fixtures.py, check_factor_from_rope_parameters.)
+void read_partial_rotary(const Json& json, ModelConfig& c) {
+  const std::string& name = c.name;
+  constexpr double kBambaForcedFactor = 0.5;
+  const Json* top = find_set(json, "partial_rotary_factor");
+  if (top != nullptr) {
+    float_field(*top, "partial_rotary_factor", name);  // a finite number
+    LS_REQUIRE(top->get<double>() == kBambaForcedFactor, "HF config '{}': 'partial_rotary_factor' {} is not "
+               "supported for BambaForCausalLM: transformers' BambaConfig replaces it with 0.5 "
+               "(give the factor as 'rope_parameters.partial_rotary_factor')", name, top->dump());
+  }
+  const Json* rope = find_set(json, "rope_parameters");
+  const Json* inner = rope != nullptr && rope->is_object() ? find_set(*rope, "partial_rotary_factor")
+                                                           : nullptr;
+  double factor = kBambaForcedFactor;
+  if (inner != nullptr) {
+    float_field(*inner, "rope_parameters.partial_rotary_factor", name);  // a finite number
+    factor = inner->get<double>();  // Python's float: rounding it to fp32 could move the int()
+    LS_REQUIRE(factor > 0.0 && factor <= 1.0, "HF config '{}': "
+               "'rope_parameters.partial_rotary_factor' {} is outside (0, 1]", name, inner->dump());
+  }
+  // Python's int(head_dim * factor): the product in double, truncated.
+  const auto rotary_dim = static_cast<int32_t>(static_cast<double>(c.head_dim) * factor);
+  LS_REQUIRE(rotary_dim >= 2 && rotary_dim % 2 == 0, "HF config '{}': partial_rotary_factor {} "
+             "rotates int(head_dim {} · factor) = {} dims of each head; RoPE needs an even count "
+             ">= 2", name, factor, c.head_dim, rotary_dim);
+  c.partial_rotary_dim = rotary_dim == c.head_dim ? 0 : rotary_dim;
+}
+
 // The Mamba2 mixer of BambaForCausalLM, every key implemented, checked or refused.
 void read_mamba(const Json& json, ModelConfig& c) {
   const std::string& name = c.name;
@@ -456,18 +491,7 @@ void read_mamba(const Json& json, ModelConfig& c) {
     const int32_t value = int32_field(*chunk, "mamba_chunk_size", name);
     LS_REQUIRE(value > 0, "HF config '{}': 'mamba_chunk_size' must be > 0, got {}", name, value);
   }
-  // BambaConfig always writes 0.5; its default rotation ignores it (see read_rope_object).
-  const Json* rope = find_set(json, "rope_parameters");
-  for (const Json* factor : {find_set(json, "partial_rotary_factor"),
-                             rope != nullptr && rope->is_object()
-                                 ? find_set(*rope, "partial_rotary_factor")
-                                 : nullptr}) {
-    if (factor == nullptr) continue;
-    LS_REQUIRE(float_field(*factor, "partial_rotary_factor", name) == 0.5f,
-               "HF config '{}': 'partial_rotary_factor' {} is not supported for BambaForCausalLM "
-               "(only the 0.5 BambaConfig writes, which its default rotation does not read)", name,
-               factor->dump());
-  }
+  read_partial_rotary(json, c);
 }
 
 }  // namespace

@@ -31,12 +31,13 @@ float llama3_scaled(const RopeConfig& rope, float inv_freq) {
 
 }  // namespace
 
-std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int32_t head_dim) {
-  LS_ASSERT(head_dim > 0 && head_dim % 2 == 0, "head_dim {}", head_dim);
-  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
-  for (int32_t i = 0; i < head_dim / 2; ++i) {
+std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int32_t rotary_dim) {
+  LS_ASSERT(rotary_dim > 0, "rotary_dim {}", rotary_dim);
+  LS_ASSERT(rotary_dim % 2 == 0, "rotary_dim {}", rotary_dim);
+  std::vector<float> inv_freq(static_cast<size_t>(rotary_dim / 2));
+  for (int32_t i = 0; i < rotary_dim / 2; ++i) {
     // 1.0 / (base ** (arange(0, dim, 2).float() / dim)): an fp32 exponent, an fp32 power.
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
     const auto power = static_cast<float>(std::pow(static_cast<double>(rope.theta),
                                                    static_cast<double>(exponent)));
     float value = 1.0f / power;
@@ -50,11 +51,11 @@ std::vector<float> rope_inverse_frequencies(const RopeConfig& rope, int32_t head
   return inv_freq;
 }
 
-RopeTable build_rope_table(const RopeConfig& rope, int32_t head_dim, int32_t positions_count) {
+RopeTable build_rope_table(const RopeConfig& rope, int32_t rotary_dim, int32_t positions_count) {
   LS_ASSERT(positions_count > 0, "positions_count {}", positions_count);
-  const std::vector<float> inv_freq = rope_inverse_frequencies(rope, head_dim);
+  const std::vector<float> inv_freq = rope_inverse_frequencies(rope, rotary_dim);
   RopeTable table;
-  table.half_dim = head_dim / 2;
+  table.half_dim = rotary_dim / 2;
   table.positions_count = positions_count;
   table.cos.resize(static_cast<size_t>(positions_count) * table.half_dim);
   table.sin.resize(table.cos.size());

@@ -251,6 +251,13 @@ std::string config_hybrid_text(const ModelConfig& c) {
       m.conv_bias ? 1 : 0, std::bit_cast<uint32_t>(m.dt_min), std::bit_cast<uint32_t>(m.dt_max));
 }
 
+// A partial rotary, as a fourth line only when RoPE leaves part of each head unrotated: digests of
+// full-rotary models stay what they were.
+std::string config_rotary_text(const ModelConfig& c) {
+  if (c.partial_rotary_dim == 0) return "";
+  return fmt::format("lockstep.model_config.rotary.v1 partial_rotary_dim={}\n", c.partial_rotary_dim);
+}
+
 // The shape fields as one fixed-format line, floats by bit pattern so the text is exact. The name
 // is left out on purpose: it is a label, and the same weights loaded from a directory or built
 // from a seed under another name must digest the same.
@@ -262,7 +269,7 @@ std::string config_canonical_text(const ModelConfig& c) {
       c.hidden_size, c.layers_count, c.query_heads_count, c.kv_heads_count, c.head_dim,
       c.ffn_size, c.vocab_size, std::bit_cast<uint32_t>(c.rope_theta),
       std::bit_cast<uint32_t>(c.rms_eps), c.tied_embeddings ? 1 : 0) + config_extension_text(c) +
-         config_hybrid_text(c);
+         config_hybrid_text(c) + config_rotary_text(c);
 }
 
 // ---- Hugging Face directory ----------------------------------------------------------------

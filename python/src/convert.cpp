@@ -219,6 +219,7 @@ py::dict model_config_to_dict(const ModelConfig& m) {
   d["rope_low_freq_factor"] = m.rope_low_freq_factor;
   d["rope_high_freq_factor"] = m.rope_high_freq_factor;
   d["rope_original_max_positions"] = m.rope_original_max_positions;
+  d["partial_rotary_dim"] = m.partial_rotary_dim;
   d["qkv_bias"] = m.qkv_bias;
   d["qk_norm"] = m.qk_norm;
   d["max_positions"] = m.max_positions;

@@ -196,9 +196,12 @@ TEST(TraceRoundTrip, HeaderKeepsTheFamilyAndEveryRopeParameter) {
   header.model.qk_norm = true;
   header.model.max_positions = 32768;
   header.model.sliding_window = 4096;
+  header.model.partial_rotary_dim = 64;
   Recorder::open(file.path(), header)->close();
   const ModelConfig& m = TraceReader::open(file.path()).header().model;
   EXPECT_EQ(m.family, ModelFamily::kQwen2);
+  EXPECT_EQ(m.partial_rotary_dim, 64);
+  EXPECT_EQ(m.rotary_dim(), 64);
   EXPECT_EQ(m.rope(), header.model.rope());
   EXPECT_EQ(m.rope_theta, 1e6f);
   EXPECT_TRUE(m.qkv_bias);
