@@ -5,7 +5,7 @@
 // `generate --record` does). Each iteration runs both, in alternating order, so load from other
 // processes falls on both alike; the counters give each side's fastest and mean run, the ratio
 // (with / without − 1, the recording cost: the median over pairs, and fastest against fastest)
-// and the trace bytes per step.
+// and the trace bytes per step; the time a recorded run spends closing its trace is printed apart.
 // BM_RecordRow* time the record's per-row work alone (the digest, the top-8) over the logits
 // rows this workload produces (captured from a run without the recorder): `tiny`'s rows are not
 // like normal random ones, and the ranking's cost depends on how many logits reach its bound.
@@ -70,6 +70,7 @@ struct RunTimes {
   double process_cpu_seconds = 0;  // every thread's: the loop's and the recorder's writer
   int64_t steps = 0;
   uint64_t trace_bytes = 0;
+  double close_seconds = 0;  // of `seconds`: closing the trace (last batch, footer, writer joined)
 };
 
 // One `generate`: a fresh scheduler, backend and executor (as the CLI builds them), the serving
@@ -99,18 +100,20 @@ RunTimes generate(bool record) {
   const double process_begin = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
   const auto begin = std::chrono::steady_clock::now();
   const ServingProgress done = run_serving_loop(scheduler, executor, loop);
+  const auto loop_end = std::chrono::steady_clock::now();
   if (recorder) recorder->close();  // the writer's last batch and the footer count too
   const auto end = std::chrono::steady_clock::now();
   RunTimes t{std::chrono::duration<double>(end - begin).count(),
              cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - cpu_begin,
              cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - process_begin, done.steps_count, 0};
+  t.close_seconds = std::chrono::duration<double>(end - loop_end).count();
   if (recorder) t.trace_bytes = recorder->stats().bytes_written;
   std::filesystem::remove(path);
   return t;
 }
 
 void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
-  double off_min = 1e30, on_min = 1e30, off_sum = 0, on_sum = 0;
+  double off_min = 1e30, on_min = 1e30, off_sum = 0, on_sum = 0, close_sum = 0;
   std::vector<double> ratios;  // on / off of each pair: robust to load that drifts between pairs
   std::vector<double> cpu_ratios;  // the same for the loop thread's CPU time
   std::vector<double> process_ratios;  // and for every thread's
@@ -126,6 +129,7 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
     const RunTimes& on = on_first ? a : b;
     off_min = std::min(off_min, off.seconds), on_min = std::min(on_min, on.seconds);
     off_sum += off.seconds, on_sum += on.seconds;
+    close_sum += on.close_seconds;
     ratios.push_back(on.seconds / off.seconds);
     cpu_ratios.push_back(on.loop_cpu_seconds / off.loop_cpu_seconds);
     process_ratios.push_back(on.process_cpu_seconds / off.process_cpu_seconds);
@@ -165,6 +169,9 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
               on_sum / n * 1e3, (median - 1.0) * 100.0, (on_min / off_min - 1.0) * 100.0,
               (on_sum / off_sum - 1.0) * 100.0,
               static_cast<double>(trace_bytes) / static_cast<double>(steps));
+  std::printf("  of a recorded run, closing the trace (the writer's last batch, the footer, the "
+              "writer joined): %.3f ms on average\n", close_sum / n * 1e3);
+  state.counters["close_ms_mean"] = close_sum / n * 1e3;
   std::printf("  CPU time with the recorder (medians of the pairs): the serving loop's own thread "
               "%+.2f%%, every thread (the recorder's writer too) %+.2f%%\n",
               (cpu_median - 1.0) * 100.0, (process_median - 1.0) * 100.0);
