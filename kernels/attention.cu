@@ -123,6 +123,29 @@ size_t split_shared_bytes(int32_t head_dim, int32_t group) {
                   size_t{kWarps} * group * head_dim * sizeof(float));
 }
 
+// What one block of a split kernel works on (grid: split lanes × kv heads × tokens of the chunk):
+// its token, kv head, the token's keys and splits (a block past them returns), every token's
+// split count (the workspace's pitch) and the token's page-table row.
+struct SplitBlock {
+  int32_t local_token, token, kv_head, group, keys, splits, total_splits;
+  const int32_t* table_row;
+};
+
+template <typename T>
+__device__ __forceinline__ SplitBlock split_block(const AttentionArgs<T>& a) {
+  const AttentionShape& s = a.shape;
+  SplitBlock b;
+  b.local_token = blockIdx.z;
+  b.token = a.token_begin + b.local_token;
+  b.kv_head = blockIdx.y;
+  b.group = s.query_heads / s.kv_heads;
+  b.keys = min(a.positions[b.token], s.positions_count - 1) + 1;
+  b.splits = (b.keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  b.total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  b.table_row = a.table + int64_t{a.token_pool_rows[b.token]} * s.table_width;
+  return b;
+}
+
 // A split's softmax pieces, one warp a head: each head's scores[0, count) become e = exp(score −
 // m) with m their maximum, m and Σ e go to m_s / l_s (the combine merges splits from them), and
 // scores[count, padded) are zeroed (the MMA path multiplies whole 16-key tiles).
@@ -175,19 +198,13 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   allow_successor();
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
-  const int32_t local_token = blockIdx.z;
-  const int32_t token = a.token_begin + local_token;
-  const int32_t kv_head = blockIdx.y;
+  const auto [local_token, token, kv_head, group, keys, splits, total_splits, table_row] =
+      split_block(a);
+  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
   const int32_t d = s.head_dim;
-  const int32_t group = s.query_heads / s.kv_heads;
   const int32_t group_dim = group * d;
   const int32_t kv_size = s.kv_heads * d;
   const int32_t q_size = s.query_heads * d;
-  const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
-  const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
-  const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  const int32_t* table_row = a.table + int64_t{a.token_pool_rows[token]} * s.table_width;
   const float scale = 1.0f / sqrtf(static_cast<float>(d));
   const int32_t warp = threadIdx.x / 32;
   const int32_t lane = threadIdx.x % 32;

@@ -77,17 +77,11 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   allow_successor();
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
-  const int32_t local_token = blockIdx.z;
-  const int32_t token = a.token_begin + local_token;
-  const int32_t kv_head = blockIdx.y;
-  const int32_t group = s.query_heads / s.kv_heads;
+  const auto [local_token, token, kv_head, group, keys, splits, total_splits, table_row] =
+      split_block(a);
+  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
   const int32_t kv_size = s.kv_heads * D;
   const int32_t q_size = s.query_heads * D;
-  const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
-  const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
-  const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  const int32_t* table_row = a.table + int64_t{a.token_pool_rows[token]} * s.table_width;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
   const int32_t warp = threadIdx.x / 32;
   const int32_t lane = threadIdx.x % 32;

@@ -6,40 +6,44 @@
 
 namespace ls::kernels {
 
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+// The two combinations the kernels reduce with, and what an absent value is.
+struct SumOp {
+  static __device__ __forceinline__ float combine(float a, float b) { return a + b; }
+  static constexpr float kIdentity = 0.0f;
+};
+struct MaxOp {
+  static __device__ __forceinline__ float combine(float a, float b) { return fmaxf(a, b); }
+  static constexpr float kIdentity = -__builtin_huge_valf();
+};
+
+template <typename Op>
+__device__ __forceinline__ float warp_reduce(float x) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    x = Op::combine(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  }
   return x;
 }
 
-__device__ __forceinline__ float warp_max(float x) {
-  for (int offset = 16; offset > 0; offset >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-  return x;
-}
-
-// `scratch` holds 32 floats. Every thread of the block receives the sum.
-__device__ __forceinline__ float block_sum(float x, float* scratch) {
+// `scratch` holds 32 floats. Every thread of the block receives the result.
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float x, float* scratch) {
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
   const int warps = (blockDim.x + 31) / 32;
-  x = warp_sum(x);
+  x = warp_reduce<Op>(x);
   __syncthreads();  // scratch may still be read by a previous reduction
   if (lane == 0) scratch[warp] = x;
   __syncthreads();
-  float total = lane < warps ? scratch[lane] : 0.0f;
-  total = warp_sum(total);
-  return total;
+  return warp_reduce<Op>(lane < warps ? scratch[lane] : Op::kIdentity);
 }
 
+__device__ __forceinline__ float warp_sum(float x) { return warp_reduce<SumOp>(x); }
+__device__ __forceinline__ float warp_max(float x) { return warp_reduce<MaxOp>(x); }
+__device__ __forceinline__ float block_sum(float x, float* scratch) {
+  return block_reduce<SumOp>(x, scratch);
+}
 __device__ __forceinline__ float block_max(float x, float* scratch) {
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const int warps = (blockDim.x + 31) / 32;
-  x = warp_max(x);
-  __syncthreads();
-  if (lane == 0) scratch[warp] = x;
-  __syncthreads();
-  float total = lane < warps ? scratch[lane] : -INFINITY;
-  return warp_max(total);
+  return block_reduce<MaxOp>(x, scratch);
 }
 
 // (value, index) argmax with the lowest index winning ties.
