@@ -198,9 +198,12 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   allow_successor();
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
-  const auto [local_token, token, kv_head, group, keys, splits, total_splits, table_row] =
-      split_block(a);
-  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
+  const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
+  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
+  const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
+                group = block.group, keys = block.keys, splits = block.splits,
+                total_splits = block.total_splits;
+  const int32_t* table_row = block.table_row;
   const int32_t d = s.head_dim;
   const int32_t group_dim = group * d;
   const int32_t kv_size = s.kv_heads * d;

@@ -77,9 +77,12 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   allow_successor();
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
-  const auto [local_token, token, kv_head, group, keys, splits, total_splits, table_row] =
-      split_block(a);
-  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
+  const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
+  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
+  const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
+                group = block.group, keys = block.keys, splits = block.splits,
+                total_splits = block.total_splits;
+  const int32_t* table_row = block.table_row;
   const int32_t kv_size = s.kv_heads * D;
   const int32_t q_size = s.query_heads * D;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
