@@ -1384,8 +1384,10 @@ void CudaBackend::Impl::capture_graphs() {
     }
   }
   // Every warm-up eagerly first, then every capture: a TP rank's warm-ups run collectives that
-  // wait for the other ranks, and none may still wait for this one while it instantiates graphs
-  // (kernels/tp_collectives.h).
+  // wait for the other ranks, and none may still wait for this one while it instantiates and
+  // uploads graphs. Ranks sharing a GPU also meet on the host around each collective of the
+  // warm-ups (kernels/tp_collectives.cpp): their first cuBLASLt products, attention launches and
+  // sorts here may wait for the device, which must then hold no barrier kernel waiting for them.
   for (const Capture& c : captures) c.enqueue();
   LS_CUDA(cudaStreamSynchronize(s));
   for (const Capture& c : captures) {

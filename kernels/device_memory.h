@@ -136,7 +136,10 @@ class CudaEvent : public CudaHandle<cudaEvent_t, cudaEventDestroy> {
 class CudaGraph : public CudaHandle<cudaGraphExec_t, cudaGraphExecDestroy> {
  public:
   using CudaHandle::CudaHandle;
-  // Captures what `enqueue` launches on `stream` and instantiates it.
+  // Captures what `enqueue` launches on `stream`, instantiates it and uploads it to the device on
+  // `stream`: its first launch then does no upload of its own (for TP ranks sharing a GPU, a
+  // launch that waited for the device while a peer's graph spun for this rank's would deadlock;
+  // here, at capture, no collective is in flight — kernels/tp_collectives.cpp).
   template <typename F>
   static CudaGraph capture(cudaStream_t stream, F&& enqueue) {
     LS_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -154,7 +157,9 @@ class CudaGraph : public CudaHandle<cudaGraphExec_t, cudaGraphExecDestroy> {
     const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     LS_CUDA(status);
-    return CudaGraph(exec);
+    CudaGraph made(exec);
+    LS_CUDA(cudaGraphUpload(exec, stream));
+    return made;
   }
 };
 

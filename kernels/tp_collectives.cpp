@@ -33,16 +33,37 @@ class NcclCollectives final : public TpCollectives {
 };
 
 // The slab and call counters of ranks sharing one device, owned by rank 0's view and read by
-// every rank's (the group outlives none of them: TpGroup holds them together).
+// every rank's (the group outlives none of them: TpGroup holds them together), and the host
+// barrier their threads meet at around each collective.
 struct SharedDeviceMemory {
   DeviceArray<float> slab;                   // [2, ranks, count_max]
   DeviceArray<unsigned long long> calls;     // [ranks]
+  std::shared_ptr<HostBarrier> host;
   kernels::SharedDeviceSlab view() const {
     return {slab.get(), calls.get(), static_cast<int32_t>(calls.count()),
             slab.count() / (2 * calls.count())};
   }
 };
 
+// The barrier kernel of a collective spins on the device until every rank's barrier kernel of
+// that call arrived; a rank's host thread that blocks on the device meanwhile, before it has
+// enqueued its own, deadlocks the group: its peer's kernel waits for this rank's launch, and this
+// rank's host waits for the device. Much of what a forward calls can block on the device: a
+// device-wide synchronisation (cudaMalloc/cudaFree/cudaMemset, pinned allocations), cuBLASLt's
+// first use of a kernel (module loading), the first launch of a graph (its upload), or simply a
+// full launch queue — one rank that ran a whole warm-up pass ahead (capture_graphs enqueues 33
+// eager forwards at llama-1b, thousands of launches) fills it behind its spinning barrier.
+// So the rank threads meet on the host around the barrier kernel's launch:
+//  - before it (`host->arrive_and_wait()` #1): no rank's barrier kernel of call k is on the device
+//    before every rank's host has done all its work that comes before call k;
+//  - after it (#2): no rank goes on to the work after call k before every rank's barrier kernel
+//    of call k is on the device.
+// Between the two meetings a rank only launches its deposit and barrier kernels (lockstep's own,
+// loaded up front). Anywhere else, every barrier kernel on the device has all its peers launched
+// and none waits for a rank's host: whatever a rank's host waits for on the device completes, and
+// no rank is ever more than one layer's launches ahead of another. A graph capture meets here
+// too (every rank captures the same graphs in the same order); a graph replay is one launch on
+// each rank per hand-off (kernels/tp_cuda_backend.cpp), its collectives inside it.
 class SharedDeviceCollectives final : public TpCollectives {
  public:
   SharedDeviceCollectives(std::shared_ptr<const SharedDeviceMemory> memory, int32_t rank)
@@ -50,17 +71,23 @@ class SharedDeviceCollectives final : public TpCollectives {
   int32_t rank() const override { return rank_; }
   int32_t ranks_count() const override { return group_.ranks; }
   void all_reduce_sum(float* buffer, size_t count, cudaStream_t stream) override {
-    LS_CUDA(kernels::launch_shared_deposit(group_, rank_, buffer, count, stream));
-    LS_CUDA(kernels::launch_shared_barrier(group_, rank_, stream));
+    arrive(buffer, count, stream);
     LS_CUDA(kernels::launch_shared_sum(group_, rank_, buffer, count, stream));
   }
   void all_gather(const float* send, float* recv, size_t count, cudaStream_t stream) override {
-    LS_CUDA(kernels::launch_shared_deposit(group_, rank_, send, count, stream));
-    LS_CUDA(kernels::launch_shared_barrier(group_, rank_, stream));
+    arrive(send, count, stream);
     LS_CUDA(kernels::launch_shared_gather(group_, rank_, recv, count, stream));
   }
 
  private:
+  // Deposits `send` and launches the barrier kernel, between the two host meetings above.
+  void arrive(const float* send, size_t count, cudaStream_t stream) {
+    memory_->host->arrive_and_wait();
+    LS_CUDA(kernels::launch_shared_deposit(group_, rank_, send, count, stream));
+    LS_CUDA(kernels::launch_shared_barrier(group_, rank_, stream));
+    memory_->host->arrive_and_wait();
+  }
+
   std::shared_ptr<const SharedDeviceMemory> memory_;
   kernels::SharedDeviceSlab group_;
   int32_t rank_;
@@ -119,6 +146,8 @@ TpGroup make_tp_group(const std::vector<int32_t>& devices, size_t count_max) {
   auto memory = std::make_shared<SharedDeviceMemory>();
   memory->slab = DeviceArray<float>(2 * static_cast<size_t>(count) * std::max<size_t>(count_max, 1));
   memory->calls = DeviceArray<unsigned long long>(static_cast<size_t>(count));
+  memory->host = std::make_shared<HostBarrier>(count);
+  group.host_barrier = memory->host;
   LS_CUDA(cudaMemset(memory->calls.get(), 0, memory->calls.bytes()));
   LS_CUDA(cudaStreamSynchronize(nullptr));  // done before any rank's stream (non-blocking) runs
   for (int32_t rank = 0; rank < count; ++rank) {

@@ -9,10 +9,14 @@
 //    meet at a barrier (per-rank call counters in device memory, spun on by one thread), then each
 //    sums the slab in rank order — ((p0 + p1) + p2) + …, the CPU reference's CpuTpGroup order.
 //    At TP 2 that is the one two-operand sum NCCL's ring computes too, so TP 2 gives the same bits
-//    on one GPU as on two.
-// Every rank must issue the same calls in the same order with the same counts.
+//    on one GPU as on two. The ranks' host threads also meet before and after each barrier
+//    kernel's launch (TpGroup::host_barrier), without which a rank's host waiting for the device
+//    while a peer's barrier kernel waits for it deadlocks the group (kernels/tp_collectives.cpp).
+// Every rank must issue the same calls in the same order with the same counts, each on its own
+// thread.
 #pragma once
 
+#include "core/host_barrier.h"
 #include "kernels/nccl_pinning.h"
 
 #include <cuda_runtime.h>
@@ -44,6 +48,11 @@ struct TpGroup {
   std::vector<std::unique_ptr<TpCollectives>> ranks;
   // What a trace header records: NCCL's pinning, or nullopt when lockstep's kernels ran them.
   std::optional<NcclPinning> nccl;
+  // Shared-device groups only (null under NCCL): the host barrier the rank threads meet at around
+  // each collective (kernels/tp_collectives.cpp says why). Every rank must call the collectives
+  // on its own thread, concurrently with its peers; a rank that fails aborts it, so that its
+  // peers' waits end (HostBarrierAborted) instead of blocking for ever.
+  std::shared_ptr<HostBarrier> host_barrier;
 };
 TpGroup make_tp_group(const std::vector<int32_t>& devices, size_t count_max);
 

@@ -1,6 +1,7 @@
 #include "kernels/tp_cuda_backend.h"
 
 #include "core/check.h"
+#include "core/host_barrier.h"
 #include "kernels/cuda_check.h"
 #include "kernels/tp_collectives.h"
 #include "kernels/tp_rank.h"
@@ -19,7 +20,8 @@ namespace ls {
 namespace {
 
 // One thread per rank, its device current while it runs a job. run(f) hands f to every rank at
-// once and returns when all are done, rethrowing the lowest rank's exception. A job is a function
+// once and returns when all are done, rethrowing the lowest rank's exception — the lowest that is
+// not a HostBarrierAborted, which only says that another rank failed. A job is a function
 // pointer and a context: handing one over allocates nothing.
 class RankThreads {
  public:
@@ -59,8 +61,21 @@ class RankThreads {
     ++generation_;
     work_.notify_all();
     done_.wait(lock, [this] { return running_ == 0; });
+    std::exception_ptr first;
     for (const std::exception_ptr& error : errors_) {
-      if (error) std::rethrow_exception(error);
+      if (error && !is_host_barrier_abort(error)) std::rethrow_exception(error);
+      if (error && !first) first = error;
+    }
+    if (first) std::rethrow_exception(first);
+  }
+
+  static bool is_host_barrier_abort(const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const HostBarrierAborted&) {
+      return true;
+    } catch (...) {
+      return false;
     }
   }
 
@@ -189,15 +204,42 @@ struct TpCudaBackend::Impl {
   ~Impl() {
     // Each rank's buffers freed on its own thread (its device current), before the communicators.
     try {
-      threads.run([this](int32_t rank) { ranks[static_cast<size_t>(rank)].reset(); });
+      run_ranks([this](int32_t rank) { ranks[static_cast<size_t>(rank)].reset(); });
     } catch (...) {  // a destructor reports nothing
     }
   }
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
+  // threads.run(f), where a rank that fails aborts the group's host barrier (a shared-device
+  // group's ranks meet there around each collective, kernels/tp_collectives.cpp): its peers'
+  // waits for it end instead of blocking for ever. Rearmed once every rank has returned. The
+  // meetings also keep the device consistent: a rank launches a collective's barrier kernel only
+  // once every rank has reached that collective, so when one fails before it, no peer's kernel
+  // waits for it on the device.
+  template <typename F>
+  void run_ranks(F&& f) {
+    HostBarrier* const barrier = group.host_barrier.get();
+    try {
+      threads.run([&](int32_t rank) {
+        try {
+          f(rank);
+        } catch (...) {
+          if (barrier != nullptr) barrier->abort();
+          throw;
+        }
+      });
+    } catch (...) {
+      if (barrier != nullptr) barrier->rearm();
+      throw;
+    }
+  }
+
   // Builds every rank at once (graphs off), then captures their graphs at once: a capture's
-  // warm-up runs the collectives, which wait for every rank.
+  // warm-up runs the collectives, which wait for every rank. No collective runs while any rank is
+  // still being built (allocating, creating its cuBLAS handles, seeding or uploading weights —
+  // calls that can wait for the whole device): the first is enqueued after every rank's
+  // constructor returned.
   template <typename Weights>
   void build(const Weights& weights, const ExecutorConfig& config,
              const CudaBackendOptions& options) {
@@ -206,7 +248,7 @@ struct TpCudaBackend::Impl {
     group = make_tp_group(devices, TpRank::collective_floats_max(shard, config.step_tokens_max(),
                                                                  config.logits_rows_max(),
                                                                  weights.config.hidden_size));
-    threads.run([&](int32_t rank) {
+    run_ranks([&](int32_t rank) {
       CudaBackendOptions o = options;
       o.device = devices[static_cast<size_t>(rank)];
       o.tp_degree = degree;
@@ -216,7 +258,7 @@ struct TpCudaBackend::Impl {
       ranks[static_cast<size_t>(rank)] = std::make_unique<CudaBackend>(weights, config, o);
     });
     if (options.graphs) {
-      threads.run([&](int32_t rank) { ranks[static_cast<size_t>(rank)]->capture_graphs(); });
+      run_ranks([&](int32_t rank) { ranks[static_cast<size_t>(rank)]->capture_graphs(); });
     }
   }
 
@@ -242,7 +284,7 @@ struct TpCudaBackend::Impl {
   void on_every_rank(F&& f) {
     const StepPlan* const plan = std::exchange(deferred_plan, nullptr);
     const uint8_t rules = std::exchange(deferred, uint8_t{0});
-    threads.run([&](int32_t rank) {
+    run_ranks([&](int32_t rank) {
       CudaBackend& backend = *ranks[static_cast<size_t>(rank)];
       run_deferred(backend, plan, rules);
       f(rank, backend);

@@ -347,6 +347,63 @@ TEST_P(CudaTp, ATraceRecordedAtTp2ReplaysBitIdenticalAtTp2GraphsOnAndOff) {
   std::filesystem::remove(path);
 }
 
+// --- a model large enough for cuBLAS, the whole device's KV pool ------------------------------
+
+// llama-1b's shapes (16 layers, vocab 128256) seeded on the device, KV pages from 90% of the free
+// memory (tp_cuda_kv_sizing, as `lockstep_gpu_bench --tp 2` sizes them), 16 rows: the graphs'
+// warm-ups at 16 tokens and the prefill run cuBLASLt products of their first shapes, thousands
+// of launches per rank. Ranks sharing the GPU used to deadlock building this (a rank's host
+// waiting for the device while its peer's barrier kernel spun for it, kernels/tp_collectives.cpp):
+// the test hangs when that comes back (run it under `timeout`).
+TEST_P(CudaTp, Llama1bShapesWithTheDevicesKvPoolBuildAndDecodeBitIdenticalGraphsOnAndOff) {
+  const DeviceSeededWeights weights{model_config_named("llama-1b"), 7};
+  const int32_t vocab = weights.config.vocab_size;
+  constexpr int32_t kRows = 16;
+  constexpr int32_t kPrompt = 100;
+  ExecutorConfig config;
+  config.max_batch_rows = kRows;
+  config.context_length = 160;
+  config.page_size = 16;
+  config.verify_width = 1;
+  config.prefill_chunk_tokens = kRows * kPrompt;
+  auto run = [&](bool graphs) {
+    const CudaBackendOptions options{.graphs = graphs};
+    ExecutorConfig c = config;
+    c.pages_count = tp_cuda_kv_sizing(weights.config, c, options, devices()).pages_count;
+    EXPECT_GE(c.pages_count, kRows * 10 + 1);
+    TpCudaBackend backend(weights, c, options, devices());
+    Executor executor(c, vocab, backend, {.capture_logits = true});
+    WorkloadRun out;
+    ForwardOp prefill;
+    for (int32_t i = 0; i < kRows; ++i) {
+      OpRow row = prefill_row(100 + i, 1 + i, 0, kPrompt, kPrompt);
+      row.refresh = {0, pages_from(1 + 10 * i, 10)};
+      row.sampling = SamplingParams{};
+      if (i % 4 == 1) row.sampling->temperature = 0.8f, row.sampling->top_k = 40;
+      prefill.rows.push_back(row);
+      const std::vector<int32_t> prompt = prompt_for(100 + i, kPrompt, vocab);
+      prefill.prefill_token_ids.insert(prefill.prefill_token_ids.end(), prompt.begin(), prompt.end());
+    }
+    const StepResult first = executor.step(prefill);
+    out.logits.push_back(first.logits), out.tokens.push_back(first.tokens);
+    for (int32_t step = 0; step < 6; ++step) {
+      ForwardOp decode;
+      for (int32_t i = 0; i < kRows; ++i) decode.rows.push_back(decode_row(100 + i, 1 + i));
+      const StepResult r = executor.step(decode);
+      EXPECT_EQ(r.tokens.size(), static_cast<size_t>(kRows)) << "decode step " << step;
+      out.logits.push_back(r.logits), out.tokens.push_back(r.tokens);
+    }
+    if (graphs) {
+      EXPECT_GT(backend.rank(0).graph_replays_count(), 0);
+    }
+    std::printf("llama-1b shapes at TP 2 (graphs %d): %d KV pages per rank, %zu steps\n",
+                graphs ? 1 : 0, c.pages_count, out.tokens.size());
+    return out;
+  };
+  const WorkloadRun with_graphs = run(true);
+  EXPECT_TRUE(bit_identical(with_graphs, run(false))) << "graphs off differs from graphs on";
+}
+
 // --- the IDLE forward -------------------------------------------------------------------------
 
 TEST_P(CudaTp, AnIdleStepIssuesTheBusyStepsCollectivesWithNoElementsAsTheCpuReferenceDoes) {
