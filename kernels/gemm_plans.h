@@ -3,8 +3,10 @@
 //
 // y[tokens, out] = x[tokens, in] · w[out, in]ᵀ + beta · y, bf16 operands, fp32 accumulation and
 // fp32 output (beta = 1 fuses the residual add). A shape's plan (descriptors and the heuristic's
-// first algorithm for the fixed workspace) is made the first time the shape is seen — the backend
-// prepares every decode bucket's shapes and the full prefill chunk at start-up — and reused as is
+// first algorithm for the fixed workspace) is made the first time the shape is seen — with graphs,
+// the capture's warm-ups at start-up see every decode bucket's shapes; a prefill chunk's (its
+// token count varies) are made at its first step, a heuristic query on that step's host path
+// (TODO(perf), issue 14: every plan at start-up) — and reused as is
 // for every later product of that shape, so a shape always runs the same algorithm with the same
 // workspace: bit-identical run to run. Descriptors live in the plan table (cuBLASLt's opaque
 // structs, initialised in place), so a product allocates nothing; a new shape costs one heuristic
