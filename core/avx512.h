@@ -1,6 +1,6 @@
 // What the CPU reference's AVX-512 paths share (the record's digest and top-k, which run over
 // every logit of every recorded step): the target attribute, the CPU check that picks a path
-// when the library loads, and the diagnostics GCC 12 gets wrong inside the intrinsics. Each such
+// once (at its first call), and the diagnostics GCC 12 gets wrong inside the intrinsics. Each such
 // path has a portable twin that tests hold to the same definition.
 #pragma once
 

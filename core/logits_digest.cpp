@@ -77,13 +77,16 @@ using DigestFn = uint64_t (*)(const float*, uint32_t);
 DigestFn fastest_digest() { return digest_portable; }
 #endif
 
-// Chosen once, when the library loads.
-const DigestFn kFastestDigest = fastest_digest();
+// Chosen once, at the first call (a function-local static: safe from any static initialiser).
+DigestFn chosen_digest() {
+  static const DigestFn chosen = fastest_digest();
+  return chosen;
+}
 
 }  // namespace
 
 uint64_t logits_row_digest(std::span<const float> row) {
-  return kFastestDigest(row.data(), static_cast<uint32_t>(row.size()));
+  return chosen_digest()(row.data(), static_cast<uint32_t>(row.size()));
 }
 
 uint64_t logits_row_digest_portable(std::span<const float> row) {

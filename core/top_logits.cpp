@@ -16,7 +16,7 @@
 namespace ls {
 namespace {
 
-// The k best of `row` as rank keys, best first, in `best`; returns how many are held.
+// The k best of `row` seen so far as rank keys, best first: best[0, held).
 struct TopKeys {
   uint64_t best[kTopLogitsCountMax];
   size_t held = 0;
@@ -299,8 +299,11 @@ ChunkTopFn fastest_chunk_top() {
 ChunkTopFn fastest_chunk_top() { return chunk_top_portable; }
 #endif
 
-// Chosen once, when the library loads.
-const ChunkTopFn kFastestChunkTop = fastest_chunk_top();
+// Chosen once, at the first call (a function-local static: safe from any static initialiser).
+ChunkTopFn chosen_chunk_top() {
+  static const ChunkTopFn chosen = fastest_chunk_top();
+  return chosen;
+}
 
 // One chunk: the bounded path when the chunk is long enough to have more columns than k and holds
 // no NaN; otherwise the plain ascending scan.
@@ -330,7 +333,7 @@ void append_top_logits_with(std::span<const float> row, int32_t count, std::vect
 }  // namespace
 
 void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out) {
-  append_top_logits_with(row, count, out, kFastestChunkTop);
+  append_top_logits_with(row, count, out, chosen_chunk_top());
 }
 
 void append_top_logits_portable(std::span<const float> row, int32_t count,

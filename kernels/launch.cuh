@@ -14,9 +14,9 @@
 
 namespace ls::kernels {
 
-// The successor may be launched once every block of this grid has called this (or exited): it
-// then holds its SM slots while it waits, so this is called at a kernel's start only when all of
-// the grid's blocks are resident by then (a decode step's grids are).
+// The successor may be launched once every block of this grid has called this (or exited). Its
+// blocks then hold SM slots while they wait, but only once the last of this grid's blocks has
+// started, so they never keep one of this grid's blocks from running: kernels call it first.
 __device__ __forceinline__ void allow_successor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
