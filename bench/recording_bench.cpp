@@ -58,6 +58,22 @@ void submit_workload(Scheduler& scheduler) {
   }
 }
 
+// What one served run builds, as the CLI builds it: the scheduler with the workload submitted, a
+// fresh backend and an executor with `options`.
+struct ServedRun {
+  explicit ServedRun(const ExecutorOptions& options)
+      : limits(executor_config_for(scheduler_config())),
+        scheduler(scheduler_config()),
+        backend(weights(), limits),
+        executor(limits, weights().config.vocab_size, backend, options) {
+    submit_workload(scheduler);
+  }
+  const ExecutorConfig limits;
+  Scheduler scheduler;
+  CpuBackend backend;
+  Executor executor;
+};
+
 double cpu_seconds(clockid_t clock) {
   timespec t{};
   clock_gettime(clock, &t);
@@ -76,13 +92,10 @@ struct RunTimes {
 // One `generate`: a fresh scheduler, backend and executor (as the CLI builds them), the serving
 // loop timed alone.
 RunTimes generate(bool record) {
-  const SchedulerConfig sc = scheduler_config();
-  const ExecutorConfig limits = executor_config_for(sc);
-  Scheduler scheduler(sc);
-  submit_workload(scheduler);
-  CpuBackend backend(weights(), limits);
-  Executor executor(limits, weights().config.vocab_size, backend,
-                    record ? trace::recording_executor_options() : ExecutorOptions{});
+  ServedRun run(record ? trace::recording_executor_options() : ExecutorOptions{});
+  const ExecutorConfig& limits = run.limits;
+  Scheduler& scheduler = run.scheduler;
+  Executor& executor = run.executor;
   const std::filesystem::path path = std::filesystem::temp_directory_path() /
                                      ("lockstep_bench_recording_" + std::to_string(::getpid()));
   std::unique_ptr<trace::Recorder> recorder;
@@ -192,17 +205,11 @@ class LogitsRowsCollector final : public StepObserver {
 // The workload's logits rows (sanitised, as the record reads them), captured once.
 const std::vector<float>& workload_rows() {
   static const std::vector<float> rows = [] {
-    const SchedulerConfig sc = scheduler_config();
-    const ExecutorConfig limits = executor_config_for(sc);
-    Scheduler scheduler(sc);
-    submit_workload(scheduler);
-    CpuBackend backend(weights(), limits);
-    Executor executor(limits, weights().config.vocab_size, backend,
-                      ExecutorOptions{.capture_logits = true});
+    ServedRun run(ExecutorOptions{.capture_logits = true});
     LogitsRowsCollector collector;
     ServingLoopOptions loop;
     loop.observer = &collector;
-    run_serving_loop(scheduler, executor, loop);
+    run_serving_loop(run.scheduler, run.executor, loop);
     return collector.logits;
   }();
   return rows;

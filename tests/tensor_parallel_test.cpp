@@ -12,6 +12,7 @@
 #include "sim/trace_recording.h"
 #include "sim/world.h"
 #include "tests/test_support.h"
+#include "tests/tp_workload.h"
 #include "trace/reader.h"
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
@@ -154,109 +155,31 @@ TEST(CpuTpGroup, AllReduceAddsTheRanksInRankOrder) {
 
 // --- TP N vs TP 1 over a fixed workload ---------------------------------------------------------
 
-struct Run {
-  std::vector<std::vector<float>> logits;  // per step: [logits rows, V]
-  std::vector<std::vector<int32_t>> tokens;  // per step: the output tokens
-};
+using testing::bit_identical;
+using testing::compare_tp_runs;
+using testing::kTpWorkloadDecodeSteps;
+using testing::TpWorkloadRun;
 
-constexpr int32_t kDecodeSteps = 12;
-
-// Three greedy requests (prompts of 5, 9 and 17 tokens) prefilled in one step, one of them in
-// two chunks, then decoded together for kDecodeSteps steps.
-Run run_workload(const ModelWeights& weights, int32_t tp_degree) {
+// tests/tp_workload.h's workload, greedy, on the CPU reference at `tp_degree`.
+TpWorkloadRun run_workload(const ModelWeights& weights, int32_t tp_degree) {
   const ExecutorConfig config = testing::small_config();
   CpuBackend backend(weights, config, nullptr, false, nullptr, tp_degree);
-  Executor executor(config, weights.config.vocab_size, backend, {.capture_logits = true});
-  const int32_t vocab = weights.config.vocab_size;
-  const int32_t lengths[] = {5, 9, 17};
-  Run run;
-  auto keep = [&](const StepResult& r) {
-    run.logits.push_back(r.logits);
-    run.tokens.push_back(r.tokens);
-  };
-  for (int32_t chunk = 0; chunk < 2; ++chunk) {
-    ForwardOp op;
-    for (int32_t i = 0; i < 3; ++i) {
-      const RequestId id = 10 + i;
-      const int32_t half = lengths[i] / 2;
-      const int32_t prefix = i == 2 && chunk == 1 ? half : 0;
-      const int32_t take = i == 2 ? (chunk == 0 ? half : lengths[i] - half) : lengths[i];
-      if (i != 2 && chunk == 1) continue;
-      OpRow row = prefill_row(id, 1 + i, prefix, take, lengths[i]);
-      if (prefix == 0) {
-        row.refresh = {0, pages_from(1 + 20 * i, 10)};
-        row.sampling = SamplingParams{};
-      }
-      op.rows.push_back(row);
-      const std::vector<int32_t> prompt = prompt_for(id, lengths[i], vocab);
-      op.prefill_token_ids.insert(op.prefill_token_ids.end(), prompt.begin() + prefix,
-                                  prompt.begin() + prefix + take);
-    }
-    keep(executor.step(op));
-  }
-  for (int32_t step = 0; step < kDecodeSteps; ++step) {
-    ForwardOp op;
-    for (int32_t i = 0; i < 3; ++i) op.rows.push_back(decode_row(10 + i, 1 + i));
-    keep(executor.step(op));
-  }
-  return run;
-}
-
-bool bit_identical(const Run& a, const Run& b) {
-  if (a.logits.size() != b.logits.size() || a.tokens != b.tokens) return false;
-  for (size_t s = 0; s < a.logits.size(); ++s) {
-    if (a.logits[s].size() != b.logits[s].size()) return false;
-    if (std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-struct Agreement {
-  double relative_max = 0;    // over rows: max |Δ| / max |logit|
-  int64_t tokens_equal = 0;
-  int64_t tokens_count = 0;
-  int64_t logits_differing = 0;  // values whose bits differ
-  double norm = 0;
-};
-
-Agreement compare(const Run& tp1, const Run& tpn, int32_t vocab) {
-  Agreement a;
-  for (size_t s = 0; s < tp1.logits.size(); ++s) {
-    const std::vector<float>& x = tp1.logits[s];
-    const std::vector<float>& y = tpn.logits[s];
-    for (size_t row = 0; row * vocab < x.size(); ++row) {
-      double scale = 0, delta = 0;
-      for (size_t v = row * vocab; v < (row + 1) * vocab; ++v) {
-        scale = std::max(scale, std::fabs(double{x[v]}));
-        delta = std::max(delta, std::fabs(double{x[v]} - double{y[v]}));
-        a.logits_differing += std::memcmp(&x[v], &y[v], sizeof(float)) != 0;
-        a.norm += double{y[v]} * y[v];
-      }
-      a.relative_max = std::max(a.relative_max, delta / scale);
-    }
-    for (size_t i = 0; i < tp1.tokens[s].size(); ++i) {
-      a.tokens_equal += tp1.tokens[s][i] == tpn.tokens[s][i];
-      ++a.tokens_count;
-    }
-  }
-  return a;
+  return testing::run_tp_workload(backend, config, weights.config.vocab_size, /*sampled=*/false);
 }
 
 void expect_tpn_within_tolerance_of_tp1(const ModelWeights& weights, int32_t degree,
                                         const std::string& label) {
-  const Run tp1 = run_workload(weights, 1);
-  const Run tp2 = run_workload(weights, degree);
-  const Run tp2_again = run_workload(weights, degree);
+  const TpWorkloadRun tp1 = run_workload(weights, 1);
+  const TpWorkloadRun tp2 = run_workload(weights, degree);
+  const TpWorkloadRun tp2_again = run_workload(weights, degree);
   EXPECT_TRUE(bit_identical(tp2, tp2_again)) << label << ": differs run to run";
-  const Agreement a = compare(tp1, tp2, weights.config.vocab_size);
+  const testing::TpAgreement a = compare_tp_runs(tp1, tp2, weights.config.vocab_size);
   std::printf("%s vs TP 1: max relative logit difference %.3g (tolerance %.0e), %ld/%ld "
               "greedy tokens equal, %ld logits differ in their bits\n",
               label.c_str(), a.relative_max, kTpRelativeTolerance, static_cast<long>(a.tokens_equal),
               static_cast<long>(a.tokens_count), static_cast<long>(a.logits_differing));
   ASSERT_GT(a.norm, 0) << label;
-  ASSERT_GE(a.tokens_count, 3 * kDecodeSteps) << label;
+  ASSERT_GE(a.tokens_count, 3 * kTpWorkloadDecodeSteps) << label;
   EXPECT_LE(a.relative_max, kTpRelativeTolerance) << label;
   EXPECT_EQ(a.tokens_equal, a.tokens_count) << label;
   // The all-reduce re-associates o and down: were TP N bit-identical to TP 1, it would not be

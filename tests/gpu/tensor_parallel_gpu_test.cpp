@@ -20,6 +20,7 @@
 #include "replay/replay.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/test_support.h"
+#include "tests/tp_workload.h"
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
 
@@ -91,12 +92,10 @@ ModelWeights hf_fixture(const std::string& family) {
 
 // --- a fixed workload, as the CPU reference's TP test runs it --------------------------------
 
-struct WorkloadRun {
-  std::vector<std::vector<float>> logits;    // per step: [logits rows, V]
-  std::vector<std::vector<int32_t>> tokens;  // per step
-};
-
-constexpr int32_t kDecodeSteps = 12;
+using testing::bit_identical;
+using testing::compare_tp_runs;
+using testing::kTpWorkloadDecodeSteps;
+using testing::TpWorkloadRun;
 
 ExecutorConfig workload_config() {
   ExecutorConfig c = testing::small_config();
@@ -104,90 +103,9 @@ ExecutorConfig workload_config() {
   return c;
 }
 
-// Three requests (prompts of 5, 9 and 17 tokens) prefilled in one step, the last in two chunks,
-// then decoded together. `sampled`: the second request samples (temperature 0.8, top-k 40).
-WorkloadRun run_workload(Backend& backend, int32_t vocab, bool sampled) {
-  Executor executor(workload_config(), vocab, backend, {.capture_logits = true});
-  const int32_t lengths[] = {5, 9, 17};
-  WorkloadRun run;
-  auto keep = [&](const StepResult& r) {
-    run.logits.push_back(r.logits);
-    run.tokens.push_back(r.tokens);
-  };
-  for (int32_t chunk = 0; chunk < 2; ++chunk) {
-    ForwardOp op;
-    for (int32_t i = 0; i < 3; ++i) {
-      const RequestId id = 10 + i;
-      const int32_t half = lengths[i] / 2;
-      const int32_t prefix = i == 2 && chunk == 1 ? half : 0;
-      const int32_t take = i == 2 ? (chunk == 0 ? half : lengths[i] - half) : lengths[i];
-      if (i != 2 && chunk == 1) continue;
-      OpRow row = prefill_row(id, 1 + i, prefix, take, lengths[i]);
-      if (prefix == 0) {
-        row.refresh = {0, pages_from(1 + 20 * i, 10)};
-        row.sampling = SamplingParams{};
-        if (sampled && i == 1) row.sampling->temperature = 0.8f, row.sampling->top_k = 40;
-      }
-      op.rows.push_back(row);
-      const std::vector<int32_t> prompt = prompt_for(id, lengths[i], vocab);
-      op.prefill_token_ids.insert(op.prefill_token_ids.end(), prompt.begin() + prefix,
-                                  prompt.begin() + prefix + take);
-    }
-    keep(executor.step(op));
-  }
-  for (int32_t step = 0; step < kDecodeSteps; ++step) {
-    ForwardOp op;
-    for (int32_t i = 0; i < 3; ++i) op.rows.push_back(decode_row(10 + i, 1 + i));
-    keep(executor.step(op));
-  }
-  return run;
-}
-
-bool bit_identical(const WorkloadRun& a, const WorkloadRun& b) {
-  if (a.logits.size() != b.logits.size() || a.tokens != b.tokens) return false;
-  for (size_t s = 0; s < a.logits.size(); ++s) {
-    if (a.logits[s].size() != b.logits[s].size() ||
-        std::memcmp(a.logits[s].data(), b.logits[s].data(), a.logits[s].size() * sizeof(float))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-struct Agreement {
-  double relative_max = 0;  // over rows: max |Δ| / max |logit|
-  int64_t tokens_equal = 0;
-  int64_t tokens_count = 0;
-  int64_t logits_differing = 0;
-  double norm = 0;
-  size_t steps_compared = 0;
-};
-
-// The logits of every step whose inputs agree: up to and including the first step with a token
-// that differs (after it the two runs decode other tokens, and their logits are not comparable).
-Agreement compare(const WorkloadRun& tp1, const WorkloadRun& tp2, int32_t vocab) {
-  Agreement a;
-  for (size_t s = 0; s < tp1.logits.size() && s < tp2.logits.size(); ++s) {
-    if (s > 0 && tp1.tokens[s - 1] != tp2.tokens[s - 1]) break;
-    ++a.steps_compared;
-    const std::vector<float>& x = tp1.logits[s];
-    const std::vector<float>& y = tp2.logits[s];
-    for (size_t row = 0; (row + 1) * vocab <= x.size() && (row + 1) * vocab <= y.size(); ++row) {
-      double scale = 0, delta = 0;
-      for (size_t v = row * vocab; v < (row + 1) * vocab; ++v) {
-        scale = std::max(scale, std::fabs(double{x[v]}));
-        delta = std::max(delta, std::fabs(double{x[v]} - double{y[v]}));
-        a.logits_differing += std::memcmp(&x[v], &y[v], sizeof(float)) != 0;
-        a.norm += double{y[v]} * y[v];
-      }
-      a.relative_max = std::max(a.relative_max, scale > 0 ? delta / scale : delta);
-    }
-    for (size_t i = 0; i < tp1.tokens[s].size() && i < tp2.tokens[s].size(); ++i) {
-      a.tokens_equal += tp1.tokens[s][i] == tp2.tokens[s][i];
-      ++a.tokens_count;
-    }
-  }
-  return a;
+// tests/tp_workload.h's workload on `backend` (workload_config()'s limits).
+TpWorkloadRun run_workload(Backend& backend, int32_t vocab, bool sampled) {
+  return testing::run_tp_workload(backend, workload_config(), vocab, sampled);
 }
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(int32_t degree, bool graphs)>;
@@ -196,11 +114,11 @@ using BackendFactory = std::function<std::unique_ptr<Backend>(int32_t degree, bo
 // `greedy_equal`).
 void expect_tp2_matches_tp1(const BackendFactory& make, int32_t vocab, double tolerance,
                             bool greedy_equal, const std::string& label) {
-  const WorkloadRun tp1 = run_workload(*make(1, true), vocab, false);
-  const WorkloadRun tp2 = run_workload(*make(2, true), vocab, false);
-  const WorkloadRun tp2_again = run_workload(*make(2, true), vocab, false);
+  const TpWorkloadRun tp1 = run_workload(*make(1, true), vocab, false);
+  const TpWorkloadRun tp2 = run_workload(*make(2, true), vocab, false);
+  const TpWorkloadRun tp2_again = run_workload(*make(2, true), vocab, false);
   EXPECT_TRUE(bit_identical(tp2, tp2_again)) << label << ": TP 2 differs run to run";
-  const Agreement a = compare(tp1, tp2, vocab);
+  const testing::TpAgreement a = compare_tp_runs(tp1, tp2, vocab);
   std::printf("%s: TP 2 vs TP 1: max relative logit difference %.3g (tolerance %.0e) over %zu of "
               "%zu steps, %ld/%ld greedy tokens equal, %ld logits differ in their bits\n",
               label.c_str(), a.relative_max, tolerance, a.steps_compared, tp1.logits.size(),
@@ -211,7 +129,7 @@ void expect_tp2_matches_tp1(const BackendFactory& make, int32_t vocab, double to
   EXPECT_LE(a.relative_max, tolerance) << label;
   if (greedy_equal) {
     EXPECT_EQ(a.steps_compared, tp1.logits.size()) << label;
-    EXPECT_GE(a.tokens_count, 3 * kDecodeSteps) << label;
+    EXPECT_GE(a.tokens_count, 3 * kTpWorkloadDecodeSteps) << label;
     EXPECT_EQ(a.tokens_equal, a.tokens_count) << label;
   }
 }
@@ -259,7 +177,7 @@ TEST_P(CudaTp, Bf16Tp2WithSampledRowsIsBitIdenticalRunToRunGraphsOnAndOff) {
     TpCudaBackend backend(weights, workload_config(), CudaBackendOptions{.graphs = graphs}, devices());
     return run_workload(backend, vocab, /*sampled=*/true);
   };
-  const WorkloadRun graphs = run(true);
+  const TpWorkloadRun graphs = run(true);
   EXPECT_TRUE(bit_identical(graphs, run(true))) << "graphs on: differs run to run";
   // A decode step gives the same bits eagerly and from its graph (the CUDA backend's promise at
   // TP 1, kept at TP 2: the collectives are the same calls in the same order).
@@ -373,7 +291,7 @@ TEST_P(CudaTp, Llama1bShapesWithTheDevicesKvPoolBuildAndDecodeBitIdenticalGraphs
     EXPECT_GE(c.pages_count, kRows * 10 + 1);
     TpCudaBackend backend(weights, c, options, devices());
     Executor executor(c, vocab, backend, {.capture_logits = true});
-    WorkloadRun out;
+    TpWorkloadRun out;
     ForwardOp prefill;
     for (int32_t i = 0; i < kRows; ++i) {
       OpRow row = prefill_row(100 + i, 1 + i, 0, kPrompt, kPrompt);
@@ -400,7 +318,7 @@ TEST_P(CudaTp, Llama1bShapesWithTheDevicesKvPoolBuildAndDecodeBitIdenticalGraphs
                 graphs ? 1 : 0, c.pages_count, out.tokens.size());
     return out;
   };
-  const WorkloadRun with_graphs = run(true);
+  const TpWorkloadRun with_graphs = run(true);
   EXPECT_TRUE(bit_identical(with_graphs, run(false))) << "graphs off differs from graphs on";
 }
 
