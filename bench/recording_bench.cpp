@@ -145,6 +145,7 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   std::vector<double> step_only_ratios;  // the step's record work alone / off
   std::vector<double> cpu_ratios;  // the same for the loop thread's CPU time
   std::vector<double> process_ratios;  // and for every thread's
+  std::vector<double> writer_shares;  // the recorded run's other threads' CPU / its loop's
   int64_t steps = 0;
   uint64_t trace_bytes = 0;
   int64_t runs = 0;
@@ -165,6 +166,7 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
     step_only_ratios.push_back(step_only.seconds / off.seconds);
     cpu_ratios.push_back(on.loop_cpu_seconds / off.loop_cpu_seconds);
     process_ratios.push_back(on.process_cpu_seconds / off.process_cpu_seconds);
+    writer_shares.push_back((on.process_cpu_seconds - on.loop_cpu_seconds) / on.loop_cpu_seconds);
     steps = on.steps;
     trace_bytes = on.trace_bytes;
     ++runs;
@@ -174,6 +176,8 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   const double step_only_median = median_of(step_only_ratios);
   const double cpu_median = median_of(cpu_ratios);
   const double process_median = median_of(process_ratios);
+  const double writer_median = median_of(writer_shares);
+  state.counters["writer_cpu_pct_of_loop"] = writer_median * 100.0;
   state.counters["cost_pct_median_pair"] = (median - 1.0) * 100.0;
   state.counters["step_record_cost_pct_median_pair"] = (step_only_median - 1.0) * 100.0;
   state.counters["loop_cpu_cost_pct_median_pair"] = (cpu_median - 1.0) * 100.0;
@@ -207,6 +211,8 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   std::printf("  CPU time with the recorder (medians of the rounds): the serving loop's own thread "
               "%+.2f%%, every thread (the recorder's writer too) %+.2f%%\n",
               (cpu_median - 1.0) * 100.0, (process_median - 1.0) * 100.0);
+  std::printf("  the recorder's writer thread: %.2f%% of the loop thread's CPU time (median)\n",
+              writer_median * 100.0);
 }
 // Copies every logits row of every step (the run captures them).
 class LogitsRowsCollector final : public StepObserver {

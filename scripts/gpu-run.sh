@@ -96,9 +96,11 @@ package() {
   fi
   strip "$DIST"/bin/*
   # Shared libraries the H200 host lacks (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the trace
-  # replayed by the determinism test), and this toolchain's libstdc++/libgcc_s for libfmt. cuBLAS
+  # replayed by the determinism test), this toolchain's libstdc++/libgcc_s for libfmt, and Google
+  # Benchmark's for the CPU recording benchmark. cuBLAS
   # comes from the host (13.1).
-  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so; do
+  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so \
+             libbenchmark.so.1debian; do
     cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"
   done
   git rev-parse --short=12 HEAD > "$DIST/commit.txt" 2>/dev/null || echo unknown > "$DIST/commit.txt"
