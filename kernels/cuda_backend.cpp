@@ -221,6 +221,10 @@ CudaMemoryReport CudaBackend::memory_report() const {
   return {m.ledger.weights, m.ledger.kv, m.ledger.workspace};
 }
 
+int64_t CudaBackend::gemm_plans_count() const {
+  return static_cast<int64_t>(impl_->gemm_plans->plans_count());
+}
+
 int64_t CudaBackend::graph_replays_count() const { return impl_->graph_replays; }
 
 int64_t CudaBackend::tail_graph_replays_count() const { return impl_->tail_graph_replays; }

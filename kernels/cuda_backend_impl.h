@@ -73,11 +73,23 @@ struct CudaBackend::Impl {
   void enqueue_layer(int32_t layer, int32_t tokens);
   // The step stream as the forward's kernels are launched on it (options.overlap_kernels).
   kernels::LaunchStream forward_stream() const { return {stream.get(), options.overlap_kernels}; }
+  // A linear layer's product: rows of w (out), its columns (in), and whether it adds into y.
+  struct LinearShape {
+    int32_t out = 0;
+    int32_t in = 0;
+    bool accumulate = false;
+  };
+  struct LinearShapes {
+    LinearShape qkv, o, gate_up, down, lm_head;
+  };
+  LinearShapes linear_shapes() const;
+  // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV (else a plan).
+  bool uses_gemv(int32_t tokens, int32_t in) const;
+  void plan_gemms();
   template <typename T>
-  void linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out, int32_t in,
-              float beta);
+  void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>
-  void row_parallel(const T* x, const T* w, int32_t tokens, int32_t in);
+  void row_parallel(const T* x, const T* w, int32_t tokens, LinearShape shape);
   template <typename T>
   void lm_head_logits(int32_t logits_rows);
   void enqueue_tail(const StepPlan& plan);
@@ -155,7 +167,9 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]
   DeviceArray<uint8_t> cublas_workspace;
-  std::unique_ptr<kernels::GemmPlans> gemm_plans;  // bf16 linear layers: pinned per shape
+  LinearShapes linears;
+  // bf16 linear layers: a plan per shape and token count, all made at construction (plan_gemms).
+  std::unique_ptr<kernels::GemmPlans> gemm_plans;
   std::unique_ptr<TpRank> tp;      // TP > 1: the collectives and their buffers
   // Guard and sampler.
   DeviceArray<uint8_t> logits_workspace;  // the logits pass's segment partials (guard, record)

@@ -153,6 +153,8 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
     tp = std::make_unique<TpRank>(full_model, shard, *options.tp_comm, tokens_max,
                                   logits_rows_max, ws);
   }
+  linears = linear_shapes();
+  plan_gemms();
 
   logits_workspace =
       DeviceArray<uint8_t>(kernels::logits_pass_workspace_bytes(logits_rows_max, vocab), ws);

@@ -11,16 +11,59 @@ namespace ls {
 
 using kernels::bf16;
 
+// The linear layers' shapes, one place for the forward that runs them and plan_gemms that plans
+// them: at TP 1 the o and down products add into the residual stream (beta = 1); at TP > 1 they
+// write this rank's partial (row_parallel), and the LM head this rank's vocabulary rows.
+CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes() const {
+  const bool into_residual = shard.degree == 1;
+  return LinearShapes{
+      .qkv = {.out = q_size + 2 * kv_size, .in = hidden, .accumulate = false},
+      .o = {.out = hidden, .in = q_size, .accumulate = into_residual},
+      .gate_up = {.out = 2 * ffn, .in = hidden, .accumulate = false},
+      .down = {.out = hidden, .in = ffn, .accumulate = into_residual},
+      .lm_head = {.out = shard.degree > 1 ? shard.vocab_rows : vocab, .in = hidden,
+                  .accumulate = false},
+  };
+}
+
+bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
+  return tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0;
+}
+
+// Every bf16 product a step can ask linear() for, planned at construction so that a step's
+// launches only look plans up: each layer product at every token count a step may carry (decode
+// buckets × W, and any prefill or mixed count up to step_tokens_max), the LM head at every count
+// of logits rows; the counts the GEMV runs need none. fp32 runs pedantic cuBLAS, unplanned.
+void CudaBackend::Impl::plan_gemms() {
+  if (options.precision == CudaPrecision::kFp32) return;
+  const LinearShape layer_shapes[] = {linears.qkv, linears.o, linears.gate_up, linears.down};
+  const auto plan_all = [this](const LinearShape& shape, int32_t tokens_count) {
+    for (int32_t t = 1; t <= tokens_count; ++t) {
+      if (uses_gemv(t, shape.in)) continue;
+      LS_CUBLAS(gemm_plans->prepare(t, shape.out, shape.in, shape.accumulate));
+    }
+  };
+  for (const LinearShape& shape : layer_shapes) plan_all(shape, tokens_max);
+  plan_all(linears.lm_head, logits_rows_max);
+}
+
+// y[tokens, shape.out] = x[tokens, shape.in] · wᵀ (+ y when shape.accumulate).
 template <typename T>
-void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens, int32_t out,
-                               int32_t in, float beta) {
+void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
+                               LinearShape shape) {
+  const float beta = shape.accumulate ? 1.0f : 0.0f;
+  const int32_t out = shape.out, in = shape.in;
   if constexpr (std::is_same_v<T, float>) {
     LS_CUBLAS(kernels::gemm_f32_rowmajor(cublas.get(), x, w, y, tokens, out, in, beta));
   } else {
-    if (tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0) {
+    if (uses_gemv(tokens, in)) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
-    } else {
-      LS_CUBLAS(gemm_plans->run(x, w, y, tokens, out, in, beta));
+    } else if (tokens > 0) {
+      kernels::GemmPlans::Plan* plan = gemm_plans->find(tokens, out, in, shape.accumulate);
+      LS_ASSERT(plan != nullptr, "no GEMM plan for {} tokens × [out {}, in {}]{}: plan_gemms "
+                "plans every shape at construction, a step never makes one", tokens, out, in,
+                shape.accumulate ? " accumulating" : "");
+      LS_CUBLAS(gemm_plans->run(*plan, x, w, y, beta));
     }
   }
 }
@@ -38,7 +81,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                    attn_norm.get() + li * h, model.rms_eps, x, s));
   mark(CudaPhase::kNorms);
-  linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, qkv_rows, hidden, 0.0f);
+  linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
   mark(CudaPhase::kGemmQkv);
   if (model.qkv_bias || model.qk_norm) {
     const size_t d = static_cast<size_t>(model.head_dim);
@@ -58,16 +101,16 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
                                           tokens, attention_workspace.get(),
                                           attention_workspace.count(), as<T>(attn_out), s));
   mark(CudaPhase::kAttention);
-  row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, q_size);
+  row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
   mark(CudaPhase::kGemmO);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                    ffn_norm.get() + li * h, model.rms_eps, x, s));
   mark(CudaPhase::kNorms);
-  linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, 2 * ffn, hidden, 0.0f);
+  linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
   mark(CudaPhase::kGemmGateUp);
   LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
   mark(CudaPhase::kSwiglu);
-  row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, ffn);
+  row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, linears.down);
   mark(CudaPhase::kGemmDown);
 }
 
@@ -88,12 +131,12 @@ void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) 
 // The o and down projections into the residual stream: fused into the GEMM (beta = 1) at TP 1;
 // at TP > 1 this rank's partial over its `in` columns, all-reduced, then added.
 template <typename T>
-void CudaBackend::Impl::row_parallel(const T* x, const T* w, int32_t tokens, int32_t in) {
+void CudaBackend::Impl::row_parallel(const T* x, const T* w, int32_t tokens, LinearShape shape) {
   if (!tp) {
-    linear(x, w, residual.get(), tokens, hidden, in, 1.0f);
+    linear(x, w, residual.get(), tokens, shape);
     return;
   }
-  linear(x, w, tp->partial(), tokens, hidden, in, 0.0f);
+  linear(x, w, tp->partial(), tokens, shape);
   tp->reduce_into_residual(residual.get(), tokens, stream.get());
 }
 
@@ -102,11 +145,10 @@ template <typename T>
 void CudaBackend::Impl::lm_head_logits(int32_t logits_rows) {
   if (!tp) {
     const T* head = as<T>(model.tied_embeddings ? embedding : lm_head);
-    linear(as<T>(final_normed), head, logits.get(), logits_rows, vocab, hidden, 0.0f);
+    linear(as<T>(final_normed), head, logits.get(), logits_rows, linears.lm_head);
     return;
   }
-  linear(as<T>(final_normed), as<T>(lm_head), tp->head_shard(), logits_rows, shard.vocab_rows,
-         hidden, 0.0f);
+  linear(as<T>(final_normed), as<T>(lm_head), tp->head_shard(), logits_rows, linears.lm_head);
   tp->gather_logits(logits.get(), logits_rows, stream.get());
 }
 
