@@ -48,9 +48,9 @@ struct CudaBackend::Impl {
                    uint64_t seed, uint32_t tensor_index, ops::SeededRange range);
   void seed_fp32(float* dst, kernels::SeededBlock block, uint64_t seed, uint32_t tensor_index,
                  ops::SeededRange range);
-  DeviceArray<uint8_t> elements(size_t count, int64_t& account) const {
-    return DeviceArray<uint8_t>(count * elem_bytes, account);
-  }
+  void refuse_unsupported() const;
+  void initialise_buffers();
+  void create_host_side();
   template <typename T>
   static T* as(const DeviceArray<uint8_t>& a) {
     return reinterpret_cast<T*>(a.get());

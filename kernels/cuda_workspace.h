@@ -1,7 +1,6 @@
-// The CUDA backend's plan of its device memory (STYLE.md §4–5): the word layouts of the staged
-// step and of the packed results, the decode buckets, and the bytes of weights and workspaces
-// that a configuration allocates besides KV (what cuda_kv_sizing subtracts before sizing pages).
-// Host-only plain arithmetic: no CUDA call.
+// The CUDA backend's step layouts (STYLE.md §4–5): the word offsets of the staged step and of the
+// packed results, and the decode buckets. Host-only plain arithmetic: no CUDA call. Every device
+// buffer's size is written once, in cuda_backend_setup.cpp's lay_out_buffers.
 #pragma once
 
 #include "core/backend.h"
@@ -100,20 +99,7 @@ std::vector<int32_t> decode_buckets(int32_t rows_max);
 // has no columns to fill, as on the CPU).
 bool drafts_ngram(const ExecutorConfig& config, const CudaBackendOptions& options);
 
-// Device bytes of the weights and of every workspace for one configuration: what the Impl's
-// constructor allocates (it asserts the two agree), everything but the KV cache, whose size is
-// the only one that depends on pages_count.
-struct FixedBytes {
-  int64_t weights = 0;
-  int64_t workspace = 0;
-};
-
 // The shard of `model` a backend of `options` holds (the whole model at TP 1).
 TpRankShard rank_shard(const ModelConfig& model, const CudaBackendOptions& options);
-
-// `full_model`: the whole model; a TP rank holds its shard (rank_model_config) and, at TP > 1,
-// an LM head shard whether or not the embeddings are tied, plus TpRank's buffers.
-FixedBytes fixed_bytes(const ModelConfig& full_model, const ExecutorConfig& config,
-                       const CudaBackendOptions& options);
 
 }  // namespace ls
