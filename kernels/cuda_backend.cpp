@@ -127,10 +127,7 @@ void CudaBackend::enqueue_finish(const StepPlan& plan) {
     }
   }
   LS_CUDA(cudaEventRecord(m.step_done[parity].get(), s));
-  if (m.options.time_steps) {
-    LS_CUDA(cudaEventRecord(
-        m.step_end_marks[static_cast<size_t>(m.steps_count % Impl::kTimingSlots)].get(), s));
-  }
+  m.step_timer.record_end(m.steps_count, s);
   m.check_step_launches();
   m.staged = false;
   ++m.steps_count;
@@ -155,8 +152,8 @@ void CudaBackend::collect_finish(const StepPlan& plan, StepResult& result) {
   } else {
     result.logits.clear();
   }
-  if (plan.rows_count > 0) m.collect_marks();
-  m.collect_step_timing();
+  if (plan.rows_count > 0) m.phase_marks.collect();
+  m.step_timer.collect(m.collected_count);
   ++m.collected_count;
 }
 
@@ -242,25 +239,26 @@ int64_t CudaBackend::last_finish_ns() const {
   return impl_->last_enqueue_ns + impl_->last_collect_ns;
 }
 
-CudaStepTiming CudaBackend::last_step_timing() const { return impl_->last_timing; }
+CudaStepTiming CudaBackend::last_step_timing() const { return impl_->step_timer.last; }
 
 DeviceStepTime CudaBackend::last_device_time() const {
   const auto ns = [](double ms) { return std::isnan(ms) ? int64_t{-1} : static_cast<int64_t>(std::llround(ms * 1e6)); };
-  return DeviceStepTime{.busy_ns = ns(impl_->last_timing.busy_ms),
-                        .idle_before_ns = ns(impl_->last_timing.idle_before_ms),
+  return DeviceStepTime{.busy_ns = ns(impl_->step_timer.last.busy_ms),
+                        .idle_before_ns = ns(impl_->step_timer.last.idle_before_ms),
                         .wait_ns = impl_->last_wait_ns};
 }
 
-CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_totals; }
+CudaPhaseTimes CudaBackend::phase_times() const { return impl_->phase_marks.totals; }
 
 std::vector<CollectiveCall> CudaBackend::collectives() const {
   return impl_->tp ? impl_->tp->calls() : std::vector<CollectiveCall>{};
 }
 
 void CudaBackend::reset_phase_times() {
-  const bool available = impl_->phase_totals.available;
-  impl_->phase_totals = CudaPhaseTimes{};
-  impl_->phase_totals.available = available;
+  CudaPhaseTimes& totals = impl_->phase_marks.totals;
+  const bool available = totals.available;
+  totals = CudaPhaseTimes{};
+  totals.available = available;
 }
 
 std::string_view to_string(CudaPrecision precision) {

@@ -31,6 +31,41 @@
 
 namespace ls {
 
+// The phase profile (options.profile): timing events recorded between phases, captured into the
+// graphs as external event nodes. Mark 0 opens the step; mark k closes phase phases[k].
+struct PhaseMarks {
+  std::vector<CudaEvent> events;  // [marks_max]; empty when not profiling
+  std::vector<CudaPhase> phases;  // [marks_max]
+  int32_t count = 0;
+  int32_t graph_end = 0;  // count after a graph's forward
+  bool capturing = false;
+  CudaPhaseTimes totals;
+
+  bool on() const { return !events.empty(); }
+  void create(size_t marks_max);
+  // A timing event between two phases; inside a capture, an external event node.
+  void mark(cudaStream_t stream, CudaPhase phase);
+  // After the step completed: the time between consecutive marks, summed per phase.
+  void collect();
+};
+
+// Device time around each step (options.time_steps): where step k's stream work begins and ends,
+// in slot k % kSlots. Step k − 1's end is read when step k is collected, after at most step k + 1
+// was enqueued, so three slots would do.
+struct StepTimer {
+  static constexpr int64_t kSlots = 4;
+  bool on = false;
+  std::array<CudaEvent, kSlots> begin_marks;
+  std::array<CudaEvent, kSlots> end_marks;
+  CudaStepTiming last;
+
+  void create();
+  void record_begin(int64_t step, cudaStream_t stream);
+  void record_end(int64_t step, cudaStream_t stream);
+  // After step `step` completed: the device's idle time before it and its busy time.
+  void collect(int64_t step);
+};
+
 struct CudaBackend::Impl {
   Impl(const ModelConfig& model_config, const ExecutorConfig& executor_config,
        const CudaBackendOptions& backend_options);
@@ -57,8 +92,7 @@ struct CudaBackend::Impl {
   }
   void capture_graphs();
   void launch_graph();
-  void mark(CudaPhase phase);
-  void collect_marks();
+  void mark(CudaPhase phase) { phase_marks.mark(stream.get(), phase); }
 
   int32_t rows_grid_for(const StepPlan& plan) const;
   void stage(const StepPlan& plan);
@@ -100,7 +134,6 @@ struct CudaBackend::Impl {
   bool graph_step() const { return graph_index_ >= 0; }
   void check_step_launches() const;
   void unpack(const StepPlan& plan, size_t parity, StepResult& result);
-  void collect_step_timing();
   int64_t steps_in_flight() const { return steps_count - collected_count; }
 
   kernels::DeviceState device_state() const;
@@ -207,13 +240,7 @@ struct CudaBackend::Impl {
   std::array<PinnedArray<int32_t>, 2> host_results;  // [results.count()] each
   std::array<CudaEvent, 2> step_done;                // after the step's last copy
   std::array<std::vector<float>, 2> host_logits;     // [logits rows, vocab] when captured
-  // Step timing (options.time_steps): where step k's stream work begins and ends, in slot
-  // k % kTimingSlots. Step k − 1's end is read when step k is collected, after at most step k + 1
-  // was enqueued, so three slots would do.
-  static constexpr int64_t kTimingSlots = 4;
-  std::array<CudaEvent, kTimingSlots> step_begin_marks;
-  std::array<CudaEvent, kTimingSlots> step_end_marks;
-  CudaStepTiming last_timing;
+  StepTimer step_timer;
 
   std::vector<int32_t> buckets;
   std::vector<CudaGraph> graphs;  // [buckets], when options.graphs: rules 1–4
@@ -240,14 +267,7 @@ struct CudaBackend::Impl {
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
   bool tail_in_graph = false;  // this step replays tail_graphs[graph_index_]
   bool record_in_graph = false;  // ... or record_tail_graphs[graph_index_]
-  // Phase profile (options.profile): timing events recorded between phases, captured into the
-  // graphs as external event nodes. Mark 0 opens the step; mark k closes phase mark_phases[k].
-  std::vector<CudaEvent> mark_events;   // [marks_max]
-  std::vector<CudaPhase> mark_phases;   // [marks_max]
-  int32_t marks_count = 0;
-  int32_t graph_marks_end = 0;          // marks_count after a graph's forward
-  bool capturing = false;
-  CudaPhaseTimes phase_totals;
+  PhaseMarks phase_marks;
 };
 
 }  // namespace ls

@@ -210,8 +210,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   if (options.profile) {
     // Start, state ops, embedding, 9 per layer, head, tail.
     const size_t marks_max = 16 + 9 * static_cast<size_t>(layers);
-    for (size_t i = 0; i < marks_max; ++i) mark_events.push_back(CudaEvent::create(true));
-    mark_phases.assign(marks_max, CudaPhase::kCount);
+    phase_marks.create(marks_max);
   }
   linears = linear_shapes();
   plan_gemms();
@@ -263,10 +262,7 @@ void CudaBackend::Impl::create_host_side() {
   for (auto& event : upload_done) event = CudaEvent::create();
   for (auto& buffer : host_results) buffer = PinnedArray<int32_t>(results.count());
   for (auto& event : step_done) event = CudaEvent::create();
-  if (options.time_steps) {
-    for (auto& event : step_begin_marks) event = CudaEvent::create(true);
-    for (auto& event : step_end_marks) event = CudaEvent::create(true);
-  }
+  if (options.time_steps) step_timer.create();
 }
 
 // What the buffers hold before the first step: zeros (KV, state, staging, the last TP rank's

@@ -33,7 +33,8 @@ void CudaBackend::Impl::capture_graphs() {
   std::vector<Capture> captures;
   for (const int32_t grid : buckets) {
     captures.push_back({[this, grid] {
-                          marks_count = 1;  // after the step's opening mark, which stage() records eagerly
+                          // After the step's opening mark, which stage() records eagerly.
+                          phase_marks.count = 1;
                           enqueue_table_writes(grid);
                           enqueue_resets();
                           enqueue_fill(grid);
@@ -65,18 +66,18 @@ void CudaBackend::Impl::capture_graphs() {
   for (const Capture& c : captures) c.enqueue();
   LS_CUDA(cudaStreamSynchronize(s));
   for (const Capture& c : captures) {
-    capturing = true;
+    phase_marks.capturing = true;
     try {
       c.into->push_back(CudaGraph::capture(s, c.enqueue));
     } catch (...) {
-      capturing = false;
+      phase_marks.capturing = false;
       throw;
     }
-    capturing = false;
-    if (c.forward_only) graph_marks_end = marks_count;
+    phase_marks.capturing = false;
+    if (c.forward_only) phase_marks.graph_end = phase_marks.count;
   }
   LS_CUDA(cudaStreamSynchronize(s));
-  marks_count = 0;
+  phase_marks.count = 0;
 }
 
 // This step's decode graph: the forward alone, with the greedy tail, or with the tail and the
@@ -86,7 +87,7 @@ void CudaBackend::Impl::launch_graph() {
   LS_CUDA(cudaGraphLaunch(set[static_cast<size_t>(graph_index_)].get(), stream.get()));
   ++graph_replays;
   tail_graph_replays += tail_in_graph ? 1 : 0;
-  if (options.profile) marks_count = graph_marks_end;  // the graph recorded them
+  if (phase_marks.on()) phase_marks.count = phase_marks.graph_end;  // the graph recorded them
 }
 
 }  // namespace ls

@@ -6,40 +6,55 @@
 
 namespace ls {
 
-// A timing event between two phases (options.profile); inside a capture, an external event node.
-void CudaBackend::Impl::mark(CudaPhase phase) {
-  if (!options.profile) return;
-  LS_ASSERT(marks_count < static_cast<int32_t>(mark_events.size()), "{} phase marks",
-            marks_count);
-  const size_t k = static_cast<size_t>(marks_count++);
-  mark_phases[k] = phase;
-  LS_CUDA(cudaEventRecordWithFlags(mark_events[k].get(), stream.get(),
+void PhaseMarks::create(size_t marks_max) {
+  for (size_t i = 0; i < marks_max; ++i) events.push_back(CudaEvent::create(true));
+  phases.assign(marks_max, CudaPhase::kCount);
+}
+
+void PhaseMarks::mark(cudaStream_t stream, CudaPhase phase) {
+  if (!on()) return;
+  LS_ASSERT(count < static_cast<int32_t>(events.size()), "{} phase marks", count);
+  const size_t k = static_cast<size_t>(count++);
+  phases[k] = phase;
+  LS_CUDA(cudaEventRecordWithFlags(events[k].get(), stream,
                                    capturing ? cudaEventRecordExternal : cudaEventRecordDefault));
 }
 
-// After the step completed: the time between consecutive marks, summed per phase.
-void CudaBackend::Impl::collect_marks() {
-  if (!options.profile || !phase_totals.available || marks_count < 2) return;
-  for (int32_t k = 1; k < marks_count; ++k) {
+void PhaseMarks::collect() {
+  if (!on() || !totals.available || count < 2) return;
+  for (int32_t k = 1; k < count; ++k) {
     float ms = 0.0f;
-    const cudaError_t status = cudaEventElapsedTime(&ms, mark_events[k - 1].get(),
-                                                    mark_events[k].get());
+    const cudaError_t status = cudaEventElapsedTime(&ms, events[k - 1].get(), events[k].get());
     if (status != cudaSuccess) {
       (void)cudaGetLastError();  // not sticky: the profile is given up, the step is fine
-      phase_totals.available = false;
+      totals.available = false;
       return;
     }
-    phase_totals.ms[static_cast<size_t>(mark_phases[static_cast<size_t>(k)])] += ms;
+    totals.ms[static_cast<size_t>(phases[static_cast<size_t>(k)])] += ms;
   }
-  ++phase_totals.steps;
+  ++totals.steps;
 }
 
-// After the step completed (options.time_steps): the device's idle time before it and its busy
-// time, from the events stage() and enqueue_finish recorded.
-void CudaBackend::Impl::collect_step_timing() {
-  last_timing = CudaStepTiming{};
-  if (!options.time_steps) return;
-  const int64_t k = collected_count;
+void StepTimer::create() {
+  on = true;
+  for (auto& event : begin_marks) event = CudaEvent::create(true);
+  for (auto& event : end_marks) event = CudaEvent::create(true);
+}
+
+void StepTimer::record_begin(int64_t step, cudaStream_t stream) {
+  if (!on) return;
+  LS_CUDA(cudaEventRecord(begin_marks[static_cast<size_t>(step % kSlots)].get(), stream));
+}
+
+void StepTimer::record_end(int64_t step, cudaStream_t stream) {
+  if (!on) return;
+  LS_CUDA(cudaEventRecord(end_marks[static_cast<size_t>(step % kSlots)].get(), stream));
+}
+
+void StepTimer::collect(int64_t step) {
+  last = CudaStepTiming{};
+  if (!on) return;
+  const int64_t k = step;
   auto elapsed_ms = [](const CudaEvent& from, const CudaEvent& to) {
     float ms = 0.0f;
     if (cudaEventElapsedTime(&ms, from.get(), to.get()) != cudaSuccess) {
@@ -48,11 +63,10 @@ void CudaBackend::Impl::collect_step_timing() {
     }
     return static_cast<double>(ms);
   };
-  const CudaEvent& begin = step_begin_marks[static_cast<size_t>(k % kTimingSlots)];
-  last_timing.busy_ms = elapsed_ms(begin, step_end_marks[static_cast<size_t>(k % kTimingSlots)]);
+  const CudaEvent& begin = begin_marks[static_cast<size_t>(k % kSlots)];
+  last.busy_ms = elapsed_ms(begin, end_marks[static_cast<size_t>(k % kSlots)]);
   if (k > 0) {
-    last_timing.idle_before_ms =
-        elapsed_ms(step_end_marks[static_cast<size_t>((k - 1) % kTimingSlots)], begin);
+    last.idle_before_ms = elapsed_ms(end_marks[static_cast<size_t>((k - 1) % kSlots)], begin);
   }
 }
 

@@ -166,11 +166,8 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   size_t pages = 0;
   const int32_t head_words = pack(plan, rows_grid, words, &pages);
   const cudaStream_t s = stream.get();
-  if (options.time_steps) {
-    // After the pack: a device waiting for the host's planning and packing waits idle.
-    const size_t slot = static_cast<size_t>(steps_count % kTimingSlots);
-    LS_CUDA(cudaEventRecord(step_begin_marks[slot].get(), s));
-  }
+  // After the pack: a device waiting for the host's planning and packing waits idle.
+  step_timer.record_begin(steps_count, s);
   LS_CUDA(cudaMemcpyAsync(staging.get(), words, static_cast<size_t>(head_words) * 4,
                           cudaMemcpyHostToDevice, s));
   if (pages > 0) {
@@ -179,7 +176,7 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   }
   LS_CUDA(cudaEventRecord(upload_done[parity].get(), s));
   staged = true;
-  marks_count = 0;
+  phase_marks.count = 0;
   mark(CudaPhase::kCount);  // opens the step
 }
 

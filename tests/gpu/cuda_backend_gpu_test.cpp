@@ -152,7 +152,8 @@ TEST(CudaGemmPlans, EveryShapeIsPlannedAtConstructionAndNoStepAddsOne) {
   ASSERT_EQ(m.ffn_size % 8, 0);
   const auto requests = greedy_requests(20, 30, 24, kTinyVocab, 11);
   for (const int32_t gemv : {8, 0}) {
-    const int64_t expected = 4 * int64_t{ec.step_tokens_max() - gemv} + (ec.logits_rows_max() - gemv);
+    const int64_t expected =
+        4 * int64_t{ec.step_tokens_max() - gemv} + (ec.logits_rows_max() - gemv);
     for (const bool graphs : {false, true}) {
       CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs, .gemv_tokens_max = gemv});
       EXPECT_EQ(cuda.gemm_plans_count(), expected) << "gemv " << gemv << " graphs " << graphs;
