@@ -73,6 +73,12 @@ struct CudaBackend::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
 
+  // cuda_backend_setup.cpp
+  void refuse_unsupported() const;
+  void initialise_buffers();
+  void create_host_side();
+
+  // cuda_weights.cpp
   void upload_weights(const ModelWeights& weights);
   void generate_weights(uint64_t seed);
   void upload_features(size_t layer, const LayerWeights& w);
@@ -83,30 +89,28 @@ struct CudaBackend::Impl {
                    uint64_t seed, uint32_t tensor_index, ops::SeededRange range);
   void seed_fp32(float* dst, kernels::SeededBlock block, uint64_t seed, uint32_t tensor_index,
                  ops::SeededRange range);
-  void refuse_unsupported() const;
-  void initialise_buffers();
-  void create_host_side();
   template <typename T>
   static T* as(const DeviceArray<uint8_t>& a) {
     return reinterpret_cast<T*>(a.get());
   }
-  void capture_graphs();
-  void launch_graph();
-  void mark(CudaPhase phase) { phase_marks.mark(stream.get(), phase); }
 
+  // cuda_step_stager.cpp
   int32_t rows_grid_for(const StepPlan& plan) const;
   void stage(const StepPlan& plan);
   int32_t pack(const StepPlan& plan, int32_t rows_grid, int32_t* words, size_t* pages_count) const;
   void enqueue_table_writes(int32_t rows_grid);
   void enqueue_resets();
   void enqueue_fill(int32_t rows_grid);
-  void enqueue_forward(int32_t tokens, int32_t logits_rows);
-  template <typename T>
-  void enqueue_forward_as(int32_t tokens, int32_t logits_rows);
-  template <typename T>
-  void enqueue_layer(int32_t layer, int32_t tokens);
-  // The step stream as the forward's kernels are launched on it (options.overlap_kernels).
-  kernels::LaunchStream forward_stream() const { return {stream.get(), options.overlap_kernels}; }
+  void unpack(const StepPlan& plan, size_t parity, StepResult& result);
+  void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
+  kernels::DeviceState device_state() const;
+  kernels::TokenBuffers token_buffers() const;
+  kernels::ResultBuffers result_buffers() const;
+  kernels::RecordBuffers record_buffers() const;
+  kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
+  int64_t steps_in_flight() const { return steps_count - collected_count; }
+
+  // cuda_model_runner.cpp
   // A linear layer's product: rows of w (out), its columns (in), and whether it adds into y.
   struct LinearShape {
     int32_t out = 0;
@@ -120,28 +124,35 @@ struct CudaBackend::Impl {
   // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV (else a plan).
   bool uses_gemv(int32_t tokens, int32_t in) const;
   void plan_gemms();
+  void enqueue_forward(int32_t tokens, int32_t logits_rows);
+  template <typename T>
+  void enqueue_forward_as(int32_t tokens, int32_t logits_rows);
+  template <typename T>
+  void enqueue_layer(int32_t layer, int32_t tokens);
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>
   void row_parallel(const T* x, const T* w, int32_t tokens, LinearShape shape);
   template <typename T>
   void lm_head_logits(int32_t logits_rows);
+  // The step stream as the forward's kernels are launched on it (options.overlap_kernels).
+  kernels::LaunchStream forward_stream() const { return {stream.get(), options.overlap_kernels}; }
+
+  // cuda_sampling_tail.cpp
   void enqueue_tail(const StepPlan& plan);
   // record_k: the top-k pairs a recorded step writes a logits row; kNotRecorded: none.
   static constexpr int32_t kNotRecorded = -1;
   void enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic, bool sums,
                             int32_t record_k);
-  bool graph_step() const { return graph_index_ >= 0; }
   void check_step_launches() const;
-  void unpack(const StepPlan& plan, size_t parity, StepResult& result);
-  int64_t steps_in_flight() const { return steps_count - collected_count; }
 
-  kernels::DeviceState device_state() const;
-  kernels::TokenBuffers token_buffers() const;
-  kernels::ResultBuffers result_buffers() const;
-  kernels::RecordBuffers record_buffers() const;
-  void unpack_record(const StepPlan& plan, const int32_t* words, StepResult& result) const;
-  kernels::StepInputs step_inputs() const { return layout.inputs(staging.get()); }
+  // cuda_graphs.cpp
+  void capture_graphs();
+  void launch_graph();
+  bool graph_step() const { return graph_index_ >= 0; }
+
+  // cuda_profiler.cpp (PhaseMarks, StepTimer)
+  void mark(CudaPhase phase) { phase_marks.mark(stream.get(), phase); }
 
   // This rank's shard and the whole model; `model` is the shard's config (rank_model_config): its
   // heads and ffn columns. At TP 1 the shard is the whole model and `model` equals full_model.
