@@ -148,6 +148,7 @@ struct CudaBackend::Impl {
 
   // cuda_graphs.cpp
   void capture_graphs();
+  void choose_graph(const StepPlan& plan);
   void launch_graph();
   bool graph_step() const { return graph_index_ >= 0; }
 

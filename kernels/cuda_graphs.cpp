@@ -90,4 +90,21 @@ void CudaBackend::Impl::launch_graph() {
   if (phase_marks.on()) phase_marks.count = phase_marks.graph_end;  // the graph recorded them
 }
 
+// Which graph the step at rows_grid replays, if any: decode steps, when graphs were captured.
+void CudaBackend::Impl::choose_graph(const StepPlan& plan) {
+  const auto bucket = std::lower_bound(buckets.begin(), buckets.end(), rows_grid) - buckets.begin();
+  const bool decode_graph = plan.mode == ForwardMode::kDecode && !graphs.empty();
+  graph_index_ = decode_graph ? static_cast<int32_t>(bucket) : -1;
+  // The tail joins the graph when every row is greedy (the sampler's weights and sort are not in
+  // it) and no fault poisons the logits between the forward and the guard; a recorded step's tail
+  // only when a record tail graph writes its count of top-k pairs (the record is in the guard).
+  const bool greedy_tail =
+      graph_index_ >= 0 && !tail_graphs.empty() && !plan.logits_poisoned &&
+      std::all_of(plan.sampling.begin(), plan.sampling.end(),
+                  [](const ResolvedSampling& x) { return x.top_k == 1; });
+  record_in_graph = greedy_tail && plan.record && !record_tail_graphs.empty() &&
+                    plan.top_logits_count == record_graph_k;
+  tail_in_graph = greedy_tail && (!plan.record || record_in_graph);
+}
+
 }  // namespace ls

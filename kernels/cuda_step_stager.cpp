@@ -138,19 +138,7 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   const size_t parity = static_cast<size_t>(steps_count & 1);
   LS_CUDA(cudaEventSynchronize(upload_done[parity].get()));
   rows_grid = rows_grid_for(plan);
-  const size_t bucket =
-      static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), rows_grid) - buckets.begin());
-  graph_index_ = plan.mode == ForwardMode::kDecode && !graphs.empty() ? static_cast<int32_t>(bucket) : -1;
-  // The tail joins the graph when every row is greedy (the sampler's weights and sort are not in
-  // it) and no fault poisons the logits between the forward and the guard; a recorded step's tail
-  // only when a record tail graph writes its count of top-k pairs (the record is in the guard).
-  const bool greedy_tail =
-      graph_index_ >= 0 && !tail_graphs.empty() && !plan.logits_poisoned &&
-      std::all_of(plan.sampling.begin(), plan.sampling.end(),
-                  [](const ResolvedSampling& x) { return x.top_k == 1; });
-  record_in_graph = greedy_tail && plan.record && !record_tail_graphs.empty() &&
-                    plan.top_logits_count == record_graph_k;
-  tail_in_graph = greedy_tail && (!plan.record || record_in_graph);
+  choose_graph(plan);
   if (graph_index_ < 0 && steps_in_flight() > 0) {
     // An eager step is not launched ahead: its hundreds of launches queued behind a running step
     // made that step slower on the H200 (llama-8b batch 1: 6.3 ms against 5.1 ms one step at a
