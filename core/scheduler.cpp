@@ -344,7 +344,7 @@ std::string Scheduler::Impl::check_checkpoints() const {
   std::set<int32_t> pending;
   for (const auto& [id, r] : requests) {
     for (const auto& [slot, boundary] : r.pending_checkpoints) {
-      if (r.finished() && r.in_flight_count == 0) {
+      if (r.finished()) {
         return fmt::format("request {} has finished but holds checkpoint slot {}", id, slot);
       }
       if (!pending.insert(slot).second) return fmt::format("checkpoint slot {} pending twice", slot);

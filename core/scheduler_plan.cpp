@@ -204,6 +204,8 @@ int32_t Scheduler::Impl::keep_checkpointed_prefix(std::vector<int32_t>& matched)
 // seed snapshots no decode row of a MIXED step).
 void Scheduler::Impl::plan_checkpoints(Draft& d) {
   if (!config.recurrent_state || !config.prefix_cache) return;
+  LS_ASSERT(d.decode_kv_ends.size() == d.decode_rows.size(), "{} KV ends for {} decode rows",
+            d.decode_kv_ends.size(), d.decode_rows.size());
   for (OpRow& row : d.prefill_rows) plan_checkpoint(row, row.prefix_length + row.input_length);
   if (!d.prefill_rows.empty()) return;
   for (size_t i = 0; i < d.decode_rows.size(); ++i) plan_checkpoint(d.decode_rows[i], d.decode_kv_ends[i]);

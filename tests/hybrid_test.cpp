@@ -17,6 +17,7 @@
 
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -764,6 +765,7 @@ TEST(PrefixHitProperty, TokensAreTheSameWithAndWithoutAPrefixHit) {
   int hits = 0;
   const std::optional<std::string> failure = prefix_props::counterexample(60, &hits);
   EXPECT_FALSE(failure.has_value()) << *failure;
+  std::printf("%d of 60 workloads hit the prefix cache\n", hits);
   EXPECT_GE(hits, 20) << "too few generated workloads hit the prefix cache to test anything";
 }
 
@@ -836,6 +838,48 @@ TEST(HybridCli, ARecordedRunReplaysBitForBit) {
   EXPECT_THAT(out, HasSubstr("hybrid: layers MAMM; mamba2 heads 8 x 16, groups 2, state 16, conv 4 "
                              "(bias), dt in [0.05, 2]; state slots 16"));
   EXPECT_THAT(out, HasSubstr("1:P@1[0+30/30] state 0  2:P@2[0+45/45] state 1"));
+}
+
+// `--mamba-slots` above `--max-batch-rows` turns the prefix cache on for a hybrid: prompts that
+// share a prefix give the tokens of the default (no prefix cache), and the recorded run — prefill
+// rows that checkpoint, hits that copy a checkpoint in — replays bit for bit.
+TEST(HybridCli, MoreStateSlotsThanRowsServeThePrefixCacheAndReplay) {
+  const testing::ScratchDir dir;
+  const fs::path model = dir.file("bamba");
+  fs::create_directories(model);
+  testing::write_hybrid_checkpoint(model);
+  const std::vector<int32_t> shared = prompt_for(77, 40);
+  std::string lines;
+  for (RequestId id = 1; id <= 4; ++id) {
+    std::vector<int32_t> prompt = shared;
+    const std::vector<int32_t> suffix = prompt_for(id, 5 * static_cast<int32_t>(id));
+    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    lines += nlohmann::json{{"id", id}, {"prompt", prompt}, {"max_new_tokens", 10}}.dump() + "\n";
+  }
+  std::ofstream(dir.file("p.jsonl")) << lines;
+  const std::string run = fmt::format(
+      "timeout 120 '{0}' generate --model '{1}' --prompts '{2}' --max-batch-rows 2 "
+      "--prefill-chunk-tokens 16 --context-length 128 -q", LOCKSTEP_CLI, model.string(),
+      dir.file("p.jsonl").string());
+  const fs::path trace = dir.file("run.trace");
+  const std::string command = fmt::format(
+      "{0} --output '{1}' 2>'{3}' && {0} --mamba-slots 10 --output '{2}' --record '{4}' 2>>'{3}' "
+      "&& '{5}' replay '{4}' >'{6}' 2>&1", run, dir.file("plain.jsonl").string(),
+      dir.file("cached.jsonl").string(), dir.file("err.txt").string(), trace.string(), LOCKSTEP_CLI,
+      dir.file("replay.txt").string());
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << command << "\n" << read_text(dir.file("err.txt")) << read_text(dir.file("replay.txt"));
+  const std::string plain = read_text(dir.file("plain.jsonl"));
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), '\n'), 4);
+  EXPECT_EQ(read_text(dir.file("cached.jsonl")), plain);
+  EXPECT_THAT(read_text(dir.file("replay.txt")),
+              HasSubstr("IDENTICAL: every compared output and digest matches bit for bit"));
+  // The hits happened: a hit row copies a checkpoint in, and trace inspect shows it.
+  const std::string inspect = fmt::format("'{}' trace inspect '{}' --steps 0:40 >'{}' 2>&1",
+                                          LOCKSTEP_CLI, trace.string(), dir.file("inspect.txt").string());
+  ASSERT_EQ(std::system(inspect.c_str()), 0);
+  EXPECT_THAT(read_text(dir.file("inspect.txt")), HasSubstr("cow"));
 }
 
 TEST(HybridCli, TheStatePoolFlagIsRefusedForAModelWithoutMambaLayers) {
