@@ -160,6 +160,9 @@ void CudaBackend::collect_finish(const StepPlan& plan, StepResult& result) {
 void CudaBackend::copy_pages(const CacheOp& op) {
   Impl& m = *impl_;
   LS_ASSERT(op.device_pages.size() == op.host_pages.size(), "unpaired page copy");
+  // The executor refuses a state slot on a backend without recurrent state, and this one runs no
+  // model with Mamba layers yet (issue 19): its swaps carry KV pages only.
+  LS_ASSERT(op.state_slot == -1, "cuda backend: cache op with state slot {}", op.state_slot);
   const size_t p = static_cast<size_t>(m.config.page_size);
   const size_t kv = static_cast<size_t>(m.kv_size);
   const size_t l = static_cast<size_t>(m.layers);
