@@ -155,35 +155,75 @@ mamba_gated_norm_kernel(MambaShape shape, const float* norm_weight, const float*
   }
 }
 
-// Each thread owns elements e of a slot and applies every entry to them in list order: element e
-// of any slot is touched by its thread alone, so the result is the list applied in order.
+// The pool ops' entries, loaded once per block into shared memory with the padding (−1) left
+// out, in list order: a block of a launch whose entries are all padding (a graph's idle rows)
+// exits after reading the list.
+__device__ int32_t load_pairs(const int32_t* pairs, int32_t pairs_grid, int2* kept) {
+  __shared__ int32_t count;
+  if (threadIdx.x == 0) {
+    int32_t n = 0;
+    for (int32_t p = 0; p < pairs_grid; ++p) {
+      const int2 pair = make_int2(pairs[2 * p], pairs[2 * p + 1]);
+      if (pair.x >= 0 && pair.y >= 0) kept[n++] = pair;
+    }
+    count = n;
+  }
+  __syncthreads();
+  return count;
+}
+
+__device__ int32_t load_slots(const int32_t* slots, int32_t slots_grid, int32_t* kept) {
+  __shared__ int32_t count;
+  if (threadIdx.x == 0) {
+    int32_t n = 0;
+    for (int32_t s = 0; s < slots_grid; ++s) {
+      if (slots[s] >= 0) kept[n++] = slots[s];
+    }
+    count = n;
+  }
+  __syncthreads();
+  return count;
+}
+
+template <typename V>
+__device__ __forceinline__ V zero_value();
+template <>
+__device__ __forceinline__ float zero_value<float>() {
+  return 0.0f;
+}
+template <>
+__device__ __forceinline__ float4 zero_value<float4>() {
+  return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// Each thread owns elements e of a slot (V: float, or float4 when slots are whole float4s) and
+// applies every entry to them in list order: element e of any slot is touched by its thread
+// alone, so the result is the list applied in order.
+template <typename V>
 __global__ void __launch_bounds__(kPoolThreads)
-mamba_copy_slots_kernel(float* pool, int64_t slot_floats, const int32_t* pairs,
-                        int32_t pairs_grid) {
+mamba_copy_slots_kernel(V* pool, int64_t slot_vecs, const int32_t* pairs, int32_t pairs_grid) {
   allow_successor();
   wait_for_predecessor();
+  extern __shared__ int2 kept_pairs[];
+  const int32_t count = load_pairs(pairs, pairs_grid, kept_pairs);
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < slot_floats; e += stride) {
-    for (int32_t p = 0; p < pairs_grid; ++p) {
-      const int32_t src = pairs[2 * p];
-      const int32_t dst = pairs[2 * p + 1];
-      if (src < 0 || dst < 0) continue;
-      pool[dst * slot_floats + e] = pool[src * slot_floats + e];
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < slot_vecs; e += stride) {
+    for (int32_t p = 0; p < count; ++p) {
+      pool[kept_pairs[p].y * slot_vecs + e] = pool[kept_pairs[p].x * slot_vecs + e];
     }
   }
 }
 
+template <typename V>
 __global__ void __launch_bounds__(kPoolThreads)
-mamba_zero_slots_kernel(float* pool, int64_t slot_floats, const int32_t* slots,
-                        int32_t slots_grid) {
+mamba_zero_slots_kernel(V* pool, int64_t slot_vecs, const int32_t* slots, int32_t slots_grid) {
   allow_successor();
   wait_for_predecessor();
+  extern __shared__ int32_t kept_slots[];
+  const int32_t count = load_slots(slots, slots_grid, kept_slots);
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < slot_floats; e += stride) {
-    for (int32_t s = 0; s < slots_grid; ++s) {
-      const int32_t slot = slots[s];
-      if (slot >= 0) pool[slot * slot_floats + e] = 0.0f;
-    }
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < slot_vecs; e += stride) {
+    for (int32_t s = 0; s < count; ++s) pool[kept_slots[s] * slot_vecs + e] = zero_value<V>();
   }
 }
 
@@ -206,9 +246,14 @@ bool valid_state(const MambaShape& s, const MambaStateView& v) {
          v.slot_stride_floats >= s.ssm_state_floats();
 }
 
-int32_t pool_blocks(int64_t slot_floats) {
-  const int64_t blocks = (slot_floats + kPoolThreads - 1) / kPoolThreads;
+int32_t pool_blocks(int64_t slot_vecs) {
+  const int64_t blocks = (slot_vecs + kPoolThreads - 1) / kPoolThreads;
   return static_cast<int32_t>(blocks < kPoolBlocksMax ? blocks : kPoolBlocksMax);
+}
+
+// Whole float4s when every slot starts 16-byte aligned.
+bool pool_in_float4s(const float* pool, int64_t slot_floats) {
+  return slot_floats % 4 == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0;
 }
 
 }  // namespace
@@ -262,20 +307,36 @@ template cudaError_t launch_mamba_mixer<float>(const MambaShape&, const MambaLay
 
 cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int32_t* pairs,
                                     int32_t pairs_grid, LaunchStream stream) {
-  if (slot_floats < 1 || pairs_grid < 0 || pool == nullptr) return cudaErrorInvalidValue;
+  if (slot_floats < 1 || pairs_grid < 0 || pairs_grid > kMambaPoolOpsMax || pool == nullptr) {
+    return cudaErrorInvalidValue;
+  }
   if (pairs_grid == 0) return cudaSuccess;
   if (pairs == nullptr) return cudaErrorInvalidValue;
-  return launch_kernel(mamba_copy_slots_kernel, pool_blocks(slot_floats), kPoolThreads, 0, stream,
-                       pool, slot_floats, pairs, pairs_grid);
+  const size_t shared = sizeof(int2) * static_cast<size_t>(pairs_grid);
+  if (pool_in_float4s(pool, slot_floats)) {
+    const int64_t vecs = slot_floats / 4;
+    return launch_kernel(mamba_copy_slots_kernel<float4>, pool_blocks(vecs), kPoolThreads, shared,
+                         stream, reinterpret_cast<float4*>(pool), vecs, pairs, pairs_grid);
+  }
+  return launch_kernel(mamba_copy_slots_kernel<float>, pool_blocks(slot_floats), kPoolThreads,
+                       shared, stream, pool, slot_floats, pairs, pairs_grid);
 }
 
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,
                                     int32_t slots_grid, LaunchStream stream) {
-  if (slot_floats < 1 || slots_grid < 0 || pool == nullptr) return cudaErrorInvalidValue;
+  if (slot_floats < 1 || slots_grid < 0 || slots_grid > kMambaPoolOpsMax || pool == nullptr) {
+    return cudaErrorInvalidValue;
+  }
   if (slots_grid == 0) return cudaSuccess;
   if (slots == nullptr) return cudaErrorInvalidValue;
-  return launch_kernel(mamba_zero_slots_kernel, pool_blocks(slot_floats), kPoolThreads, 0, stream,
-                       pool, slot_floats, slots, slots_grid);
+  const size_t shared = sizeof(int32_t) * static_cast<size_t>(slots_grid);
+  if (pool_in_float4s(pool, slot_floats)) {
+    const int64_t vecs = slot_floats / 4;
+    return launch_kernel(mamba_zero_slots_kernel<float4>, pool_blocks(vecs), kPoolThreads, shared,
+                         stream, reinterpret_cast<float4*>(pool), vecs, slots, slots_grid);
+  }
+  return launch_kernel(mamba_zero_slots_kernel<float>, pool_blocks(slot_floats), kPoolThreads,
+                       shared, stream, pool, slot_floats, slots, slots_grid);
 }
 
 }  // namespace ls::kernels

@@ -28,6 +28,8 @@ namespace ls::kernels {
 // Limits of the register-resident windows and states (Mamba2 checkpoints: kernel 4, state ≤ 256).
 constexpr int32_t kMambaConvKernelMax = 8;
 constexpr int32_t kMambaStateSizeMax = 256;
+// Entries of one pool-op launch (held in shared memory: 8 bytes each).
+constexpr int32_t kMambaPoolOpsMax = 4096;
 
 // The mixer's shape (core/config.h MambaConfig, plus the norm's eps), as plain data for nvcc.
 struct MambaShape {
@@ -100,11 +102,11 @@ cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& 
 // indices read from device memory (graph-capturable: a graph passes its padded grid).
 // Copies pool[dst] = pool[src] for the pairs [pairs_grid, 2] int32 (src, dst), in list order
 // (a chain a→b, b→c leaves a's state in c); a pair with a −1 is skipped (padding). The indices
-// must be slots of the pool (the forward op's validation).
+// must be slots of the pool (the forward op's validation); pairs_grid <= kMambaPoolOpsMax.
 cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int32_t* pairs,
                                     int32_t pairs_grid, LaunchStream stream);
 
-// Zeroes pool[s] for s in slots [slots_grid] int32; −1 entries are skipped.
+// Zeroes pool[s] for s in slots [slots_grid] int32 (<= kMambaPoolOpsMax); −1 entries are skipped.
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,
                                     int32_t slots_grid, LaunchStream stream);
 

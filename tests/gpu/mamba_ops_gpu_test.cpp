@@ -408,37 +408,42 @@ void zero_in_order(std::vector<float>& pool, size_t slot_size, const std::vector
 }
 
 constexpr size_t kPoolSlots = 6;
-constexpr int64_t kSlotSize = 1100003;  // odd, and more than the kernel's grid covers in one pass
+// Slot sizes of more floats than one pass of the kernels' grid covers: odd (the scalar kernel)
+// and a multiple of 4 (the float4 kernel).
+constexpr int64_t kSlotSizes[] = {1100003, 1100004};
 
 // A chain (1→2, 2→3 leaves 1's state in 3), padded pairs on either side, a copy into slot 0;
 // then zeroes with padding.
 TEST(MambaPoolGpu, CopyAndZeroApplyTheListInOrder) {
   LS_SKIP_WITHOUT_DEVICE();
-  const std::vector<float> pool = random_floats(kPoolSlots * kSlotSize, 151, -1.0f, 1.0f);
-  const std::vector<int32_t> pairs = {1, 2, 2, 3, -1, 4, 5, -1, 4, 0};
-  const std::vector<int32_t> zeroes = {5, -1, 2};
-  DeviceBuffer<float> d_pool(pool);
-  DeviceBuffer<int32_t> d_pairs(pairs), d_zeroes(zeroes);
-  ASSERT_EQ(kernels::launch_mamba_copy_slots(d_pool.ptr, kSlotSize, d_pairs.ptr, 5, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> expected = pool;
-  copy_in_order(expected, kSlotSize, pairs);
-  EXPECT_TRUE(same_bits(d_pool.download(), expected));
-  EXPECT_TRUE(same_bits(std::span<const float>(expected).subspan(3 * kSlotSize, kSlotSize),
-                        std::span<const float>(pool).subspan(1 * kSlotSize, kSlotSize)));
-  ASSERT_EQ(kernels::launch_mamba_zero_slots(d_pool.ptr, kSlotSize, d_zeroes.ptr, 3, nullptr),
-            cudaSuccess);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  zero_in_order(expected, kSlotSize, zeroes);
-  EXPECT_TRUE(same_bits(d_pool.download(), expected));
+  for (const int64_t slot_size : kSlotSizes) {
+    const std::vector<float> pool = random_floats(kPoolSlots * slot_size, 151, -1.0f, 1.0f);
+    const std::vector<int32_t> pairs = {1, 2, 2, 3, -1, 4, 5, -1, 4, 0};
+    const std::vector<int32_t> zeroes = {5, -1, 2};
+    DeviceBuffer<float> d_pool(pool);
+    DeviceBuffer<int32_t> d_pairs(pairs), d_zeroes(zeroes);
+    ASSERT_EQ(kernels::launch_mamba_copy_slots(d_pool.ptr, slot_size, d_pairs.ptr, 5, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> expected = pool;
+    copy_in_order(expected, slot_size, pairs);
+    EXPECT_TRUE(same_bits(d_pool.download(), expected)) << "slot size " << slot_size;
+    EXPECT_TRUE(same_bits(std::span<const float>(expected).subspan(3 * slot_size, slot_size),
+                          std::span<const float>(pool).subspan(1 * slot_size, slot_size)));
+    ASSERT_EQ(kernels::launch_mamba_zero_slots(d_pool.ptr, slot_size, d_zeroes.ptr, 3, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    zero_in_order(expected, slot_size, zeroes);
+    EXPECT_TRUE(same_bits(d_pool.download(), expected)) << "slot size " << slot_size;
+  }
 }
 
 // Captured once, the ops read their indices from device memory at each replay: new indices
 // written into the same buffers take effect without a new capture.
 TEST(MambaPoolGpu, AGraphReadsTheIndicesOfEachReplay) {
   LS_SKIP_WITHOUT_DEVICE();
-  const std::vector<float> pool = random_floats(kPoolSlots * kSlotSize, 161, -1.0f, 1.0f);
+  const int64_t slot_size = kSlotSizes[1];
+  const std::vector<float> pool = random_floats(kPoolSlots * slot_size, 161, -1.0f, 1.0f);
   DeviceBuffer<float> d_pool(pool);
   DeviceBuffer<int32_t> d_pairs(std::vector<int32_t>{0, 1, -1, -1});
   DeviceBuffer<int32_t> d_zeroes(std::vector<int32_t>{-1, -1});
@@ -446,9 +451,9 @@ TEST(MambaPoolGpu, AGraphReadsTheIndicesOfEachReplay) {
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  ASSERT_EQ(kernels::launch_mamba_copy_slots(d_pool.ptr, kSlotSize, d_pairs.ptr, 2, stream),
+  ASSERT_EQ(kernels::launch_mamba_copy_slots(d_pool.ptr, slot_size, d_pairs.ptr, 2, stream),
             cudaSuccess);
-  ASSERT_EQ(kernels::launch_mamba_zero_slots(d_pool.ptr, kSlotSize, d_zeroes.ptr, 2, stream),
+  ASSERT_EQ(kernels::launch_mamba_zero_slots(d_pool.ptr, slot_size, d_zeroes.ptr, 2, stream),
             cudaSuccess);
   ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
   cudaGraphExec_t exec = nullptr;
@@ -461,10 +466,70 @@ TEST(MambaPoolGpu, AGraphReadsTheIndicesOfEachReplay) {
     d_zeroes.upload(zeroes);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    copy_in_order(expected, kSlotSize, pairs);
-    zero_in_order(expected, kSlotSize, zeroes);
+    copy_in_order(expected, slot_size, pairs);
+    zero_in_order(expected, slot_size, zeroes);
     EXPECT_TRUE(same_bits(d_pool.download(), expected)) << "pairs " << pairs[0] << "→" << pairs[1];
   }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// A decode graph captured at 8 rows reads each replay's slots and counts from device memory: two
+// replays with different slots (padding among them, slot 0 real) give the eager launches' bits.
+TEST(MambaMixerGpu, ACapturedDecodeLaunchReadsEachReplaysRows) {
+  LS_SKIP_WITHOUT_DEVICE();
+  using T = bf16;
+  constexpr int32_t kRows = 8;
+  const MambaConfig m = bamba_like_shape();
+  const kernels::MambaShape shape = shape_of(m);
+  const LayerWeights w = random_mixer(m, 171);
+  const DeviceMixer mixer(w);
+  const std::vector<float> pool = random_floats(size_t(kSlots) * slot_floats(m), 181, -1.0f, 1.0f);
+  const std::vector<std::vector<int32_t>> replays = {{0, 1, 2, -1, 3, 4, 5, 6},
+                                                     {6, -1, -1, 0, 2, -1, 5, -1}};
+  const std::vector<std::vector<float>> projs = {random_proj(m, kRows, 191),
+                                                 random_proj(m, kRows, 192)};
+  Rows rows{.counts = std::vector<int32_t>(kRows, 1), .slots = replays[0]};
+  // Eager: the two steps one after the other on one pool.
+  DeviceBuffer<float> eager_pool(pool);
+  std::vector<std::vector<float>> eager_out;
+  for (size_t i = 0; i < replays.size(); ++i) {
+    rows.slots = replays[i];
+    eager_out.push_back(launch<T>(m, mixer, eager_pool, rows, projs[i]));
+  }
+  // Captured once, replayed twice with new rows and inputs written into its buffers.
+  DeviceBuffer<float> graph_pool(pool);
+  DeviceBuffer<int32_t> offsets(rows.offsets()), counts(rows.counts), slots(replays[0]);
+  DeviceBuffer<float> d_proj(projs[0]);
+  const size_t workspace_floats = kernels::mamba_workspace_floats(shape, kRows);
+  DeviceBuffer<float> workspace(workspace_floats);
+  DeviceBuffer<T> out(size_t(kRows) * m.inner_size());
+  float* layer = graph_pool.ptr + kRunLayer * layer_floats(m);
+  const kernels::MambaStateView state{.conv = layer, .ssm = layer + m.conv_state_floats(),
+                                      .slot_stride_floats = slot_floats(m)};
+  const kernels::MambaRows device_rows{.token_offsets = offsets.ptr, .token_counts = counts.ptr,
+                                       .slots = slots.ptr, .rows_grid = kRows};
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  ASSERT_EQ(kernels::launch_mamba_mixer<T>(shape, mixer.params(), state, device_rows, d_proj.ptr,
+                                           kRows, workspace.ptr, workspace_floats, out.ptr,
+                                           kernels::LaunchStream(stream, true)),
+            cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (size_t i = 0; i < replays.size(); ++i) {
+    slots.upload(replays[i]);
+    d_proj.upload(projs[i]);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_TRUE(same_bits(to_floats(out.download()), eager_out[i])) << "replay " << i;
+  }
+  EXPECT_TRUE(same_bits(graph_pool.download(), eager_pool.download()));
+  EXPECT_FALSE(same_bits(graph_pool.download(), pool));
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
