@@ -16,6 +16,7 @@ constexpr int32_t kStatePerLane = kMambaStateSizeMax / 32;
 constexpr int32_t kNormThreads = 256;
 constexpr int32_t kPoolThreads = 256;
 constexpr int32_t kPoolBlocksMax = 4096;
+constexpr int32_t kRowsGridMax = 65535;  // rows are the grids' y (conv) and z (scan) dimension
 
 // The causal conv of one channel of one row: the window lives in registers while the row's
 // tokens are walked in order (each drops the oldest input, takes the token's xBC, and is dotted
@@ -271,7 +272,9 @@ cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& 
   if (!valid_shape(shape) || !valid_params(params) || !valid_state(shape, state)) {
     return cudaErrorInvalidValue;
   }
-  if (rows.rows_grid < 0 || rows.rows_grid > 65535 || tokens_count < 0) return cudaErrorInvalidValue;
+  if (rows.rows_grid < 0 || rows.rows_grid > kRowsGridMax || tokens_count < 0) {
+    return cudaErrorInvalidValue;
+  }
   if (rows.rows_grid > 0 &&
       (rows.token_offsets == nullptr || rows.token_counts == nullptr || rows.slots == nullptr)) {
     return cudaErrorInvalidValue;

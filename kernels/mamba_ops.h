@@ -46,7 +46,9 @@ struct MambaShape {
   LS_HOST_DEVICE int32_t conv_dim() const { return inner_size() + 2 * groups_count * state_size; }
   LS_HOST_DEVICE int32_t in_proj_size() const { return inner_size() + conv_dim() + heads_count; }
   LS_HOST_DEVICE int64_t conv_state_floats() const { return int64_t{conv_dim()} * conv_kernel; }
-  LS_HOST_DEVICE int64_t ssm_state_floats() const { return int64_t{heads_count} * head_dim * state_size; }
+  LS_HOST_DEVICE int64_t ssm_state_floats() const {
+    return int64_t{heads_count} * head_dim * state_size;
+  }
 };
 
 // One layer's mixer parameters, fp32 in both precisions (they are small).
@@ -62,8 +64,8 @@ struct MambaLayerParams {
 // One layer's state in the slot pool, fp32: slot s's conv window [conv_dim, conv_kernel] (oldest
 // input first) at conv + s · slot_stride_floats, its SSM state [heads, head_dim, state_size] at
 // ssm + s · slot_stride_floats. With the CPU's pool layout [slots, mamba layers, conv then SSM],
-// conv = pool + layer_index · (conv + SSM floats), ssm = conv + conv_state_floats and the stride is
-// one slot's floats.
+// conv = pool + layer_index · (conv + SSM floats), ssm = conv + conv_state_floats and the stride
+// is one slot's floats.
 struct MambaStateView {
   float* conv = nullptr;
   float* ssm = nullptr;
@@ -101,8 +103,9 @@ cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& 
 // The state-pool ops, whole slots of `slot_floats` floats at pool + s · slot_floats, with their
 // indices read from device memory (graph-capturable: a graph passes its padded grid).
 // Copies pool[dst] = pool[src] for the pairs [pairs_grid, 2] int32 (src, dst), in list order
-// (a chain a→b, b→c leaves a's state in c); a pair with a −1 is skipped (padding). The indices
-// must be slots of the pool (the forward op's validation); pairs_grid <= kMambaPoolOpsMax.
+// (a chain a→b, b→c leaves a's state in c); a pair with a −1 is skipped (padding). The
+// indices must be slots of the pool (the forward op's validation); pairs_grid <=
+// kMambaPoolOpsMax.
 cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int32_t* pairs,
                                     int32_t pairs_grid, LaunchStream stream);
 

@@ -18,7 +18,8 @@ LS_HOST_DEVICE LS_INLINE float softplus(float x) { return x > 20.0f ? x : log1p_
 
 // The step size of one head: clamp(softplus(dt + dt_bias), time_step_limit), clamped as
 // std::clamp does (a NaN passes through).
-LS_HOST_DEVICE LS_INLINE float mamba_step_size(float dt, float dt_bias, float dt_min, float dt_max) {
+LS_HOST_DEVICE LS_INLINE float mamba_step_size(float dt, float dt_bias, float dt_min,
+                                               float dt_max) {
   const float value = softplus(dt + dt_bias);
   return value < dt_min ? dt_min : (dt_max < value ? dt_max : value);
 }

@@ -83,7 +83,8 @@ LayerWeights random_mixer(const MambaConfig& m, uint32_t seed) {
 // The in_proj outputs of `tokens` tokens: gate, xBC in [−2, 2); dt in [−4, 2).
 std::vector<float> random_proj(const MambaConfig& m, int32_t tokens, uint32_t seed) {
   std::vector<float> proj = random_floats(size_t(tokens) * m.in_proj_size(), seed, -2.0f, 2.0f);
-  const std::vector<float> dt = random_floats(size_t(tokens) * m.heads_count, seed + 1, -4.0f, 2.0f);
+  const std::vector<float> dt =
+      random_floats(size_t(tokens) * m.heads_count, seed + 1, -4.0f, 2.0f);
   for (int32_t t = 0; t < tokens; ++t) {
     for (int32_t h = 0; h < m.heads_count; ++h) {
       proj[size_t(t) * m.in_proj_size() + m.inner_size() + m.conv_dim() + h] =
@@ -186,7 +187,8 @@ bool same_bits(std::span<const float> a, std::span<const float> b) {
 }
 
 std::span<const float> slot_of(const MambaConfig& m, const std::vector<float>& pool, int32_t slot) {
-  return std::span<const float>(pool).subspan(size_t(slot) * slot_floats(m), size_t(slot_floats(m)));
+  return std::span<const float>(pool).subspan(size_t(slot) * slot_floats(m),
+                                              size_t(slot_floats(m)));
 }
 
 constexpr int32_t kSlots = 7;
@@ -213,7 +215,8 @@ void expect_matches_the_reference(const MambaConfig& m, double output_tolerance)
           << what << ", slot " << slot;
       EXPECT_FALSE(same_bits(slot_of(m, gpu.pool, slot), slot_of(m, pool, slot))) << slot;
     } else {
-      EXPECT_TRUE(same_bits(slot_of(m, gpu.pool, slot), slot_of(m, pool, slot))) << what << ", " << slot;
+      EXPECT_TRUE(same_bits(slot_of(m, gpu.pool, slot), slot_of(m, pool, slot)))
+          << what << ", slot " << slot;
     }
   }
   // Layer 0 of every slot is not this launch's: untouched.
@@ -321,13 +324,14 @@ void expect_batch_independence(const MambaConfig& m) {
   const Result all = run_gpu<T>(m, w, decode_pool, decode, decode_proj);
   for (const int32_t r : {0, 1, 13, 63}) {
     ASSERT_GE(decode.slots[r], 0);
-    const Result one = run_gpu<T>(m, w, decode_pool, Rows{.counts = {1}, .slots = {decode.slots[r]}},
+    const int32_t slot = decode.slots[r];
+    const Result one = run_gpu<T>(m, w, decode_pool, Rows{.counts = {1}, .slots = {slot}},
                                   tokens_of(m, decode_proj, r, 1));
     EXPECT_TRUE(same_bits(std::span<const float>(all.out).subspan(size_t(r) * m.inner_size(),
                                                                   one.out.size()),
                           one.out))
         << "decode row " << r << ", seeds 71/101/111";
-    EXPECT_TRUE(same_bits(slot_of(m, all.pool, decode.slots[r]), slot_of(m, one.pool, decode.slots[r])))
+    EXPECT_TRUE(same_bits(slot_of(m, all.pool, slot), slot_of(m, one.pool, slot)))
         << "decode row " << r;
   }
 }
@@ -468,7 +472,8 @@ TEST(MambaPoolGpu, AGraphReadsTheIndicesOfEachReplay) {
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
     copy_in_order(expected, slot_size, pairs);
     zero_in_order(expected, slot_size, zeroes);
-    EXPECT_TRUE(same_bits(d_pool.download(), expected)) << "pairs " << pairs[0] << "→" << pairs[1];
+    EXPECT_TRUE(same_bits(d_pool.download(), expected))
+        << "pairs " << pairs[0] << "→" << pairs[1] << ", " << pairs[2] << "→" << pairs[3];
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
