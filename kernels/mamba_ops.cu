@@ -228,6 +228,19 @@ mamba_zero_slots_kernel(V* pool, int64_t slot_vecs, const int32_t* slots, int32_
   }
 }
 
+__global__ void mamba_snapshot_pairs_kernel(const int32_t* snapshots, int32_t snapshots_grid,
+                                            const int32_t* pool_rows, const int32_t* vcl,
+                                            int32_t page_size, int32_t* pairs) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t i = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= snapshots_grid) return;
+  const int32_t row = snapshots[3 * i];
+  const bool ends_page = row >= 0 && vcl[pool_rows[row]] % page_size == 0;
+  pairs[2 * i] = ends_page ? snapshots[3 * i + 1] : -1;
+  pairs[2 * i + 1] = ends_page ? snapshots[3 * i + 2] : -1;
+}
+
 bool valid_shape(const MambaShape& s) {
   return s.heads_count >= 1 && s.head_dim >= 1 && s.groups_count >= 1 &&
          s.heads_count % s.groups_count == 0 && s.state_size >= 1 &&
@@ -323,6 +336,19 @@ cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int3
   }
   return launch_kernel(mamba_copy_slots_kernel<float>, pool_blocks(slot_floats), kPoolThreads,
                        shared, stream, pool, slot_floats, pairs, pairs_grid);
+}
+
+cudaError_t launch_mamba_snapshot_pairs(const int32_t* snapshots, int32_t snapshots_grid,
+                                        const int32_t* pool_rows, const int32_t* vcl,
+                                        int32_t page_size, int32_t* pairs, LaunchStream stream) {
+  if (snapshots_grid < 0 || page_size < 1) return cudaErrorInvalidValue;
+  if (snapshots_grid == 0) return cudaSuccess;
+  if (snapshots == nullptr || pool_rows == nullptr || vcl == nullptr || pairs == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t blocks = (snapshots_grid + kPoolThreads - 1) / kPoolThreads;
+  return launch_kernel(mamba_snapshot_pairs_kernel, blocks, kPoolThreads, 0, stream, snapshots,
+                       snapshots_grid, pool_rows, vcl, page_size, pairs);
 }
 
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,

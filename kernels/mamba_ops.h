@@ -2,7 +2,8 @@
 // recurrent-state pool. Launchers take raw device pointers, sizes and a stream, validate their
 // arguments, and return the launch status (STYLE.md §2–3). The CPU reference is
 // core/mamba_mixer.h's mamba_mixer_token, run for each token of a row in order, and CpuModel's
-// copy_mamba_state / zero_mamba_state; tests/gpu/mamba_ops_gpu_test.cpp compares them.
+// copy_mamba_state / zero_mamba_state and CpuBackend::snapshot_mamba_checkpoints;
+// tests/gpu/mamba_ops_gpu_test.cpp compares them.
 //
 // One design serves decode and prefill: every row is a run of consecutive tokens (one at decode,
 // a chunk at prefill) updating its own working slot, and each (head, state row) of a row walks the
@@ -108,6 +109,14 @@ cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& 
 // kMambaPoolOpsMax.
 cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int32_t* pairs,
                                     int32_t pairs_grid, LaunchStream stream);
+
+// The DECODE step's checkpoint rule, after the commit (CpuBackend::snapshot_mamba_checkpoints):
+// for each snapshot (row, src, dst) of snapshots [snapshots_grid, 3] int32, pairs[i] = (src, dst)
+// when the row's new vcl ends a page, vcl[pool_rows[row]] % page_size == 0, else (−1, −1); a
+// snapshot with row −1 is padding. pairs [snapshots_grid, 2] then feeds launch_mamba_copy_slots.
+cudaError_t launch_mamba_snapshot_pairs(const int32_t* snapshots, int32_t snapshots_grid,
+                                        const int32_t* pool_rows, const int32_t* vcl,
+                                        int32_t page_size, int32_t* pairs, LaunchStream stream);
 
 // Zeroes pool[s] for s in slots [slots_grid] int32 (<= kMambaPoolOpsMax); −1 entries are skipped.
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,

@@ -480,6 +480,34 @@ TEST(MambaPoolGpu, AGraphReadsTheIndicesOfEachReplay) {
   cudaStreamDestroy(stream);
 }
 
+// The checkpoint rule on the device against CpuBackend::snapshot_mamba_checkpoints' condition:
+// a snapshot is kept when its row's vcl ends a page (vcl 0 included), padding (row −1) never;
+// the kept pairs then copy as the list says.
+TEST(MambaPoolGpu, SnapshotsAreTheRowsWhoseVclEndsAPage) {
+  LS_SKIP_WITHOUT_DEVICE();
+  constexpr int32_t kPageSize = 16;
+  const std::vector<int32_t> pool_rows = {3, 1, 4, 2, 5};
+  const std::vector<int32_t> vcl = {7, 32, 5, 17, 0, 48};  // by pool row
+  // (row, src, dst): rows 0..4 → pool rows 3, 1, 4, 2, 5 with vcl 17, 32, 0, 5, 48.
+  const std::vector<int32_t> snapshots = {0, 1, 2, 1, 0, 3, -1, 4, 5, 2, 4, 1, 3, 5, 0, 4, 2, 0};
+  const std::vector<int32_t> expected_pairs = {-1, -1, 0, 3, -1, -1, 4, 1, -1, -1, 2, 0};
+  DeviceBuffer<int32_t> d_snapshots(snapshots), d_rows(pool_rows), d_vcl(vcl), d_pairs(12);
+  ASSERT_EQ(kernels::launch_mamba_snapshot_pairs(d_snapshots.ptr, 6, d_rows.ptr, d_vcl.ptr,
+                                                 kPageSize, d_pairs.ptr, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_pairs.download(), expected_pairs);
+  const int64_t slot_size = 1001;
+  const std::vector<float> pool = random_floats(kPoolSlots * slot_size, 201, -1.0f, 1.0f);
+  DeviceBuffer<float> d_pool(pool);
+  ASSERT_EQ(kernels::launch_mamba_copy_slots(d_pool.ptr, slot_size, d_pairs.ptr, 6, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> expected = pool;
+  copy_in_order(expected, slot_size, expected_pairs);
+  EXPECT_TRUE(same_bits(d_pool.download(), expected));
+}
+
 // A decode graph captured at 8 rows reads each replay's slots and counts from device memory: two
 // replays with different slots (padding among them, slot 0 real) give the eager launches' bits.
 TEST(MambaMixerGpu, ACapturedDecodeLaunchReadsEachReplaysRows) {
