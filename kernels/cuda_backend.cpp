@@ -51,6 +51,20 @@ void CudaBackend::fill_inputs(const StepPlan& plan) {
   m.mark(CudaPhase::kStateOps);
 }
 
+bool CudaBackend::has_recurrent_state() const { return impl_->hybrid(); }
+
+void CudaBackend::apply_state_rules(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  if (m.graph_step()) return;
+  m.enqueue_mamba_rules();
+  m.mark(CudaPhase::kStateOps);
+}
+
+std::vector<float> CudaBackend::read_mamba_state(int32_t slot) const {
+  return impl_->read_mamba_slot(slot);
+}
+
 namespace {
 // Writes the nanoseconds of its scope to *out when it ends (the benchmark's host-time split).
 struct ScopeNanos {

@@ -172,6 +172,10 @@ class CudaBackend final : public Backend {
   void apply_table_writes(const StepPlan& plan) override;
   void reset_lengths(const StepPlan& plan) override;
   void fill_inputs(const StepPlan& plan) override;
+  // A hybrid (Mamba2 layers): the copy-on-write and zeroing lists run on the device before the
+  // forward (inside a decode step's graph), the checkpoints after the commit.
+  bool has_recurrent_state() const override;
+  void apply_state_rules(const StepPlan& plan) override;
   void forward(const StepPlan& plan) override;
   void poison_logits(std::span<const int32_t> logits_rows, float value) override;
   // enqueue_finish then collect_finish: one step at a time.
@@ -186,6 +190,9 @@ class CudaBackend final : public Backend {
   // Both synchronize the stream: with a step in flight they wait for it and show its effects.
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
+  // One recurrent-state slot, every Mamba layer's conv window then SSM state in layer order
+  // (CpuBackend::read_mamba_state's layout; tests). Synchronizes the stream.
+  std::vector<float> read_mamba_state(int32_t slot) const;
   // From last_step_timing() (CUDA events; busy and idle need options.time_steps) and
   // last_wait_ns().
   DeviceStepTime last_device_time() const override;
