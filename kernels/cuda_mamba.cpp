@@ -48,12 +48,14 @@ void CudaBackend::Impl::index_mamba_layers() {
       mamba_layers * (model.mamba.conv_state_floats() + model.mamba.ssm_state_floats());
 }
 
-// Zero states (a request's first chunk zeroes its slot anyway), every list −1 (padding), and
-// the pinned buffers the lists are packed into.
+// Zero states (a request's first chunk zeroes its slot anyway) and workspace (the graphs'
+// warm-ups run the mixer over rows of no tokens, whose outputs read it), every list −1
+// (padding), and the pinned buffers the lists are packed into.
 void CudaBackend::Impl::initialise_mamba() {
   if (!hybrid()) return;
   const cudaStream_t s = stream.get();
   LS_CUDA(cudaMemsetAsync(mamba_pool.get(), 0, mamba_pool.bytes(), s));
+  LS_CUDA(cudaMemsetAsync(mamba_workspace.get(), 0, mamba_workspace.bytes(), s));
   LS_CUDA(cudaMemsetAsync(mamba_staging.get(), 0xff, mamba_staging.bytes(), s));
   const MambaStagingLayout o(rows_max);
   for (auto& buffer : host_mamba_staging) buffer = PinnedArray<int32_t>(o.staged_words);
