@@ -179,7 +179,7 @@ void CudaBackend::copy_pages(const CacheOp& op) {
   LS_ASSERT(op.device_pages.size() == op.host_pages.size(), "unpaired page copy");
   const size_t p = static_cast<size_t>(m.config.page_size);
   const size_t kv = static_cast<size_t>(m.kv_size);
-  const size_t l = static_cast<size_t>(m.layers);
+  const size_t l = static_cast<size_t>(m.kv_layers);
   const size_t e = m.elem_bytes;
   const size_t page_bytes = p * kv * e;
   const size_t layer_pitch = static_cast<size_t>(m.slots_count) * kv * e;

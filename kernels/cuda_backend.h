@@ -127,7 +127,7 @@ struct CudaKvSizing {
   int64_t weight_bytes = 0;
   int64_t workspace_bytes = 0;
   int64_t kv_budget_bytes = 0;  // fraction · (free − weights − workspaces)
-  int64_t page_bytes = 0;       // K and V of one page over all layers
+  int64_t page_bytes = 0;       // K and V of one page over all attention layers
   int32_t pages_count = 0;      // ⌊budget / page_bytes⌋, at most kCudaKvPagesMax
 };
 CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& config,
@@ -146,7 +146,8 @@ struct CudaMachineInfo {
 struct CudaMemoryReport {
   int64_t weight_bytes = 0;
   int64_t kv_bytes = 0;
-  int64_t workspace_bytes = 0;  // activations, logits, sampler, attention and cuBLAS workspaces
+  int64_t workspace_bytes = 0;  // activations, logits, sampler, attention and cuBLAS workspaces,
+                                // a hybrid's recurrent-state pool
 };
 
 // Random weights made on the device (benchmarks): equal to weights_from_seed(config, seed)

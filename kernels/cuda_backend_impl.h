@@ -81,7 +81,7 @@ struct CudaBackend::Impl {
   // The hybrid's Mamba2 layers (cuda_mamba.cpp); every one is a no-op for a model without them.
   bool hybrid() const { return mamba_layers > 0; }
   void refuse_unsupported_hybrid() const;
-  void index_mamba_layers();
+  void index_layer_kinds();
   void initialise_mamba();
   void upload_mamba_layer(int32_t layer, const LayerWeights& w);
   kernels::MambaShape mamba_shape() const;
@@ -192,11 +192,14 @@ struct CudaBackend::Impl {
   std::array<PinnedArray<int32_t>, 2> host_mamba_staging;  // by step parity
   int32_t mamba_layers = 0;
   std::vector<int32_t> mamba_index;  // [layers] the layer's Mamba index, or −1
+  int32_t kv_layers = 0;             // the attention layers: every layer but a hybrid's Mamba ones
+  std::vector<int32_t> kv_index;     // [layers] the layer's attention index (into the KV), or −1
   int64_t mamba_slot_floats = 0;     // one slot's state over every Mamba layer
   // KV and RoPE.
-  DeviceArray<uint8_t> k_cache;    // [layers, slots, kv] E
-  DeviceArray<uint8_t> v_cache;    // [layers, slots, kv] E
-  PinnedArray<uint8_t> host_kv;    // [host pages, 2, layers, P, kv] E
+  // By attention layer (kv_index): a hybrid's Mamba layers hold no KV.
+  DeviceArray<uint8_t> k_cache;    // [kv_layers, slots, kv] E
+  DeviceArray<uint8_t> v_cache;    // [kv_layers, slots, kv] E
+  PinnedArray<uint8_t> host_kv;    // [host pages, 2, kv_layers, P, kv] E
   DeviceArray<float> rope_cos;     // [positions, head_dim/2]
   DeviceArray<float> rope_sin;
   // Activations.

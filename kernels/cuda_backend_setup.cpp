@@ -88,7 +88,8 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
          kernels::mamba_workspace_floats(mamba_shape_of(model), config.step_tokens_max()));
     take(kS, &Impl::mamba_staging, MambaStagingLayout(config.max_batch_rows).words);
   }
-  const size_t kv_bytes = e * l * z(config.pages_count) * z(config.page_size) * kvs;
+  const size_t kv_layers = z(model.layers_count - model.mamba_layers_count());
+  const size_t kv_bytes = e * kv_layers * z(config.pages_count) * z(config.page_size) * kvs;
   take(Account::kKv, &Impl::k_cache, kv_bytes);
   take(Account::kKv, &Impl::v_cache, kv_bytes);
   take(kS, &Impl::rope_cos, positions * z(model.rotary_dim() / 2));
@@ -200,7 +201,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
       results_layout(config.max_batch_rows, config.logits_rows_max(), config.verify_width,
                      config.table_width()) {
   refuse_unsupported();
-  index_mamba_layers();
+  index_layer_kinds();
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
   record_stream = CudaStream::create();
@@ -273,7 +274,7 @@ void CudaBackend::Impl::refuse_unsupported() const {
 
 // The pinned buffers of the step's copies (by step parity), the host KV pages, and the events.
 void CudaBackend::Impl::create_host_side() {
-  host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * layers *
+  host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * kv_layers *
                                  config.page_size * kv_size * elem_bytes);
   for (auto& buffer : host_staging) buffer = PinnedArray<int32_t>(layout.words);
   for (auto& event : upload_done) event = CudaEvent::create();
@@ -338,7 +339,10 @@ CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& conf
   const int64_t elem = options.precision == CudaPrecision::kFp32 ? 4 : 2;
   // A TP rank's pages hold its kv heads.
   const int64_t kv_size = rank_model_config(model, rank_shard(model, options)).kv_size();
-  s.page_bytes = 2 * int64_t{model.layers_count} * config.page_size * kv_size * elem;
+  const int64_t kv_layers = model.layers_count - model.mamba_layers_count();  // attention layers
+  LS_REQUIRE(kv_layers > 0, "cuda backend: model '{}' has no attention layer to size KV pages for",
+             model.name);
+  s.page_bytes = 2 * kv_layers * config.page_size * kv_size * elem;
   const int64_t left = s.free_bytes - s.weight_bytes - s.workspace_bytes;
   LS_REQUIRE(left > 0, "cuda backend: weights ({} B) and workspaces ({} B) exceed the {} B free",
              s.weight_bytes, s.workspace_bytes, s.free_bytes);

@@ -19,6 +19,9 @@ namespace ls {
 void CudaBackend::Impl::refuse_unsupported_hybrid() const {
   if (!model.has_recurrent_state()) return;
   const MambaConfig& m = model.mamba;
+  LS_REQUIRE(model.mamba_layers_count() < model.layers_count, "cuda backend: model '{}' has no "
+             "attention layer (every layer is Mamba2), which the CUDA backend does not implement",
+             model.name);
   LS_REQUIRE(shard.degree == 1, "cuda backend: --tp {}: model '{}' has Mamba2 layers; tensor "
              "parallelism is not implemented for them (use --tp 1)", shard.degree, model.name);
   LS_REQUIRE(config.verify_width == 1, "cuda backend: verify_width {}: model '{}' has Mamba2 "
@@ -38,11 +41,16 @@ void CudaBackend::Impl::refuse_unsupported_hybrid() const {
              kernels::kMambaPoolOpsMax);
 }
 
-void CudaBackend::Impl::index_mamba_layers() {
+// Each layer's index among its kind: the Mamba layers' into the mixer weights and the state
+// pool, the attention layers' into the KV cache.
+void CudaBackend::Impl::index_layer_kinds() {
   mamba_index.assign(static_cast<size_t>(layers), -1);
+  kv_index.assign(static_cast<size_t>(layers), -1);
   mamba_layers = 0;
+  kv_layers = 0;
   for (int32_t l = 0; l < layers; ++l) {
-    if (model.layer_kind(l) == LayerKind::kMamba2) mamba_index[static_cast<size_t>(l)] = mamba_layers++;
+    const bool mamba = model.layer_kind(l) == LayerKind::kMamba2;
+    (mamba ? mamba_index : kv_index)[static_cast<size_t>(l)] = mamba ? mamba_layers++ : kv_layers++;
   }
   mamba_slot_floats =
       mamba_layers * (model.mamba.conv_state_floats() + model.mamba.ssm_state_floats());

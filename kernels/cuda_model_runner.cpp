@@ -83,8 +83,9 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   const size_t h = static_cast<size_t>(hidden);
   const int32_t qkv_rows = q_size + 2 * kv_size;
   const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
-  T* k_layer = as<T>(k_cache) + li * kv_layer;
-  T* v_layer = as<T>(v_cache) + li * kv_layer;
+  const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
+  T* k_layer = as<T>(k_cache) + kv_at;
+  T* v_layer = as<T>(v_cache) + kv_at;
   T* x = as<T>(normed);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                    attn_norm.get() + li * h, model.rms_eps, x, s));

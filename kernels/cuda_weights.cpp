@@ -88,7 +88,7 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
     const size_t li = static_cast<size_t>(i);
     const size_t qkv_at = li * qkv_rows * h;
     if (model.layer_kind(i) == LayerKind::kMamba2) {
-      // TODO(perf): its slices of w_qkv and w_o (and of the KV cache) stay unused, as on the CPU.
+      // TODO(perf): its slices of w_qkv and w_o stay unused (it holds no KV).
       upload_mamba_layer(i, w);
     } else {
       upload_tensor(w_qkv, qkv_at, shard_rows(w.wq, hidden, q_rows));

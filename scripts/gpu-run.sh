@@ -555,7 +555,7 @@ run_hybrid() {
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== hybrid GPU tests"
   timeout 200 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridRefusals.*' \
+      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRefusals.*' \
       --gtest_output="json:$OUT/hybrid_tests.json" > "$OUT/hybrid_tests.log" 2>&1 || status=1
   {
     echo "== HF fixture tests/fixtures/hf/bamba"

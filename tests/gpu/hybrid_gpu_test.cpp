@@ -338,6 +338,32 @@ TEST(HybridDeterminism, ARequestIsBitIdenticalWhateverItsCoBatchRowAndSlot) {
   }
 }
 
+// ---- Memory ------------------------------------------------------------------------------------
+
+// KV pages hold the attention layers alone (one of the four here), and the state pool counts with
+// the workspaces: twelve more slots add twelve slots' floats, which the KV sizing sees too.
+TEST(HybridMemory, KvPagesHoldTheAttentionLayersAloneAndTheStatePoolIsCounted) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ExecutorConfig c = rules_config();
+  const ModelConfig& m = hybrid().config;
+  ASSERT_EQ(m.layers_count - m.mamba_layers_count(), 1);
+  const int64_t kv_page = 2 * int64_t{c.page_size} * m.kv_size() * 2;  // K and V, bf16
+  const CudaBackendOptions options{};
+  EXPECT_EQ(cuda_kv_sizing(m, c, options).page_bytes, kv_page);
+  CudaBackend cuda(hybrid(), c, options);
+  EXPECT_EQ(cuda.memory_report().kv_bytes, kv_page * c.pages_count);
+  ExecutorConfig more = c;
+  more.mamba_slots_count = c.mamba_slots_count + 12;
+  const int64_t slot_bytes =
+      int64_t{m.mamba_layers_count()} * (m.mamba.conv_state_floats() + m.mamba.ssm_state_floats()) * 4;
+  EXPECT_EQ(cuda_kv_sizing(m, more, options).workspace_bytes -
+                cuda_kv_sizing(m, c, options).workspace_bytes,
+            12 * slot_bytes);
+  CudaBackend bigger(hybrid(), more, options);
+  EXPECT_EQ(bigger.memory_report().workspace_bytes - cuda.memory_report().workspace_bytes,
+            12 * slot_bytes);
+}
+
 // ---- What the CUDA backend refuses for a hybrid, by name -------------------------------------
 
 TEST(HybridRefusals, TensorParallelismSpeculationSeedsAndNoSlotsAreRefusedByName) {
@@ -353,6 +379,10 @@ TEST(HybridRefusals, TensorParallelismSpeculationSeedsAndNoSlotsAreRefusedByName
   no_slots.mamba_slots_count = 0;
   EXPECT_THAT([&] { CudaBackend b(hybrid(), no_slots); },
               ThrowsMessage<Error>(HasSubstr("mamba_slots_count is 0")));
+  ModelWeights all_mamba = hybrid();
+  all_mamba.config.layer_kinds.assign(all_mamba.config.layer_kinds.size(), LayerKind::kMamba2);
+  EXPECT_THAT([&] { CudaBackend b(all_mamba, c); },
+              ThrowsMessage<Error>(HasSubstr("has no attention layer")));
   EXPECT_THAT([&] { CudaBackend b(DeviceSeededWeights{hybrid().config, 5}, c); },
               ThrowsMessage<Error>(HasSubstr("seeded weights have no layout for the mixer")));
 }
