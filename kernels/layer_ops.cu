@@ -259,8 +259,8 @@ cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const in
   if (tokens_count == 0) return cudaSuccess;
   // 512 threads: a decode token's (heads · half) pairs take few rounds of loads.
   return launch_kernel(rope_qkv_kernel<T>, tokens_count, 512, 0, stream, qkv, positions, slots,
-                       query_heads, kv_heads, head_dim, rotary_dim, cos, sin, positions_count, q_out,
-                       k_cache, v_cache);
+                       query_heads, kv_heads, head_dim, rotary_dim, cos, sin, positions_count,
+                       q_out, k_cache, v_cache);
 }
 
 template <typename T>

@@ -39,7 +39,8 @@ constexpr int32_t kVocab = 512;
 
 const ModelWeights& hybrid() {
   static const ModelWeights weights = [] {
-    const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid", ::getpid());
+    const fs::path dir =
+        fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid", ::getpid());
     fs::create_directories(dir);
     testing::write_hybrid_checkpoint(dir);
     ModelWeights loaded = load_hf_directory(dir);
@@ -114,7 +115,8 @@ TEST_P(HybridServed, GreedyTokensAgreeWithTheCpu) {
     CudaBackend cuda(hybrid(), ec, CudaBackendOptions{.precision = CudaPrecision::kFp32,
                                                       .graphs = graphs});
     EXPECT_TRUE(cuda.has_recurrent_state());
-    const auto agreement = gpu_test::compare(expected, gpu_test::generate(cuda, sc, kVocab, requests));
+    const auto agreement =
+        gpu_test::compare(expected, gpu_test::generate(cuda, sc, kVocab, requests));
     print_agreement(graphs ? "hybrid, CUDA fp32 graphs vs CPU" : "hybrid, CUDA fp32 eager vs CPU",
                     agreement);
     EXPECT_GE(agreement.tokens_equal * 100, agreement.tokens_total * 95);
@@ -123,7 +125,8 @@ TEST_P(HybridServed, GreedyTokensAgreeWithTheCpu) {
     }
   }
   CudaBackend cuda(hybrid(), ec, CudaBackendOptions{.graphs = graphs});
-  const auto agreement = gpu_test::compare(expected, gpu_test::generate(cuda, sc, kVocab, requests));
+  const auto agreement =
+      gpu_test::compare(expected, gpu_test::generate(cuda, sc, kVocab, requests));
   print_agreement(graphs ? "hybrid, CUDA bf16 graphs vs CPU" : "hybrid, CUDA bf16 eager vs CPU",
                   agreement);
   // A bound that a broken mixer or state rule (near-random tokens after the first) cannot meet;
@@ -178,8 +181,10 @@ std::vector<ForwardOp> rules_script(Placement subject, Placement other, RequestI
   ForwardOp decode;
   decode.rows.push_back(decode_row(kSubject, subject.pool_row));
   decode.rows.push_back(decode_row(companion, other.pool_row));
-  decode.rows[0].mamba_working = subject.slot, decode.rows[0].mamba_checkpoint_dst = subject.checkpoint;
-  decode.rows[1].mamba_working = other.slot, decode.rows[1].mamba_checkpoint_dst = other.checkpoint;
+  decode.rows[0].mamba_working = subject.slot;
+  decode.rows[0].mamba_checkpoint_dst = subject.checkpoint;
+  decode.rows[1].mamba_working = other.slot;
+  decode.rows[1].mamba_checkpoint_dst = other.checkpoint;
   for (int32_t s = 0; s < kDecodeSteps; ++s) ops.push_back(decode);
   ForwardOp branch;
   branch.rows.push_back(prefill_row(77, 3, 44, 10, 54));
@@ -270,7 +275,8 @@ TEST(HybridRules, CopiesZeroingAndCheckpointsMatchTheCpuStepByStep) {
       const size_t s = 2 + static_cast<size_t>(d);
       const int32_t vcl = kPrompt + d + 1;
       if (vcl % 4 == 0) {
-        EXPECT_TRUE(same_bits(cuda[s].states[checkpoint], cuda[s].states[working])) << "vcl " << vcl;
+        EXPECT_TRUE(same_bits(cuda[s].states[checkpoint], cuda[s].states[working]))
+            << "vcl " << vcl;
         EXPECT_FALSE(same_bits(cuda[s].states[checkpoint], cuda[s - 1].states[checkpoint]));
       } else {
         EXPECT_TRUE(same_bits(cuda[s].states[checkpoint], cuda[s - 1].states[checkpoint]))
@@ -314,7 +320,8 @@ TEST(HybridDeterminism, RunTwiceAndGraphVersusEagerAreBitIdentical) {
 // pages.
 TEST(HybridDeterminism, ARequestIsBitIdenticalWhateverItsCoBatchRowAndSlot) {
   LS_SKIP_WITHOUT_DEVICE();
-  const auto subject_part = [](const std::vector<StepTrace>& run, int32_t slot, int32_t checkpoint) {
+  const auto subject_part = [](const std::vector<StepTrace>& run, int32_t slot,
+                               int32_t checkpoint) {
     std::vector<std::vector<float>> out;
     for (size_t s = 1; s < 2 + kDecodeSteps; ++s) {  // the subject's steps
       out.emplace_back(run[s].logits.begin(), run[s].logits.begin() + kVocab);
@@ -335,8 +342,10 @@ TEST(HybridDeterminism, ARequestIsBitIdenticalWhateverItsCoBatchRowAndSlot) {
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], b[i])) << "entry " << i;
     // The companions differ, so their own rows do (the comparison can tell rows apart).
-    EXPECT_FALSE(same_bits(std::vector<float>(alone[1].logits.begin() + kVocab, alone[1].logits.end()),
-                           std::vector<float>(moved[1].logits.begin() + kVocab, moved[1].logits.end())));
+    const auto companion_row = [](const StepTrace& t) {
+      return std::vector<float>(t.logits.begin() + kVocab, t.logits.end());
+    };
+    EXPECT_FALSE(same_bits(companion_row(alone[1]), companion_row(moved[1])));
   }
 }
 
@@ -356,8 +365,8 @@ TEST(HybridMemory, KvPagesHoldTheAttentionLayersAloneAndTheStatePoolIsCounted) {
   EXPECT_EQ(cuda.memory_report().kv_bytes, kv_page * c.pages_count);
   ExecutorConfig more = c;
   more.mamba_slots_count = c.mamba_slots_count + 12;
-  const int64_t slot_bytes =
-      int64_t{m.mamba_layers_count()} * (m.mamba.conv_state_floats() + m.mamba.ssm_state_floats()) * 4;
+  const int64_t slot_bytes = int64_t{m.mamba_layers_count()} *
+                             (m.mamba.conv_state_floats() + m.mamba.ssm_state_floats()) * 4;
   EXPECT_EQ(cuda_kv_sizing(m, more, options).workspace_bytes -
                 cuda_kv_sizing(m, c, options).workspace_bytes,
             12 * slot_bytes);

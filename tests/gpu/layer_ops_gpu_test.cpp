@@ -117,8 +117,8 @@ void check_rope(int32_t tokens, int32_t rotary) {
   DeviceBuffer<int64_t> d_slots(slots);
   DeviceBuffer<bf16> d_k(size_t(slots_count) * kv_size), d_v(size_t(slots_count) * kv_size);
   ASSERT_EQ(kernels::launch_rope_qkv(d_qkv.ptr, d_pos.ptr, d_slots.ptr, tokens, qh, kvh, d,
-                                     rotary, d_cos.ptr, d_sin.ptr, positions_count, d_q.ptr, d_k.ptr,
-                                     d_v.ptr, nullptr),
+                                     rotary, d_cos.ptr, d_sin.ptr, positions_count, d_q.ptr,
+                                     d_k.ptr, d_v.ptr, nullptr),
             cudaSuccess);
   const std::vector<float> q = d_q.download();
   const std::vector<float> k = gpu_test::from_bf16(d_k.download());
