@@ -22,7 +22,14 @@
 // not of speed), batch 1 and 64 at context 1024, each against the summed read bandwidth of the
 // GPUs the ranks run on (each measured) and the bytes the whole model moves per step.
 //
+// With --hybrid (issue 19): decode of a hybrid shape instead — Bamba-9B's (29 Mamba2 layers, 3
+// attention layers; random bf16 weights made on the host, since seeded weights have no layout for
+// the mixer) at batch 1 and 64, context 1024, with graphs, against the read bandwidth: the bytes
+// it must move are the weights, the attention layers' KV and every row's recurrent state (read and
+// written once per Mamba layer).
+//
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
+//                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
@@ -52,6 +59,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifndef LOCKSTEP_GIT_COMMIT
@@ -160,6 +168,7 @@ class Driver {
         r.input_length = chunk;
         r.prefix_length = done;
         r.prompt_length = context;
+        if (config_.mamba_slots_count > 0) r.mamba_working = row;  // a hybrid: slot = pool row − 1
         if (done == 0) {
           r.sampling = SamplingParams{};
           for (int32_t p = 0; p < pages_per_row; ++p) r.refresh.pages.push_back(1 + row * pages_per_row + p);
@@ -201,6 +210,7 @@ class Driver {
       row.request_id = first_id_ + static_cast<RequestId>(r);
       row.pool_row = r + 1;
       row.input_length = 1;
+      if (config_.mamba_slots_count > 0) row.mamba_working = r;
       op.rows.push_back(row);
     }
     DecodeTimes t;
@@ -255,23 +265,43 @@ class Driver {
 
 // Bytes one decode step must move: every linear weight and the LM head once (bf16), the norm
 // weights, Qwen2's q/k/v biases and Qwen3's q/k head norms (fp32 on the device), plus the KV of
-// every row's context (read) — the floor a memory-bound step cannot beat.
-int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
+// every row's context (read) — the floor a memory-bound step cannot beat. A hybrid's Mamba layers
+// move their in_proj and out_proj (bf16) and mixer parameters (fp32) instead of attention's, no
+// KV, and each row's recurrent state (fp32), read and written.
+struct DecodeBytes {
+  int64_t weights = 0, kv = 0, state = 0;
+  int64_t total() const { return weights + kv + state; }
+};
+
+DecodeBytes decode_bytes_split(const ModelConfig& m, int32_t rows, int32_t context) {
   const int64_t h = m.hidden_size;
-  const int64_t per_layer = h * (m.q_size() + 2 * m.kv_size()) + int64_t{m.q_size()} * h +
-                            3 * h * m.ffn_size;
-  const int64_t fp32_per_layer = 2 * h + (m.qkv_bias ? m.q_size() + 2 * m.kv_size() : 0) +
+  const int64_t mambas = m.mamba_layers_count(), attentions = m.layers_count - mambas;
+  const MambaConfig& c = m.mamba;
+  const int64_t attention = h * (m.q_size() + 2 * m.kv_size()) + int64_t{m.q_size()} * h;
+  const int64_t mixer = h * c.in_proj_size() + int64_t{c.inner_size()} * h;
+  const int64_t ffn = 3 * h * m.ffn_size;
+  const int64_t fp32_attention = (m.qkv_bias ? m.q_size() + 2 * m.kv_size() : 0) +
                                  (m.qk_norm ? 2 * m.head_dim : 0);
-  const int64_t weights = 2 * (per_layer * m.layers_count + int64_t{m.vocab_size} * h) +
-                          4 * (fp32_per_layer * m.layers_count + h);
-  const int64_t kv = 2 * int64_t{rows} * context * m.layers_count * 2 * m.kv_size();
-  return weights + kv;
+  const int64_t fp32_mixer = c.conv_state_floats() + (c.conv_bias ? c.conv_dim() : 0) +
+                             3 * int64_t{c.heads_count} + c.inner_size();
+  DecodeBytes b;
+  b.weights = 2 * (attention * attentions + mixer * mambas + ffn * m.layers_count +
+                   int64_t{m.vocab_size} * h) +
+              4 * (2 * h * m.layers_count + fp32_attention * attentions + fp32_mixer * mambas + h);
+  b.kv = 2 * int64_t{rows} * context * attentions * 2 * m.kv_size();
+  b.state = 2 * int64_t{rows} * mambas * (c.conv_state_floats() + c.ssm_state_floats()) * 4;
+  return b;
+}
+
+int64_t decode_bytes(const ModelConfig& m, int32_t rows, int32_t context) {
+  return decode_bytes_split(m, rows, context).total();
 }
 
 struct Options {
   std::string out_path;
   bool quick = false;
   bool recording = false;     // only the recording figures
+  bool hybrid = false;        // only the hybrid decode figures
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -333,6 +363,9 @@ json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& mod
             {"host_finish_us_median", us(sync.split[1])},
             {"host_executor_us_median", us(sync.split[2])}}},
           {"bytes_moved", bytes},
+          {"bytes_moved_weights", decode_bytes_split(model, rows, mean_context).weights},
+          {"bytes_moved_kv", decode_bytes_split(model, rows, mean_context).kv},
+          {"bytes_moved_state", decode_bytes_split(model, rows, mean_context).state},
           {"bandwidth_fraction", of_copy},
           {"read_bandwidth_fraction", of_read},
           {"steps", steps}};
@@ -392,6 +425,130 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
       result["decode"].push_back(
           decode_figures(driver, backend, model, rows, context, steps, bandwidth, "graphs"));
     }
+  }
+  result["graph_replays"] = backend.graph_replays_count();
+  return result;
+}
+
+// Bamba-9B's shape (ibm-ai-platform/Bamba-9B's config.json): 32 layers, attention at 9, 18 and
+// 27; 128 Mamba heads of 64, one group, state 128, conv 4; partial rotary over half of each head.
+ModelConfig bamba_9b_shape() {
+  ModelConfig c;
+  c.name = "bamba-9b";
+  c.family = ModelFamily::kBamba;
+  c.hidden_size = 4096;
+  c.layers_count = 32;
+  c.query_heads_count = 32;
+  c.kv_heads_count = 8;
+  c.head_dim = 128;
+  c.ffn_size = 14336;
+  c.vocab_size = 128000;
+  c.rms_eps = 1e-5f;
+  c.partial_rotary_dim = 64;
+  c.layer_kinds.assign(32, LayerKind::kMamba2);
+  for (const int32_t l : {9, 18, 27}) c.layer_kinds[static_cast<size_t>(l)] = LayerKind::kAttention;
+  c.mamba = MambaConfig{.heads_count = 128, .head_dim = 64, .groups_count = 1, .state_size = 128,
+                        .conv_kernel = 4, .conv_bias = true, .dt_min = 0.0f,
+                        .dt_max = std::numeric_limits<float>::infinity()};
+  c.validate();
+  return c;
+}
+
+// Random host weights for a shape (uniform ±1/sqrt(in) linear weights, norms around 1, A = −1):
+// a hash of (tensor, element), filled on every core. Only the step time is measured.
+ModelWeights random_host_weights(const ModelConfig& config) {
+  ModelWeights w;
+  w.config = config;
+  uint64_t tensor = 0;
+  const auto fill = [&tensor](std::vector<float>& v, int64_t count, float center, float half) {
+    v.resize(static_cast<size_t>(count));
+    const uint64_t key = ++tensor * 0x9e3779b97f4a7c15ull;
+    const int64_t threads = std::max<int64_t>(1, std::thread::hardware_concurrency());
+    const int64_t per = (count + threads - 1) / threads;
+    std::vector<std::thread> workers;
+    for (int64_t begin = 0; begin < count; begin += per) {
+      workers.emplace_back([&v, key, center, half, begin, end = std::min(count, begin + per)] {
+        for (int64_t i = begin; i < end; ++i) {
+          uint64_t z = key + static_cast<uint64_t>(i) * 0xbf58476d1ce4e5b9ull;
+          z = (z ^ (z >> 31)) * 0x94d049bb133111ebull;
+          z ^= z >> 29;
+          const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+          v[static_cast<size_t>(i)] = center + half * (2.0f * u - 1.0f);
+        }
+      });
+    }
+    for (std::thread& t : workers) t.join();
+  };
+  const int64_t h = config.hidden_size;
+  const auto linear = [&](std::vector<float>& v, int64_t out, int64_t in) {
+    fill(v, out * in, 0.0f, 1.0f / std::sqrt(static_cast<float>(in)));
+  };
+  fill(w.embedding, int64_t{config.vocab_size} * h, 0.0f, 1.0f);
+  const MambaConfig& m = config.mamba;
+  w.layers.resize(static_cast<size_t>(config.layers_count));
+  for (int32_t l = 0; l < config.layers_count; ++l) {
+    LayerWeights& x = w.layers[static_cast<size_t>(l)];
+    fill(x.attn_norm, h, 1.0f, 0.125f);
+    fill(x.ffn_norm, h, 1.0f, 0.125f);
+    linear(x.w_gate, config.ffn_size, h);
+    linear(x.w_up, config.ffn_size, h);
+    linear(x.w_down, h, config.ffn_size);
+    if (config.layer_kind(l) == LayerKind::kAttention) {
+      linear(x.wq, config.q_size(), h);
+      linear(x.wk, config.kv_size(), h);
+      linear(x.wv, config.kv_size(), h);
+      linear(x.wo, h, config.q_size());
+      continue;
+    }
+    linear(x.in_proj, m.in_proj_size(), h);
+    fill(x.conv_weight, m.conv_state_floats(), 0.0f, 0.5f);
+    if (m.conv_bias) fill(x.conv_bias, m.conv_dim(), 0.0f, 0.125f);
+    fill(x.dt_bias, m.heads_count, 0.0f, 1.0f);
+    fill(x.a_log, m.heads_count, 0.0f, 0.0f);
+    fill(x.d_skip, m.heads_count, 1.0f, 0.125f);
+    fill(x.mamba_norm, m.inner_size(), 1.0f, 0.125f);
+    linear(x.out_proj, h, m.inner_size());
+  }
+  fill(w.final_norm, h, 1.0f, 0.125f);
+  if (!config.tied_embeddings) linear(w.lm_head, config.vocab_size, h);
+  return w;
+}
+
+// A hybrid shape's decode at batch 1 and 64, context 1024 (192 with --quick), with graphs: step
+// time against the bytes it must move (weights, KV, state) and the read bandwidth.
+json bench_hybrid(const Options& o, const Bandwidth& bandwidth) {
+  const ModelConfig model = bamba_9b_shape();
+  const int32_t context = o.quick ? 192 : 1024;
+  ExecutorConfig config = bench_config(context);
+  config.mamba_slots_count = kRowsMax;
+  const CudaBackendOptions options{.graphs = true, .time_steps = true};
+  const CudaKvSizing sizing = cuda_kv_sizing(model, config, options);
+  config.pages_count = sizing.pages_count;
+  const auto made = Clock::now();
+  CudaBackend backend(random_host_weights(model), config, options);
+  const double setup_s = std::chrono::duration<double>(Clock::now() - made).count();
+  Executor executor(config, model.vocab_size, backend);
+  Driver driver(executor, config, model.vocab_size);
+  const CudaMemoryReport memory = backend.memory_report();
+  std::printf("%s (hybrid: %d Mamba2 + %d attention layers): weights %.2f GB, KV %.2f GB, "
+              "workspace and state pool %.2f GB; built in %.1f s\n",
+              model.name.c_str(), model.mamba_layers_count(),
+              model.layers_count - model.mamba_layers_count(),
+              static_cast<double>(memory.weight_bytes) * 1e-9,
+              static_cast<double>(memory.kv_bytes) * 1e-9,
+              static_cast<double>(memory.workspace_bytes) * 1e-9, setup_s);
+  json result = {{"shape", model.name},
+                 {"family", std::string(to_string(model.family))},
+                 {"mamba_layers", model.mamba_layers_count()},
+                 {"graphs", true},
+                 {"weight_bytes", memory.weight_bytes},
+                 {"kv_bytes", memory.kv_bytes},
+                 {"workspace_bytes", memory.workspace_bytes},
+                 {"kv_pages", config.pages_count},
+                 {"decode", json::array()}};
+  for (const int32_t rows : {1, 64}) {
+    result["decode"].push_back(decode_figures(driver, backend, model, rows, context,
+                                              o.quick ? 10 : 20, bandwidth, "hybrid"));
   }
   result["graph_replays"] = backend.graph_replays_count();
   return result;
@@ -744,6 +901,8 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("out", o.out_path, "Where the figures go (JSON)")->required();
   app.add_flag("--quick", o.quick, "Fewer iterations");
   app.add_flag("--recording", o.recording, "Only the recording figures");
+  app.add_flag("--hybrid", o.hybrid,
+               "Only the hybrid decode figures (Bamba-9B's shape, batch 1 and 64)");
   app.add_option("--tp", o.tp_degree,
                  "Only tensor-parallel decode at this degree (llama-8b unless --shapes), against "
                  "the summed read bandwidth of the GPUs its ranks run on")
@@ -777,6 +936,12 @@ int run(const Options& o) {
               {"overlap", json::array()},
               {"profile", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
+  if (o.hybrid) {
+    out["command"] = "lockstep_gpu_bench --hybrid";
+    out["hybrid"] = json::array({bench_hybrid(o, bandwidth)});
+    save();
+    return 0;
+  }
   if (o.recording) {
     out["command"] = "lockstep_gpu_bench --recording";
     out["recording"] = json::array();

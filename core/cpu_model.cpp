@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/host_memory.h"
+#include "core/mamba_mixer.h"
 #include "core/ops/layer_math.h"
 #include "core/step_plan.h"
 #include "core/tensor_parallel.h"
@@ -110,8 +111,7 @@ void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) 
   mamba_states_.assign(static_cast<size_t>(floats), 0.0f);
   host_mamba_states_.assign(static_cast<size_t>(host_floats), 0.0f);
   proj_.resize(static_cast<size_t>(m.in_proj_size()));
-  conv_out_.resize(static_cast<size_t>(m.conv_dim()));
-  dt_.resize(static_cast<size_t>(m.heads_count));
+  mamba_scratch_ = make_mamba_scratch(m);
   mamba_y_.resize(static_cast<size_t>(m.inner_size()));
 }
 
@@ -378,15 +378,6 @@ void CpuModel::ffn_layer(int32_t layer, int32_t tokens_count) {
 
 namespace ls {
 
-namespace {
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-// torch.nn.functional.softplus with its defaults (beta 1, threshold 20).
-float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
-
-}  // namespace
-
 // A Mamba2 layer (ModelConfig::mamba has the arithmetic): every token in buffer order, each a
 // single-step update of its request's working state. A row's tokens are contiguous and ascending,
 // so a prefill chunk runs exactly the steps decode would: one fixed sequential order, the same bits
@@ -406,70 +397,14 @@ void CpuModel::mamba_layer(int32_t layer, const ForwardTokens& tokens) {
   reduce_into_residual(count);
 }
 
-// One token through the mixer, updating `state` (conv window, then SSM state) in place and
-// writing the out projection to `out` [hidden].
+// One token through in_proj, the mixer (core/mamba_mixer.h, updating `state` in place) and
+// out_proj, written to `out` [hidden].
 void CpuModel::mamba_token(const LayerWeights& w, float* state, const float* normed, float* out) {
   const MambaConfig& m = model_.mamba;
   const int32_t h = model_.hidden_size;
-  const int32_t inner = m.inner_size();
-  const int32_t conv_dim = m.conv_dim();
-  const int32_t k = m.conv_kernel;
   matvec_rows(w.in_proj, normed, h, ShardRange{0, m.in_proj_size()}, proj_.data());
-  const float* gate = proj_.data();
-  const float* xbc = proj_.data() + inner;
-  const float* dt = proj_.data() + inner + conv_dim;
-  // The causal conv: the window drops its oldest input and takes this token's xBC, then each
-  // channel is the dot of its window with its taps, oldest first.
-  float* window = state;
-  for (int32_t c = 0; c < conv_dim; ++c) {
-    float* row = window + static_cast<size_t>(c) * k;
-    std::copy(row + 1, row + k, row);
-    row[k - 1] = xbc[c];
-    const float* taps = w.conv_weight.data() + static_cast<size_t>(c) * k;
-    float sum = 0.0f;
-    for (int32_t i = 0; i < k; ++i) sum += row[i] * taps[i];
-    if (m.conv_bias) sum += w.conv_bias[static_cast<size_t>(c)];
-    conv_out_[static_cast<size_t>(c)] = silu(sum);
-  }
-  for (int32_t head = 0; head < m.heads_count; ++head) {
-    const float value = softplus(dt[head] + w.dt_bias[static_cast<size_t>(head)]);
-    dt_[static_cast<size_t>(head)] = std::clamp(value, m.dt_min, m.dt_max);
-  }
-  mamba_scan(w, state + m.conv_state_floats(), conv_out_.data(), dt_.data(), mamba_y_.data());
-  // The gated RMSNorm (norm after the gate, over all of inner, as BambaRMSNormGated does).
-  for (int32_t i = 0; i < inner; ++i) mamba_y_[static_cast<size_t>(i)] *= silu(gate[i]);
-  ops::rms_norm_row(mamba_y_.data(), w.mamba_norm.data(), inner, model_.rms_eps, mamba_y_.data());
-  matvec_rows(w.out_proj, mamba_y_.data(), inner, ShardRange{0, h}, out);
-}
-
-// The selective scan's single step for every head: dA = exp(dt · A), A = −exp(A_log);
-// state = state · dA + (dt · B) · x; y = Σ_n state · C (n ascending) + D · x.
-void CpuModel::mamba_scan(const LayerWeights& w, float* ssm, const float* conv_out, const float* dt,
-                          float* y) const {
-  const MambaConfig& m = model_.mamba;
-  const int32_t inner = m.inner_size();
-  const int32_t n_state = m.state_size;
-  const int32_t heads_per_group = m.heads_count / m.groups_count;
-  const float* x = conv_out;
-  for (int32_t head = 0; head < m.heads_count; ++head) {
-    const int32_t group = head / heads_per_group;
-    const float* b = conv_out + inner + static_cast<size_t>(group) * n_state;
-    const float* c = conv_out + inner + static_cast<size_t>(m.groups_count) * n_state +
-                     static_cast<size_t>(group) * n_state;
-    const float a = -std::exp(w.a_log[static_cast<size_t>(head)]);
-    const float step = dt[head];
-    const float decay = std::exp(step * a);
-    for (int32_t p = 0; p < m.head_dim; ++p) {
-      const int32_t i = head * m.head_dim + p;
-      float* s = ssm + (static_cast<size_t>(head) * m.head_dim + p) * n_state;
-      float sum = 0.0f;
-      for (int32_t n = 0; n < n_state; ++n) {
-        s[n] = s[n] * decay + (step * b[n]) * x[i];
-        sum += s[n] * c[n];
-      }
-      y[i] = sum + x[i] * w.d_skip[static_cast<size_t>(head)];
-    }
-  }
+  mamba_mixer_token(m, w, model_.rms_eps, proj_.data(), state, mamba_scratch_, mamba_y_.data());
+  matvec_rows(w.out_proj, mamba_y_.data(), m.inner_size(), ShardRange{0, h}, out);
 }
 
 }  // namespace ls

@@ -12,6 +12,7 @@
 
 #include "core/cache_op.h"
 #include "core/config.h"
+#include "core/mamba_mixer.h"
 #include "core/model/rope.h"
 #include "core/model/weights.h"
 #include "core/tensor_parallel.h"
@@ -71,8 +72,6 @@ class CpuModel {
   void ffn_layer(int32_t layer, int32_t tokens_count);
   void mamba_layer(int32_t layer, const ForwardTokens& tokens);
   void mamba_token(const LayerWeights& w, float* state, const float* normed, float* out);
-  void mamba_scan(const LayerWeights& w, float* ssm, const float* conv_out, const float* dt,
-                  float* y) const;
   float* mamba_state_at(int32_t slot, int32_t layer);
   void copy_host_state(const CacheOp& op);
   void lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits);
@@ -110,8 +109,7 @@ class CpuModel {
   std::vector<float> mamba_states_;   // [mamba_slots_count, mamba layers, mamba_layer_floats_]
   std::vector<float> host_mamba_states_;  // [host_pages_count, ...]: swapped-out states
   std::vector<float> proj_;           // [in_proj_size] one token's in_proj output
-  std::vector<float> conv_out_;       // [conv_dim]
-  std::vector<float> dt_;             // [heads]
+  MambaScratch mamba_scratch_;        // one token's conv output and step sizes
   std::vector<float> mamba_y_;        // [inner]
 };
 

@@ -51,6 +51,20 @@ void CudaBackend::fill_inputs(const StepPlan& plan) {
   m.mark(CudaPhase::kStateOps);
 }
 
+bool CudaBackend::has_recurrent_state() const { return impl_->hybrid(); }
+
+void CudaBackend::apply_state_rules(const StepPlan& plan) {
+  Impl& m = *impl_;
+  m.stage(plan);
+  if (m.graph_step()) return;
+  m.enqueue_mamba_rules();
+  m.mark(CudaPhase::kStateOps);
+}
+
+std::vector<float> CudaBackend::read_mamba_state(int32_t slot) const {
+  return impl_->read_mamba_slot(slot);
+}
+
 namespace {
 // Writes the nanoseconds of its scope to *out when it ends (the benchmark's host-time split).
 struct ScopeNanos {
@@ -160,12 +174,13 @@ void CudaBackend::collect_finish(const StepPlan& plan, StepResult& result) {
 void CudaBackend::copy_pages(const CacheOp& op) {
   Impl& m = *impl_;
   LS_ASSERT(op.device_pages.size() == op.host_pages.size(), "unpaired page copy");
-  // The executor refuses a state slot on a backend without recurrent state, and this one runs no
-  // model with Mamba layers yet (issue 19): its swaps carry KV pages only.
+  // The executor refuses a state slot on a backend without recurrent state, and this one refuses
+  // host pages for a model with Mamba layers (refuse_unsupported_hybrid): its swaps carry KV
+  // pages only.
   LS_ASSERT(op.state_slot == -1, "cuda backend: cache op with state slot {}", op.state_slot);
   const size_t p = static_cast<size_t>(m.config.page_size);
   const size_t kv = static_cast<size_t>(m.kv_size);
-  const size_t l = static_cast<size_t>(m.layers);
+  const size_t l = static_cast<size_t>(m.kv_layers);
   const size_t e = m.elem_bytes;
   const size_t page_bytes = p * kv * e;
   const size_t layer_pitch = static_cast<size_t>(m.slots_count) * kv * e;

@@ -127,7 +127,7 @@ struct CudaKvSizing {
   int64_t weight_bytes = 0;
   int64_t workspace_bytes = 0;
   int64_t kv_budget_bytes = 0;  // fraction · (free − weights − workspaces)
-  int64_t page_bytes = 0;       // K and V of one page over all layers
+  int64_t page_bytes = 0;       // K and V of one page over all attention layers
   int32_t pages_count = 0;      // ⌊budget / page_bytes⌋, at most kCudaKvPagesMax
 };
 CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& config,
@@ -146,7 +146,8 @@ struct CudaMachineInfo {
 struct CudaMemoryReport {
   int64_t weight_bytes = 0;
   int64_t kv_bytes = 0;
-  int64_t workspace_bytes = 0;  // activations, logits, sampler, attention and cuBLAS workspaces
+  int64_t workspace_bytes = 0;  // activations, logits, sampler, attention and cuBLAS workspaces,
+                                // a hybrid's recurrent-state pool
 };
 
 // Random weights made on the device (benchmarks): equal to weights_from_seed(config, seed)
@@ -172,6 +173,10 @@ class CudaBackend final : public Backend {
   void apply_table_writes(const StepPlan& plan) override;
   void reset_lengths(const StepPlan& plan) override;
   void fill_inputs(const StepPlan& plan) override;
+  // A hybrid (Mamba2 layers): the copy-on-write and zeroing lists run on the device before the
+  // forward (inside a decode step's graph), the checkpoints after the commit.
+  bool has_recurrent_state() const override;
+  void apply_state_rules(const StepPlan& plan) override;
   void forward(const StepPlan& plan) override;
   void poison_logits(std::span<const int32_t> logits_rows, float value) override;
   // enqueue_finish then collect_finish: one step at a time.
@@ -186,6 +191,9 @@ class CudaBackend final : public Backend {
   // Both synchronize the stream: with a step in flight they wait for it and show its effects.
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
+  // One recurrent-state slot, every Mamba layer's conv window then SSM state in layer order
+  // (CpuBackend::read_mamba_state's layout; tests). Synchronizes the stream.
+  std::vector<float> read_mamba_state(int32_t slot) const;
   // From last_step_timing() (CUDA events; busy and idle need options.time_steps) and
   // last_wait_ns().
   DeviceStepTime last_device_time() const override;

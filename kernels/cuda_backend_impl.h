@@ -7,6 +7,7 @@
 //   cuda_sampling_tail.cpp   rules 5–9: guard, sampler, finish, drafter
 //   cuda_graphs.cpp          the decode graphs: capture and replay
 //   cuda_profiler.cpp        phase marks and step timing
+//   cuda_mamba.cpp           a hybrid's Mamba2 layers: their weights, the state pool and its rules
 // and the public CudaBackend in cuda_backend.cpp.
 #pragma once
 
@@ -14,10 +15,12 @@
 #include "core/ops/seeded_weights.h"
 #include "kernels/attention.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/cuda_mamba.h"
 #include "kernels/cuda_workspace.h"
 #include "kernels/device_memory.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/launch.h"
+#include "kernels/mamba_ops.h"
 #include "kernels/record_ops.h"
 #include "kernels/step_layout.h"
 #include "kernels/tp_rank.h"
@@ -119,6 +122,7 @@ struct CudaBackend::Impl {
   };
   struct LinearShapes {
     LinearShape qkv, o, gate_up, down, lm_head;
+    LinearShape in_proj, out_proj;  // a hybrid's Mamba layers ({0, 0} without them)
   };
   LinearShapes linear_shapes() const;
   // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV (else a plan).
@@ -130,6 +134,10 @@ struct CudaBackend::Impl {
   template <typename T>
   void enqueue_layer(int32_t layer, int32_t tokens);
   template <typename T>
+  void enqueue_mamba_layer(int32_t layer, int32_t tokens);
+  template <typename T>
+  void enqueue_ffn(int32_t layer, int32_t tokens);
+  template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>
   void row_parallel(const T* x, const T* w, int32_t tokens, LinearShape shape);
@@ -137,6 +145,21 @@ struct CudaBackend::Impl {
   void lm_head_logits(int32_t logits_rows);
   // The step stream as the forward's kernels are launched on it (options.overlap_kernels).
   kernels::LaunchStream forward_stream() const { return {stream.get(), options.overlap_kernels}; }
+
+  // cuda_mamba.cpp: the hybrid's Mamba2 layers; every one is a no-op for a model without them.
+  bool hybrid() const { return mamba_layers > 0; }
+  void refuse_unsupported_hybrid() const;
+  void index_layer_kinds();
+  void initialise_mamba();
+  void upload_mamba_layer(int32_t layer, const LayerWeights& w);
+  kernels::MambaShape mamba_shape() const;
+  kernels::MambaLayerParams mamba_params(int32_t mamba_index) const;
+  kernels::MambaStateView mamba_state(int32_t mamba_index) const;
+  kernels::MambaRows mamba_rows() const;
+  void stage_mamba(const StepPlan& plan, size_t parity);
+  void enqueue_mamba_rules();
+  void enqueue_mamba_snapshots();
+  std::vector<float> read_mamba_slot(int32_t slot) const;
 
   // cuda_sampling_tail.cpp
   void enqueue_tail(const StepPlan& plan);
@@ -194,10 +217,35 @@ struct CudaBackend::Impl {
   DeviceArray<float> qkv_bias;     // [layers, q + 2·kv] (Qwen2)
   DeviceArray<float> q_norm;       // [layers, head_dim] (Qwen3)
   DeviceArray<float> k_norm;       // [layers, head_dim] (Qwen3)
+  // A hybrid's Mamba2 layers (cuda_mamba.cpp), by Mamba index m (mamba_index[layer]); empty
+  // without them. The mixer's small parameters are fp32 at both precisions.
+  DeviceArray<uint8_t> w_in_proj;   // [M, in_proj_size, hidden] E
+  DeviceArray<uint8_t> w_out_proj;  // [M, hidden, inner] E
+  DeviceArray<float> mamba_conv_weight;  // [M, conv_dim, conv_kernel]
+  DeviceArray<float> mamba_conv_bias;    // [M, conv_dim] when mamba.conv_bias
+  DeviceArray<float> mamba_dt_bias;      // [M, heads]
+  DeviceArray<float> mamba_a_log;        // [M, heads]
+  DeviceArray<float> mamba_d_skip;       // [M, heads]
+  DeviceArray<float> mamba_norm;         // [M, inner]
+  // The recurrent-state pool, the CPU's layout: [mamba_slots_count, M, conv then SSM floats].
+  DeviceArray<float> mamba_pool;
+  DeviceArray<float> mamba_proj;         // [tokens_max, in_proj_size] the in_proj's output
+  DeviceArray<uint8_t> mamba_y;          // [tokens_max, inner] E the out_proj's input
+  DeviceArray<float> mamba_workspace;
+  // The step's state lists (MambaStagingLayout), staged beside the step's words; then the
+  // snapshot pairs the commit's rule writes.
+  DeviceArray<int32_t> mamba_staging;
+  std::array<PinnedArray<int32_t>, 2> host_mamba_staging;  // by step parity
+  int32_t mamba_layers = 0;
+  std::vector<int32_t> mamba_index;  // [layers] the layer's Mamba index, or −1
+  int32_t kv_layers = 0;             // the attention layers: every layer but a hybrid's Mamba ones
+  std::vector<int32_t> kv_index;     // [layers] the layer's attention index (into the KV), or −1
+  int64_t mamba_slot_floats = 0;     // one slot's state over every Mamba layer
   // KV and RoPE.
-  DeviceArray<uint8_t> k_cache;    // [layers, slots, kv] E
-  DeviceArray<uint8_t> v_cache;    // [layers, slots, kv] E
-  PinnedArray<uint8_t> host_kv;    // [host pages, 2, layers, P, kv] E
+  // By attention layer (kv_index): a hybrid's Mamba layers hold no KV.
+  DeviceArray<uint8_t> k_cache;    // [kv_layers, slots, kv] E
+  DeviceArray<uint8_t> v_cache;    // [kv_layers, slots, kv] E
+  PinnedArray<uint8_t> host_kv;    // [host pages, 2, kv_layers, P, kv] E
   DeviceArray<float> rope_cos;     // [positions, head_dim/2]
   DeviceArray<float> rope_sin;
   // Activations.

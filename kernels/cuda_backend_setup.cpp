@@ -65,7 +65,31 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
     take(kW, &Impl::q_norm, l * z(model.head_dim));
     take(kW, &Impl::k_norm, l * z(model.head_dim));
   }
-  const size_t kv_bytes = e * l * z(config.pages_count) * z(config.page_size) * kvs;
+  if (model.has_recurrent_state()) {
+    // A hybrid's Mamba layers (TP 1 only: refuse_unsupported_hybrid). The state pool counts as
+    // workspace: a fixed size, beside the weights, that the KV pages share the device with.
+    const size_t m = z(model.mamba_layers_count());
+    const MambaConfig& ms = model.mamba;
+    const size_t in_proj = z(ms.in_proj_size()), inner = z(ms.inner_size());
+    const size_t conv = z(ms.conv_dim()), heads = z(ms.heads_count);
+    take(kW, &Impl::w_in_proj, e * m * in_proj * h);
+    take(kW, &Impl::w_out_proj, e * m * h * inner);
+    take(kW, &Impl::mamba_conv_weight, m * conv * z(ms.conv_kernel));
+    if (ms.conv_bias) take(kW, &Impl::mamba_conv_bias, m * conv);
+    take(kW, &Impl::mamba_dt_bias, m * heads);
+    take(kW, &Impl::mamba_a_log, m * heads);
+    take(kW, &Impl::mamba_d_skip, m * heads);
+    take(kW, &Impl::mamba_norm, m * inner);
+    take(kS, &Impl::mamba_pool,
+         z(config.mamba_slots_count) * m * z(ms.conv_state_floats() + ms.ssm_state_floats()));
+    take(kS, &Impl::mamba_proj, t * in_proj);
+    take(kS, &Impl::mamba_y, e * t * inner);
+    take(kS, &Impl::mamba_workspace,
+         kernels::mamba_workspace_floats(mamba_shape_of(model), config.step_tokens_max()));
+    take(kS, &Impl::mamba_staging, MambaStagingLayout(config.max_batch_rows).words);
+  }
+  const size_t kv_layers = z(model.layers_count - model.mamba_layers_count());
+  const size_t kv_bytes = e * kv_layers * z(config.pages_count) * z(config.page_size) * kvs;
   take(Account::kKv, &Impl::k_cache, kv_bytes);
   take(Account::kKv, &Impl::v_cache, kv_bytes);
   take(kS, &Impl::rope_cos, positions * z(model.rotary_dim() / 2));
@@ -177,6 +201,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
       results_layout(config.max_batch_rows, config.logits_rows_max(), config.verify_width,
                      config.table_width()) {
   refuse_unsupported();
+  index_layer_kinds();
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
   record_stream = CudaStream::create();
@@ -222,15 +247,7 @@ void CudaBackend::Impl::refuse_unsupported() const {
   model.validate();
   config.validate();
   check_context_length(model, config.context_length, /*allow_beyond_max_positions=*/true);
-  // TODO(perf): the chunked scan and single-step update kernels (issue 19).
-  LS_REQUIRE(!model.has_recurrent_state(), "cuda backend: model '{}' has {} Mamba2 layers, which "
-             "the CUDA backend does not implement yet (run it with --backend cpu)", model.name,
-             model.mamba_layers_count());
-  // The RoPE kernel pairs dim i with i + head_dim/2 over the whole head: a partial rotary would
-  // need a table of rotary_dim/2 columns and pass-through dims it does not have.
-  LS_REQUIRE(model.rotary_dim() == model.head_dim, "cuda backend: model '{}' rotates {} of its "
-             "head_dim {} (partial_rotary_dim), which the CUDA RoPE kernel does not implement "
-             "(run it with --backend cpu)", model.name, model.rotary_dim(), model.head_dim);
+  refuse_unsupported_hybrid();
   LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName ||
                  options.drafter == "ngram",
              "cuda backend: unknown drafter '{}'; the CUDA backend runs 'none' and 'ngram' "
@@ -256,7 +273,7 @@ void CudaBackend::Impl::refuse_unsupported() const {
 
 // The pinned buffers of the step's copies (by step parity), the host KV pages, and the events.
 void CudaBackend::Impl::create_host_side() {
-  host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * layers *
+  host_kv = PinnedArray<uint8_t>(static_cast<size_t>(config.host_pages_count) * 2 * kv_layers *
                                  config.page_size * kv_size * elem_bytes);
   for (auto& buffer : host_staging) buffer = PinnedArray<int32_t>(layout.words);
   for (auto& event : upload_done) event = CudaEvent::create();
@@ -294,6 +311,7 @@ void CudaBackend::Impl::initialise_buffers() {
   const std::vector<int32_t> pads(input_ids.count(), kernels::kPadInputId);
   LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
+  initialise_mamba();
 }
 
 CudaBackend::Impl::~Impl() {
@@ -317,7 +335,10 @@ CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& conf
   const int64_t elem = options.precision == CudaPrecision::kFp32 ? 4 : 2;
   // A TP rank's pages hold its kv heads.
   const int64_t kv_size = rank_model_config(model, rank_shard(model, options)).kv_size();
-  s.page_bytes = 2 * int64_t{model.layers_count} * config.page_size * kv_size * elem;
+  const int64_t kv_layers = model.layers_count - model.mamba_layers_count();  // attention layers
+  LS_REQUIRE(kv_layers > 0, "cuda backend: model '{}' has no attention layer to size KV pages for",
+             model.name);
+  s.page_bytes = 2 * kv_layers * config.page_size * kv_size * elem;
   const int64_t left = s.free_bytes - s.weight_bytes - s.workspace_bytes;
   LS_REQUIRE(left > 0, "cuda backend: weights ({} B) and workspaces ({} B) exceed the {} B free",
              s.weight_bytes, s.workspace_bytes, s.free_bytes);

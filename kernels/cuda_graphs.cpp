@@ -38,7 +38,9 @@ void CudaBackend::Impl::capture_graphs() {
                           enqueue_table_writes(grid);
                           enqueue_resets();
                           enqueue_fill(grid);
+                          enqueue_mamba_rules();
                           mark(CudaPhase::kStateOps);
+                          rows_grid = grid;  // the mixer's rows
                           enqueue_forward(grid * config.verify_width, grid * config.verify_width);
                         },
                         &graphs, true});
@@ -51,6 +53,8 @@ void CudaBackend::Impl::capture_graphs() {
                             enqueue_table_writes(grid);
                             enqueue_resets();
                             enqueue_fill(grid);
+                            enqueue_mamba_rules();
+                            rows_grid = grid;  // the mixer's rows
                             enqueue_forward(tokens, tokens);
                             enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
                                                  record ? record_graph_k : kNotRecorded);

@@ -23,6 +23,10 @@ CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes() const {
       .down = {.out = hidden, .in = ffn, .accumulate = into_residual},
       .lm_head = {.out = shard.degree > 1 ? shard.vocab_rows : vocab, .in = hidden,
                   .accumulate = false},
+      .in_proj = {.out = hybrid() ? model.mamba.in_proj_size() : 0, .in = hidden,
+                  .accumulate = false},
+      .out_proj = {.out = hybrid() ? hidden : 0, .in = model.mamba.inner_size(),
+                   .accumulate = true},
   };
 }
 
@@ -44,6 +48,10 @@ void CudaBackend::Impl::plan_gemms() {
     }
   };
   for (const LinearShape& shape : layer_shapes) plan_all(shape, tokens_max);
+  if (hybrid()) {
+    plan_all(linears.in_proj, tokens_max);
+    plan_all(linears.out_proj, tokens_max);
+  }
   plan_all(linears.lm_head, logits_rows_max);
 }
 
@@ -75,8 +83,9 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   const size_t h = static_cast<size_t>(hidden);
   const int32_t qkv_rows = q_size + 2 * kv_size;
   const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
-  T* k_layer = as<T>(k_cache) + li * kv_layer;
-  T* v_layer = as<T>(v_cache) + li * kv_layer;
+  const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
+  T* k_layer = as<T>(k_cache) + kv_at;
+  T* v_layer = as<T>(v_cache) + kv_at;
   T* x = as<T>(normed);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                    attn_norm.get() + li * h, model.rms_eps, x, s));
@@ -93,8 +102,8 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   }
   LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
                                    model.query_heads_count, model.kv_heads_count, model.head_dim,
-                                   rope_cos.get(), rope_sin.get(), positions_count, q.get(),
-                                   k_layer, v_layer, s));
+                                   model.rotary_dim(), rope_cos.get(), rope_sin.get(),
+                                   positions_count, q.get(), k_layer, v_layer, s));
   mark(CudaPhase::kRope);
   LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
                                           positions.get(), token_pool_rows.get(), table.get(),
@@ -103,6 +112,45 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   mark(CudaPhase::kAttention);
   row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
   mark(CudaPhase::kGemmO);
+  enqueue_ffn<T>(i, tokens);
+}
+
+// A hybrid's Mamba2 layer: the input norm, in_proj, the mixer over each row's tokens in order
+// (updating each row's working slot; padded rows' slot −1 touches none), out_proj into the
+// residual, then the FFN as an attention layer's. The profile counts in_proj as the QKV GEMM,
+// the mixer as attention and out_proj as the o GEMM.
+template <typename T>
+void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
+  const kernels::LaunchStream s = forward_stream();
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  const size_t m = static_cast<size_t>(mamba_index[li]);
+  const size_t in_proj_size = static_cast<size_t>(linears.in_proj.out);
+  const size_t inner = static_cast<size_t>(linears.out_proj.in);
+  T* x = as<T>(normed);
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                   attn_norm.get() + li * h, model.rms_eps, x, s));
+  mark(CudaPhase::kNorms);
+  linear(x, as<T>(w_in_proj) + m * in_proj_size * h, mamba_proj.get(), tokens, linears.in_proj);
+  mark(CudaPhase::kGemmQkv);
+  const int32_t mi = mamba_index[li];
+  LS_CUDA(kernels::launch_mamba_mixer(mamba_shape(), mamba_params(mi), mamba_state(mi),
+                                      mamba_rows(), mamba_proj.get(), tokens,
+                                      mamba_workspace.get(), mamba_workspace.count(),
+                                      as<T>(mamba_y), s));
+  mark(CudaPhase::kAttention);
+  row_parallel(as<T>(mamba_y), as<T>(w_out_proj) + m * h * inner, tokens, linears.out_proj);
+  mark(CudaPhase::kGemmO);
+  enqueue_ffn<T>(i, tokens);
+}
+
+// Every layer's FFN: its norm, gate/up, SwiGLU and down into the residual.
+template <typename T>
+void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
+  const kernels::LaunchStream s = forward_stream();
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  T* x = as<T>(normed);
   LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                    ffn_norm.get() + li * h, model.rms_eps, x, s));
   mark(CudaPhase::kNorms);
@@ -120,7 +168,13 @@ void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) 
   LS_CUDA(kernels::launch_embedding(as<T>(embedding), input_ids.get(), tokens, hidden,
                                     residual.get(), s));
   mark(CudaPhase::kEmbedding);
-  for (int32_t i = 0; i < layers; ++i) enqueue_layer<T>(i, tokens);
+  for (int32_t i = 0; i < layers; ++i) {
+    if (model.layer_kind(i) == LayerKind::kMamba2) {
+      enqueue_mamba_layer<T>(i, tokens);
+    } else {
+      enqueue_layer<T>(i, tokens);
+    }
+  }
   LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
                                    hidden, final_norm.get(), model.rms_eps, as<T>(final_normed),
                                    s));

@@ -79,6 +79,7 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
       .snapshot = record && !drafting ? recorded : kernels::RecordBuffers{},
   };
   LS_CUDA(kernels::launch_finish_rows(args, rows, s));
+  enqueue_mamba_snapshots();  // after the commit: they test the new vcl
   if (drafting) {
     // The next round's drafts from the committed history (CpuBackend::write_next_inputs).
     const kernels::TokenHistory token_history{history.get(), history_begin.get(),

@@ -162,6 +162,7 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
     LS_CUDA(cudaMemcpyAsync(staging.get() + layout.table_pages, words + layout.table_pages,
                             pages * 4, cudaMemcpyHostToDevice, s));
   }
+  stage_mamba(plan, parity);
   LS_CUDA(cudaEventRecord(upload_done[parity].get(), s));
   staged = true;
   phase_marks.count = 0;

@@ -69,6 +69,8 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
   weights.validate();
   LS_REQUIRE(weights.config.qkv_bias == model.qkv_bias && weights.config.qk_norm == model.qk_norm,
              "cuda backend: the weights' family features do not match the model config");
+  LS_REQUIRE(weights.config.layer_kinds == model.layer_kinds && weights.config.mamba == model.mamba,
+             "cuda backend: the weights' layer kinds or Mamba shape do not match the model config");
   const size_t h = static_cast<size_t>(hidden);
   const int32_t d = model.head_dim;
   const ShardRange q_rows = head_elements(shard.query_heads, d);
@@ -85,12 +87,18 @@ void CudaBackend::Impl::upload_weights(const ModelWeights& weights) {
     const LayerWeights& w = weights.layers[i];
     const size_t li = static_cast<size_t>(i);
     const size_t qkv_at = li * qkv_rows * h;
-    upload_tensor(w_qkv, qkv_at, shard_rows(w.wq, hidden, q_rows));
-    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size) * h, shard_rows(w.wk, hidden, kv_rows));
-    upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size + kv_size) * h,
-                  shard_rows(w.wv, hidden, kv_rows));
-    upload_tensor(w_o, li * h * q_size,
-                  shard_columns(w.wo, hidden, full_model.q_size(), q_rows, columns));
+    if (model.layer_kind(i) == LayerKind::kMamba2) {
+      // TODO(perf): its slices of w_qkv and w_o stay unused (it holds no KV).
+      upload_mamba_layer(i, w);
+    } else {
+      upload_tensor(w_qkv, qkv_at, shard_rows(w.wq, hidden, q_rows));
+      upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size) * h,
+                    shard_rows(w.wk, hidden, kv_rows));
+      upload_tensor(w_qkv, qkv_at + static_cast<size_t>(q_size + kv_size) * h,
+                    shard_rows(w.wv, hidden, kv_rows));
+      upload_tensor(w_o, li * h * q_size,
+                    shard_columns(w.wo, hidden, full_model.q_size(), q_rows, columns));
+    }
     const size_t gu_at = li * 2 * ffn * h;
     upload_tensor(w_gate_up, gu_at, shard_rows(w.w_gate, hidden, shard.ffn));
     upload_tensor(w_gate_up, gu_at + static_cast<size_t>(ffn) * h,
@@ -175,6 +183,10 @@ void CudaBackend::Impl::generate_features(uint64_t seed) {
 // the shard holds, so TP N's weights equal TP 1's. Ranges are the whole tensor's (1/sqrt(in) of
 // TP 1's in).
 void CudaBackend::Impl::generate_weights(uint64_t seed) {
+  // TODO(spec): a seeded layout for the mixer tensors, here and in weights_from_seed.
+  LS_REQUIRE(!hybrid(), "cuda backend: model '{}' has Mamba2 layers; seeded weights have no "
+             "layout for the mixer tensors (weights_from_seed refuses them too): load a "
+             "checkpoint directory", model.name);
   const int64_t h = hidden;
   auto linear = [](int64_t in) {
     return ops::SeededRange{0.0f, 1.0f / std::sqrt(static_cast<float>(in))};

@@ -104,12 +104,14 @@ rms_norm_vec_kernel(const float* x, const int32_t* row_index, int32_t n, const f
 template <typename T>
 __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, const int64_t* slots,
                                 int32_t query_heads, int32_t kv_heads, int32_t head_dim,
-                                const float* cos_table, const float* sin_table,
-                                int32_t positions_count, float* q_out, T* k_cache, T* v_cache) {
+                                int32_t rotary_dim, const float* cos_table,
+                                const float* sin_table, int32_t positions_count, float* q_out,
+                                T* k_cache, T* v_cache) {
   allow_successor();
   wait_for_predecessor();
   const int32_t t = blockIdx.x;
-  const int32_t half = head_dim / 2;
+  const int32_t half = rotary_dim / 2;
+  const int32_t pass = head_dim - rotary_dim;  // dims past the rotated ones, copied as they are
   const int32_t q_size = query_heads * head_dim;
   const int32_t kv_size = kv_heads * head_dim;
   const float* row = qkv + int64_t{t} * (q_size + 2 * kv_size);
@@ -133,6 +135,18 @@ __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, cons
       T* k = k_cache + slot * kv_size + (head - query_heads) * head_dim;
       k[i] = from_float<T>(y.first);
       k[i + half] = from_float<T>(y.second);
+    }
+  }
+  if (pass > 0) {
+    for (int32_t idx = threadIdx.x; idx < (query_heads + kv_heads) * pass; idx += blockDim.x) {
+      const int32_t head = idx / pass;
+      const int32_t i = rotary_dim + idx % pass;
+      const float x = row[head * head_dim + i];
+      if (head < query_heads) {
+        q_out[int64_t{t} * q_size + head * head_dim + i] = x;
+      } else {
+        k_cache[slot * kv_size + (head - query_heads) * head_dim + i] = from_float<T>(x);
+      }
     }
   }
   const float* v = row + q_size + kv_size;
@@ -235,18 +249,18 @@ cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t ro
 template <typename T>
 cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const int64_t* slots,
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
-                            int32_t head_dim, const float* cos, const float* sin,
-                            int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
-                            LaunchStream stream) {
+                            int32_t head_dim, int32_t rotary_dim, const float* cos,
+                            const float* sin, int32_t positions_count, float* q_out, T* k_cache,
+                            T* v_cache, LaunchStream stream) {
   if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 2 || head_dim % 2 != 0 ||
-      positions_count < 1) {
+      rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > head_dim || positions_count < 1) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
   // 512 threads: a decode token's (heads · half) pairs take few rounds of loads.
   return launch_kernel(rope_qkv_kernel<T>, tokens_count, 512, 0, stream, qkv, positions, slots,
-                       query_heads, kv_heads, head_dim, cos, sin, positions_count, q_out, k_cache,
-                       v_cache);
+                       query_heads, kv_heads, head_dim, rotary_dim, cos, sin, positions_count,
+                       q_out, k_cache, v_cache);
 }
 
 template <typename T>
@@ -265,7 +279,8 @@ cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ff
   template cudaError_t launch_rms_norm<T>(const float*, const int32_t*, int32_t, int32_t,         \
                                           const float*, float, T*, LaunchStream);                 \
   template cudaError_t launch_rope_qkv<T>(const float*, const int32_t*, const int64_t*, int32_t,  \
-                                          int32_t, int32_t, int32_t, const float*, const float*,  \
+                                          int32_t, int32_t, int32_t, int32_t, const float*,       \
+                                          const float*,                                           \
                                           int32_t, float*, T*, T*, LaunchStream);                 \
   template cudaError_t launch_swiglu<T>(const float*, int32_t, int32_t, T*, LaunchStream);
 LS_INSTANTIATE_LAYER_OPS(bf16)

@@ -33,15 +33,17 @@ cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t ro
                             LaunchStream stream);
 
 // The QKV epilogue: qkv [tokens, q_size + 2·kv_size] fp32 (Q, K, V of each token side by side).
-// Rotates Q and K by the RoPE table at min(position, positions_count − 1) (HF rotate-half), writes
-// Q to q_out [tokens, q_size] fp32 and K, V as T to k_cache/v_cache [slots, kv_size] at each
-// token's slot. cos/sin [positions_count, head_dim/2] fp32.
+// Rotates the first rotary_dim dims of each Q and K head by the RoPE table at
+// min(position, positions_count − 1) (HF rotate-half within them; the dims past rotary_dim pass
+// through, Bamba's partial rotary), writes Q to q_out [tokens, q_size] fp32 and K, V as T to
+// k_cache/v_cache [slots, kv_size] at each token's slot. cos/sin [positions_count, rotary_dim/2]
+// fp32. rotary_dim: even, in [2, head_dim].
 template <typename T>
 cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const int64_t* slots,
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
-                            int32_t head_dim, const float* cos, const float* sin,
-                            int32_t positions_count, float* q_out, T* k_cache, T* v_cache,
-                            LaunchStream stream);
+                            int32_t head_dim, int32_t rotary_dim, const float* cos,
+                            const float* sin, int32_t positions_count, float* q_out, T* k_cache,
+                            T* v_cache, LaunchStream stream);
 
 // The QKV epilogue of Qwen2/Qwen3, in place on qkv [tokens, q_size + 2·kv_size] fp32 before
 // RoPE: adds bias [q_size + 2·kv_size] fp32 (when not null; Qwen2's q/k/v biases side by side),

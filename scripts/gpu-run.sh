@@ -32,6 +32,12 @@
 #                                # teacher-forced at TP 1, and `lockstep_gpu_bench --tp 2` (llama-8b,
 #                                # batch 1 and 64, context 1024), ~3 min. Writes env.txt,
 #                                # tp_tests.log/json, tp_bench.log/json.
+#   scripts/gpu-run.sh hybrid    # on the H200: only the hybrid family (issue 19): the RoPE, Mamba
+#                                # mixer/pool and hybrid backend tests (CUDA vs CPU on a random
+#                                # Bamba, state rules, determinism, refusals), the HF oracle on
+#                                # tests/fixtures/hf/bamba, and `lockstep_gpu_bench --hybrid`
+#                                # (Bamba-9B's shape, batch 1 and 64, context 1024), under 10 min.
+#                                # Writes env.txt, hybrid_tests.log/json, hybrid_bench.log/json.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -235,7 +241,8 @@ hf_fixtures() {
   ln -s "$PWD/tests/fixtures/hf/llama3/model.safetensors" "$PWD/tests/fixtures/hf/llama3/hf_reference.json" \
       /tmp/hf_fixtures/llama3-legacy/
   for dir in tests/fixtures/hf/llama3 /tmp/hf_fixtures/llama3-legacy tests/fixtures/hf/llama-linear \
-             tests/fixtures/hf/qwen2 tests/fixtures/hf/qwen3 tests/fixtures/hf/mistral; do
+             tests/fixtures/hf/qwen2 tests/fixtures/hf/qwen3 tests/fixtures/hf/mistral \
+             tests/fixtures/hf/bamba; do
     echo "== HF fixture $dir" >> "$log"
     timeout 60 "$DIST/bin/lockstep_hf_oracle_check" "$dir" "/tmp/hf_fixtures/$(basename "$dir").json" \
         >> "$log" 2>&1 || status=1
@@ -556,6 +563,28 @@ run_tp() {
   return $status
 }
 
+run_hybrid() {
+  begin_mode lockstep_hf_oracle_check
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  echo "== hybrid GPU tests"
+  timeout 200 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRefusals.*' \
+      --gtest_output="json:$OUT/hybrid_tests.json" > "$OUT/hybrid_tests.log" 2>&1 || status=1
+  {
+    echo "== HF fixture tests/fixtures/hf/bamba"
+    timeout 60 "$DIST/bin/lockstep_hf_oracle_check" tests/fixtures/hf/bamba /tmp/hf_bamba.json
+  } >> "$OUT/hybrid_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|hybrid, CUDA|vs HF|hf oracle: (PASS|FAIL)|error' \
+      "$OUT/hybrid_tests.log" | tail -30
+  echo "== benchmark: bamba-9b decode at batch 1 and 64"
+  timeout 330 "$DIST/bin/lockstep_gpu_bench" "$OUT/hybrid_bench.json" --hybrid \
+      > "$OUT/hybrid_bench.log" 2>&1 || status=1
+  cat "$OUT/hybrid_bench.log"
+  echo "gpu-run hybrid: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 case "${1:-run}" in
   package) package ;;
   run) run ;;
@@ -566,5 +595,6 @@ case "${1:-run}" in
   pack-python) pack_python "${2:-build-gpu}" ;;
   report) run_report ;;
   tp) run_tp ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  hybrid) run_hybrid ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac

@@ -68,7 +68,9 @@ json report(const char* name, const Result& r, double tolerance, bool acceptance
 int check(const std::filesystem::path& dir, const std::filesystem::path& out_path) {
   const ModelWeights weights = load_hf_directory(dir);
   const Reference ref = hf_oracle::read_reference(dir / "hf_reference.json");
-  const ExecutorConfig ec = executor_config_for(hf_oracle::scheduler_config_for(ref));
+  // The model's scheduler config (a hybrid's state slots), as hf_oracle::run serves it.
+  const ExecutorConfig ec =
+      executor_config_for(hf_oracle::scheduler_config_for(ref, weights.config));
   const ModelConfig& c = weights.config;
   std::printf("hf oracle: %s loaded (%s, hidden %d, %d layers, %d/%d heads x %d, vocab %d, rope %s "
               "theta %g factor %g, qkv bias %d, qk norm %d, tied %d); %zu prompts, context %d\n",

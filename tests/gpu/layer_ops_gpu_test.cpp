@@ -96,14 +96,15 @@ TEST_P(TokenCounts, RmsNormMatchesTheReference) {
   }
 }
 
-TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
-  LS_SKIP_WITHOUT_DEVICE();
-  const int32_t tokens = GetParam(), qh = 4, kvh = 2, d = 16, positions_count = 3000;
+// `rotary`: the dims of each head RoPE rotates (head_dim, or Bamba's partial rotary); the CPU's
+// apply_rope over a table of that width is the reference, the dims past it pass through.
+void check_rope(int32_t tokens, int32_t rotary) {
+  const int32_t qh = 4, kvh = 2, d = 16, positions_count = 3000;
   const int32_t q_size = qh * d, kv_size = kvh * d, width = q_size + 2 * kv_size;
   const int64_t slots_count = 5000;
   // Llama 3 scaling: the table the backend uploads for a scaled model.
   const RopeTable rope = build_rope_table(
-      RopeConfig{RopeType::kLlama3, 500000.0f, 8.0f, 1.0f, 4.0f, 128}, d, positions_count);
+      RopeConfig{RopeType::kLlama3, 500000.0f, 8.0f, 1.0f, 4.0f, 128}, rotary, positions_count);
   const std::vector<float> qkv = random_floats(size_t(tokens) * width, 4, -2, 2);
   std::vector<int32_t> positions(tokens);
   std::vector<int64_t> slots(tokens);
@@ -116,8 +117,8 @@ TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
   DeviceBuffer<int64_t> d_slots(slots);
   DeviceBuffer<bf16> d_k(size_t(slots_count) * kv_size), d_v(size_t(slots_count) * kv_size);
   ASSERT_EQ(kernels::launch_rope_qkv(d_qkv.ptr, d_pos.ptr, d_slots.ptr, tokens, qh, kvh, d,
-                                     d_cos.ptr, d_sin.ptr, positions_count, d_q.ptr, d_k.ptr,
-                                     d_v.ptr, nullptr),
+                                     rotary, d_cos.ptr, d_sin.ptr, positions_count, d_q.ptr,
+                                     d_k.ptr, d_v.ptr, nullptr),
             cudaSuccess);
   const std::vector<float> q = d_q.download();
   const std::vector<float> k = gpu_test::from_bf16(d_k.download());
@@ -137,9 +138,26 @@ TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
     v_ref.insert(v_ref.end(), row.begin() + q_size + kv_size, row.end());
     v_out.insert(v_out.end(), v.begin() + s, v.begin() + s + kv_size);
   }
-  EXPECT_LT(relative_error(q_out, q_ref), kFp32);
-  EXPECT_LT(relative_error(k_out, k_ref), kBf16Output);
-  EXPECT_LT(relative_error(v_out, v_ref), kBf16Output);
+  EXPECT_LT(relative_error(q_out, q_ref), kFp32) << "rotary " << rotary;
+  EXPECT_LT(relative_error(k_out, k_ref), kBf16Output) << "rotary " << rotary;
+  EXPECT_LT(relative_error(v_out, v_ref), kBf16Output) << "rotary " << rotary;
+  // The unrotated dims are the input's bits (fp32 Q).
+  int64_t passed_differ = 0;
+  for (size_t i = 0; i < q_out.size(); ++i) {
+    if (static_cast<int32_t>(i % d) >= rotary) passed_differ += q_out[i] != q_ref[i];
+  }
+  EXPECT_EQ(passed_differ, 0) << "rotary " << rotary;
+}
+
+TEST_P(TokenCounts, RopeRotatesQAndKAndWritesTheCache) {
+  LS_SKIP_WITHOUT_DEVICE();
+  check_rope(GetParam(), 16);
+}
+
+TEST_P(TokenCounts, PartialRopeRotatesTheFirstDimsAndPassesTheRest) {
+  LS_SKIP_WITHOUT_DEVICE();
+  check_rope(GetParam(), 8);
+  check_rope(GetParam(), 6);
 }
 
 // CPU reference: the bias and head-norm loop of core/cpu_model.cpp attention_layer_qkv (biases

@@ -1,0 +1,371 @@
+#include "kernels/mamba_ops.h"
+
+#include "core/ops/layer_math.h"
+#include "core/ops/mamba_math.h"
+#include "kernels/launch.cuh"
+#include "kernels/reduce.cuh"
+#include "kernels/storage.cuh"
+
+namespace ls::kernels {
+
+namespace {
+
+constexpr int32_t kConvThreads = 128;
+constexpr int32_t kScanWarps = 4;  // state rows (head elements) per block, one warp each
+constexpr int32_t kStatePerLane = kMambaStateSizeMax / 32;
+constexpr int32_t kNormThreads = 256;
+constexpr int32_t kPoolThreads = 256;
+constexpr int32_t kPoolBlocksMax = 4096;
+constexpr int32_t kRowsGridMax = 65535;  // rows are the grids' y (conv) and z (scan) dimension
+
+// The causal conv of one channel of one row: the window lives in registers while the row's
+// tokens are walked in order (each drops the oldest input, takes the token's xBC, and is dotted
+// with the taps oldest first, plus the bias, through SiLU), then goes back to the slot.
+// grid (channel blocks, rows_grid).
+__global__ void __launch_bounds__(kConvThreads)
+mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView state, MambaRows rows,
+                  const float* proj, float* conv_out) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t conv_dim = shape.conv_dim();
+  const int32_t c = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int32_t row = static_cast<int32_t>(blockIdx.y);
+  const int32_t slot = rows.slots[row];
+  if (c >= conv_dim || slot < 0) return;
+  const int32_t k = shape.conv_kernel;
+  const int32_t first = rows.token_offsets[row];
+  const int32_t end = first + rows.token_counts[row];
+  float* stored = state.conv + slot * state.slot_stride_floats + int64_t{c} * k;
+  float window[kMambaConvKernelMax];
+  float taps[kMambaConvKernelMax];
+#pragma unroll
+  for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
+    window[i] = i < k ? stored[i] : 0.0f;
+    taps[i] = i < k ? params.conv_weight[int64_t{c} * k + i] : 0.0f;
+  }
+  const bool has_bias = params.conv_bias != nullptr;
+  const float bias = has_bias ? params.conv_bias[c] : 0.0f;
+  const int32_t xbc_offset = shape.inner_size();
+  for (int32_t t = first; t < end; ++t) {
+    const float input = proj[int64_t{t} * shape.in_proj_size() + xbc_offset + c];
+    float sum = 0.0f;
+#pragma unroll
+    for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
+      if (i + 1 < k) window[i] = window[i + 1];
+      if (i + 1 == k) window[i] = input;
+      if (i < k) sum = ops::mamba_conv_accumulate(sum, window[i], taps[i]);
+    }
+    if (has_bias) sum += bias;
+    conv_out[int64_t{t} * conv_dim + c] = ops::silu(sum);
+  }
+#pragma unroll
+  for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
+    if (i < k) stored[i] = window[i];
+  }
+}
+
+// The selective scan of one state row (head, p) of one row, one warp: lane l holds the state
+// elements n = l, l + 32, ... in registers while the row's tokens are walked in order; per token
+// every lane updates its elements and sums their products with C in ascending n, the butterfly
+// combines the lanes (one order for a given state size), and lane 0 writes y = C·h + D·x.
+// grid (heads, ceil(head_dim / kScanWarps), rows_grid).
+__global__ void __launch_bounds__(kScanWarps * 32)
+mamba_scan_kernel(MambaShape shape, MambaLayerParams params, MambaStateView state, MambaRows rows,
+                  const float* proj, const float* conv_out, float* y) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t head = static_cast<int32_t>(blockIdx.x);
+  const int32_t p = static_cast<int32_t>(blockIdx.y) * kScanWarps +
+                    static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+  const int32_t row = static_cast<int32_t>(blockIdx.z);
+  if (p >= shape.head_dim) return;  // a whole warp: nothing below synchronises the block
+  const int32_t inner = shape.inner_size();
+  const int32_t i = head * shape.head_dim + p;
+  const int32_t first = rows.token_offsets[row];
+  const int32_t end = first + rows.token_counts[row];
+  const int32_t slot = rows.slots[row];
+  if (slot < 0) {
+    for (int32_t t = first + lane; t < end; t += 32) y[int64_t{t} * inner + i] = 0.0f;
+    return;
+  }
+  const int32_t n_state = shape.state_size;
+  const int32_t conv_dim = shape.conv_dim();
+  const int32_t group = head / (shape.heads_count / shape.groups_count);
+  float* stored = state.ssm + slot * state.slot_stride_floats + int64_t{i} * n_state;
+  float h[kStatePerLane];
+#pragma unroll
+  for (int32_t j = 0; j < kStatePerLane; ++j) {
+    const int32_t n = lane + 32 * j;
+    h[j] = n < n_state ? stored[n] : 0.0f;
+  }
+  const float dt_bias = params.dt_bias[head];
+  const float a_log = params.a_log[head];
+  const float d_skip = params.d_skip[head];
+  const int32_t dt_offset = inner + conv_dim + head;
+  for (int32_t t = first; t < end; ++t) {
+    const float* token = conv_out + int64_t{t} * conv_dim;
+    const float* b = token + inner + group * n_state;
+    const float* c = token + inner + (shape.groups_count + group) * n_state;
+    const float x = token[i];
+    const float step = ops::mamba_step_size(proj[int64_t{t} * shape.in_proj_size() + dt_offset],
+                                            dt_bias, shape.dt_min, shape.dt_max);
+    const float decay = ops::mamba_decay(step, a_log);
+    float partial = 0.0f;
+#pragma unroll
+    for (int32_t j = 0; j < kStatePerLane; ++j) {
+      const int32_t n = lane + 32 * j;
+      if (n < n_state) {
+        h[j] = ops::mamba_state_update(h[j], decay, step, b[n], x);
+        partial += h[j] * c[n];
+      }
+    }
+    const float c_dot_h = warp_sum(partial);
+    if (lane == 0) y[int64_t{t} * inner + i] = ops::mamba_output(c_dot_h, x, d_skip);
+  }
+#pragma unroll
+  for (int32_t j = 0; j < kStatePerLane; ++j) {
+    const int32_t n = lane + 32 * j;
+    if (n < n_state) stored[n] = h[j];
+  }
+}
+
+// The gated RMSNorm of one token: g = y · silu(gate) (kept in y), then g · scale · weight with
+// the block's fixed-order sum of squares. grid (tokens).
+template <typename T>
+__global__ void __launch_bounds__(kNormThreads)
+mamba_gated_norm_kernel(MambaShape shape, const float* norm_weight, const float* proj, float* y,
+                        T* out) {
+  allow_successor();
+  wait_for_predecessor();
+  __shared__ float scratch[32];
+  const int64_t t = blockIdx.x;
+  const int32_t inner = shape.inner_size();
+  const float* gate = proj + t * shape.in_proj_size();
+  float* yt = y + t * inner;
+  float sum = 0.0f;
+  for (int32_t i = threadIdx.x; i < inner; i += blockDim.x) {
+    const float g = yt[i] * ops::silu(gate[i]);
+    yt[i] = g;  // read back below by this same thread
+    sum += g * g;
+  }
+  const float scale = ops::rms_norm_scale(block_sum(sum, scratch), inner, shape.rms_eps);
+  T* o = out + t * inner;
+  for (int32_t i = threadIdx.x; i < inner; i += blockDim.x) {
+    o[i] = from_float<T>(ops::rms_norm_element(yt[i], scale, norm_weight[i]));
+  }
+}
+
+// The pool ops' entries, loaded once per block into shared memory with the padding (−1) left
+// out, in list order: a block of a launch whose entries are all padding (a graph's idle rows)
+// exits after reading the list.
+__device__ int32_t load_pairs(const int32_t* pairs, int32_t pairs_grid, int2* kept) {
+  __shared__ int32_t count;
+  if (threadIdx.x == 0) {
+    int32_t n = 0;
+    for (int32_t p = 0; p < pairs_grid; ++p) {
+      const int2 pair = make_int2(pairs[2 * p], pairs[2 * p + 1]);
+      if (pair.x >= 0 && pair.y >= 0) kept[n++] = pair;
+    }
+    count = n;
+  }
+  __syncthreads();
+  return count;
+}
+
+__device__ int32_t load_slots(const int32_t* slots, int32_t slots_grid, int32_t* kept) {
+  __shared__ int32_t count;
+  if (threadIdx.x == 0) {
+    int32_t n = 0;
+    for (int32_t s = 0; s < slots_grid; ++s) {
+      if (slots[s] >= 0) kept[n++] = slots[s];
+    }
+    count = n;
+  }
+  __syncthreads();
+  return count;
+}
+
+template <typename V>
+__device__ __forceinline__ V zero_value();
+template <>
+__device__ __forceinline__ float zero_value<float>() {
+  return 0.0f;
+}
+template <>
+__device__ __forceinline__ float4 zero_value<float4>() {
+  return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// Each thread owns elements e of a slot (V: float, or float4 when slots are whole float4s) and
+// applies every entry to them in list order: element e of any slot is touched by its thread
+// alone, so the result is the list applied in order.
+template <typename V>
+__global__ void __launch_bounds__(kPoolThreads)
+mamba_copy_slots_kernel(V* pool, int64_t slot_vecs, const int32_t* pairs, int32_t pairs_grid) {
+  allow_successor();
+  wait_for_predecessor();
+  extern __shared__ int2 kept_pairs[];
+  const int32_t count = load_pairs(pairs, pairs_grid, kept_pairs);
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < slot_vecs; e += stride) {
+    for (int32_t p = 0; p < count; ++p) {
+      pool[kept_pairs[p].y * slot_vecs + e] = pool[kept_pairs[p].x * slot_vecs + e];
+    }
+  }
+}
+
+template <typename V>
+__global__ void __launch_bounds__(kPoolThreads)
+mamba_zero_slots_kernel(V* pool, int64_t slot_vecs, const int32_t* slots, int32_t slots_grid) {
+  allow_successor();
+  wait_for_predecessor();
+  extern __shared__ int32_t kept_slots[];
+  const int32_t count = load_slots(slots, slots_grid, kept_slots);
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t e = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; e < slot_vecs; e += stride) {
+    for (int32_t s = 0; s < count; ++s) pool[kept_slots[s] * slot_vecs + e] = zero_value<V>();
+  }
+}
+
+__global__ void mamba_snapshot_pairs_kernel(const int32_t* snapshots, int32_t snapshots_grid,
+                                            const int32_t* pool_rows, const int32_t* vcl,
+                                            int32_t page_size, int32_t* pairs) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t i = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= snapshots_grid) return;
+  const int32_t row = snapshots[3 * i];
+  const bool ends_page = row >= 0 && vcl[pool_rows[row]] % page_size == 0;
+  pairs[2 * i] = ends_page ? snapshots[3 * i + 1] : -1;
+  pairs[2 * i + 1] = ends_page ? snapshots[3 * i + 2] : -1;
+}
+
+bool valid_shape(const MambaShape& s) {
+  return s.heads_count >= 1 && s.head_dim >= 1 && s.groups_count >= 1 &&
+         s.heads_count % s.groups_count == 0 && s.state_size >= 1 &&
+         s.state_size <= kMambaStateSizeMax && s.conv_kernel >= 1 &&
+         s.conv_kernel <= kMambaConvKernelMax && s.rms_eps > 0.0f && s.dt_min <= s.dt_max;
+}
+
+bool valid_params(const MambaLayerParams& p) {
+  return p.conv_weight != nullptr && p.dt_bias != nullptr && p.a_log != nullptr &&
+         p.d_skip != nullptr && p.norm_weight != nullptr;
+}
+
+// The state view holds a slot's conv window and SSM state without overlapping another slot's.
+bool valid_state(const MambaShape& s, const MambaStateView& v) {
+  return v.conv != nullptr && v.ssm != nullptr &&
+         v.slot_stride_floats >= s.conv_state_floats() &&
+         v.slot_stride_floats >= s.ssm_state_floats();
+}
+
+int32_t pool_blocks(int64_t slot_vecs) {
+  const int64_t blocks = (slot_vecs + kPoolThreads - 1) / kPoolThreads;
+  return static_cast<int32_t>(blocks < kPoolBlocksMax ? blocks : kPoolBlocksMax);
+}
+
+// Whole float4s when every slot starts 16-byte aligned.
+bool pool_in_float4s(const float* pool, int64_t slot_floats) {
+  return slot_floats % 4 == 0 && reinterpret_cast<uintptr_t>(pool) % 16 == 0;
+}
+
+}  // namespace
+
+size_t mamba_workspace_floats(const MambaShape& shape, int32_t tokens_count) {
+  return static_cast<size_t>(tokens_count) *
+         (static_cast<size_t>(shape.conv_dim()) + static_cast<size_t>(shape.inner_size()));
+}
+
+template <typename T>
+cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& params,
+                               const MambaStateView& state, const MambaRows& rows,
+                               const float* proj, int32_t tokens_count, float* workspace,
+                               size_t workspace_floats, T* out, LaunchStream stream) {
+  if (!valid_shape(shape) || !valid_params(params) || !valid_state(shape, state)) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows.rows_grid < 0 || rows.rows_grid > kRowsGridMax || tokens_count < 0) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows.rows_grid > 0 &&
+      (rows.token_offsets == nullptr || rows.token_counts == nullptr || rows.slots == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens_count == 0) return cudaSuccess;  // no row has a token
+  if (rows.rows_grid == 0 || proj == nullptr || out == nullptr || workspace == nullptr ||
+      workspace_floats < mamba_workspace_floats(shape, tokens_count)) {
+    return cudaErrorInvalidValue;
+  }
+  float* conv_out = workspace;
+  float* y = workspace + static_cast<size_t>(tokens_count) * shape.conv_dim();
+  const dim3 conv_grid((shape.conv_dim() + kConvThreads - 1) / kConvThreads, rows.rows_grid);
+  cudaError_t status = launch_kernel(mamba_conv_kernel, conv_grid, kConvThreads, 0, stream, shape,
+                                     params, state, rows, proj, conv_out);
+  if (status != cudaSuccess) return status;
+  const dim3 scan_grid(shape.heads_count, (shape.head_dim + kScanWarps - 1) / kScanWarps,
+                       rows.rows_grid);
+  status = launch_kernel(mamba_scan_kernel, scan_grid, kScanWarps * 32, 0, stream, shape, params,
+                         state, rows, proj, static_cast<const float*>(conv_out), y);
+  if (status != cudaSuccess) return status;
+  return launch_kernel(mamba_gated_norm_kernel<T>, tokens_count, kNormThreads, 0, stream, shape,
+                       params.norm_weight, proj, y, out);
+}
+
+template cudaError_t launch_mamba_mixer<__nv_bfloat16>(const MambaShape&, const MambaLayerParams&,
+                                              const MambaStateView&, const MambaRows&,
+                                              const float*, int32_t, float*, size_t, __nv_bfloat16*,
+                                              LaunchStream);
+template cudaError_t launch_mamba_mixer<float>(const MambaShape&, const MambaLayerParams&,
+                                               const MambaStateView&, const MambaRows&,
+                                               const float*, int32_t, float*, size_t, float*,
+                                               LaunchStream);
+
+cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int32_t* pairs,
+                                    int32_t pairs_grid, LaunchStream stream) {
+  if (slot_floats < 1 || pairs_grid < 0 || pairs_grid > kMambaPoolOpsMax || pool == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (pairs_grid == 0) return cudaSuccess;
+  if (pairs == nullptr) return cudaErrorInvalidValue;
+  const size_t shared = sizeof(int2) * static_cast<size_t>(pairs_grid);
+  if (pool_in_float4s(pool, slot_floats)) {
+    const int64_t vecs = slot_floats / 4;
+    return launch_kernel(mamba_copy_slots_kernel<float4>, pool_blocks(vecs), kPoolThreads, shared,
+                         stream, reinterpret_cast<float4*>(pool), vecs, pairs, pairs_grid);
+  }
+  return launch_kernel(mamba_copy_slots_kernel<float>, pool_blocks(slot_floats), kPoolThreads,
+                       shared, stream, pool, slot_floats, pairs, pairs_grid);
+}
+
+cudaError_t launch_mamba_snapshot_pairs(const int32_t* snapshots, int32_t snapshots_grid,
+                                        const int32_t* pool_rows, const int32_t* vcl,
+                                        int32_t page_size, int32_t* pairs, LaunchStream stream) {
+  if (snapshots_grid < 0 || page_size < 1) return cudaErrorInvalidValue;
+  if (snapshots_grid == 0) return cudaSuccess;
+  if (snapshots == nullptr || pool_rows == nullptr || vcl == nullptr || pairs == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t blocks = (snapshots_grid + kPoolThreads - 1) / kPoolThreads;
+  return launch_kernel(mamba_snapshot_pairs_kernel, blocks, kPoolThreads, 0, stream, snapshots,
+                       snapshots_grid, pool_rows, vcl, page_size, pairs);
+}
+
+cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,
+                                    int32_t slots_grid, LaunchStream stream) {
+  if (slot_floats < 1 || slots_grid < 0 || slots_grid > kMambaPoolOpsMax || pool == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (slots_grid == 0) return cudaSuccess;
+  if (slots == nullptr) return cudaErrorInvalidValue;
+  const size_t shared = sizeof(int32_t) * static_cast<size_t>(slots_grid);
+  if (pool_in_float4s(pool, slot_floats)) {
+    const int64_t vecs = slot_floats / 4;
+    return launch_kernel(mamba_zero_slots_kernel<float4>, pool_blocks(vecs), kPoolThreads, shared,
+                         stream, reinterpret_cast<float4*>(pool), vecs, slots, slots_grid);
+  }
+  return launch_kernel(mamba_zero_slots_kernel<float>, pool_blocks(slot_floats), kPoolThreads,
+                       shared, stream, pool, slot_floats, slots, slots_grid);
+}
+
+}  // namespace ls::kernels

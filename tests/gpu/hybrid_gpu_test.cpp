@@ -1,0 +1,402 @@
+// The hybrid family (Mamba2 + attention, issue 19) on the CUDA backend: a small random Bamba
+// checkpoint (tests/hybrid_checkpoint.h: 4 layers M A M M, partial rotary over half of each head)
+// served through the scheduler against the CPU reference; the state rules (zeroing a reused slot,
+// page-boundary checkpoints, copy-on-write) step by step against the CPU reference, eagerly and
+// in decode graphs; and the CUDA claims for a hybrid compared bit for bit: the same run twice,
+// graphs against eager, and a request's results whatever its co-batch, pool row and slot.
+#include "core/cpu_backend.h"
+#include "core/executor.h"
+#include "core/scheduler.h"
+#include "kernels/cuda_backend.h"
+#include "tests/gpu/backend_test_support.h"
+#include "tests/gpu/gpu_test_support.h"
+#include "tests/hybrid_checkpoint.h"
+#include "tests/test_support.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+namespace ls {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using testing::decode_row;
+using testing::pages_from;
+using testing::prefill_row;
+using testing::prompt_for;
+
+constexpr int32_t kVocab = 512;
+
+const ModelWeights& hybrid() {
+  static const ModelWeights weights = [] {
+    const fs::path dir =
+        fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid", ::getpid());
+    fs::create_directories(dir);
+    testing::write_hybrid_checkpoint(dir);
+    ModelWeights loaded = load_hf_directory(dir);
+    fs::remove_all(dir);
+    return loaded;
+  }();
+  return weights;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, base = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
+    base += double{b[i]} * b[i];
+  }
+  return base > 0 ? std::sqrt(diff / base) : std::sqrt(diff);
+}
+
+// ---- Served through the scheduler ----------------------------------------------------------
+
+// Pages of 16: the prompts (40..129 tokens) cross 3 to 9 pages and are chunked under the 64-token
+// budget; one working slot per batch row.
+SchedulerConfig served_config() {
+  Limits limits;
+  limits.max_batch_rows = 8;
+  limits.context_length = 256;
+  limits.page_size = 16;
+  limits.pages_count = 300;
+  limits.prefill_chunk_tokens = 64;
+  limits.mamba_slots_count = 8;
+  return scheduler_config_for_model(limits, hybrid().config);
+}
+
+std::vector<RequestSpec> served_requests() {
+  std::vector<RequestSpec> requests;
+  for (int32_t i = 0; i < 16; ++i) {
+    const RequestId id = static_cast<RequestId>(i + 1);
+    requests.push_back(RequestSpec{.id = id, .prompt = prompt_for(id, 40 + (i * 23) % 90),
+                                   .max_new_tokens = 32});
+  }
+  return requests;
+}
+
+void print_agreement(const char* what, const gpu_test::Agreement& a) {
+  std::printf("%s: %d of %d sequences equal, %ld of %ld tokens (%.1f%%); first mismatch: request "
+              "%lu at token %zu\n",
+              what, a.equal_count, a.total_count, static_cast<long>(a.tokens_equal),
+              static_cast<long>(a.tokens_total), 100.0 * static_cast<double>(a.tokens_equal) /
+                                                     static_cast<double>(a.tokens_total),
+              static_cast<unsigned long>(a.first_mismatch), a.first_mismatch_index);
+}
+
+class HybridServed : public ::testing::TestWithParam<bool> {};
+
+// Issue 19's acceptance on CUDA: fp32 agrees with the CPU reference on ≥ 95% of greedy tokens
+// over 16 prompts × 32 tokens. bf16 (weights, KV and GEMM inputs rounded) is bounded loosely
+// (half the tokens): a tiny random model's top-2 logits are often near ties.
+TEST_P(HybridServed, GreedyTokensAgreeWithTheCpu) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const SchedulerConfig sc = served_config();
+  const ExecutorConfig ec = executor_config_for(sc);
+  const std::vector<RequestSpec> requests = served_requests();
+  CpuBackend cpu(hybrid(), ec);
+  const gpu_test::Outcomes expected = gpu_test::generate(cpu, sc, kVocab, requests);
+  for (const auto& [id, tokens] : expected) ASSERT_EQ(tokens.size(), 32u) << id;
+  const bool graphs = GetParam();
+  {
+    CudaBackend cuda(hybrid(), ec, CudaBackendOptions{.precision = CudaPrecision::kFp32,
+                                                      .graphs = graphs});
+    EXPECT_TRUE(cuda.has_recurrent_state());
+    const auto agreement =
+        gpu_test::compare(expected, gpu_test::generate(cuda, sc, kVocab, requests));
+    print_agreement(graphs ? "hybrid, CUDA fp32 graphs vs CPU" : "hybrid, CUDA fp32 eager vs CPU",
+                    agreement);
+    EXPECT_GE(agreement.tokens_equal * 100, agreement.tokens_total * 95);
+    if (graphs) {
+      EXPECT_GT(cuda.graph_replays_count(), 0);
+    }
+  }
+  CudaBackend cuda(hybrid(), ec, CudaBackendOptions{.graphs = graphs});
+  const auto agreement =
+      gpu_test::compare(expected, gpu_test::generate(cuda, sc, kVocab, requests));
+  print_agreement(graphs ? "hybrid, CUDA bf16 graphs vs CPU" : "hybrid, CUDA bf16 eager vs CPU",
+                  agreement);
+  // A bound that a broken mixer or state rule (near-random tokens after the first) cannot meet;
+  // the figure itself is printed for the README.
+  EXPECT_GE(agreement.tokens_equal * 2, agreement.tokens_total);
+}
+
+INSTANTIATE_TEST_SUITE_P(GraphsOffOn, HybridServed, ::testing::Values(false, true));
+
+// ---- The state rules, op by op -------------------------------------------------------------
+
+ExecutorConfig rules_config() {
+  ExecutorConfig c = testing::small_config();  // B 8, L 64, P 4, W 1
+  c.mamba_slots_count = 12;
+  c.prefill_chunk_tokens = 96;
+  return c;
+}
+
+constexpr RequestId kSubject = 42;
+constexpr int32_t kPrompt = 37;
+constexpr int32_t kDecodeSteps = 10;  // vcl 37 → 47: page boundaries at 40 and 44
+constexpr int32_t kWatched[] = {0, 5, 6, 9, 10, 11};
+
+struct Placement {
+  int32_t pool_row, slot, checkpoint;
+};
+
+// The subject and a companion (`companion` its request id, its prompt) prefilled side by side
+// after a dirty request left its state in the subject's slot; ten decode steps with checkpoint
+// candidates (copies at vcl 40 and 44); then a branch on pool row 3 that copies the subject's
+// checkpoint (vcl 44) into slot 5 and prefills 10 more tokens over the subject's first 11 pages,
+// and decodes it three steps (checkpoint candidate slot 11).
+std::vector<ForwardOp> rules_script(Placement subject, Placement other, RequestId companion) {
+  std::vector<ForwardOp> ops;
+  ForwardOp dirty;
+  dirty.rows.push_back(prefill_row(3, subject.pool_row, 0, 20, 20));
+  dirty.rows[0].mamba_working = subject.slot, dirty.rows[0].refresh = {0, pages_from(80, 6)};
+  dirty.rows[0].sampling = SamplingParams{};
+  dirty.prefill_token_ids = prompt_for(3, 20);
+  ops.push_back(dirty);
+  ForwardOp prefill;
+  prefill.rows.push_back(prefill_row(kSubject, subject.pool_row, 0, kPrompt, kPrompt));
+  prefill.rows.push_back(prefill_row(companion, other.pool_row, 0, kPrompt, kPrompt));
+  prefill.rows[0].mamba_working = subject.slot, prefill.rows[0].refresh = {0, pages_from(20, 16)};
+  prefill.rows[1].mamba_working = other.slot, prefill.rows[1].refresh = {0, pages_from(60, 16)};
+  prefill.rows[0].sampling = prefill.rows[1].sampling = SamplingParams{};
+  prefill.prefill_token_ids = prompt_for(kSubject, kPrompt);
+  const std::vector<int32_t> other_prompt = prompt_for(companion, kPrompt);
+  prefill.prefill_token_ids.insert(prefill.prefill_token_ids.end(), other_prompt.begin(),
+                                   other_prompt.end());
+  ops.push_back(prefill);
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(kSubject, subject.pool_row));
+  decode.rows.push_back(decode_row(companion, other.pool_row));
+  decode.rows[0].mamba_working = subject.slot;
+  decode.rows[0].mamba_checkpoint_dst = subject.checkpoint;
+  decode.rows[1].mamba_working = other.slot;
+  decode.rows[1].mamba_checkpoint_dst = other.checkpoint;
+  for (int32_t s = 0; s < kDecodeSteps; ++s) ops.push_back(decode);
+  ForwardOp branch;
+  branch.rows.push_back(prefill_row(77, 3, 44, 10, 54));
+  OpRow& row = branch.rows[0];
+  row.mamba_working = 5, row.mamba_cow_src = subject.checkpoint, row.mamba_branching_seqlen = 44;
+  std::vector<int32_t> pages = pages_from(20, 11);  // the subject's pages up to vcl 44
+  const std::vector<int32_t> rest = pages_from(120, 5);
+  pages.insert(pages.end(), rest.begin(), rest.end());
+  row.refresh = {0, pages};
+  row.sampling = SamplingParams{};
+  branch.prefill_token_ids = prompt_for(77, 10);
+  ops.push_back(branch);
+  ForwardOp branch_decode;
+  branch_decode.rows.push_back(decode_row(77, 3));
+  branch_decode.rows[0].mamba_working = 5, branch_decode.rows[0].mamba_checkpoint_dst = 11;
+  for (int32_t s = 0; s < 3; ++s) ops.push_back(branch_decode);
+  return ops;
+}
+
+// Every step's logits rows (row 0 first), tokens, and the watched slots' states after it.
+struct StepTrace {
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> states;  // by kWatched
+};
+
+std::vector<StepTrace> run_script(Backend& backend, const ExecutorConfig& c,
+                                  const std::function<std::vector<float>(int32_t)>& read_state,
+                                  const std::vector<ForwardOp>& ops) {
+  Executor executor(c, kVocab, backend, ExecutorOptions{.capture_logits = true});
+  std::vector<StepTrace> out;
+  for (const ForwardOp& op : ops) {
+    const StepResult r = executor.step(op);
+    StepTrace t{r.logits, r.tokens, {}};
+    for (const int32_t slot : kWatched) t.states.push_back(read_state(slot));
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::vector<StepTrace> run_cuda(const std::vector<ForwardOp>& ops, CudaBackendOptions options) {
+  const ExecutorConfig c = rules_config();
+  CudaBackend cuda(hybrid(), c, options);
+  return run_script(cuda, c, [&cuda](int32_t s) { return cuda.read_mamba_state(s); }, ops);
+}
+
+std::vector<StepTrace> run_cpu(const std::vector<ForwardOp>& ops) {
+  const ExecutorConfig c = rules_config();
+  CpuBackend cpu(hybrid(), c);
+  return run_script(cpu, c, [&cpu](int32_t s) { return cpu.read_mamba_state(s); }, ops);
+}
+
+size_t watched_index(int32_t slot) {
+  for (size_t i = 0; i < std::size(kWatched); ++i) {
+    if (kWatched[i] == slot) return i;
+  }
+  ADD_FAILURE() << "slot " << slot << " is not watched";
+  return 0;
+}
+
+constexpr Placement kSubjectAt{1, 0, 6};
+constexpr Placement kCompanionAt{2, 9, 10};
+
+// The rules as the CPU reference applies them, on CUDA fp32 eagerly and with decode graphs (the
+// copies, zeroing and snapshots inside them): every step's tokens equal, its logits and the
+// watched states within fp32 reordering error; and on CUDA itself, bit for bit, the checkpoint
+// holds the working state exactly after the steps whose new vcl ends a page and is untouched
+// after the others.
+TEST(HybridRules, CopiesZeroingAndCheckpointsMatchTheCpuStepByStep) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const std::vector<ForwardOp> ops = rules_script(kSubjectAt, kCompanionAt, 7);
+  const std::vector<StepTrace> cpu = run_cpu(ops);
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    const std::vector<StepTrace> cuda =
+        run_cuda(ops, CudaBackendOptions{.precision = CudaPrecision::kFp32, .graphs = graphs});
+    ASSERT_EQ(cuda.size(), cpu.size());
+    for (size_t s = 0; s < ops.size(); ++s) {
+      EXPECT_EQ(cuda[s].tokens, cpu[s].tokens) << "step " << s;
+      EXPECT_LT(relative_difference(cuda[s].logits, cpu[s].logits), 1e-4) << "step " << s;
+      for (size_t w = 0; w < std::size(kWatched); ++w) {
+        EXPECT_LT(relative_difference(cuda[s].states[w], cpu[s].states[w]), 1e-4)
+            << "step " << s << " slot " << kWatched[w];
+      }
+    }
+    const size_t working = watched_index(kSubjectAt.slot), checkpoint = watched_index(6);
+    for (int32_t d = 0; d < kDecodeSteps; ++d) {
+      const size_t s = 2 + static_cast<size_t>(d);
+      const int32_t vcl = kPrompt + d + 1;
+      if (vcl % 4 == 0) {
+        EXPECT_TRUE(same_bits(cuda[s].states[checkpoint], cuda[s].states[working]))
+            << "vcl " << vcl;
+        EXPECT_FALSE(same_bits(cuda[s].states[checkpoint], cuda[s - 1].states[checkpoint]));
+      } else {
+        EXPECT_TRUE(same_bits(cuda[s].states[checkpoint], cuda[s - 1].states[checkpoint]))
+            << "vcl " << vcl << ": copied off a page boundary";
+      }
+    }
+    // The dirty request's state was real, so the subject's zeroing mattered.
+    EXPECT_GT(relative_difference(cuda[0].states[working], std::vector<float>(
+                                      cuda[0].states[working].size(), 0.0f)), 0.0);
+  }
+}
+
+// ---- Determinism, bit for bit ----------------------------------------------------------------
+
+bool same_trace(const std::vector<StepTrace>& a, const std::vector<StepTrace>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t s = 0; s < a.size(); ++s) {
+    if (!same_bits(a[s].logits, b[s].logits) || a[s].tokens != b[s].tokens) return false;
+    for (size_t w = 0; w < a[s].states.size(); ++w) {
+      if (!same_bits(a[s].states[w], b[s].states[w])) return false;
+    }
+  }
+  return true;
+}
+
+// bf16 (production): the same script twice gives the same logits and states bit for bit, and a
+// decode step's graph gives the eager step's bits.
+TEST(HybridDeterminism, RunTwiceAndGraphVersusEagerAreBitIdentical) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const std::vector<ForwardOp> ops = rules_script(kSubjectAt, kCompanionAt, 7);
+  const std::vector<StepTrace> first = run_cuda(ops, CudaBackendOptions{.graphs = false});
+  EXPECT_TRUE(same_trace(first, run_cuda(ops, CudaBackendOptions{.graphs = false})));
+  EXPECT_TRUE(same_trace(first, run_cuda(ops, CudaBackendOptions{.graphs = true})));
+  EXPECT_GT(relative_difference(first.back().logits, std::vector<float>(first.back().logits.size(),
+                                                                        0.0f)), 0.0);
+}
+
+// The subject's logits rows and states depend on neither its companion's tokens nor the pool rows
+// and slots either occupies (the shapes — rows, token counts, buckets — kept, so that every
+// product runs the same plan): the mixer reads only its row's slot, attention only its row's
+// pages.
+TEST(HybridDeterminism, ARequestIsBitIdenticalWhateverItsCoBatchRowAndSlot) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const auto subject_part = [](const std::vector<StepTrace>& run, int32_t slot,
+                               int32_t checkpoint) {
+    std::vector<std::vector<float>> out;
+    for (size_t s = 1; s < 2 + kDecodeSteps; ++s) {  // the subject's steps
+      out.emplace_back(run[s].logits.begin(), run[s].logits.begin() + kVocab);
+      out.push_back(run[s].states[watched_index(slot)]);
+      out.push_back(run[s].states[watched_index(checkpoint)]);
+    }
+    return out;
+  };
+  for (const CudaPrecision precision : {CudaPrecision::kBf16, CudaPrecision::kFp32}) {
+    SCOPED_TRACE(to_string(precision));
+    const CudaBackendOptions options{.precision = precision, .graphs = true};
+    const auto alone = run_cuda(rules_script(kSubjectAt, kCompanionAt, 7), options);
+    // Slot 9 with checkpoint 10 for the subject, slot 0 with checkpoint 6 for a different
+    // companion on other pool rows.
+    const auto moved = run_cuda(rules_script({4, 9, 10}, {2, 0, 6}, 8), options);
+    const auto a = subject_part(alone, 0, 6);
+    const auto b = subject_part(moved, 9, 10);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(a[i], b[i])) << "entry " << i;
+    // The companions differ, so their own rows do (the comparison can tell rows apart).
+    const auto companion_row = [](const StepTrace& t) {
+      return std::vector<float>(t.logits.begin() + kVocab, t.logits.end());
+    };
+    EXPECT_FALSE(same_bits(companion_row(alone[1]), companion_row(moved[1])));
+  }
+}
+
+// ---- Memory ------------------------------------------------------------------------------------
+
+// KV pages hold the attention layers alone (one of the four here), and the state pool counts with
+// the workspaces: twelve more slots add twelve slots' floats, which the KV sizing sees too.
+TEST(HybridMemory, KvPagesHoldTheAttentionLayersAloneAndTheStatePoolIsCounted) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ExecutorConfig c = rules_config();
+  const ModelConfig& m = hybrid().config;
+  ASSERT_EQ(m.layers_count - m.mamba_layers_count(), 1);
+  const int64_t kv_page = 2 * int64_t{c.page_size} * m.kv_size() * 2;  // K and V, bf16
+  const CudaBackendOptions options{};
+  EXPECT_EQ(cuda_kv_sizing(m, c, options).page_bytes, kv_page);
+  CudaBackend cuda(hybrid(), c, options);
+  EXPECT_EQ(cuda.memory_report().kv_bytes, kv_page * c.pages_count);
+  ExecutorConfig more = c;
+  more.mamba_slots_count = c.mamba_slots_count + 12;
+  const int64_t slot_bytes = int64_t{m.mamba_layers_count()} *
+                             (m.mamba.conv_state_floats() + m.mamba.ssm_state_floats()) * 4;
+  EXPECT_EQ(cuda_kv_sizing(m, more, options).workspace_bytes -
+                cuda_kv_sizing(m, c, options).workspace_bytes,
+            12 * slot_bytes);
+  CudaBackend bigger(hybrid(), more, options);
+  EXPECT_EQ(bigger.memory_report().workspace_bytes - cuda.memory_report().workspace_bytes,
+            12 * slot_bytes);
+}
+
+// ---- What the CUDA backend refuses for a hybrid, by name -------------------------------------
+
+TEST(HybridRefusals, TensorParallelismSpeculationSeedsAndNoSlotsAreRefusedByName) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ExecutorConfig c = rules_config();
+  EXPECT_THAT([&] { CudaBackend b(hybrid(), c, CudaBackendOptions{.tp_degree = 2}); },
+              ThrowsMessage<Error>(HasSubstr("tensor parallelism is not implemented")));
+  ExecutorConfig spec = c;
+  spec.verify_width = 2;
+  EXPECT_THAT([&] { CudaBackend b(hybrid(), spec); },
+              ThrowsMessage<Error>(HasSubstr("speculative decoding is not implemented")));
+  ExecutorConfig no_slots = c;
+  no_slots.mamba_slots_count = 0;
+  EXPECT_THAT([&] { CudaBackend b(hybrid(), no_slots); },
+              ThrowsMessage<Error>(HasSubstr("mamba_slots_count is 0")));
+  ModelWeights all_mamba = hybrid();
+  all_mamba.config.layer_kinds.assign(all_mamba.config.layer_kinds.size(), LayerKind::kMamba2);
+  EXPECT_THAT([&] { CudaBackend b(all_mamba, c); },
+              ThrowsMessage<Error>(HasSubstr("has no attention layer")));
+  EXPECT_THAT([&] { CudaBackend b(DeviceSeededWeights{hybrid().config, 5}, c); },
+              ThrowsMessage<Error>(HasSubstr("seeded weights have no layout for the mixer")));
+}
+
+}  // namespace
+}  // namespace ls
