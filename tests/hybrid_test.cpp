@@ -237,10 +237,36 @@ TEST(HybridLoad, TheLayerTableDecidesTheTensorsAndNoneIsIgnored) {
                                              "BambaForCausalLM")));
 }
 
-TEST(HybridLoad, SeededWeightsAndUnsupportedBackendsRefuseClearly) {
-  EXPECT_THAT([&] { weights_from_seed(hybrid_weights().config, 1); },
-              ThrowsMessage<Error>(HasSubstr("has Mamba2 layers; seeded weights are not "
-                                             "implemented")));
+// `tiny-hybrid`'s seeded weights follow core/ops/seeded_weights.h: a Mamba layer holds the mixer
+// tensors at 3 + 14·L + 8·l + k and no attention tensors, an attention layer the reverse; the
+// checkpoint-loaded config takes seeded weights too.
+TEST(HybridLoad, SeededWeightsFollowTheDocumentedLayout) {
+  const ModelWeights w = weights_from_seed(model_config_named("tiny-hybrid"), 5);
+  EXPECT_NO_THROW(w.validate());
+  ASSERT_EQ(w.config.layers_count, 3);
+  EXPECT_TRUE(w.layers[0].wq.empty());
+  EXPECT_TRUE(w.layers[1].in_proj.empty());
+  EXPECT_EQ(w.layers[1].wq.size(), size_t{64 * 64});
+  const uint32_t layers = 3;
+  // Layer 2's in_proj [4·16 + (64 + 2·2·8) + 4, 64]: linear weights of 64 inputs.
+  const uint32_t in_proj = 3 + 14 * layers + 8 * 2 + 0;
+  ASSERT_EQ(w.layers[2].in_proj.size(), size_t{164 * 64});
+  for (const int64_t i : {int64_t{0}, int64_t{77}, int64_t{164 * 64 - 1}}) {
+    EXPECT_EQ(w.layers[2].in_proj[static_cast<size_t>(i)],
+              ops::seeded_value(5, in_proj, i, 0.0f, 0.125f)) << i;
+  }
+  // Layer 0's a_log: 0.5 + (2u − 1)/2, so A = −exp(a_log) is in (−e, −1].
+  const uint32_t a_log = 3 + 14 * layers + 8 * 0 + 4;
+  ASSERT_EQ(w.layers[0].a_log.size(), size_t{4});
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(w.layers[0].a_log[static_cast<size_t>(i)], ops::seeded_value(5, a_log, i, 0.5f, 0.5f));
+  }
+  EXPECT_NE(w.layers[0].in_proj, w.layers[2].in_proj);  // distinct indices, distinct values
+  EXPECT_NE(w.digest(), weights_from_seed(model_config_named("tiny-hybrid"), 6).digest());
+  EXPECT_NO_THROW(weights_from_seed(hybrid_weights().config, 1).validate());
+}
+
+TEST(HybridLoad, UnsupportedBackendsRefuseClearly) {
   ExecutorConfig no_slots = hybrid_config();
   no_slots.mamba_slots_count = 0;
   EXPECT_THAT([&] { CpuBackend(hybrid_weights(), no_slots); },
