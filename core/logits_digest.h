@@ -56,6 +56,15 @@ uint64_t logits_row_digest(std::span<const float> row);
 // that hold both paths to the definition.
 uint64_t logits_row_digest_portable(std::span<const float> row);
 
+// The digest of one recurrent-state slot (a model with Mamba layers; trace/trace.capnp
+// "DIGESTS", mambaStateDigests): the digest above over the slot's N fp32 values in this fixed
+// order — for each Mamba layer in layer order, its conv window [conv_dim, conv_kernel] (row-major,
+// the oldest input first, as transformers keeps it) then its SSM state [heads, head_dim,
+// state_size] — with V = N. A CUDA backend computes it from the same per-element functions.
+inline uint64_t mamba_state_digest(std::span<const float> slot_state) {
+  return logits_row_digest(slot_state);
+}
+
 // Appends the top min(count, row size) pairs of `row` to `out`, best first.
 // core/top_logits.cpp; on CPUs with AVX-512 its bounded path uses them.
 void append_top_logits(std::span<const float> row, int32_t count, std::vector<TopLogit>& out);

@@ -1,5 +1,7 @@
 #include "sim/params.h"
 
+#include "core/check.h"
+#include "core/config.h"
 #include "sim/random.h"
 
 #include <fmt/format.h>
@@ -50,6 +52,31 @@ std::optional<FaultSite> fault_site_named(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<std::string> sim_model_names() { return {"tiny", "tiny-hybrid"}; }
+
+namespace {
+
+// A hybrid world (issue 19): a working slot per batch row; the prefix cache and retraction by
+// swap are not implemented for recurrent state, so the seed's draws for them are overridden
+// (describe() names both). Speculative decoding and TP are refused by name.
+void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
+  const std::vector<std::string> names = sim_model_names();
+  LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
+             "--model '{}': the simulator runs {}", overrides.model, fmt::join(names, ", "));
+  p.model = overrides.model;
+  if (!model_config_named(p.model).has_recurrent_state()) return;
+  LS_REQUIRE(!overrides.speculative, "--spec: model '{}' has Mamba2 layers; speculative decoding "
+             "is not implemented for them", p.model);
+  LS_REQUIRE(overrides.tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor "
+             "parallelism is not implemented for them", overrides.tp_degree, p.model);
+  p.recurrent_state = true;
+  p.mamba_slots_count = p.max_batch_rows;
+  p.prefix_cache = false;
+  p.host_pages_count = 0;
+}
+
+}  // namespace
+
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   SimRandom r(seed, kParamsStream);
   SimParams p;
@@ -92,6 +119,7 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
     // Room for about two full contexts: decode growth runs out of pages and must retract.
     p.pages_count = std::max(2 * pages_per_row, 4) + 1;
   }
+  apply_hybrid_limits(overrides, p);  // last, from nothing drawn: every draw is the same
   return p;
 }
 
@@ -119,6 +147,12 @@ std::string SimParams::describe() const {
   const std::string tensor_parallel =
       tp_degree > 1 ? fmt::format("\n  tensor parallel: TP {} (simulated ranks)", tp_degree)
                     : std::string();
+  const std::string hybrid =
+      recurrent_state
+          ? fmt::format("\n  model {}: Mamba2 state slots {}; prefix cache off and host pages 0 "
+                        "(prefix hits and swap are not implemented for hybrids)",
+                        model, mamba_slots_count)
+          : std::string();
   return fmt::format(
       "seed {}\n"
       "  requests {}, arrivals/step {:.3f}, prompt tokens [{}, {}], max_new_tokens [{}, {}]\n"
@@ -126,14 +160,14 @@ std::string SimParams::describe() const {
       "{:.1f}%\n"
       "  limits: B {}, L {}, P {}, pages {}, host pages {}, token budget {}\n"
       "  overlap {}, mixed batches {}, prefix cache {}\n"
-      "  faults: {} (rate {:.3f}/step){}{}",
+      "  faults: {} (rate {:.3f}/step){}{}{}",
       seed, requests_count, arrivals_per_step, prompt_tokens_min, prompt_tokens_max,
       max_new_tokens_min, max_new_tokens_max, shared_prefixes_count, shared_prefix_tokens,
       100 * shared_prefix_fraction, 100 * greedy_fraction, 100 * client_abort_fraction,
       max_batch_rows, context_length, page_size, pages_count, host_pages_count, prefill_chunk_tokens,
       overlap ? "on" : "off", mixed_batches ? "on" : "off", prefix_cache ? "on" : "off",
       fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate,
-      speculative, tensor_parallel);
+      speculative, tensor_parallel, hybrid);
 }
 
 }  // namespace ls::sim
