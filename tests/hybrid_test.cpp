@@ -7,6 +7,10 @@
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
 #include "tests/hybrid_checkpoint.h"
+#include "tests/hybrid_properties.h"
+#include "replay/compare.h"
+#include "trace/checks.h"
+#include "trace/trace_observer.h"
 #include "tests/mamba_slot_properties.h"
 #include "tests/scratch_dir.h"
 #include "tests/test_support.h"
@@ -638,6 +642,97 @@ TEST(HybridServing, TheSchedulerRefusesWhatTheStatePoolCannotServe) {
 TEST(MambaSlotProperty, NoTwoLiveRequestsShareAWorkingSlot) {
   const std::optional<std::string> failure = mamba_props::counterexample(150);
   EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+// The hybrid properties on tiny-hybrid (tests/hybrid_properties.h); their planted companions are
+// tests/hybrid_planted_test.cpp.
+TEST(HybridProperty, ARequestsTokensAreTheSameAcrossChunkingsAndRetractions) {
+  const std::optional<std::string> failure =
+      hybrid_props::counterexample(hybrid_props::Property::kTokens, 100);
+  EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+TEST(HybridProperty, SlotsAreNeverSharedPaddingNeverTouchesASlotFirstChunksZero) {
+  const std::optional<std::string> failure =
+      hybrid_props::counterexample(hybrid_props::Property::kSlots, 100);
+  EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+// The tight pool of the tokens property does retract by recompute (so the property covers it).
+TEST(HybridProperty, TheTightPoolRetracts) {
+  hybrid_props::HybridWorkload w;
+  w.max_batch_rows = 3;
+  w.page_size = 4;
+  w.chunk_a = 16, w.chunk_b = 5;
+  w.prompt_lengths = {30, 41, 25, 36};
+  w.new_tokens = {8, 8, 8, 8};
+  w.greedy = {1, 0, 1, 0};
+  EXPECT_GT(hybrid_props::tight_pool_retractions(w), 0);
+  EXPECT_EQ(hybrid_props::tokens_same_across_chunkings_and_retraction(w), "");
+}
+
+// ---- State digests in the trace ------------------------------------------------------------
+
+// A recording step digests each row's working slot after the step, by the documented definition
+// (core/logits_digest.h over the slot's floats in their stored order), and the header says so.
+TEST(HybridTrace, TheStepDigestsEachRowsWorkingSlotAfterTheStep) {
+  HybridHarness h;
+  Executor recording(h.config, kVocab, h.backend, trace::recording_executor_options());
+  ForwardOp op;
+  op.rows = {prefill_row(1, 1, 0, 20, 20), prefill_row(2, 2, 0, 9, 9)};
+  op.rows[0].mamba_working = 3;
+  op.rows[1].mamba_working = 0;
+  const std::vector<int32_t> a = prompt_for(1, 20), b = prompt_for(2, 9);
+  op.prefill_token_ids = a;
+  op.prefill_token_ids.insert(op.prefill_token_ids.end(), b.begin(), b.end());
+  op.rows[0].refresh = {0, pages_from(20, 5)}, op.rows[0].sampling = SamplingParams{};
+  op.rows[1].refresh = {0, pages_from(40, 3)}, op.rows[1].sampling = SamplingParams{};
+  const StepResult r = recording.step(op);
+  ASSERT_EQ(r.mamba_state_digests.size(), size_t{2});
+  for (const auto& [row, slot] : {std::pair{0, 3}, std::pair{1, 0}}) {
+    const std::vector<float> state = h.backend.read_mamba_state(slot);
+    EXPECT_GT(norm_of(state), 0.0) << "slot " << slot;
+    EXPECT_EQ(r.mamba_state_digests[static_cast<size_t>(row)], logits_row_digest_portable(state));
+  }
+  EXPECT_NE(r.mamba_state_digests[0], r.mamba_state_digests[1]);
+  EXPECT_TRUE(trace::make_trace_header(hybrid_weights(), {}, h.config, "cpu").mamba_state_digests);
+  EXPECT_FALSE(trace::make_trace_header(testing::tiny_weights(), {}, testing::small_config(), "cpu")
+                   .mamba_state_digests);
+}
+
+// The reader holds an output to the header: one digest per row when it records them, none
+// otherwise; a header that claims them for a model without Mamba layers is refused.
+TEST(HybridTrace, TheReaderChecksTheStateDigestsAgainstTheHeader) {
+  trace::TraceHeader h = trace::make_trace_header(hybrid_weights(), {}, hybrid_config(), "cpu");
+  trace::StepOutputRecord out;
+  out.step = 4;
+  out.result.mode = ForwardMode::kDecode;
+  out.result.tokens = {5, 6};
+  out.result.accepted_lengths = {1, 1};
+  out.result.nan_flags = {0, 0};
+  out.result.oov_flags = {0, 0};
+  out.logits_digests = {1, 2};
+  out.valid_cache_lengths = {10, 12};
+  out.future_input_digests = {3, 4};
+  out.top_logits_count = 0;
+  h.top_logits_count = 0;
+  const trace::OpenStep open{4, 2, 0};
+  out.mamba_state_digests = {7, 8};
+  EXPECT_NO_THROW(trace::check_step_output(out, open, h));
+  out.mamba_state_digests = {7};
+  EXPECT_THAT([&] { trace::check_step_output(out, open, h); },
+              ThrowsMessage<Error>(HasSubstr("mamba_state_digests holds 1 digests, expected 2 (the "
+                                             "header records them)")));
+  h.mamba_state_digests = false;
+  out.mamba_state_digests = {7, 8};
+  EXPECT_THAT([&] { trace::check_step_output(out, open, h); },
+              ThrowsMessage<Error>(HasSubstr("expected 0 (the header does not record them)")));
+  trace::TraceHeader plain = trace::make_trace_header(testing::tiny_weights(), {},
+                                                      testing::small_config(), "cpu");
+  plain.mamba_state_digests = true;
+  EXPECT_THAT([&] { trace::check_header(plain); },
+              ThrowsMessage<Error>(HasSubstr("mamba_state_digests is set but model 'tiny' has no "
+                                             "Mamba layers")));
 }
 
 // `lockstep generate --model DIR` on a hybrid checkpoint, end to end: --mamba-slots 0 (the
