@@ -9,6 +9,8 @@
 #include "tests/hybrid_checkpoint.h"
 #include "tests/hybrid_properties.h"
 #include "replay/compare.h"
+#include "replay/trace_check.h"
+#include "trace/recorder.h"
 #include "trace/checks.h"
 #include "trace/trace_observer.h"
 #include "tests/mamba_slot_properties.h"
@@ -733,6 +735,46 @@ TEST(HybridTrace, TheReaderChecksTheStateDigestsAgainstTheHeader) {
   EXPECT_THAT([&] { trace::check_header(plain); },
               ThrowsMessage<Error>(HasSubstr("mamba_state_digests is set but model 'tiny' has no "
                                              "Mamba layers")));
+}
+
+// `lockstep check` from the records alone: request 2 takes working slot 0 while request 1, which
+// holds it, never retracted, finished or aborted; with request 1's finish in between it is fine.
+TEST(HybridTrace, CheckNamesAWorkingSlotHandedOverWhileItsHolderLives) {
+  const auto record = [](const fs::path& path, bool finish_first) {
+    HybridHarness h;
+    Executor executor(h.config, kVocab, h.backend, trace::recording_executor_options());
+    auto recorder = trace::Recorder::open(
+        path, trace::make_trace_header(hybrid_weights(), {}, h.config, "cpu"));
+    for (const RequestId id : {RequestId{1}, RequestId{2}}) {
+      const int64_t step = static_cast<int64_t>(id) - 1;
+      if (id == 2 && finish_first) {
+        recorder->record_event({.kind = trace::EventKind::kFinish, .request_id = 1, .step = step,
+                                .detail = "length"});
+      }
+      ForwardOp op;
+      op.rows = {prefill_row(id, static_cast<int32_t>(id), 0, 6, 6)};
+      op.rows[0].mamba_working = 0;
+      op.rows[0].refresh = {0, pages_from(10 * static_cast<int32_t>(id), 2)};
+      op.rows[0].sampling = SamplingParams{};
+      op.prefill_token_ids = prompt_for(id, 6);
+      recorder->record_input(step, op);
+      recorder->record_output(step, executor.step(op), StateSnapshot{});
+    }
+    recorder->close();
+  };
+  const testing::ScratchDir dir;
+  record(dir.file("shared.trace"), false);
+  const replay::CheckReport shared = replay::check_trace(dir.file("shared.trace"));
+  ASSERT_TRUE(shared.violation.has_value());
+  EXPECT_EQ(shared.violation->invariant, "mamba_slot");
+  EXPECT_EQ(shared.violation->step, 1);
+  EXPECT_EQ(shared.violation->request_id, RequestId{2});
+  EXPECT_THAT(shared.violation->detail, HasSubstr("working slot 0 is given to this request while "
+                                                  "request 1 holds it"));
+  record(dir.file("handed.trace"), true);
+  const replay::CheckReport handed = replay::check_trace(dir.file("handed.trace"));
+  EXPECT_FALSE(handed.violation.has_value()) << handed.violation->describe();
+  EXPECT_EQ(handed.steps_checked, 2);
 }
 
 // `lockstep generate --model DIR` on a hybrid checkpoint, end to end: --mamba-slots 0 (the
