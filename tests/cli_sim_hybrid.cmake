@@ -33,3 +33,21 @@ foreach(flag --spec "--tp;2")
     message(FATAL_ERROR "sim --model tiny-hybrid ${flag} was not refused by name (${status}): ${err}")
   endif()
 endforeach()
+# `lockstep generate --model tiny-hybrid` (seeded weights, --mamba-slots 0 sized for the model,
+# pages of 4 so prompts cross several): recorded, replayed identically, checked clean.
+set(gen_trace ${WORKDIR}/cli-generate-hybrid.trace)
+file(REMOVE ${gen_trace})
+execute_process(COMMAND ${LOCKSTEP} generate --model tiny-hybrid --prompts ${PROMPTS} --page-size 4
+                        --prefill-chunk-tokens 16 --record ${gen_trace} -q
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "\"finish_reason\"")
+  message(FATAL_ERROR "generate --model tiny-hybrid failed (${status}):\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} replay ${gen_trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
+  message(FATAL_ERROR "replay of generate --model tiny-hybrid was not identical (${status}):\n${out}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} check ${gen_trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
+  message(FATAL_ERROR "check of generate --model tiny-hybrid failed (${status}):\n${out}")
+endif()
