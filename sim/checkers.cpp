@@ -81,10 +81,12 @@ void check_step(const StepObservation& o, const Scheduler& scheduler,
 
 namespace {
 
-void check_slot_owners(const StepObservation& o, const Scheduler& scheduler,
-                       MambaSlotOwners& owners, std::vector<CheckFailure>& failures) {
+}  // namespace
+
+void check_mamba_slot_owners(int64_t step, const ForwardOp& op, const Scheduler& scheduler,
+                             MambaSlotOwners& owners, std::vector<CheckFailure>& failures) {
   // Requests that moved (recovered on another pool row) free their old slot first.
-  for (const OpRow& row : o.op->rows) {
+  for (const OpRow& row : op.rows) {
     const auto moved = owners.of_request.find(row.request_id);
     if (moved != owners.of_request.end() && moved->second != row.mamba_working) {
       const auto held = owners.of_slot.find(moved->second);
@@ -92,13 +94,13 @@ void check_slot_owners(const StepObservation& o, const Scheduler& scheduler,
     }
     owners.of_request[row.request_id] = row.mamba_working;
   }
-  for (const OpRow& row : o.op->rows) {
+  for (const OpRow& row : op.rows) {
     const auto it = owners.of_slot.find(row.mamba_working);
     if (it != owners.of_slot.end() && it->second != row.request_id &&
         owners.of_request[it->second] == row.mamba_working) {
       const std::optional<RequestState> holder = scheduler.state_of(it->second);
       if (holder == RequestState::kPrefilling || holder == RequestState::kDecoding) {
-        return fail(failures, o.step, "mamba-slot-owner",
+        return fail(failures, step, "mamba-slot-owner",
                     fmt::format("working slot {} given to request {} while request {} that holds "
                                 "it is {}", row.mamba_working, row.request_id, it->second,
                                 to_string(*holder)));
@@ -107,6 +109,8 @@ void check_slot_owners(const StepObservation& o, const Scheduler& scheduler,
     owners.of_slot[row.mamba_working] = row.request_id;
   }
 }
+
+namespace {
 
 void check_padding_slots(const StepObservation& o, std::vector<CheckFailure>& failures) {
   const std::vector<int32_t>& slots = o.inputs->mamba_slots;
@@ -172,7 +176,7 @@ void check_first_chunks(const StepObservation& o, std::vector<CheckFailure>& fai
 
 void check_mamba_step(const StepObservation& o, const Scheduler& scheduler, MambaSlotOwners& owners,
                       std::vector<CheckFailure>& failures) {
-  check_slot_owners(o, scheduler, owners, failures);
+  check_mamba_slot_owners(o.step, *o.op, scheduler, owners, failures);
   check_padding_slots(o, failures);
   if (o.mamba_before && o.mamba_after) check_state_owners(o, failures);
   if (o.plan) check_first_chunks(o, failures);

@@ -51,6 +51,10 @@ struct MambaSlotOwners {
 //                      the first chunk, and again after a retraction by recompute.
 void check_mamba_step(const StepObservation& o, const Scheduler& scheduler, MambaSlotOwners& owners,
                       std::vector<CheckFailure>& failures);
+// mamba-slot-owner alone, from the op and the scheduler (no model needed: the slot property of
+// tests/mamba_slot_properties.h runs it over fake results).
+void check_mamba_slot_owners(int64_t step, const ForwardOp& op, const Scheduler& scheduler,
+                             MambaSlotOwners& owners, std::vector<CheckFailure>& failures);
 
 // Page accounting: every device page is free, held by a request (finished requests keep theirs
 // until their last in-flight step is applied), or held only by the prefix cache — exactly once.

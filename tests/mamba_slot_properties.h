@@ -3,9 +3,10 @@
 // step (two rows) or across steps (a slot handed to a request while the one that held it is still
 // prefilling or decoding) — and every row's slot is in [0, mamba_slots_count). The scheduler runs
 // with fake results (no model: the property is about planning), through retraction under page
-// pressure, overlap on or off. It depends on the scheduler library only, so the same property
-// builds against lockstep_scheduler_mamba_planted (tests/planted/share_mamba_slot.cpp), where it
-// must fail.
+// pressure, overlap on or off. The cross-step half is the simulator's mamba-slot-owner checker
+// (sim/checkers.h). It depends on the scheduler library and sim/checkers.cpp only, so the same
+// property builds against lockstep_scheduler_mamba_planted (tests/planted/share_mamba_slot.cpp),
+// where it must fail.
 #pragma once
 
 #include <rapidcheck.h>

@@ -323,5 +323,32 @@ TEST(SimCheckers, FlagMambaPaddingForeignStateChangesAndUnzeroedFirstChunks) {
                          "0 is not zeroed before the forward");
 }
 
+// mamba-slot-owner across steps: request 2 on the working slot of request 1 while the scheduler
+// still has request 1 prefilling (the hand-over after a finish is held by the sweeps passing).
+TEST(SimCheckers, FlagAWorkingSlotGivenAwayWhileItsHolderIsLive) {
+  SchedulerConfig c;
+  c.max_batch_rows = 2, c.context_length = 32, c.page_size = 4, c.pages_count = 40;
+  c.prefill_chunk_tokens = 4, c.mamba_slots_count = 2, c.recurrent_state = true;
+  c.prefix_cache = false, c.overlap = false;
+  Scheduler scheduler(c);
+  scheduler.submit(RequestSpec{.id = 1, .prompt = std::vector<int32_t>(10, 3), .max_new_tokens = 2}, 64);
+  const StepPlanOut first = scheduler.plan();  // request 1's first chunk: prefilling
+  ASSERT_EQ(scheduler.state_of(1), RequestState::kPrefilling);
+  ForwardOp other;
+  other.rows.push_back({.kind = RowKind::kPrefill, .request_id = 2, .pool_row = 2, .input_length = 1,
+                        .mamba_working = first.op.rows[0].mamba_working});
+  MambaSlotOwners owners;
+  std::vector<CheckFailure> failures;
+  check_mamba_slot_owners(0, first.op, scheduler, owners, failures);
+  EXPECT_TRUE(failures.empty());
+  check_mamba_slot_owners(1, other, scheduler, owners, failures);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].checker, "mamba-slot-owner");
+  EXPECT_EQ(failures[0].step, 1);
+  EXPECT_EQ(failures[0].detail, fmt::format("working slot {} given to request 2 while request 1 "
+                                            "that holds it is prefilling",
+                                            first.op.rows[0].mamba_working));
+}
+
 }  // namespace
 }  // namespace ls::sim
