@@ -26,6 +26,12 @@ execute_process(COMMAND ${LOCKSTEP} check ${trace} OUTPUT_VARIABLE out RESULT_VA
 if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
   message(FATAL_ERROR "check of the hybrid seed failed (${status}):\n${out}")
 endif()
+# `trace inspect` shows each output row's working-slot digest.
+execute_process(COMMAND ${LOCKSTEP} trace inspect ${trace} --steps 0:3 --request 1000 OUTPUT_VARIABLE out
+                RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "-> tokens \\[[0-9]+\\], vcl [0-9]+, state [0-9a-f]+")
+  message(FATAL_ERROR "trace inspect shows no state digest (${status}):\n${out}")
+endif()
 foreach(flag --spec "--tp;2")
   execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seed 1 ${flag}
                   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
