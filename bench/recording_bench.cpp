@@ -2,9 +2,11 @@
 // generate`-like workload — the serving loop over `tiny` at batch 16, 16 requests of 32-token
 // prompts and 64 new tokens each, greedy and seeded sampling alternating — with and without the
 // trace recorder (TraceObserver + Recorder writing to a file under the temp directory, as
-// `generate --record` does). Each iteration runs both, in alternating order, so load from other
-// processes falls on both alike; the counters give each side's fastest and mean run, the ratio
-// (with / without − 1, the recording cost: the median over pairs, and fastest against fastest)
+// `generate --record` does). Each iteration runs both, and a third run in which the step computes
+// what a record needs but no recorder takes it (the cost's split between the step and the
+// recorder), in rotating order, so load from other processes falls on all alike; the counters give
+// each side's fastest and mean run, the ratio (with / without − 1, the recording cost: the median
+// over rounds, and fastest against fastest)
 // and the trace bytes per step; the time a recorded run spends closing its trace is printed apart.
 // BM_RecordRow* time the record's per-row work alone (the digest, the top-8) over the logits
 // rows this workload produces (captured from a run without the recorder): `tiny`'s rows are not
@@ -89,10 +91,16 @@ struct RunTimes {
   double close_seconds = 0;  // of `seconds`: closing the trace (last batch, footer, writer joined)
 };
 
+// What a run records: nothing; only what the step computes for a record (the digests, the top-k,
+// the rows' state: the executor's recording options, no recorder) — the split of the cost between
+// the step and the recorder; or everything, as `generate --record` does.
+enum class Recording { kOff, kStepOnly, kFull };
+
 // One `generate`: a fresh scheduler, backend and executor (as the CLI builds them), the serving
 // loop timed alone.
-RunTimes generate(bool record) {
-  ServedRun run(record ? trace::recording_executor_options() : ExecutorOptions{});
+RunTimes generate(Recording recording) {
+  const bool record = recording == Recording::kFull;
+  ServedRun run(recording == Recording::kOff ? ExecutorOptions{} : trace::recording_executor_options());
   const ExecutorConfig& limits = run.limits;
   Scheduler& scheduler = run.scheduler;
   Executor& executor = run.executor;
@@ -125,42 +133,54 @@ RunTimes generate(bool record) {
   return t;
 }
 
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   double off_min = 1e30, on_min = 1e30, off_sum = 0, on_sum = 0, close_sum = 0;
-  std::vector<double> ratios;  // on / off of each pair: robust to load that drifts between pairs
+  std::vector<double> ratios;  // on / off of each round: robust to load that drifts between rounds
+  std::vector<double> step_only_ratios;  // the step's record work alone / off
   std::vector<double> cpu_ratios;  // the same for the loop thread's CPU time
   std::vector<double> process_ratios;  // and for every thread's
+  std::vector<double> writer_shares;  // the recorded run's other threads' CPU / its loop's
   int64_t steps = 0;
   uint64_t trace_bytes = 0;
   int64_t runs = 0;
   for (auto _ : state) {
-    // Alternate the order so that neither side always runs on a warmer cache.
-    const bool on_first = runs % 2 == 1;
-    const RunTimes a = generate(on_first);
-    const RunTimes b = generate(!on_first);
-    const RunTimes& off = on_first ? b : a;
-    const RunTimes& on = on_first ? a : b;
+    // Rotate the order so that no side always runs on a warmer cache.
+    RunTimes times[3];
+    for (int32_t i = 0; i < 3; ++i) {
+      const int32_t side = static_cast<int32_t>((runs + i) % 3);
+      times[side] = generate(static_cast<Recording>(side));
+    }
+    const RunTimes& off = times[static_cast<int32_t>(Recording::kOff)];
+    const RunTimes& step_only = times[static_cast<int32_t>(Recording::kStepOnly)];
+    const RunTimes& on = times[static_cast<int32_t>(Recording::kFull)];
     off_min = std::min(off_min, off.seconds), on_min = std::min(on_min, on.seconds);
     off_sum += off.seconds, on_sum += on.seconds;
     close_sum += on.close_seconds;
     ratios.push_back(on.seconds / off.seconds);
+    step_only_ratios.push_back(step_only.seconds / off.seconds);
     cpu_ratios.push_back(on.loop_cpu_seconds / off.loop_cpu_seconds);
     process_ratios.push_back(on.process_cpu_seconds / off.process_cpu_seconds);
+    writer_shares.push_back((on.process_cpu_seconds - on.loop_cpu_seconds) / on.loop_cpu_seconds);
     steps = on.steps;
     trace_bytes = on.trace_bytes;
     ++runs;
   }
   const double n = static_cast<double>(runs);
-  std::sort(ratios.begin(), ratios.end());
-  const double median = ratios.size() % 2 == 1
-                            ? ratios[ratios.size() / 2]
-                            : 0.5 * (ratios[ratios.size() / 2 - 1] + ratios[ratios.size() / 2]);
+  const double median = median_of(ratios);
+  const double step_only_median = median_of(step_only_ratios);
+  const double cpu_median = median_of(cpu_ratios);
+  const double process_median = median_of(process_ratios);
+  const double writer_median = median_of(writer_shares);
+  state.counters["writer_cpu_pct_of_loop"] = writer_median * 100.0;
   state.counters["cost_pct_median_pair"] = (median - 1.0) * 100.0;
-  std::sort(cpu_ratios.begin(), cpu_ratios.end());
-  const double cpu_median = cpu_ratios[cpu_ratios.size() / 2];
+  state.counters["step_record_cost_pct_median_pair"] = (step_only_median - 1.0) * 100.0;
   state.counters["loop_cpu_cost_pct_median_pair"] = (cpu_median - 1.0) * 100.0;
-  std::sort(process_ratios.begin(), process_ratios.end());
-  const double process_median = process_ratios[process_ratios.size() / 2];
   state.counters["process_cpu_cost_pct_median_pair"] = (process_median - 1.0) * 100.0;
   state.counters["off_ms_min"] = off_min * 1e3;
   state.counters["on_ms_min"] = on_min * 1e3;
@@ -173,21 +193,26 @@ void BM_GenerateWithAndWithoutRecorder(benchmark::State& state) {
   const double tokens = kRequests * kNewTokens;
   state.counters["tok_per_s_off"] = tokens / off_min;
   state.counters["tok_per_s_on"] = tokens / on_min;
-  std::printf("generate tiny batch %d (%d requests x %d new tokens, %lld steps), %lld pairs: "
+  std::printf("generate tiny batch %d (%d requests x %d new tokens, %lld steps), %lld rounds: "
               "without recorder %.2f ms (fastest; mean %.2f), with %.2f ms (mean %.2f): "
-              "recording costs %+.2f%% of generate throughput (median of the pairs' ratios; "
+              "recording costs %+.2f%% of generate throughput (median of the rounds' ratios; "
               "%+.2f%% fastest against fastest, %+.2f%% on means); trace %.0f bytes per step\n",
               kBatch, kRequests, kNewTokens, static_cast<long long>(steps),
               static_cast<long long>(runs), off_min * 1e3, off_sum / n * 1e3, on_min * 1e3,
               on_sum / n * 1e3, (median - 1.0) * 100.0, (on_min / off_min - 1.0) * 100.0,
               (on_sum / off_sum - 1.0) * 100.0,
               static_cast<double>(trace_bytes) / static_cast<double>(steps));
+  std::printf("  of which the step's own record work (digests, top-k, the rows' state; no "
+              "recorder): %+.2f%% (median of the rounds' ratios)\n",
+              (step_only_median - 1.0) * 100.0);
   std::printf("  of a recorded run, closing the trace (the writer's last batch, the footer, the "
               "writer joined): %.3f ms on average\n", close_sum / n * 1e3);
   state.counters["close_ms_mean"] = close_sum / n * 1e3;
-  std::printf("  CPU time with the recorder (medians of the pairs): the serving loop's own thread "
+  std::printf("  CPU time with the recorder (medians of the rounds): the serving loop's own thread "
               "%+.2f%%, every thread (the recorder's writer too) %+.2f%%\n",
               (cpu_median - 1.0) * 100.0, (process_median - 1.0) * 100.0);
+  std::printf("  the recorder's writer thread: %.2f%% of the loop thread's CPU time (median)\n",
+              writer_median * 100.0);
 }
 // Copies every logits row of every step (the run captures them).
 class LogitsRowsCollector final : public StepObserver {
@@ -237,6 +262,23 @@ void BM_RecordRowDigest(benchmark::State& state) {
 // What the recorder runs (AVX-512 where the CPU has it), and the portable path beside it.
 BENCHMARK(BM_RecordRowDigest<logits_row_digest>)->Name("BM_RecordRowDigest");
 BENCHMARK(BM_RecordRowDigest<logits_row_digest_portable>)->Name("BM_RecordRowDigestPortable");
+
+// The guard's pass over a row (rule 5) as every step runs it, and with the record's digest in the
+// same pass, as a recorded step runs it: the second less the first is what the digest costs.
+template <bool (*Sanitise)(std::span<float>, uint64_t*), bool kWithDigest>
+void BM_GuardRow(benchmark::State& state) {
+  std::vector<float> row;
+  uint64_t digest = 0;
+  over_workload_rows(state, [&](std::span<const float> workload_row) {
+    row.assign(workload_row.begin(), workload_row.end());
+    benchmark::DoNotOptimize(Sanitise(row, kWithDigest ? &digest : nullptr));
+    benchmark::DoNotOptimize(digest);
+  });
+}
+BENCHMARK(BM_GuardRow<sanitise_logits_row, false>)->Name("BM_GuardRow");
+BENCHMARK(BM_GuardRow<sanitise_logits_row, true>)->Name("BM_GuardRowWithDigest");
+BENCHMARK(BM_GuardRow<sanitise_logits_row_portable, false>)->Name("BM_GuardRowPortable");
+BENCHMARK(BM_GuardRow<sanitise_logits_row_portable, true>)->Name("BM_GuardRowWithDigestPortable");
 
 template <void (*TopLogits)(std::span<const float>, int32_t, std::vector<TopLogit>&)>
 void BM_RecordRowTop8(benchmark::State& state) {

@@ -115,7 +115,8 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
                c.context_length, weights.config.max_positions);
   }
   // --mamba-slots 0 sizes the state pool for a model with Mamba layers: a working slot for every
-  // batch row (no checkpoints: the prefix cache is off for such models, see the scheduler).
+  // batch row and no checkpoints, so the prefix cache is off (scheduler_config_for_model); more
+  // slots than rows turn it on with the rest as its checkpoints.
   if (weights.config.has_recurrent_state()) {
     if (c.mamba_slots_count == 0) c.mamba_slots_count = c.max_batch_rows;
   } else {

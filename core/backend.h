@@ -79,8 +79,9 @@ class Backend {
     LS_ASSERT(false, "backend {} cannot run ahead: collect_finish", name());
   }
 
-  // KV page copies between the device pool and the host pool (retraction by swap). Indices are
-  // validated by the executor.
+  // KV page copies between the device pool and the host pool (retraction by swap), and with
+  // op.state_slot >= 0 (a backend with recurrent state only) that slot's state to or from the
+  // host state of the op's first host page. Indices are validated by the executor.
   virtual void copy_pages(const CacheOp& op) = 0;
 
   // State after every step submitted so far: with a step in flight (enqueued, not collected)

@@ -1,5 +1,7 @@
 // KV page copies the scheduler asks for around retraction: swap a request's pages out to the host
-// pool, or back into fresh device pages on recovery.
+// pool, or back into fresh device pages on recovery. On a model with Mamba layers the request's
+// recurrent state travels with its pages: out of its working slot into the host state of its
+// first host page, and back into its new working slot.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,10 @@ struct CacheOp {
   CacheOpKind kind = CacheOpKind::kSwapOut;
   std::vector<int32_t> device_pages;  // [n] in [1, pages_count)
   std::vector<int32_t> host_pages;    // [n] in [0, host_pages_count), pairwise with device_pages
+  // −1, or (models with Mamba layers, n >= 1) the device state slot in [0, mamba_slots_count)
+  // whose state is copied with the pages: swap_out from it into the host state of host_pages[0],
+  // swap_in from there into it.
+  int32_t state_slot = -1;
 
   bool operator==(const CacheOp&) const = default;
 };

@@ -1,7 +1,7 @@
 #include "core/cpu_backend.h"
 
 #include "core/check.h"
-#include "core/ops/nan_guard.h"
+#include "core/logits_digest.h"
 #include "core/seams.h"
 
 #include <algorithm>
@@ -234,16 +234,13 @@ void CpuBackend::clear_optional_fields(StepResult& result) {
 // read and the state after the commit: what the CUDA backend computes on the device.
 void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
   result.top_logits_count = plan.top_logits_count;
-  result.logits_digests.clear();
   result.top_logits.clear();
-  // At most one allocation each, none once the caller's reused result has the capacity.
-  const size_t rows = static_cast<size_t>(plan.logits_rows_count());
-  result.logits_digests.reserve(rows);
-  result.top_logits.reserve(rows * static_cast<size_t>(plan.top_logits_count));
+  // At most one allocation, none once the caller's reused result has the capacity.
+  result.top_logits.reserve(static_cast<size_t>(plan.logits_rows_count()) *
+                            static_cast<size_t>(plan.top_logits_count));
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const std::span<const float> row(logits_.data() + static_cast<size_t>(r) * vocab_size_,
                                      static_cast<size_t>(vocab_size_));
-    result.logits_digests.push_back(logits_row_digest(row));
     append_top_logits(row, plan.top_logits_count, result.top_logits);
   }
   snapshot_rows(plan.pool_rows, result.state);
@@ -255,15 +252,16 @@ void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
 }
 
 // Rule 5: a row is flagged when any of its logits rows holds a NaN; every logits row is then
-// sanitised (NaN → −1e30, ±inf → ±1e30) so sampling never sees a non-finite value.
+// sanitised (NaN → −1e30, ±inf → ±1e30) so sampling never sees a non-finite value. A recorded
+// step's digests are of the rows as sanitised — what the sampler reads — and come from the same
+// pass (nothing later in the step writes the logits).
 void CpuBackend::guard_logits(const StepPlan& plan, StepResult& result) {
   const int32_t ne = plan.prefill_rows_count;
+  if (plan.record) result.logits_digests.resize(static_cast<size_t>(plan.logits_rows_count()));
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const int32_t row = r < ne ? r : ne + (r - ne) / plan.verify_width;
-    for (float& x : logits_row(r)) {
-      if (std::isnan(x)) result.nan_flags[row] = 1;
-      x = ops::sanitised_logit(x);
-    }
+    uint64_t* digest = plan.record ? &result.logits_digests[static_cast<size_t>(r)] : nullptr;
+    if (sanitise_logits_row(logits_row(r), digest)) result.nan_flags[row] = 1;
   }
 }
 

@@ -101,10 +101,15 @@ void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) 
   const MambaConfig& m = model_.mamba;
   mamba_layer_floats_ = m.conv_state_floats() + m.ssm_state_floats();
   mamba_slot_floats_ = mamba_layer_floats_ * next;
+  // The host side: one state for every host page, so a request swapped out keeps its state with
+  // its first host page (CacheOp::state_slot).
   const uint64_t floats = static_cast<uint64_t>(mamba_slot_floats_) * config.mamba_slots_count;
-  require_host_memory(floats * sizeof(float),
-                      fmt::format("the CPU recurrent-state pool ({} slots)", config.mamba_slots_count));
+  const uint64_t host_floats = static_cast<uint64_t>(mamba_slot_floats_) * config.host_pages_count;
+  require_host_memory((floats + host_floats) * sizeof(float),
+                      fmt::format("the CPU recurrent-state pools ({} slots, {} host states)",
+                                  config.mamba_slots_count, config.host_pages_count));
   mamba_states_.assign(static_cast<size_t>(floats), 0.0f);
+  host_mamba_states_.assign(static_cast<size_t>(host_floats), 0.0f);
   proj_.resize(static_cast<size_t>(m.in_proj_size()));
   conv_out_.resize(static_cast<size_t>(m.conv_dim()));
   dt_.resize(static_cast<size_t>(m.heads_count));
@@ -169,6 +174,22 @@ void CpuModel::copy_pages(const CacheOp& op) {
     } else {
       std::copy(host, host + page_floats, device);
     }
+  }
+  if (op.state_slot >= 0) copy_host_state(op);
+}
+
+// The recurrent state of op.state_slot to or from the host state of the op's first host page.
+void CpuModel::copy_host_state(const CacheOp& op) {
+  LS_ASSERT(op.state_slot < limits_.mamba_slots_count && !op.host_pages.empty() &&
+                !host_mamba_states_.empty(),
+            "state slot {} of {}", op.state_slot, limits_.mamba_slots_count);
+  const size_t n = static_cast<size_t>(mamba_slot_floats_);
+  float* device = mamba_states_.data() + static_cast<size_t>(op.state_slot) * n;
+  float* host = host_mamba_states_.data() + static_cast<size_t>(op.host_pages.front()) * n;
+  if (op.kind == CacheOpKind::kSwapOut) {
+    std::copy(device, device + n, host);
+  } else {
+    std::copy(host, host + n, device);
   }
 }
 

@@ -57,6 +57,7 @@ class CpuModel {
   // mamba_state_digest (core/logits_digest.h) of one slot: its floats are stored in that order.
   uint64_t mamba_state_digest(int32_t slot) const;
   // Copies whole pages between the device KV pool and the host pool.
+  // KV pages, and with op.state_slot >= 0 the recurrent state of that slot.
   void copy_pages(const CacheOp& op);
   int32_t tp_degree() const { return tp_.degree(); }
   // The collectives the last forward issued, in order (tests: an IDLE forward issues the same).
@@ -75,6 +76,7 @@ class CpuModel {
   void mamba_scan(const LayerWeights& w, float* ssm, const float* conv_out, const float* dt,
                   float* y) const;
   float* mamba_state_at(int32_t slot, int32_t layer);
+  void copy_host_state(const CacheOp& op);
   void lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits);
   void reduce_into_residual(int32_t tokens_count);
   float* partial_at(int32_t rank, int32_t token, int32_t tokens_count);
@@ -108,6 +110,7 @@ class CpuModel {
   int64_t mamba_layer_floats_ = 0;    // one slot's state in one Mamba layer
   int64_t mamba_slot_floats_ = 0;     // one slot's state, all Mamba layers
   std::vector<float> mamba_states_;   // [mamba_slots_count, mamba layers, mamba_layer_floats_]
+  std::vector<float> host_mamba_states_;  // [host_pages_count, ...]: swapped-out states
   std::vector<float> proj_;           // [in_proj_size] one token's in_proj output
   std::vector<float> conv_out_;       // [conv_dim]
   std::vector<float> dt_;             // [heads]

@@ -112,7 +112,26 @@ void Executor::copy_pages(const CacheOp& op) {
                "cache op {}: host_pages[{}] = {} is outside [0, host_pages_count = {})",
                to_string(op.kind), i, op.host_pages[i], config_.host_pages_count);
   }
+  validate_state_copy(op);
   backend_.copy_pages(op);
+}
+
+// A cache op's recurrent state (models with Mamba layers): a slot of the state pool, travelling
+// with the op's first host page.
+void Executor::validate_state_copy(const CacheOp& op) const {
+  if (op.state_slot == -1) return;
+  LS_REQUIRE(backend_.has_recurrent_state(), "cache op {}: state_slot {} but the model has no "
+             "Mamba layers (use -1)", to_string(op.kind), op.state_slot);
+  LS_REQUIRE(op.state_slot >= 0 && op.state_slot < config_.mamba_slots_count,
+             "cache op {}: state_slot {} is outside [0, mamba_slots_count = {}) and is not -1",
+             to_string(op.kind), op.state_slot, config_.mamba_slots_count);
+  LS_REQUIRE(!op.host_pages.empty(), "cache op {}: state_slot {} with no pages: the state "
+             "travels with the first host page", to_string(op.kind), op.state_slot);
+  // TODO(trace): trace/trace.capnp's CacheOp has no state slot yet, so a replay could not copy
+  // the state; refused rather than recorded without it.
+  LS_REQUIRE(!options_.record, "cache op {}: recording a swap of recurrent state (state_slot {}) "
+             "is not implemented: the trace's cache ops carry no state slot", to_string(op.kind),
+             op.state_slot);
 }
 
 // Returns the number of refresh slices cut at the table width (counted once the op is accepted).
@@ -178,7 +197,9 @@ int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
 
 // Seed spec §4 invariant 6, the host half: copy-on-write from cow_src when given (prefill rows and
 // recovered decode rows), zero the working state of a prefill row that starts from nothing
-// (cow_src −1, prefix 0: a request's first chunk), and in DECODE steps the checkpoint candidates.
+// (cow_src −1, prefix 0: a request's first chunk), and the checkpoint candidates: decode rows of
+// DECODE steps (the seed's rule), and prefill rows, whose chunk the validator holds to end a page
+// (lockstep's: the prefix cache's checkpoints at the page-aligned chunk ends of a prompt).
 void Executor::plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode, StepPlan& p) {
   p.mamba_working.push_back(row.mamba_working);
   if (row.mamba_working < 0) return;
@@ -186,7 +207,8 @@ void Executor::plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode m
   if (seams::mamba_zeroes_working_slot(row)) {
     p.mamba_zeroes.push_back(row.mamba_working);
   }
-  if (mode == ForwardMode::kDecode && row.mamba_checkpoint_dst >= 0 &&
+  const bool snapshots = mode == ForwardMode::kDecode || row.kind == RowKind::kPrefill;
+  if (snapshots && row.mamba_checkpoint_dst >= 0 &&
       row.mamba_checkpoint_dst != row.mamba_working) {
     p.mamba_snapshots.push_back({row_index, row.mamba_working, row.mamba_checkpoint_dst});
   }

@@ -70,7 +70,8 @@ class Executor {
   StepResult collect();
   StepResult step(const ForwardOp& op);
 
-  // Executes KV page copies (retraction by swap). Throws ls::Error on an index out of range.
+  // Executes KV page copies (retraction by swap), with the recurrent state of op.state_slot on a
+  // model with Mamba layers. Throws ls::Error on an index out of range.
   // Ordered after every submitted step and before the next one.
   void copy_pages(const CacheOp& op);
 
@@ -113,6 +114,7 @@ class Executor {
     bool deferred = false;  // true: the backend holds the step until collect_finish
   };
 
+  void validate_state_copy(const CacheOp& op) const;
   int32_t plan_step(const ForwardOp& op, StepPlan& plan) const;
   int32_t plan_rows(const ForwardOp& op, StepPlan& plan) const;
   static void plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode, StepPlan& p);

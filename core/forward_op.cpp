@@ -134,7 +134,8 @@ bool ForwardOpValidator::take_mamba_slot(int32_t slot) {
 // [0, mamba_slots_count); a working slot on every row of a model with Mamba layers and on none
 // otherwise; no slot written by two rows (working slots and checkpoints alike); a copy-on-write
 // source with its branching length, which is the row's prefix (prefill) or its recovered KV
-// length (decode); checkpoints only in DECODE steps, the only ones that snapshot.
+// length (decode); checkpoints on decode rows only in DECODE steps (the seed snapshots no decode
+// row of a MIXED step), on prefill rows only where the chunk ends a page.
 void ForwardOpValidator::validate_mamba_row(int32_t i, const OpRow& row, bool op_has_prefill) {
   const int32_t slots = config_.mamba_slots_count;
   const auto check_slot = [&](int32_t slot, const char* field) {
@@ -160,9 +161,16 @@ void ForwardOpValidator::validate_mamba_row(int32_t i, const OpRow& row, bool op
              "earlier row of the same op (two live requests would share a state)", where(i, row),
              row.mamba_working);
   if (row.mamba_checkpoint_dst != -1) {
-    LS_REQUIRE(!op_has_prefill, "{}: mamba_checkpoint_dst_index {} in a step with prefill rows: "
-               "checkpoints are snapshot in DECODE steps only", where(i, row),
-               row.mamba_checkpoint_dst);
+    if (row.kind == RowKind::kPrefill) {
+      const int32_t end = row.prefix_length + row.input_length;
+      LS_REQUIRE(end % config_.page_size == 0, "{}: mamba_checkpoint_dst_index {} on a prefill "
+                 "chunk that ends at {}, inside a page (page_size {}): a prefill row's checkpoint "
+                 "is the state at its chunk's end, which must end a page", where(i, row),
+                 row.mamba_checkpoint_dst, end, config_.page_size);
+    }
+    LS_REQUIRE(row.kind == RowKind::kPrefill || !op_has_prefill, "{}: mamba_checkpoint_dst_index "
+               "{} on a decode row in a step with prefill rows: decode rows snapshot in DECODE "
+               "steps only", where(i, row), row.mamba_checkpoint_dst);
     LS_REQUIRE(row.mamba_checkpoint_dst == row.mamba_working ||
                    take_mamba_slot(row.mamba_checkpoint_dst),
                "{}: mamba_checkpoint_dst_index {} is written by an earlier row of the same op",

@@ -43,7 +43,9 @@ struct OpRow {
   // Recurrent-state slots (models with Mamba layers; all −1 otherwise). Slot 0 is a real slot, so
   // "none" is −1 (seed spec §4 invariant 6).
   int32_t mamba_working = -1;          // the request's working state; required on such a model
-  int32_t mamba_checkpoint_dst = -1;   // DECODE steps: working → here when vcl lands on a page end
+  // Working → here after the step when the new vcl ends a page: decode rows of DECODE steps, and
+  // prefill rows whose chunk ends a page.
+  int32_t mamba_checkpoint_dst = -1;
   int32_t mamba_cow_src = -1;          // copied into the working slot before the forward
   int32_t mamba_branching_seqlen = -1; // the tokens the copied state covers (with mamba_cow_src)
   // Required when the request is new to its pool row; ignored otherwise must not be given.

@@ -64,6 +64,13 @@ uint64_t logits_row_digest_portable(std::span<const float> row);
 inline uint64_t mamba_state_digest(std::span<const float> slot_state) {
   return logits_row_digest(slot_state);
 }
+// Rule 5, the NaN guard (core/ops/nan_guard.h), over one row in place: whether it held a NaN.
+// With `digest`, also the digest above of the row as sanitised, computed in the same pass (the
+// record's digest then reads the row once with the guard; on CPUs with AVX-512, 16 logits an
+// instruction).
+bool sanitise_logits_row(std::span<float> row, uint64_t* digest);
+// The same by the portable loop alone, for the tests that hold both paths to the definition.
+bool sanitise_logits_row_portable(std::span<float> row, uint64_t* digest);
 
 // Appends the top min(count, row size) pairs of `row` to `out`, best first.
 // core/top_logits.cpp; on CPUs with AVX-512 its bounded path uses them.

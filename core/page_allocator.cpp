@@ -30,6 +30,7 @@ std::vector<int32_t> PageAllocator::allocate(int32_t count) {
       page = std::get<2>(*evictable_.begin());
       evictable_.erase(evictable_.begin());
       cache_.erase(page);
+      evicted_.push_back(page);
     }
     LS_ASSERT(references_[page] == 0, "page {} handed out with {} references", page,
               references_[page]);

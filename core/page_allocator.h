@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace ls {
@@ -29,6 +30,8 @@ class PageAllocator {
 
   // `count` pages with one reference each; evicts when needed. count <= available_count().
   std::vector<int32_t> allocate(int32_t count);
+  // The cached pages evicted since the last call (what hangs off them, a checkpoint, goes too).
+  std::vector<int32_t> take_evicted() { return std::exchange(evicted_, {}); }
   void retain(int32_t page);
   void release(int32_t page);
 
@@ -56,6 +59,7 @@ class PageAllocator {
   std::vector<int32_t> depth_;       // [pages_count] chain depth while cached
   uint64_t clock_ = 0;
   int32_t held_count_ = 0;
+  std::vector<int32_t> evicted_;
 };
 
 }  // namespace ls

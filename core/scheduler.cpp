@@ -28,11 +28,16 @@ SchedulerConfig validated(const SchedulerConfig& c) {
     LS_REQUIRE(c.mamba_slots_count >= c.max_batch_rows, "scheduler config: mamba_slots_count {} "
                "is below max_batch_rows B = {}: every live request needs a working state slot",
                c.mamba_slots_count, c.max_batch_rows);
-    LS_REQUIRE(!c.prefix_cache, "scheduler config: prefix_cache with recurrent state (Mamba "
-               "layers) is not implemented: a hit needs a state checkpoint at its boundary");
-    LS_REQUIRE(c.host_pages_count == 0, "scheduler config: host_pages_count {} with recurrent "
-               "state (Mamba layers): retraction by swap is not implemented for it (use 0: "
-               "recompute)", c.host_pages_count);
+    LS_REQUIRE(!c.prefix_cache || c.mamba_slots_count > c.max_batch_rows,
+               "scheduler config: prefix_cache with recurrent state (Mamba layers) needs "
+               "checkpoint slots, but mamba_slots_count {} leaves none past the max_batch_rows "
+               "B = {} working slots (a hit copies the state checkpointed at its boundary)",
+               c.mamba_slots_count, c.max_batch_rows);
+    LS_REQUIRE(c.verify_width == 1 || (!c.prefix_cache && c.host_pages_count == 0),
+               "scheduler config: verify_width {} with recurrent state (Mamba layers) and {}: "
+               "speculative decoding is not implemented for them (checkpoints and swapped states "
+               "assume one token a decode step)", c.verify_width,
+               c.prefix_cache ? "prefix_cache" : "host_pages_count > 0 (retraction by swap)");
   }
   LS_REQUIRE(c.prefill_chunk_tokens >= c.verify_width,
              "scheduler config: prefill_chunk_tokens (the token budget) {} is below the verify "
@@ -50,6 +55,9 @@ Scheduler::Impl::Impl(const SchedulerConfig& c)
       pages(c.pages_count, c.page_size) {
   for (int32_t row = 1; row <= c.max_batch_rows; ++row) free_pool_rows.insert(row);
   for (int32_t page = 0; page < c.host_pages_count; ++page) free_host_pages.insert(page);
+  if (c.recurrent_state && c.prefix_cache) {
+    checkpoints = StateCheckpoints(c.max_batch_rows, c.mamba_slots_count - c.max_batch_rows);
+  }
 }
 
 Scheduler::Scheduler(const SchedulerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
@@ -207,7 +215,7 @@ void Scheduler::Impl::rewind(SchedRequest& r) {
 void Scheduler::Impl::finish(SchedRequest& r, FinishReason reason,
                              std::vector<SchedulerEvent>& events) {
   const bool keep_kv = reason != FinishReason::kAbort && reason != FinishReason::kNumericalError;
-  if (keep_kv && !r.pages.empty()) cache_kv_pages(r, r.token_size() - 1);
+  cache_kv_pages(r, keep_kv && !r.pages.empty() ? r.token_size() - 1 : 0);
   free_host_pages.insert(r.host_pages.begin(), r.host_pages.end());
   r.host_pages.clear();
   if (!r.finished()) --live_count;
@@ -227,11 +235,38 @@ void Scheduler::Impl::release_if_idle(SchedRequest& r) {
   drop_device_pages(r);
 }
 
-// Inserts the request's full pages of KV tokens[0, kv_tokens) into the prefix cache.
-void Scheduler::Impl::cache_kv_pages(const SchedRequest& r, int32_t kv_tokens) {
+// Inserts the request's full pages of KV tokens[0, kv_tokens) into the prefix cache, and settles
+// its pending checkpoints against them.
+void Scheduler::Impl::cache_kv_pages(SchedRequest& r, int32_t kv_tokens) {
   if (!config.prefix_cache) return;
   const int32_t full = std::min(kv_tokens / config.page_size, static_cast<int32_t>(r.pages.size()));
   pages.insert(r.tokens, r.pages, full);
+  if (config.recurrent_state) settle_checkpoints(r, full);
+}
+
+// Each pending checkpoint whose boundary ends one of the first `cached_pages` pages is attached to
+// the cached page holding that chain position (the request's own, or an equal one cached before);
+// the others are given back. The steps that wrote them ran, or run before any later step reads
+// them: steps run in plan order.
+void Scheduler::Impl::settle_checkpoints(SchedRequest& r, int32_t cached_pages) {
+  const int32_t p = config.page_size;
+  for (const auto& [slot, boundary] : r.pending_checkpoints) {
+    const int32_t chain_pages = boundary / p;
+    int32_t page = -1;
+    if (boundary % p == 0 && chain_pages >= 1 && chain_pages <= cached_pages) {
+      const std::vector<int32_t> chain =
+          pages.match(std::span<const int32_t>(r.tokens.data(), static_cast<size_t>(boundary)), chain_pages);
+      if (static_cast<int32_t>(chain.size()) == chain_pages && checkpoints.slot_of(chain.back()) < 0) {
+        page = chain.back();
+      }
+    }
+    if (page >= 0) {
+      checkpoints.attach(slot, page);
+    } else {
+      checkpoints.give_back(slot);
+    }
+  }
+  r.pending_checkpoints.clear();
 }
 
 void Scheduler::Impl::drop_device_pages(SchedRequest& r) {
@@ -301,7 +336,26 @@ std::string Scheduler::check_accounting() const {
                          s.pages.references_of(page), expected);
     }
   }
-  return s.check_rows_and_hosts();
+  problem = s.check_rows_and_hosts();
+  return problem.empty() ? s.check_checkpoints() : problem;
+}
+
+std::string Scheduler::Impl::check_checkpoints() const {
+  std::set<int32_t> pending;
+  for (const auto& [id, r] : requests) {
+    for (const auto& [slot, boundary] : r.pending_checkpoints) {
+      if (r.finished()) {
+        return fmt::format("request {} has finished but holds checkpoint slot {}", id, slot);
+      }
+      if (!pending.insert(slot).second) return fmt::format("checkpoint slot {} pending twice", slot);
+    }
+  }
+  std::string problem = checkpoints.check(pending);
+  if (!problem.empty()) return problem;
+  for (const int32_t page : checkpoints.attached_pages()) {
+    if (!pages.is_cached(page)) return fmt::format("page {} holds a checkpoint but is not cached", page);
+  }
+  return {};
 }
 
 std::string Scheduler::Impl::check_rows_and_hosts() const {

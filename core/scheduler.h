@@ -27,10 +27,13 @@ struct SchedulerConfig : Limits {
   bool prefix_cache = true;
   bool overlap = true;              // plan step k before step k−1's result is applied
   // The model has Mamba layers: every row carries its request's working state slot, which is its
-  // pool row − 1 (one per live request, freed with the row; needs mamba_slots_count >= B). Such a
-  // model needs prefix_cache off and host_pages_count 0 (TODO(spec): a prefix hit needs a
-  // checkpoint at the hit boundary, a swap needs the state copied with the pages), so retraction
-  // recomputes, which restarts the state from zero.
+  // pool row − 1 (one per live request, freed with the row; needs mamba_slots_count >= B). With
+  // the prefix cache, slots [B, mamba_slots_count) are its checkpoints (core/state_checkpoints.h;
+  // at least one needed): a prompt's chunks end on page boundaries, rows that end a page snapshot
+  // the state into a checkpoint slot, and a hit stops at the deepest cached page with one, whose
+  // state the hit's first chunk copies in. Retraction by swap (host_pages_count > 0) copies the
+  // working state out with the pages and back in. Both need verify_width 1 (speculative decoding
+  // on such a model is not implemented).
   bool recurrent_state = false;
 };
 
@@ -143,12 +146,14 @@ class Scheduler {
   std::unique_ptr<Impl> impl_;
 };
 
-// The scheduler for a model under `limits`: a model with Mamba layers gets recurrent_state on and
-// the prefix cache off (see SchedulerConfig::recurrent_state).
+// The scheduler for a model under `limits`: a model with Mamba layers gets recurrent_state on, and
+// the prefix cache only when the state pool has checkpoint slots past the B working ones (see
+// SchedulerConfig::recurrent_state).
 inline SchedulerConfig scheduler_config_for_model(const Limits& limits, const ModelConfig& model) {
   SchedulerConfig config{limits};
   config.recurrent_state = model.has_recurrent_state();
-  config.prefix_cache = !config.recurrent_state;
+  config.prefix_cache =
+      !config.recurrent_state || limits.mamba_slots_count > limits.max_batch_rows;
   return config;
 }
 

@@ -4,6 +4,7 @@
 
 #include "core/page_allocator.h"
 #include "core/scheduler.h"
+#include "core/state_checkpoints.h"
 
 #include <deque>
 #include <set>
@@ -25,6 +26,10 @@ struct SchedRequest {
   int32_t prefill_length = 0;       // tokens the current (re)prefill covers
   int32_t scheduled_count = 0;      // of those, already put in a planned chunk
   int32_t committed_count = 0;      // KV tokens as of applied results (C)
+  int32_t kv_planned = 0;           // KV tokens once every planned step ran (W = 1 models)
+  // Recurrent state with the prefix cache: checkpoint slots a planned row snapshots into, with the
+  // KV length they hold the state of; attached to cached pages or given back when it ends.
+  std::vector<std::pair<int32_t, int32_t>> pending_checkpoints;  // (slot, boundary)
   std::vector<int32_t> host_pages;  // swap path: the KV of tokens[0, TokenSize − 1)
   RetractPath retract_path = RetractPath::kSwap;
   uint32_t epoch = 0;           // bumped on retraction: older in-flight rows are stale
@@ -48,6 +53,7 @@ struct Draft {
   int32_t budget = 0;
   std::vector<OpRow> prefill_rows;
   std::vector<OpRow> decode_rows;
+  std::vector<int32_t> decode_kv_ends;  // [decode rows] each row's KV length after its step
   std::vector<int32_t> prefill_token_ids;
 
   int32_t rows_count() const {
@@ -68,7 +74,12 @@ struct Scheduler::Impl {
   void schedule_chunk(SchedRequest& r, Draft& d);
   void admit(SchedRequest& r, Draft& d, StepPlanOut& out);
   void recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& out);
-  void push_chunk(SchedRequest& r, int32_t chunk, Draft& d);
+  void push_chunk(SchedRequest& r, int32_t chunk, Draft& d, int32_t cow_src = -1);
+  int32_t aligned_chunk(int32_t start, int32_t chunk, int32_t total) const;
+  int32_t keep_checkpointed_prefix(std::vector<int32_t>& matched) const;
+  void plan_checkpoints(Draft& d);
+  void plan_checkpoint(OpRow& row, int32_t kv_end);
+  std::vector<int32_t> allocate_pages(int32_t count);
   OpRow start_row(SchedRequest& r, RowKind kind);
   bool grow_pages(SchedRequest& r, int32_t tokens);
   int32_t pages_for(int32_t tokens) const;
@@ -89,7 +100,9 @@ struct Scheduler::Impl {
   void rewind(SchedRequest& r);
   void finish(SchedRequest& r, FinishReason reason, std::vector<SchedulerEvent>& events);
   void release_if_idle(SchedRequest& r);
-  void cache_kv_pages(const SchedRequest& r, int32_t kv_tokens);
+  void cache_kv_pages(SchedRequest& r, int32_t kv_tokens);
+  void settle_checkpoints(SchedRequest& r, int32_t cached_pages);
+  std::string check_checkpoints() const;
   void drop_device_pages(SchedRequest& r);
   std::string check_rows_and_hosts() const;
 
@@ -97,6 +110,7 @@ struct Scheduler::Impl {
   int32_t depth = 0;        // D: 1 with overlap, else 0
   int32_t table_width = 0;  // Wp of the matching executor
   PageAllocator pages;
+  StateCheckpoints checkpoints{0, 0};  // recurrent state with the prefix cache only
   std::set<int32_t> free_pool_rows;
   std::set<int32_t> free_host_pages;
   std::map<RequestId, SchedRequest> requests;

@@ -64,6 +64,7 @@ StepPlanOut Scheduler::plan() {
                 std::all_of(s.requests.begin(), s.requests.end(),
                             [](const auto& kv) { return kv.second.finished(); }),
             "scheduler: nothing schedulable, nothing in flight, and requests remain");
+  s.plan_checkpoints(draft);
   out.op = draft.take_op();
   s.track(out.op);
   return out;
@@ -115,13 +116,20 @@ int32_t Scheduler::Impl::pages_for(int32_t tokens) const {
   return std::min((tokens + p - 1) / p, table_width);
 }
 
+// Pages from the allocator; the checkpoints of the cached pages it evicted go with them.
+std::vector<int32_t> Scheduler::Impl::allocate_pages(int32_t count) {
+  std::vector<int32_t> fresh = pages.allocate(count);
+  for (const int32_t page : pages.take_evicted()) checkpoints.drop_page(page);
+  return fresh;
+}
+
 // Extends the request's pages to cover `tokens` KV tokens; false (and nothing changes) when the
 // pool cannot supply them even by evicting the cache.
 bool Scheduler::Impl::grow_pages(SchedRequest& r, int32_t tokens) {
   const int32_t extra = pages_for(tokens) - static_cast<int32_t>(r.pages.size());
   if (extra <= 0) return true;
   if (extra > pages.available_count()) return false;
-  const std::vector<int32_t> fresh = pages.allocate(extra);
+  const std::vector<int32_t> fresh = allocate_pages(extra);
   r.pages.insert(r.pages.end(), fresh.begin(), fresh.end());
   return true;
 }
@@ -155,12 +163,16 @@ void Scheduler::Impl::schedule_decode(SchedRequest& r, Draft& d) {
   OpRow row = start_row(r, RowKind::kDecode);
   row.input_length = w;
   d.decode_rows.push_back(std::move(row));
+  r.kv_planned += w;
+  d.decode_kv_ends.push_back(r.kv_planned);
   d.budget -= w;
 }
 
 void Scheduler::Impl::schedule_chunk(SchedRequest& r, Draft& d) {
   if (!may_add(d, RowKind::kPrefill)) return;
-  const int32_t chunk = std::min(d.budget, r.prefill_length - r.scheduled_count);
+  const int32_t chunk = aligned_chunk(r.scheduled_count,
+                                      std::min(d.budget, r.prefill_length - r.scheduled_count),
+                                      r.prefill_length);
   if (!grow_pages(r, r.scheduled_count + chunk + config.verify_width)) {
     r.starved = true;
     return;
@@ -168,20 +180,64 @@ void Scheduler::Impl::schedule_chunk(SchedRequest& r, Draft& d) {
   push_chunk(r, chunk, d);
 }
 
+// Recurrent state with the prefix cache: a chunk that does not finish the prefill ends at the last
+// page boundary it reaches, so that the state at its end is a page's checkpoint (seed spec §4
+// invariant 6: chunks aligned to the page size, or the snapshots never land and the cache stops
+// hitting); one that reaches no boundary keeps its length.
+int32_t Scheduler::Impl::aligned_chunk(int32_t start, int32_t chunk, int32_t total) const {
+  if (!config.recurrent_state || !config.prefix_cache || start + chunk >= total) return chunk;
+  const int32_t end = (start + chunk) / config.page_size * config.page_size;
+  return end > start ? end - start : chunk;
+}
+
+// Recurrent state: a hit must resume the state too, so it stops at the deepest matched page with a
+// checkpoint attached. Returns that checkpoint's slot, or −1 (no hit).
+int32_t Scheduler::Impl::keep_checkpointed_prefix(std::vector<int32_t>& matched) const {
+  size_t kept = matched.size();
+  while (kept > 0 && checkpoints.slot_of(matched[kept - 1]) < 0) --kept;
+  matched.resize(kept);
+  return kept == 0 ? -1 : checkpoints.slot_of(matched.back());
+}
+
+// The checkpoint rows of the finished draft: each row whose KV ends a page snapshots its state
+// into a slot of its own — prefill rows, and decode rows when the step has no prefill rows (the
+// seed snapshots no decode row of a MIXED step).
+void Scheduler::Impl::plan_checkpoints(Draft& d) {
+  if (!config.recurrent_state || !config.prefix_cache) return;
+  LS_ASSERT(d.decode_kv_ends.size() == d.decode_rows.size(), "{} KV ends for {} decode rows",
+            d.decode_kv_ends.size(), d.decode_rows.size());
+  for (OpRow& row : d.prefill_rows) plan_checkpoint(row, row.prefix_length + row.input_length);
+  if (!d.prefill_rows.empty()) return;
+  for (size_t i = 0; i < d.decode_rows.size(); ++i) plan_checkpoint(d.decode_rows[i], d.decode_kv_ends[i]);
+}
+
+void Scheduler::Impl::plan_checkpoint(OpRow& row, int32_t kv_end) {
+  const int32_t p = config.page_size;
+  if (kv_end < p || kv_end % p != 0) return;
+  const int32_t slot = checkpoints.take();
+  if (slot < 0) return;  // every slot pending: this boundary goes without
+  row.mamba_checkpoint_dst = slot;
+  requests.at(row.request_id)
+      .pending_checkpoints.push_back({slot, seams::checkpoint_boundary(kv_end, p)});
+}
+
 // Appends the next `chunk` tokens of the request's prefill; the last chunk makes it Decoding (its
-// sampled token is the next token, in flight in the device's future_input_map).
-void Scheduler::Impl::push_chunk(SchedRequest& r, int32_t chunk, Draft& d) {
+// sampled token is the next token, in flight in the device's future_input_map). `cow_src`: the
+// checkpoint a prefix hit resumes the recurrent state from (the first chunk after the hit).
+void Scheduler::Impl::push_chunk(SchedRequest& r, int32_t chunk, Draft& d, int32_t cow_src) {
   LS_ASSERT(chunk >= 1 && r.scheduled_count + chunk <= r.prefill_length, "chunk {} at {} of {}",
             chunk, r.scheduled_count, r.prefill_length);
   OpRow row = start_row(r, RowKind::kPrefill);
   row.input_length = chunk;
   row.prefix_length = r.scheduled_count;
   row.prompt_length = r.prefill_length;
+  if (cow_src >= 0) row.mamba_cow_src = cow_src, row.mamba_branching_seqlen = r.scheduled_count;
   const auto begin = r.tokens.begin() + r.scheduled_count;
   d.prefill_token_ids.insert(d.prefill_token_ids.end(), begin, begin + chunk);
   d.prefill_rows.push_back(std::move(row));
   d.budget -= chunk;
   r.scheduled_count += chunk;
+  r.kv_planned = r.scheduled_count;
   if (r.scheduled_count == r.prefill_length) {
     r.state = RequestState::kDecoding;
     r.committed_count = r.prefill_length;
@@ -196,13 +252,16 @@ void Scheduler::Impl::admit(SchedRequest& r, Draft& d, StepPlanOut& out) {
   if (!may_add(d, RowKind::kPrefill) || free_pool_rows.empty()) return;
   const int32_t p = config.page_size;
   std::vector<int32_t> matched;
+  int32_t cow_src = -1;
   if (config.prefix_cache) {
     const std::span<const int32_t> tokens(r.tokens.data(), static_cast<size_t>(r.prefill_length));
     matched = pages.match(tokens, (r.prefill_length - 1) / p);
+    if (config.recurrent_state) cow_src = keep_checkpointed_prefix(matched);
   }
   for (int32_t page : matched) pages.retain(page);
   const int32_t matched_tokens = static_cast<int32_t>(matched.size()) * p;
-  const int32_t chunk = std::min(d.budget, r.prefill_length - matched_tokens);
+  const int32_t chunk = aligned_chunk(matched_tokens, std::min(d.budget, r.prefill_length - matched_tokens),
+                                      r.prefill_length);
   const int32_t extra = pages_for(matched_tokens + chunk + config.verify_width) -
                         static_cast<int32_t>(matched.size());
   if (extra > pages.available_count()) {
@@ -210,9 +269,10 @@ void Scheduler::Impl::admit(SchedRequest& r, Draft& d, StepPlanOut& out) {
     return;
   }
   pages.touch(matched);
+  if (cow_src >= 0) checkpoints.touch(matched.back());
   const bool recovering = r.state == RequestState::kRetracted;
   r.pages = std::move(matched);
-  const std::vector<int32_t> fresh = pages.allocate(extra);
+  const std::vector<int32_t> fresh = allocate_pages(extra);
   r.pages.insert(r.pages.end(), fresh.begin(), fresh.end());
   r.pool_row = *free_pool_rows.begin();
   free_pool_rows.erase(free_pool_rows.begin());
@@ -227,30 +287,33 @@ void Scheduler::Impl::admit(SchedRequest& r, Draft& d, StepPlanOut& out) {
     out.events.push_back(
         {.kind = SchedulerEvent::Kind::kPrefixHit, .request_id = r.spec.id, .tokens = matched_tokens});
   }
-  push_chunk(r, chunk, d);
+  push_chunk(r, chunk, d, cow_src);
 }
 
-// Swap recovery (seed invariant 2): fresh device pages, a swap-in of the saved KV, and a decode row
-// that resumes at hist = TokenSize − 1 with the last token as its input, on a new pool row.
+// Swap recovery (seed invariant 2): fresh device pages, a swap-in of the saved KV (and recurrent
+// state, into the new working slot), and a decode row that resumes at hist = TokenSize − 1 with the
+// last token as its input, on a new pool row. Not while a row of it is in flight (a model with
+// recurrent state keeps that row's token, see retract).
 void Scheduler::Impl::recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& out) {
-  if (!may_add(d, RowKind::kDecode) || free_pool_rows.empty()) return;
+  if (!may_add(d, RowKind::kDecode) || free_pool_rows.empty() || r.in_flight_count > 0) return;
   if (d.budget < config.verify_width) return;  // the recovered decode row costs W tokens
   const int32_t hist = r.token_size() - 1;
   const int32_t needed = pages_for(hist + (depth + 1) * config.verify_width);
   LS_ASSERT(needed >= static_cast<int32_t>(r.host_pages.size()), "{} pages for {} host pages",
             needed, r.host_pages.size());
   if (needed > pages.available_count()) return;
-  r.pages = pages.allocate(needed);
+  r.pages = allocate_pages(needed);
+  r.pool_row = *free_pool_rows.begin();
+  free_pool_rows.erase(free_pool_rows.begin());
   if (!r.host_pages.empty()) {
     CacheOp swap_in{.kind = CacheOpKind::kSwapIn,
                     .device_pages = {r.pages.begin(), r.pages.begin() + static_cast<std::ptrdiff_t>(r.host_pages.size())},
-                    .host_pages = r.host_pages};
+                    .host_pages = r.host_pages,
+                    .state_slot = config.recurrent_state ? seams::mamba_working_slot(r) : -1};
     out.cache_ops.push_back(std::move(swap_in));
     free_host_pages.insert(r.host_pages.begin(), r.host_pages.end());
     r.host_pages.clear();
   }
-  r.pool_row = *free_pool_rows.begin();
-  free_pool_rows.erase(free_pool_rows.begin());
   r.table_synced_count = 0;
   r.sampling_sent = false;
   r.committed_count = hist;
@@ -260,6 +323,8 @@ void Scheduler::Impl::recover_by_swap(SchedRequest& r, Draft& d, StepPlanOut& ou
   row.decode_override = r.tokens.back();
   row.hist_token_length = hist;
   d.decode_rows.push_back(std::move(row));
+  r.kv_planned = hist + config.verify_width;
+  d.decode_kv_ends.push_back(r.kv_planned);
   d.budget -= config.verify_width;
   out.events.push_back({.kind = SchedulerEvent::Kind::kRecover, .request_id = r.spec.id,
                         .retract_path = RetractPath::kSwap, .hist_token_length = hist});
@@ -329,14 +394,19 @@ SchedRequest* Scheduler::Impl::pick_victim() {
 void Scheduler::Impl::retract(SchedRequest& r, StepPlanOut& out) {
   LS_ASSERT(&r != head, "retracting request {}, the head of the line", r.spec.id);
   const bool decoding = r.state == RequestState::kDecoding;
-  // Tokens whose KV is surely on the device: TokenSize − 1 while decoding (the last token's KV is
-  // written by the next step), the scheduled chunks while prefilling.
-  const int32_t kv_tokens = decoding ? r.token_size() - 1 : r.scheduled_count;
-  cache_kv_pages(r, kv_tokens);
+  // A model with recurrent state: the row in flight (overlap) advances the working state past
+  // TokenSize − 1 and cannot be taken back, so a swap keeps that row — its KV is swapped out with
+  // the rest and its result is still applied, after which vcl = TokenSize − 1 holds again.
+  const bool keeps_row = config.recurrent_state && decoding && r.in_flight_count > 0;
   const int32_t p = config.page_size;
-  const int32_t kv_pages = (kv_tokens + p - 1) / p;
+  const int32_t swap_tokens = r.token_size() - (keeps_row ? 0 : 1);
   const bool swap = decoding && config.host_pages_count > 0 &&
-                    kv_pages <= static_cast<int32_t>(free_host_pages.size());
+                    (swap_tokens + p - 1) / p <= static_cast<int32_t>(free_host_pages.size());
+  // Tokens whose KV is surely on the device: TokenSize − 1 while decoding (the last token's KV is
+  // written by the next step) or TokenSize for a kept row, the scheduled chunks while prefilling.
+  const int32_t kv_tokens = !decoding ? r.scheduled_count : swap ? swap_tokens : r.token_size() - 1;
+  cache_kv_pages(r, kv_tokens);
+  const int32_t kv_pages = (kv_tokens + p - 1) / p;
   if (swap && kv_pages > 0) {
     for (int32_t i = 0; i < kv_pages; ++i) {
       r.host_pages.push_back(*free_host_pages.begin());
@@ -344,12 +414,15 @@ void Scheduler::Impl::retract(SchedRequest& r, StepPlanOut& out) {
     }
     out.cache_ops.push_back({.kind = CacheOpKind::kSwapOut,
                              .device_pages = {r.pages.begin(), r.pages.begin() + kv_pages},
-                             .host_pages = r.host_pages});
+                             .host_pages = r.host_pages,
+                             .state_slot = config.recurrent_state ? seams::mamba_working_slot(r) : -1});
   }
+  LS_ASSERT(!(swap && config.recurrent_state) || kv_pages > 0, "request {}: a state swap without pages",
+            r.spec.id);
   drop_device_pages(r);
   r.state = RequestState::kRetracted;
   r.retract_path = swap ? RetractPath::kSwap : RetractPath::kRecompute;
-  ++r.epoch;  // the row of this request in the step in flight is stale now
+  if (!(swap && keeps_row)) ++r.epoch;  // the row of this request in the step in flight is stale now
   r.prefill_length = r.token_size();
   r.scheduled_count = 0;
   r.committed_count = 0;

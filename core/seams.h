@@ -39,5 +39,10 @@ std::span<const int32_t> pages_released_at_end(const SchedRequest& request);
 // pool rows share a slot.
 int32_t mamba_working_slot(const SchedRequest& request);
 
+// The page boundary a checkpoint snapshot holds the state of, for a row whose KV ends at `kv_end`
+// (a multiple of page_size): kv_end. Planted (tests/planted/late_checkpoint.cpp): one page late,
+// so a prefix hit resumes from the state of a page before its boundary.
+int32_t checkpoint_boundary(int32_t kv_end, int32_t page_size);
+
 }  // namespace seams
 }  // namespace ls

@@ -27,9 +27,10 @@ struct LengthReset {
   int32_t length = 0;
 };
 
-// A DECODE step's checkpoint candidate: working slot `src` is copied to `dst` after the commit iff
-// the row's new vcl is a multiple of the page size (seed spec §4 invariant 6, no drafter). The host
-// filtered src ≥ 0, dst ≥ 0, src ≠ dst; the page test reads device state, so the backend makes it.
+// A checkpoint candidate (a decode row of a DECODE step, or a prefill row): working slot `src` is
+// copied to `dst` after the commit iff the row's new vcl is a multiple of the page size (seed spec
+// §4 invariant 6, no drafter). The host filtered src ≥ 0, dst ≥ 0, src ≠ dst; the page test reads
+// device state, so the backend makes it.
 struct MambaSnapshot {
   int32_t row = 0;
   int32_t src = 0;
@@ -66,7 +67,7 @@ struct StepPlan {
   std::vector<int32_t> mamba_working;      // [bs] each row's working slot (−1: no state)
   std::vector<MambaCopy> mamba_copies;     // cow_src → working
   std::vector<int32_t> mamba_zeroes;       // working slots to zero
-  std::vector<MambaSnapshot> mamba_snapshots;  // after the commit, DECODE steps only
+  std::vector<MambaSnapshot> mamba_snapshots;  // after the commit (no decode row of a MIXED step)
 
   // Logits rows: one per prefill row (its last token), then W per decode row.
   std::vector<int32_t> logits_token_index;  // [ne + nd·W] index into the token buffer

@@ -67,6 +67,19 @@ uint32_t* gather_buffer() {
   return buffer;
 }
 
+// A chunk's `best` best keys, ranked (best first), into `top` (the first chunk's become `top` as
+// they are).
+[[gnu::always_inline]] inline void take_ranked(std::span<const float> row, const uint64_t* ranked,
+                                               size_t best, TopKeys& top) {
+  if (top.held == 0) {
+    std::copy(ranked, ranked + best, top.best);
+    top.held = best;
+    if (top.held == top.k) top.set_threshold(row);
+    return;
+  }
+  for (size_t r = 0; r < best; ++r) top.insert_key(row, ranked[r]);
+}
+
 // The candidates of a chunk, ranked by counting: each one's rank is the number of candidates above
 // it (keys are distinct), so no branch depends on the logits; the chunk's k best then enter `top`
 // best first (the first chunk's become `top` as they are). Many equal logits at the bound (more
@@ -88,14 +101,7 @@ uint32_t* gather_buffer() {
     for (size_t j = 0; j < count; ++j) rank += keys[j] > keys[i] ? 1 : 0;
     ranked[rank < top.k ? rank : top.k] = keys[i];
   }
-  const size_t best = std::min(count, top.k);
-  if (top.held == 0) {
-    std::copy(ranked, ranked + best, top.best);
-    top.held = best;
-    if (top.held == top.k) top.set_threshold(row);
-    return;
-  }
-  for (size_t r = 0; r < best; ++r) top.insert_key(row, ranked[r]);
+  take_ranked(row, ranked, std::min(count, top.k), top);
 }
 
 // ---- portable ----
@@ -275,6 +281,31 @@ LS_AVX512 inline void gather_16(__mmask16 live, const float* x, __m512 bounds, _
   ids = _mm512_add_epi32(ids, _mm512_set1_epi32(16));
 }
 
+// rank_candidates for at most 16 candidates, in one register: a candidate's rank is how many
+// precede it in the keys' order — a greater logit, or an equal one with a lower id — counted by
+// two compares against all of them at once. The keys' ranks exactly: the bounded path sees no NaN
+// (it refuses a chunk that holds one), and −0 and +0 compare equal as their keys do.
+LS_AVX512 void rank_16_avx512(std::span<const float> row, const uint32_t* gathered, size_t count,
+                              TopKeys& top) {
+  const __mmask16 live = lanes_below(count);
+  const __m512i ids = _mm512_maskz_loadu_epi32(live, gathered);
+  const __m512 values = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), live, ids, row.data(), 4);
+  float value_of[16];
+  _mm512_storeu_ps(value_of, values);
+  uint64_t ranked[kTopLogitsCountMax + 1];  // slot k takes every rank past the k best
+  for (size_t i = 0; i < count; ++i) {
+    const __m512 value = _mm512_set1_ps(value_of[i]);
+    const __m512i id = _mm512_set1_epi32(static_cast<int32_t>(gathered[i]));
+    const __mmask16 greater = _mm512_mask_cmp_ps_mask(live, values, value, _CMP_GT_OQ);
+    const __mmask16 equal = _mm512_mask_cmp_ps_mask(live, values, value, _CMP_EQ_OQ);
+    const __mmask16 tie_before = _mm512_mask_cmplt_epu32_mask(equal, ids, id);
+    const size_t rank = static_cast<size_t>(__builtin_popcount(greater | tie_before));
+    ranked[rank < top.k ? rank : top.k] =
+        digest::rank_key(digest::bits_of(value_of[i]), static_cast<int32_t>(gathered[i]));
+  }
+  take_ranked(row, ranked, std::min(count, top.k), top);
+}
+
 LS_AVX512 bool chunk_top_avx512(std::span<const float> row, size_t begin, size_t n, TopKeys& top) {
   const float* x = row.data() + begin;
   __m512 maxima[4];
@@ -287,7 +318,11 @@ LS_AVX512 bool chunk_top_avx512(std::span<const float> row, size_t begin, size_t
   size_t v = 0;
   for (; v + 16 <= n; v += 16) gather_16(0xFFFF, x + v, bounds, ids, gathered, count);
   if (v < n) gather_16(lanes_below(n - v), x + v, bounds, ids, gathered, count);
-  rank_candidates(row, gathered, count, top);
+  if (count <= 16) {
+    rank_16_avx512(row, gathered, count, top);
+  } else {
+    rank_candidates(row, gathered, count, top);
+  }
   return true;
 }
 LS_AVX512_END

@@ -158,8 +158,8 @@ struct DeviceSeededWeights {
 
 class CudaBackend final : public Backend {
  public:
-  // Uploads the weights as bf16 (norm weights stay fp32) and allocates every buffer. Throws
-  // ls::Error when there is no device, memory runs out, or a limit cannot be met.
+  // Uploads the weights as bf16 (norm weights stay fp32), allocates every buffer and makes every
+  // GEMM plan. Throws ls::Error when there is no device, memory runs out, or a limit cannot be met.
   CudaBackend(const ModelWeights& weights, const ExecutorConfig& config,
               const CudaBackendOptions& options = {});
   CudaBackend(const DeviceSeededWeights& weights, const ExecutorConfig& config,
@@ -197,6 +197,9 @@ class CudaBackend final : public Backend {
   void capture_graphs();
 
   CudaMemoryReport memory_report() const;
+  // The cuBLASLt plans made at construction (bf16: every linear layer at every token count a step
+  // can carry that the GEMV does not run; fp32: none). Steps make none: they only look plans up.
+  int64_t gemm_plans_count() const;
   int64_t graph_replays_count() const;
   // Of those, the replays whose graph also ran the greedy tail (guard, verify/commit, drafter).
   int64_t tail_graph_replays_count() const;

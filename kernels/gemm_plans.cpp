@@ -1,5 +1,7 @@
 #include "kernels/gemm_plans.h"
 
+#include <algorithm>
+
 namespace ls::kernels {
 
 namespace {
@@ -21,7 +23,6 @@ cublasStatus_t set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t att
 GemmPlans::GemmPlans(cudaStream_t stream, void* workspace, size_t workspace_bytes)
     : stream_(stream), workspace_(workspace), workspace_bytes_(workspace_bytes) {
   if (cublasLtCreate(&handle_) != CUBLAS_STATUS_SUCCESS) handle_ = nullptr;
-  plans_.reserve(64);
 }
 
 GemmPlans::~GemmPlans() {
@@ -58,37 +59,42 @@ cublasStatus_t GemmPlans::make(int32_t tokens, int32_t out, int32_t in, bool acc
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t GemmPlans::find(int32_t tokens, int32_t out, int32_t in, bool accumulate,
-                               Plan** plan) {
-  if (handle_ == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  for (Plan& p : plans_) {
-    if (p.tokens == tokens && p.out == out && p.in == in && p.accumulate == accumulate) {
-      *plan = &p;
-      return CUBLAS_STATUS_SUCCESS;
-    }
+GemmPlans::Plan* GemmPlans::find(int32_t tokens, int32_t out, int32_t in, bool accumulate) {
+  for (const Shape& shape : shapes_) {
+    if (shape.out != out || shape.in != in || shape.accumulate != accumulate) continue;
+    if (tokens < 0 || static_cast<size_t>(tokens) >= shape.plan_index.size()) return nullptr;
+    const int32_t index = shape.plan_index[static_cast<size_t>(tokens)];
+    return index < 0 ? nullptr : &plans_[static_cast<size_t>(index)];
   }
-  Plan made;
-  LS_LT_TRY(make(tokens, out, in, accumulate, &made));
-  plans_.push_back(made);
-  *plan = &plans_.back();
-  return CUBLAS_STATUS_SUCCESS;
+  return nullptr;
 }
 
 cublasStatus_t GemmPlans::prepare(int32_t tokens, int32_t out, int32_t in, bool accumulate) {
   if (tokens < 1 || out < 1 || in < 1) return CUBLAS_STATUS_INVALID_VALUE;
-  Plan* plan = nullptr;
-  return find(tokens, out, in, accumulate, &plan);
+  if (handle_ == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (find(tokens, out, in, accumulate) != nullptr) return CUBLAS_STATUS_SUCCESS;
+  Plan made;
+  LS_LT_TRY(make(tokens, out, in, accumulate, &made));
+  auto shape = std::find_if(shapes_.begin(), shapes_.end(), [&](const Shape& s) {
+    return s.out == out && s.in == in && s.accumulate == accumulate;
+  });
+  if (shape == shapes_.end()) {
+    shapes_.push_back(Shape{.out = out, .in = in, .accumulate = accumulate, .plan_index = {}});
+    shape = shapes_.end() - 1;
+  }
+  const size_t at = static_cast<size_t>(tokens);
+  if (shape->plan_index.size() <= at) shape->plan_index.resize(at + 1, -1);
+  shape->plan_index[at] = static_cast<int32_t>(plans_.size());
+  plans_.push_back(made);
+  return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t GemmPlans::run(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
-                              int32_t tokens, int32_t out, int32_t in, float beta) {
-  if (tokens < 0 || out < 1 || in < 1) return CUBLAS_STATUS_INVALID_VALUE;
-  if (tokens == 0) return CUBLAS_STATUS_SUCCESS;
-  Plan* plan = nullptr;
-  LS_LT_TRY(find(tokens, out, in, beta != 0.0f, &plan));
+cublasStatus_t GemmPlans::run(Plan& plan, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                              float* y, float beta) const {
+  if ((beta != 0.0f) != plan.accumulate) return CUBLAS_STATUS_INVALID_VALUE;
   const float alpha = 1.0f;
-  return cublasLtMatmul(handle_, &plan->matmul, &alpha, w, &plan->w_layout, x, &plan->x_layout,
-                        &beta, y, &plan->y_layout, y, &plan->y_layout, &plan->algo, workspace_,
+  return cublasLtMatmul(handle_, &plan.matmul, &alpha, w, &plan.w_layout, x, &plan.x_layout,
+                        &beta, y, &plan.y_layout, y, &plan.y_layout, &plan.algo, workspace_,
                         workspace_bytes_, stream_);
 }
 

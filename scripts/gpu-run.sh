@@ -21,7 +21,9 @@
 #                                # CUDA trace → exact replay on CUDA and teacher-forced on the CPU,
 #                                # `generate --record` / replay / check on CUDA, and
 #                                # `lockstep_gpu_bench --recording` (llama-1b, llama-8b; batch 1,
-#                                # 16, 64; context 1024; with and without the recorder), ~1 min.
+#                                # 16, 64; context 1024; with and without the recorder), then the
+#                                # CPU reference's `lockstep_bench_recording` on the host's idle
+#                                # cores (tiny at batch 16, five runs), ~2 min.
 #                                # Writes env.txt, recording_tests.log, recording_bench.log/json.
 #   scripts/gpu-run.sh tp        # on the H200 (one GPU or two): only tensor parallelism (issue 18):
 #                                # lockstep_gpu_tp_tests (both ranks on GPU 0; one rank per GPU when
@@ -58,7 +60,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=${DIST:-build-gpu/dist}
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep lockstep_bench_recording"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
 PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
@@ -88,15 +90,17 @@ package() {
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
   cp build-gpu/tests/lockstep_gpu_tests build-gpu/tests/lockstep_gpu_tp_tests build-gpu/bench/lockstep_gpu_bench \
      build-gpu/bench/lockstep_gpu_spec_bench build-gpu/bench/lockstep_gpu_attention_bench \
-     build-gpu/lockstep "$DIST/bin/"
+     build-gpu/bench/lockstep_bench_recording build-gpu/lockstep "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi
   strip "$DIST"/bin/*
   # Shared libraries the H200 host lacks (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the trace
-  # replayed by the determinism test), and this toolchain's libstdc++/libgcc_s for libfmt. cuBLAS
+  # replayed by the determinism test), this toolchain's libstdc++/libgcc_s for libfmt, and Google
+  # Benchmark's for the CPU recording benchmark. cuBLAS
   # comes from the host (13.1).
-  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so; do
+  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so \
+             libbenchmark.so.1debian; do
     cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"
   done
   git rev-parse --short=12 HEAD > "$DIST/commit.txt" 2>/dev/null || echo unknown > "$DIST/commit.txt"
@@ -508,6 +512,16 @@ run_recording() {
   grep -E '^\[  (PASSED|FAILED) |FAILED TEST|determinism:|cuda record:|IDENTICAL|agreement|invariant|VIOLATION' "$log" | tail -20
   timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/recording_bench.json" --recording \
       > "$OUT/recording_bench.log" 2>&1 || status=1
+  # The CPU reference's recording cost too, on this host's idle cores (the benchmark's own
+  # Google Benchmark figures; the generate workload five times).
+  {
+    echo "== CPU: lockstep_bench_recording ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2))"
+    for i in 1 2 3 4 5; do
+      timeout 60 "$DIST/bin/lockstep_bench_recording" --benchmark_filter=Generate 2>&1 |
+          grep -E '^generate|of which|CPU time'
+    done
+    timeout 120 "$DIST/bin/lockstep_bench_recording" --benchmark_filter='Row' 2>&1 | grep -E '^BM_'
+  } >> "$OUT/recording_bench.log" 2>&1 || status=1
   cat "$OUT/recording_bench.log"
   echo "gpu-run recording: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status

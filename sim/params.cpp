@@ -57,8 +57,9 @@ std::vector<std::string> sim_model_names() { return {"tiny", "tiny-hybrid"}; }
 namespace {
 
 // A hybrid world (issue 19): a working slot per batch row; the prefix cache and retraction by
-// swap are not implemented for recurrent state, so the seed's draws for them are overridden
-// (describe() names both). Speculative decoding and TP are refused by name.
+// swap are not in it yet (a swap of recurrent state cannot be recorded: the trace's CacheOp has
+// no state slot), so the seed's draws for them are overridden (describe() names both).
+// Speculative decoding and TP are refused by name.
 void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   const std::vector<std::string> names = sim_model_names();
   LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
@@ -150,7 +151,7 @@ std::string SimParams::describe() const {
   const std::string hybrid =
       recurrent_state
           ? fmt::format("\n  model {}: Mamba2 state slots {}; prefix cache off and host pages 0 "
-                        "(prefix hits and swap are not implemented for hybrids)",
+                        "(prefix hits and swap are not in the hybrid world yet)",
                         model, mamba_slots_count)
           : std::string();
   return fmt::format(

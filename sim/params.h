@@ -56,8 +56,8 @@ struct SimParams : SchedulerConfig {
   int32_t tp_degree = 1;
   // The named model shape the world runs (`lockstep sim --model`; not drawn): `tiny`, or the
   // hybrid `tiny-hybrid`, whose world has recurrent state (SchedulerConfig::recurrent_state, a
-  // working slot per batch row) and, not implemented for hybrids yet, no prefix cache and no
-  // retraction by swap: the seed's draws for those are overridden and describe() says so.
+  // working slot per batch row) and, not in it yet, no prefix cache and no retraction by swap:
+  // the seed's draws for those are overridden and describe() says so.
   std::string model = "tiny";
 
   // What a trace header records as the drafter: "none", "ngram" or "oracle-mix(p=0.50)".

@@ -14,6 +14,7 @@
 #include "trace/checks.h"
 #include "trace/trace_observer.h"
 #include "tests/mamba_slot_properties.h"
+#include "tests/prefix_hit_properties.h"
 #include "tests/scratch_dir.h"
 #include "tests/test_support.h"
 
@@ -22,6 +23,7 @@
 
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
@@ -43,18 +45,7 @@ using testing::prompt_for;
 
 constexpr int32_t kVocab = 512;
 
-const ModelWeights& hybrid_weights() {
-  // Its own directory: a ScratchDir is named after the running test, which may hold one too.
-  static const ModelWeights weights = [] {
-    const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep_{}_hybrid", ::getpid());
-    fs::create_directories(dir);
-    testing::write_hybrid_checkpoint(dir);
-    ModelWeights loaded = load_hf_directory(dir);
-    fs::remove_all(dir);
-    return loaded;
-  }();
-  return weights;
-}
+const ModelWeights& hybrid_weights() { return prefix_props::hybrid_weights(); }
 
 ExecutorConfig hybrid_config() {
   ExecutorConfig c = testing::small_config();
@@ -345,9 +336,21 @@ INSTANTIATE_TEST_SUITE_P(
                      [](ForwardOp& op) { op.rows[1].mamba_checkpoint_dst = 0; },
                      "row 1 (request 2, decode): mamba_checkpoint_dst_index 0 is written by an "
                      "earlier row"},
-        FieldRefusal{"dst_in_prefill_step", false,
-                     [](ForwardOp& op) { op.rows[0].mamba_checkpoint_dst = 7; },
-                     "checkpoints are snapshot in DECODE steps only"},
+        FieldRefusal{"dst_mid_page_prefill", false,
+                     [](ForwardOp& op) {
+                       op.rows[0].input_length = 3, op.rows[0].prompt_length = 3;
+                       op.prefill_token_ids.pop_back();
+                       op.rows[0].mamba_checkpoint_dst = 7;
+                     },
+                     "row 0 (request 1, prefill): mamba_checkpoint_dst_index 7 on a prefill chunk "
+                     "that ends at 3, inside a page (page_size 4)"},
+        FieldRefusal{"dst_decode_row_in_mixed_step", false,
+                     [](ForwardOp& op) {
+                       op.rows.push_back(decode_row(3, 4));
+                       op.rows.back().mamba_working = 5, op.rows.back().mamba_checkpoint_dst = 7;
+                     },
+                     "row 2 (request 3, decode): mamba_checkpoint_dst_index 7 on a decode row in a "
+                     "step with prefill rows: decode rows snapshot in DECODE steps only"},
         FieldRefusal{"cow_range", false, [](ForwardOp& op) { op.rows[0].mamba_cow_src = 12; },
                      "mamba_cow_src_index 12 is outside"},
         FieldRefusal{"cow_self", false,
@@ -397,6 +400,9 @@ TEST(MambaFields, ValidCombinationsAreAccepted) {
   op.rows[0].mamba_cow_src = 7, op.rows[0].mamba_branching_seqlen = 9;
   op.rows[1].mamba_checkpoint_dst = 3;
   EXPECT_NO_THROW(validate_forward_op(op, c, kVocab, true));
+  ForwardOp prefill = two_prefills();  // chunks that end a page (P = 4) may checkpoint
+  prefill.rows[0].mamba_checkpoint_dst = 7, prefill.rows[1].mamba_checkpoint_dst = 8;
+  EXPECT_NO_THROW(validate_forward_op(prefill, c, kVocab, true));
 }
 
 // ---- The CPU reference ---------------------------------------------------------------------
@@ -582,6 +588,83 @@ TEST(HybridCpu, CopyOnWriteFromACheckpointResumesTheSharedPrefix) {
   EXPECT_TRUE(same_bits(row_logits(r, 0), run_subject({kPrompt}, 1, 0).logits[0]));
 }
 
+// A prefill chunk that ends a page snapshots the working state into its checkpoint slot after the
+// step (the prefix cache's checkpoints at page-aligned chunk ends); a later chunk leaves it alone.
+TEST(HybridCpu, APrefillChunkThatEndsAPageCheckpointsItsState) {
+  HybridHarness h;
+  const std::vector<int32_t> prompt = prompt_for(kSubject, kPrompt);
+  ForwardOp first;
+  first.rows.push_back(prefill_row(kSubject, 1, 0, 8, kPrompt));
+  first.rows[0].mamba_working = 2, first.rows[0].mamba_checkpoint_dst = 9;
+  first.rows[0].refresh = {0, pages_from(20, 14)}, first.rows[0].sampling = SamplingParams{};
+  first.prefill_token_ids.assign(prompt.begin(), prompt.begin() + 8);
+  h.executor.step(first);
+  const std::vector<float> at_8 = h.backend.read_mamba_state(2);
+  EXPECT_GT(norm_of(at_8), 0.0);
+  EXPECT_TRUE(same_bits(h.backend.read_mamba_state(9), at_8));
+  ForwardOp rest;
+  rest.rows.push_back(prefill_row(kSubject, 1, 8, kPrompt - 8, kPrompt));
+  rest.rows[0].mamba_working = 2;
+  rest.prefill_token_ids.assign(prompt.begin() + 8, prompt.end());
+  h.executor.step(rest);
+  EXPECT_FALSE(same_bits(h.backend.read_mamba_state(2), at_8));
+  EXPECT_TRUE(same_bits(h.backend.read_mamba_state(9), at_8));
+}
+
+// Retraction by swap on the CPU reference: a cache op with a state slot copies that slot's state
+// into the host state of its first host page, and a swap-in copies it back into another slot,
+// bit for bit.
+TEST(HybridCpu, ASwapCarriesTheStateOutWithThePagesAndBackIn) {
+  ExecutorConfig c = hybrid_config();
+  c.host_pages_count = 6;
+  HybridHarness h(c);
+  const std::vector<int32_t> prompt = prompt_for(kSubject, 9);
+  ForwardOp prefill;
+  prefill.rows.push_back(prefill_row(kSubject, 1, 0, 9, 9));
+  prefill.rows[0].mamba_working = 2, prefill.rows[0].refresh = {0, pages_from(20, 4)};
+  prefill.rows[0].sampling = SamplingParams{};
+  prefill.prefill_token_ids = prompt;
+  h.executor.step(prefill);
+  const std::vector<float> state = h.backend.read_mamba_state(2);
+  ASSERT_GT(norm_of(state), 0.0);
+  h.executor.copy_pages(CacheOp{.kind = CacheOpKind::kSwapOut, .device_pages = {20, 21, 22},
+                                .host_pages = {4, 1, 2}, .state_slot = 2});
+  h.backend.apply_state_rules([] {
+    StepPlan plan;
+    plan.mamba_zeroes = {2};  // the slot goes to another request, which zeroes it
+    return plan;
+  }());
+  ASSERT_EQ(norm_of(h.backend.read_mamba_state(2)), 0.0);
+  h.executor.copy_pages(CacheOp{.kind = CacheOpKind::kSwapIn, .device_pages = {30, 31, 32},
+                                .host_pages = {4, 1, 2}, .state_slot = 7});
+  EXPECT_TRUE(same_bits(h.backend.read_mamba_state(7), state));
+  EXPECT_EQ(norm_of(h.backend.read_mamba_state(2)), 0.0);
+}
+
+TEST(HybridCpu, CacheOpStateSlotsAreValidated) {
+  ExecutorConfig c = hybrid_config();
+  c.host_pages_count = 6;
+  HybridHarness h(c);
+  const auto refused = [&](CacheOp op, const std::string& message) {
+    EXPECT_THAT([&] { h.executor.copy_pages(op); }, ThrowsMessage<Error>(HasSubstr(message)));
+  };
+  refused({.device_pages = {20}, .host_pages = {0}, .state_slot = 12},
+          "cache op swap_out: state_slot 12 is outside [0, mamba_slots_count = 12)");
+  refused({.device_pages = {20}, .host_pages = {0}, .state_slot = -2}, "state_slot -2 is outside");
+  refused({.kind = CacheOpKind::kSwapIn, .state_slot = 3},
+          "cache op swap_in: state_slot 3 with no pages: the state travels with the first host page");
+  CpuBackend recording_backend(hybrid_weights(), c);
+  Executor recording(c, kVocab, recording_backend, ExecutorOptions{.record = true});
+  EXPECT_THAT([&] { recording.copy_pages({.device_pages = {20}, .host_pages = {0}, .state_slot = 3}); },
+              ThrowsMessage<Error>(HasSubstr("recording a swap of recurrent state (state_slot 3) is "
+                                             "not implemented")));
+  ExecutorConfig plain_config = testing::small_config();
+  plain_config.host_pages_count = 2;
+  testing::Harness plain(plain_config);  // the tiny model: no Mamba layers
+  EXPECT_THAT([&] { plain.executor.copy_pages({.device_pages = {20}, .host_pages = {0}, .state_slot = 0}); },
+              ThrowsMessage<Error>(HasSubstr("state_slot 0 but the model has no Mamba layers")));
+}
+
 // ---- Serving end to end ----------------------------------------------------------------------
 
 std::map<RequestId, std::vector<int32_t>> serve(const std::vector<RequestSpec>& requests,
@@ -624,19 +707,98 @@ TEST(HybridServing, EachRequestsTokensEqualItsTokensServedAlone) {
 }
 
 TEST(HybridServing, TheSchedulerRefusesWhatTheStatePoolCannotServe) {
-  ExecutorConfig limits = hybrid_config();
+  ExecutorConfig limits = hybrid_config();  // B 8, 12 slots
   SchedulerConfig sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  EXPECT_TRUE(sc.prefix_cache);  // 4 slots past the working ones: checkpoints
+  EXPECT_NO_THROW(Scheduler{sc});
   sc.mamba_slots_count = sc.max_batch_rows - 1;
   EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("mamba_slots_count 7 is "
                                                                       "below max_batch_rows")));
+  limits.mamba_slots_count = limits.max_batch_rows;
   sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  EXPECT_FALSE(sc.prefix_cache);  // no slot for a checkpoint
   sc.prefix_cache = true;
-  EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("prefix_cache with "
-                                                                      "recurrent state")));
-  sc = scheduler_config_for_model(limits, hybrid_weights().config);
+  EXPECT_THAT([&] { Scheduler s(sc); },
+              ThrowsMessage<Error>(HasSubstr("prefix_cache with recurrent state (Mamba layers) "
+                                             "needs checkpoint slots, but mamba_slots_count 8 "
+                                             "leaves none past the max_batch_rows B = 8")));
+  sc.prefix_cache = false;
   sc.host_pages_count = 4;
-  EXPECT_THAT([&] { Scheduler s(sc); }, ThrowsMessage<Error>(HasSubstr("retraction by swap is "
-                                                                      "not implemented")));
+  EXPECT_NO_THROW(Scheduler{sc});  // retraction by swap carries the state
+  sc.verify_width = 2;
+  EXPECT_THAT([&] { Scheduler s(sc); },
+              ThrowsMessage<Error>(HasSubstr("verify_width 2 with recurrent state (Mamba layers) "
+                                             "and host_pages_count > 0 (retraction by swap): "
+                                             "speculative decoding is not implemented")));
+  sc.host_pages_count = 0;
+  EXPECT_NO_THROW(Scheduler{sc});  // the scheduler plans it; CpuBackend refuses W > 1 by name
+}
+
+// Requests sharing a 26-token prefix, two rows, so the later ones start after the earlier ones
+// cached their pages: with the prefix cache (checkpoints at the page-aligned chunk ends 12 and 24,
+// and slots enough that no checkpoint is taken back) they hit at 24, and every request's greedy
+// tokens and every logits row both runs computed are the same bits as without it.
+TEST(HybridServing, APrefixHitGivesTheSameTokensAndLogitsBits) {
+  const std::vector<int32_t> shared = prompt_for(90, 26);
+  std::vector<RequestSpec> requests;
+  for (RequestId id = 1; id <= 5; ++id) {
+    RequestSpec r{.id = id, .prompt = shared, .max_new_tokens = 8};
+    const std::vector<int32_t> suffix = prompt_for(id, 3 * static_cast<int32_t>(id));
+    r.prompt.insert(r.prompt.end(), suffix.begin(), suffix.end());
+    requests.push_back(std::move(r));
+  }
+  prefix_props::HybridWorld world{.max_batch_rows = 2, .page_size = 4, .pages_count = 80,
+                                  .prefill_chunk_tokens = 12, .checkpoint_slots = 24};
+  const prefix_props::ServedRun cached = prefix_props::serve(world, requests);
+  world.prefix_cache = false;
+  const prefix_props::ServedRun plain = prefix_props::serve(world, requests);
+  EXPECT_GE(cached.prefix_hit_tokens, 3 * 24) << "requests 3 to 5 hit the shared 24 (6 pages)";
+  EXPECT_EQ(plain.prefix_hit_tokens, 0);
+  EXPECT_EQ(prefix_props::compare_runs(cached, plain, requests), "");
+  for (const RequestSpec& r : requests) EXPECT_EQ(cached.tokens.at(r.id).size(), size_t{8});
+}
+
+// The same requests under page pressure that retracts — by swap (the working state copied out with
+// the pages and back in), by recompute, and with room enough that nothing retracts — give the same
+// tokens and logits bits; also with the prefix cache on, overlap off, and both.
+TEST(HybridServing, SwapRecomputeAndNoRetractionGiveTheSameTokensAndLogitsBits) {
+  std::vector<RequestSpec> requests;
+  for (RequestId id = 1; id <= 5; ++id) {
+    requests.push_back(RequestSpec{.id = id, .prompt = prompt_for(id, 9 + 5 * static_cast<int32_t>(id)),
+                                   .max_new_tokens = 14});
+  }
+  const prefix_props::HybridWorld tight{.max_batch_rows = 3, .page_size = 4, .pages_count = 20,
+                                        .prefill_chunk_tokens = 16, .checkpoint_slots = 4,
+                                        .prefix_cache = false};
+  prefix_props::HybridWorld roomy = tight;
+  roomy.pages_count = 80;
+  const prefix_props::ServedRun none = prefix_props::serve(roomy, requests);
+  ASSERT_EQ(none.swaps + none.recomputes, 0);
+  for (const bool overlap : {true, false}) {
+    for (const bool prefix_cache : {false, true}) {
+      prefix_props::HybridWorld world = tight;
+      world.overlap = overlap, world.prefix_cache = prefix_cache;
+      const prefix_props::ServedRun recompute = prefix_props::serve(world, requests);
+      world.host_pages_count = 40;
+      const prefix_props::ServedRun swap = prefix_props::serve(world, requests);
+      const std::string where = world.describe();
+      EXPECT_GT(recompute.recomputes, 0) << where;
+      EXPECT_EQ(recompute.swaps, 0) << where;
+      EXPECT_GT(swap.swaps, 0) << where;
+      EXPECT_EQ(prefix_props::compare_runs(recompute, none, requests), "") << where;
+      EXPECT_EQ(prefix_props::compare_runs(swap, none, requests), "") << where;
+    }
+  }
+}
+
+// Property (RapidCheck): a request's tokens are the same with and without a prefix hit, over
+// generated workloads; its planted companion is tests/prefix_hit_planted_test.cpp.
+TEST(PrefixHitProperty, TokensAreTheSameWithAndWithoutAPrefixHit) {
+  int hits = 0;
+  const std::optional<std::string> failure = prefix_props::counterexample(60, &hits);
+  EXPECT_FALSE(failure.has_value()) << *failure;
+  std::printf("%d of 60 workloads hit the prefix cache\n", hits);
+  EXPECT_GE(hits, 20) << "too few generated workloads hit the prefix cache to test anything";
 }
 
 // The scheduler's slots over generated workloads (retraction, overlap on and off); its planted
@@ -839,6 +1001,48 @@ TEST(HybridCli, ARecordedRunReplaysBitForBit) {
   EXPECT_THAT(out, HasSubstr("hybrid: layers MAMM; mamba2 heads 8 x 16, groups 2, state 16, conv 4 "
                              "(bias), dt in [0.05, 2]; state slots 16"));
   EXPECT_THAT(out, HasSubstr("1:P@1[0+30/30] state 0  2:P@2[0+45/45] state 1"));
+}
+
+// `--mamba-slots` above `--max-batch-rows` turns the prefix cache on for a hybrid: prompts that
+// share a prefix give the tokens of the default (no prefix cache), and the recorded run — prefill
+// rows that checkpoint, hits that copy a checkpoint in — replays bit for bit.
+TEST(HybridCli, MoreStateSlotsThanRowsServeThePrefixCacheAndReplay) {
+  const testing::ScratchDir dir;
+  const fs::path model = dir.file("bamba");
+  fs::create_directories(model);
+  testing::write_hybrid_checkpoint(model);
+  const std::vector<int32_t> shared = prompt_for(77, 40);
+  std::string lines;
+  for (RequestId id = 1; id <= 4; ++id) {
+    std::vector<int32_t> prompt = shared;
+    const std::vector<int32_t> suffix = prompt_for(id, 5 * static_cast<int32_t>(id));
+    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
+    lines += nlohmann::json{{"id", id}, {"prompt", prompt}, {"max_new_tokens", 10}}.dump() + "\n";
+  }
+  std::ofstream(dir.file("p.jsonl")) << lines;
+  const std::string run = fmt::format(
+      "timeout 120 '{0}' generate --model '{1}' --prompts '{2}' --max-batch-rows 2 "
+      "--prefill-chunk-tokens 16 --context-length 128 -q", LOCKSTEP_CLI, model.string(),
+      dir.file("p.jsonl").string());
+  const fs::path trace = dir.file("run.trace");
+  const std::string command = fmt::format(
+      "{0} --output '{1}' 2>'{3}' && {0} --mamba-slots 10 --output '{2}' --record '{4}' 2>>'{3}' "
+      "&& '{5}' replay '{4}' >'{6}' 2>&1", run, dir.file("plain.jsonl").string(),
+      dir.file("cached.jsonl").string(), dir.file("err.txt").string(), trace.string(), LOCKSTEP_CLI,
+      dir.file("replay.txt").string());
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << command << "\n" << read_text(dir.file("err.txt")) << read_text(dir.file("replay.txt"));
+  const std::string plain = read_text(dir.file("plain.jsonl"));
+  EXPECT_EQ(std::count(plain.begin(), plain.end(), '\n'), 4);
+  EXPECT_EQ(read_text(dir.file("cached.jsonl")), plain);
+  EXPECT_THAT(read_text(dir.file("replay.txt")),
+              HasSubstr("IDENTICAL: every compared output and digest matches bit for bit"));
+  // The hits happened: a hit row copies a checkpoint in, and trace inspect shows it.
+  const std::string inspect = fmt::format("'{}' trace inspect '{}' --steps 0:40 >'{}' 2>&1",
+                                          LOCKSTEP_CLI, trace.string(), dir.file("inspect.txt").string());
+  ASSERT_EQ(std::system(inspect.c_str()), 0);
+  EXPECT_THAT(read_text(dir.file("inspect.txt")), HasSubstr("cow"));
 }
 
 TEST(HybridCli, TheStatePoolFlagIsRefusedForAModelWithoutMambaLayers) {

@@ -51,18 +51,20 @@ SchedulerConfig config_of(const SlotWorkload& w) {
   c.page_size = w.page_size;
   c.pages_count = w.pages_count;
   c.prefill_chunk_tokens = w.prefill_chunk_tokens;
-  c.mamba_slots_count = w.max_batch_rows;
+  c.mamba_slots_count = w.max_batch_rows + w.checkpoint_slots;
+  c.host_pages_count = w.host_pages_count;
   c.overlap = w.overlap;
   c.recurrent_state = true;
-  c.prefix_cache = false;
+  c.prefix_cache = w.checkpoint_slots > 0;
   return c;
 }
 
 }  // namespace
 
 std::string SlotWorkload::describe() const {
-  return fmt::format("B {} P {} pages {} chunk {} overlap {} prompts [{}] new [{}]", max_batch_rows,
-                     page_size, pages_count, prefill_chunk_tokens, overlap ? "on" : "off",
+  return fmt::format("B {} P {} pages {} chunk {} overlap {} checkpoints {} host pages {} prompts "
+                     "[{}] new [{}]", max_batch_rows, page_size, pages_count, prefill_chunk_tokens,
+                     overlap ? "on" : "off", checkpoint_slots, host_pages_count,
                      fmt::join(prompt_lengths, ", "), fmt::join(new_tokens, ", "));
 }
 
@@ -78,6 +80,8 @@ rc::Gen<SlotWorkload> gen_slot_workload() {
     w.pages_count = *rc::gen::inRange(pages_per_request + 1, w.max_batch_rows * pages_per_request + 2);
     w.prefill_chunk_tokens = *rc::gen::inRange(2, 33);
     w.overlap = *rc::gen::inRange(0, 2) == 1;
+    w.checkpoint_slots = *rc::gen::inRange(0, 2) == 1 ? *rc::gen::inRange(1, 6) : 0;
+    w.host_pages_count = *rc::gen::inRange(0, 2) == 1 ? 2 * pages_per_request : 0;
     const int32_t requests = *rc::gen::inRange(2, 11);
     for (int32_t i = 0; i < requests; ++i) {
       const int32_t prompt = *rc::gen::inRange(1, kContextLength - 8);
@@ -94,8 +98,10 @@ std::string working_slots_never_shared(const SlotWorkload& w) {
   for (size_t i = 0; i < w.prompt_lengths.size(); ++i) {
     RequestSpec r;
     r.id = static_cast<RequestId>(i + 1);
+    // Prompts share their first tokens (ids repeat every 8 requests), so prefix hits happen.
     for (int32_t t = 0; t < w.prompt_lengths[i]; ++t) {
-      r.prompt.push_back(static_cast<int32_t>((r.id * 13 + static_cast<uint64_t>(t) * 5) % kVocab));
+      const uint64_t salt = t < 12 ? 0 : r.id % 8;
+      r.prompt.push_back(static_cast<int32_t>((salt * 13 + static_cast<uint64_t>(t) * 5) % kVocab));
     }
     r.max_new_tokens = w.new_tokens[i];
     scheduler.submit(r, kVocab);
@@ -126,6 +132,8 @@ std::string working_slots_never_shared(const SlotWorkload& w) {
     } else {
       scheduler.apply_result(plan.op, result);
     }
+    const std::string accounting = scheduler.check_accounting();
+    if (!accounting.empty()) return fmt::format("{}: step {}: {}", w.describe(), step, accounting);
   }
   return "";
 }

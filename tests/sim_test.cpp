@@ -111,7 +111,7 @@ TEST(SimSweep, EverySiteOnAtOnce) {
 }
 
 // The world on tiny-hybrid (issue 19) with every fault site on: the recurrent-state checkers after
-// every step, retraction by recompute only (no swap, no prefix hits: not implemented for hybrids).
+// every step, retraction by recompute only (no swap, no prefix hits: not in the hybrid world yet).
 TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   SimOverrides overrides;
   overrides.model = "tiny-hybrid";
@@ -128,7 +128,7 @@ TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   EXPECT_FALSE(p.prefix_cache);
   EXPECT_EQ(p.host_pages_count, 0);
   EXPECT_EQ(p.mamba_slots_count, p.max_batch_rows);
-  EXPECT_NE(p.describe().find("prefix hits and swap are not implemented for hybrids"), std::string::npos);
+  EXPECT_NE(p.describe().find("prefix hits and swap are not in the hybrid world yet"), std::string::npos);
   EXPECT_NE(reproduce_command(p, overrides).find("--model tiny-hybrid"), std::string::npos);
   // The same seed on tiny draws the same world but for what the hybrid overrides.
   SimOverrides tiny = overrides;

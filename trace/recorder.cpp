@@ -20,12 +20,14 @@
 #include <thread>
 
 #include <pthread.h>
+#include <sys/resource.h>
 
 namespace ls::trace {
 
 namespace {
 
 constexpr size_t kFreeItemsMax = 1024;
+constexpr int kWriterNice = 10;
 constexpr uint64_t kItemOverheadBytes = 128;
 // The first segment every record is built in, reused (capnp zeroes what it used when the builder
 // is destroyed): a record that fits allocates nothing. 128 KiB holds a batch-256 output record.
@@ -364,6 +366,10 @@ std::unique_ptr<Recorder> Recorder::open(const std::filesystem::path& path,
   state->writer = std::thread([raw] {
     // Named so that `top -H`, perf and gdb tell it from the serving loop's thread.
     pthread_setname_np(pthread_self(), "ls-trace-writer");
+    // Below the serving loop's priority: on a host whose cores are all busy the loop keeps its
+    // share and the writer takes what is left; the in-flight bound (push() waits) stops a
+    // starved writer from letting records pile up. Best effort: a refusal changes nothing else.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), kWriterNice);
     raw->writer_main();
   });
   return std::unique_ptr<Recorder>(new Recorder(std::move(state)));

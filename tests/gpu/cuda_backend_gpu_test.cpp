@@ -138,6 +138,33 @@ TEST(CudaDeterminism, RunTwiceAndGraphVersusEagerGiveIdenticalTokens) {
   EXPECT_EQ(generate(graphs, sc, kTinyVocab, requests), first);
 }
 
+// Every GEMM plan is made at construction: for tiny (every dimension a multiple of 8, so the GEMV
+// takes the counts up to gemv_tokens_max), the four layer products at each token count the GEMV
+// does not run, up to step_tokens_max, and the LM head at each such count of logits rows; a run
+// of prefill chunks and decode steps (eager, then graphs) adds none. fp32 plans none.
+TEST(CudaGemmPlans, EveryShapeIsPlannedAtConstructionAndNoStepAddsOne) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const SchedulerConfig sc = tiny_scheduler();
+  const ExecutorConfig ec = executor_config_for(sc);
+  const ModelConfig& m = tiny().config;
+  ASSERT_EQ(m.hidden_size % 8, 0);
+  ASSERT_EQ(m.q_size() % 8, 0);
+  ASSERT_EQ(m.ffn_size % 8, 0);
+  const auto requests = greedy_requests(20, 30, 24, kTinyVocab, 11);
+  for (const int32_t gemv : {8, 0}) {
+    const int64_t expected =
+        4 * int64_t{ec.step_tokens_max() - gemv} + (ec.logits_rows_max() - gemv);
+    for (const bool graphs : {false, true}) {
+      CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs, .gemv_tokens_max = gemv});
+      EXPECT_EQ(cuda.gemm_plans_count(), expected) << "gemv " << gemv << " graphs " << graphs;
+      generate(cuda, sc, kTinyVocab, requests);
+      EXPECT_EQ(cuda.gemm_plans_count(), expected) << "after the steps";
+    }
+  }
+  CudaBackend fp32(tiny(), ec, CudaBackendOptions{.precision = CudaPrecision::kFp32});
+  EXPECT_EQ(fp32.gemm_plans_count(), 0);
+}
+
 // Retraction by swap (copy_pages) in the fp32 mode: every sequence equal to the CPU reference's.
 TEST(CudaSwap, RetractionBySwapMatchesTheCpu) {
   LS_SKIP_WITHOUT_DEVICE();

@@ -253,7 +253,8 @@ std::vector<float> linear_ref(const std::vector<float>& x, const std::vector<flo
 
 // y = x·wᵀ + beta·y through cuBLASLt with pinned plans (bf16 in, fp32 accumulate), against fp64
 // on the same bf16 values; beta = 1 is the fused residual add. One plan per (shape, beta ≠ 0),
-// reused: a second product of the same shape gives the same bits.
+// made by prepare and only looked up by find: a second product of the same plan gives the same
+// bits, and a shape never prepared has no plan (run cannot make one).
 TEST_P(TokenCounts, GemmMatchesFp64AndIsDeterministic) {
   LS_SKIP_WITHOUT_DEVICE();
   const int32_t tokens = GetParam(), out_dim = 333, in_dim = 264;
@@ -264,21 +265,28 @@ TEST_P(TokenCounts, GemmMatchesFp64AndIsDeterministic) {
   DeviceBuffer<float> d_y(y0);
   DeviceBuffer<uint8_t> workspace(size_t(32) << 20);
   kernels::GemmPlans plans(nullptr, workspace.ptr, workspace.count);
+  for (const bool accumulate : {false, true}) {
+    ASSERT_EQ(plans.prepare(tokens, out_dim, in_dim, accumulate), CUBLAS_STATUS_SUCCESS);
+  }
   ASSERT_EQ(plans.prepare(tokens, out_dim, in_dim, false), CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(plans.plans_count(), 1u);
+  EXPECT_EQ(plans.plans_count(), 2u) << "one pinned plan per shape and beta kind";
+  EXPECT_EQ(plans.find(tokens + 1, out_dim, in_dim, false), nullptr) << "never prepared";
+  EXPECT_EQ(plans.find(tokens, out_dim + 1, in_dim, false), nullptr) << "never prepared";
   for (const float beta : {0.0f, 1.0f}) {
+    kernels::GemmPlans::Plan* plan = plans.find(tokens, out_dim, in_dim, beta != 0.0f);
+    ASSERT_NE(plan, nullptr);
+    EXPECT_EQ(plans.run(*plan, d_x.ptr, d_w.ptr, d_y.ptr, 1.0f - beta), CUBLAS_STATUS_INVALID_VALUE)
+        << "a plan runs with the beta kind it was made for";
     d_y.upload(y0);
-    ASSERT_EQ(plans.run(d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim, in_dim, beta),
-              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(plans.run(*plan, d_x.ptr, d_w.ptr, d_y.ptr, beta), CUBLAS_STATUS_SUCCESS);
     const std::vector<float> y = d_y.download();
     EXPECT_LT(relative_error(y, linear_ref(x, w, y0, tokens, out_dim, in_dim, beta)), kFp32)
         << "beta " << beta;
     d_y.upload(y0);
-    ASSERT_EQ(plans.run(d_x.ptr, d_w.ptr, d_y.ptr, tokens, out_dim, in_dim, beta),
-              CUBLAS_STATUS_SUCCESS);
+    ASSERT_EQ(plans.run(*plan, d_x.ptr, d_w.ptr, d_y.ptr, beta), CUBLAS_STATUS_SUCCESS);
     EXPECT_EQ(d_y.download(), y) << "run to run";
   }
-  EXPECT_EQ(plans.plans_count(), 2u) << "one pinned plan per shape and beta kind";
+  EXPECT_EQ(plans.plans_count(), 2u) << "running made no plan";
 }
 
 INSTANTIATE_TEST_SUITE_P(OddSizes, TokenCounts, ::testing::Values(1, 7, 129, 2048));

@@ -1,5 +1,7 @@
 // Round trips of every record kind through the recorder and the reader, compared field by field
 // with values written here by hand, and the digest helpers against XXH3 called directly.
+#include "core/logits_digest.h"
+#include "core/ops/nan_guard.h"
 #include "tests/trace/trace_test_support.h"
 #include "trace/checks.h"
 #include "trace/digests.h"
@@ -396,6 +398,44 @@ TEST(TraceDigests, EveryDigestPathIsTheFormatsDefinition) {
     const uint64_t expected = spec_logits_digest(row);
     EXPECT_EQ(logits_row_digest(row), expected) << "length " << n;
     EXPECT_EQ(logits_row_digest_portable(row), expected) << "length " << n;
+  }
+}
+
+// The guard's row pass (both paths) against rule 5 value by value and the digest's definition
+// of the row it leaves: every length up to 300 (the vector loop and its masked tail), rows of
+// random bits (NaNs and infinities among them), with and without the digest.
+TEST(TraceDigests, EverySanitisePathIsTheGuardAndTheDigestOfItsResult) {
+  std::mt19937 rng(8);
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            -0.0f, 1e30f, -1e30f, std::numeric_limits<float>::max()};
+  for (size_t n = 0; n <= 300; ++n) {
+    std::vector<float> row(n);
+    for (float& x : row) {
+      const uint32_t u = static_cast<uint32_t>(rng());
+      std::memcpy(&x, &u, 4);
+      if (rng() % 8 == 0) x = specials[rng() % 8];
+    }
+    if (n % 3 == 0) {  // some rows without a NaN
+      for (float& x : row) x = std::isnan(x) ? 2.0f : x;
+    }
+    std::vector<float> expected = row;
+    bool expected_nan = false;
+    for (float& x : expected) {
+      expected_nan |= std::isnan(x);
+      x = ops::sanitised_logit(x);
+    }
+    for (const auto path : {sanitise_logits_row, sanitise_logits_row_portable}) {
+      for (const bool with_digest : {false, true}) {
+        std::vector<float> got = row;
+        uint64_t digest = 0;
+        ASSERT_EQ(path(got, with_digest ? &digest : nullptr), expected_nan) << "length " << n;
+        ASSERT_EQ(std::memcmp(got.data(), expected.data(), n * sizeof(float)), 0) << "length " << n;
+        if (with_digest) {
+          ASSERT_EQ(digest, spec_logits_digest(expected)) << "length " << n;
+        }
+      }
+    }
   }
 }
 

@@ -1,0 +1,164 @@
+// The model runner: the forward's kernels for one step (embedding, every layer, final norm and LM
+// head) and its linear layers (GEMV, pinned cuBLASLt plans, or pedantic fp32 cuBLAS).
+#include "kernels/cuda_backend_impl.h"
+
+#include "kernels/gemm.h"
+#include "kernels/layer_ops.h"
+
+#include <type_traits>
+
+namespace ls {
+
+using kernels::bf16;
+
+// The linear layers' shapes, one place for the forward that runs them and plan_gemms that plans
+// them: at TP 1 the o and down products add into the residual stream (beta = 1); at TP > 1 they
+// write this rank's partial (row_parallel), and the LM head this rank's vocabulary rows.
+CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes() const {
+  const bool into_residual = shard.degree == 1;
+  return LinearShapes{
+      .qkv = {.out = q_size + 2 * kv_size, .in = hidden, .accumulate = false},
+      .o = {.out = hidden, .in = q_size, .accumulate = into_residual},
+      .gate_up = {.out = 2 * ffn, .in = hidden, .accumulate = false},
+      .down = {.out = hidden, .in = ffn, .accumulate = into_residual},
+      .lm_head = {.out = shard.degree > 1 ? shard.vocab_rows : vocab, .in = hidden,
+                  .accumulate = false},
+  };
+}
+
+bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
+  return tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0;
+}
+
+// Every bf16 product a step can ask linear() for, planned at construction so that a step's
+// launches only look plans up: each layer product at every token count a step may carry (decode
+// buckets × W, and any prefill or mixed count up to step_tokens_max), the LM head at every count
+// of logits rows; the counts the GEMV runs need none. fp32 runs pedantic cuBLAS, unplanned.
+void CudaBackend::Impl::plan_gemms() {
+  if (options.precision == CudaPrecision::kFp32) return;
+  const LinearShape layer_shapes[] = {linears.qkv, linears.o, linears.gate_up, linears.down};
+  const auto plan_all = [this](const LinearShape& shape, int32_t tokens_count) {
+    for (int32_t t = 1; t <= tokens_count; ++t) {
+      if (uses_gemv(t, shape.in)) continue;
+      LS_CUBLAS(gemm_plans->prepare(t, shape.out, shape.in, shape.accumulate));
+    }
+  };
+  for (const LinearShape& shape : layer_shapes) plan_all(shape, tokens_max);
+  plan_all(linears.lm_head, logits_rows_max);
+}
+
+// y[tokens, shape.out] = x[tokens, shape.in] · wᵀ (+ y when shape.accumulate).
+template <typename T>
+void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
+                               LinearShape shape) {
+  const float beta = shape.accumulate ? 1.0f : 0.0f;
+  const int32_t out = shape.out, in = shape.in;
+  if constexpr (std::is_same_v<T, float>) {
+    LS_CUBLAS(kernels::gemm_f32_rowmajor(cublas.get(), x, w, y, tokens, out, in, beta));
+  } else {
+    if (uses_gemv(tokens, in)) {
+      LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
+    } else if (tokens > 0) {
+      kernels::GemmPlans::Plan* plan = gemm_plans->find(tokens, out, in, shape.accumulate);
+      LS_ASSERT(plan != nullptr, "no GEMM plan for {} tokens × [out {}, in {}]{}: plan_gemms "
+                "plans every shape at construction, a step never makes one", tokens, out, in,
+                shape.accumulate ? " accumulating" : "");
+      LS_CUBLAS(gemm_plans->run(*plan, x, w, y, beta));
+    }
+  }
+}
+
+template <typename T>
+void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
+  const kernels::LaunchStream s = forward_stream();
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  const int32_t qkv_rows = q_size + 2 * kv_size;
+  const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
+  T* k_layer = as<T>(k_cache) + li * kv_layer;
+  T* v_layer = as<T>(v_cache) + li * kv_layer;
+  T* x = as<T>(normed);
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                   attn_norm.get() + li * h, model.rms_eps, x, s));
+  mark(CudaPhase::kNorms);
+  linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
+  mark(CudaPhase::kGemmQkv);
+  if (model.qkv_bias || model.qk_norm) {
+    const size_t d = static_cast<size_t>(model.head_dim);
+    LS_CUDA(kernels::launch_qkv_bias_head_norm(
+        qkv.get(), tokens, model.query_heads_count, model.kv_heads_count, model.head_dim,
+        model.qkv_bias ? qkv_bias.get() + li * qkv_rows : nullptr,
+        model.qk_norm ? q_norm.get() + li * d : nullptr,
+        model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps, s));
+  }
+  LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
+                                   model.query_heads_count, model.kv_heads_count, model.head_dim,
+                                   rope_cos.get(), rope_sin.get(), positions_count, q.get(),
+                                   k_layer, v_layer, s));
+  mark(CudaPhase::kRope);
+  LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
+                                          positions.get(), token_pool_rows.get(), table.get(),
+                                          tokens, attention_workspace.get(),
+                                          attention_workspace.count(), as<T>(attn_out), s));
+  mark(CudaPhase::kAttention);
+  row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
+  mark(CudaPhase::kGemmO);
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                   ffn_norm.get() + li * h, model.rms_eps, x, s));
+  mark(CudaPhase::kNorms);
+  linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
+  mark(CudaPhase::kGemmGateUp);
+  LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
+  mark(CudaPhase::kSwiglu);
+  row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, linears.down);
+  mark(CudaPhase::kGemmDown);
+}
+
+template <typename T>
+void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) {
+  const kernels::LaunchStream s = forward_stream();
+  LS_CUDA(kernels::launch_embedding(as<T>(embedding), input_ids.get(), tokens, hidden,
+                                    residual.get(), s));
+  mark(CudaPhase::kEmbedding);
+  for (int32_t i = 0; i < layers; ++i) enqueue_layer<T>(i, tokens);
+  LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
+                                   hidden, final_norm.get(), model.rms_eps, as<T>(final_normed),
+                                   s));
+  lm_head_logits<T>(logits_rows);
+  mark(CudaPhase::kLmHead);
+}
+
+// The o and down projections into the residual stream: fused into the GEMM (beta = 1) at TP 1;
+// at TP > 1 this rank's partial over its `in` columns, all-reduced, then added.
+template <typename T>
+void CudaBackend::Impl::row_parallel(const T* x, const T* w, int32_t tokens, LinearShape shape) {
+  if (!tp) {
+    linear(x, w, residual.get(), tokens, shape);
+    return;
+  }
+  linear(x, w, tp->partial(), tokens, shape);
+  tp->reduce_into_residual(residual.get(), tokens, stream.get());
+}
+
+// logits [rows, vocab]: at TP > 1 this rank's vocabulary shard, all-gathered from every rank.
+template <typename T>
+void CudaBackend::Impl::lm_head_logits(int32_t logits_rows) {
+  if (!tp) {
+    const T* head = as<T>(model.tied_embeddings ? embedding : lm_head);
+    linear(as<T>(final_normed), head, logits.get(), logits_rows, linears.lm_head);
+    return;
+  }
+  linear(as<T>(final_normed), as<T>(lm_head), tp->head_shard(), logits_rows, linears.lm_head);
+  tp->gather_logits(logits.get(), logits_rows, stream.get());
+}
+
+void CudaBackend::Impl::enqueue_forward(int32_t tokens, int32_t logits_rows) {
+  if (tp) tp->begin_forward();
+  if (options.precision == CudaPrecision::kFp32) {
+    enqueue_forward_as<float>(tokens, logits_rows);
+  } else {
+    enqueue_forward_as<bf16>(tokens, logits_rows);
+  }
+}
+
+}  // namespace ls
