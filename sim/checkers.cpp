@@ -155,7 +155,7 @@ void check_first_chunks(const StepObservation& o, std::vector<CheckFailure>& fai
   const StepPlan& plan = *o.plan;
   for (int32_t row = 0; row < o.op->prefill_rows_count(); ++row) {
     const OpRow& x = o.op->rows[row];
-    if (x.prefix_length != 0) continue;
+    if (x.prefix_length != 0 && x.mamba_cow_src < 0) continue;  // a later chunk: carries on
     const bool zeroed = std::find(plan.mamba_zeroes.begin(), plan.mamba_zeroes.end(),
                                   x.mamba_working) != plan.mamba_zeroes.end();
     const bool copied = std::any_of(plan.mamba_copies.begin(), plan.mamba_copies.end(),
@@ -164,9 +164,9 @@ void check_first_chunks(const StepObservation& o, std::vector<CheckFailure>& fai
                                     });
     if (x.mamba_cow_src >= 0 ? copied : zeroed) continue;
     return fail(failures, o.step, "mamba-first-chunk",
-                fmt::format("op row {} (request {}) starts its request at prefix 0 but its working "
-                            "slot {} is not {} before the forward", row, x.request_id,
-                            x.mamba_working,
+                fmt::format("op row {} (request {}) starts its request at prefix {} but its "
+                            "working slot {} is not {} before the forward", row, x.request_id,
+                            x.prefix_length, x.mamba_working,
                             x.mamba_cow_src >= 0 ? fmt::format("copied from slot {}", x.mamba_cow_src)
                                                  : std::string("zeroed")));
   }

@@ -46,9 +46,10 @@ struct MambaSlotOwners {
 //                      working slot and every padded token −1, never a real slot (slot 0 is real);
 //   mamba-state-owner  only the slots the step's rows own (working, checkpoint) change state;
 //                      padding and other requests' slots keep their bits (digests);
-//   mamba-first-chunk  a prefill row that starts its request from nothing (prefix 0) has its
-//                      working slot zeroed (or copied from mamba_cow_src) before the forward —
-//                      the first chunk, and again after a retraction by recompute.
+//   mamba-first-chunk  a prefill row that starts its request from nothing (prefix 0) is planned
+//                      to zero its working slot before the forward — the first chunk, and again
+//                      after a retraction by recompute; a prefix hit's first chunk (cow_src) to
+//                      copy the checkpoint into it.
 void check_mamba_step(const StepObservation& o, const Scheduler& scheduler, MambaSlotOwners& owners,
                       std::vector<CheckFailure>& failures);
 // mamba-slot-owner alone, from the op and the scheduler (no model needed: the slot property of

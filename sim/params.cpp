@@ -56,10 +56,10 @@ std::vector<std::string> sim_model_names() { return {"tiny", "tiny-hybrid"}; }
 
 namespace {
 
-// A hybrid world (issue 19): a working slot per batch row; the prefix cache and retraction by
-// swap are not in it yet (a swap of recurrent state cannot be recorded: the trace's CacheOp has
-// no state slot), so the seed's draws for them are overridden (describe() names both).
-// Speculative decoding and TP are refused by name.
+// A hybrid world (issue 19): a working slot per batch row, checkpoint slots for the prefix cache
+// when the seed draws it; retraction by swap is not in it yet (a swap of recurrent state cannot be
+// recorded: the trace's CacheOp has no state slot), so the seed's host pages are overridden
+// (describe() says so). Speculative decoding and TP are refused by name.
 void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   const std::vector<std::string> names = sim_model_names();
   LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
@@ -71,8 +71,10 @@ void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   LS_REQUIRE(overrides.tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor "
              "parallelism is not implemented for them", overrides.tp_degree, p.model);
   p.recurrent_state = true;
-  p.mamba_slots_count = p.max_batch_rows;
-  p.prefix_cache = false;
+  // With the prefix cache, checkpoint slots past the B working ones (core/state_checkpoints.h):
+  // fewer than the cached page ends a run makes, so the pool runs dry and takes back the least
+  // recently used.
+  p.mamba_slots_count = p.prefix_cache ? 2 * p.max_batch_rows + 2 : p.max_batch_rows;
   p.host_pages_count = 0;
 }
 
@@ -150,9 +152,10 @@ std::string SimParams::describe() const {
                     : std::string();
   const std::string hybrid =
       recurrent_state
-          ? fmt::format("\n  model {}: Mamba2 state slots {}; prefix cache off and host pages 0 "
-                        "(prefix hits and swap are not in the hybrid world yet)",
-                        model, mamba_slots_count)
+          ? fmt::format("\n  model {}: Mamba2 state slots {} ({} working, {} checkpoints); host "
+                        "pages 0 (swap of recurrent state is not in the hybrid world yet: a trace "
+                        "cannot record it)", model, mamba_slots_count, max_batch_rows,
+                        mamba_slots_count - max_batch_rows)
           : std::string();
   return fmt::format(
       "seed {}\n"

@@ -11,7 +11,7 @@ file(REMOVE ${trace})
 execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seed 11 --faults all --record ${trace}
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
 if(NOT status EQUAL 0 OR NOT out MATCHES "checkers: all passed" OR NOT out MATCHES "twin run: same fingerprint"
-   OR NOT out MATCHES "prefix hits and swap are not in the hybrid world yet"
+   OR NOT out MATCHES "swap of recurrent state is not in the hybrid world yet"
    OR NOT out MATCHES "--model tiny-hybrid")
   message(FATAL_ERROR "hybrid sim seed 11 failed (${status}):\n${out}\n${err}")
 endif()

@@ -111,24 +111,32 @@ TEST(SimSweep, EverySiteOnAtOnce) {
 }
 
 // The world on tiny-hybrid (issue 19) with every fault site on: the recurrent-state checkers after
-// every step, retraction by recompute only (no swap, no prefix hits: not in the hybrid world yet).
+// every step, prefix hits through checkpoint slots, retraction by recompute only (no swap: not in
+// the hybrid world yet).
 TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   SimOverrides overrides;
   overrides.model = "tiny-hybrid";
   std::vector<FaultSite> all;
   for (int i = 0; i < kFaultSitesCount; ++i) all.push_back(static_cast<FaultSite>(i));
   overrides.faults = all;
-  const SweepTotals t = sweep(1, 30, overrides);
+  const SweepTotals t = sweep(1, 40, overrides);
   EXPECT_EQ(t.failed, 0);
   EXPECT_GT(t.retract_recompute, 0);
   EXPECT_EQ(t.retract_swap, 0);
-  EXPECT_EQ(t.prefix_hits, 0);
+  EXPECT_GT(t.prefix_hits, 0);
+  int32_t with_cache = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const SimParams p = derive_params(seed, overrides);
+    EXPECT_TRUE(p.recurrent_state);
+    EXPECT_EQ(p.host_pages_count, 0);
+    EXPECT_EQ(p.mamba_slots_count, p.prefix_cache ? 2 * p.max_batch_rows + 2 : p.max_batch_rows);
+    with_cache += p.prefix_cache ? 1 : 0;
+  }
+  EXPECT_GT(with_cache, 0);
+  EXPECT_LT(with_cache, 40);
   const SimParams p = derive_params(1, overrides);
-  EXPECT_TRUE(p.recurrent_state);
-  EXPECT_FALSE(p.prefix_cache);
-  EXPECT_EQ(p.host_pages_count, 0);
-  EXPECT_EQ(p.mamba_slots_count, p.max_batch_rows);
-  EXPECT_NE(p.describe().find("prefix hits and swap are not in the hybrid world yet"), std::string::npos);
+  EXPECT_NE(p.describe().find("swap of recurrent state is not in the hybrid world yet"),
+            std::string::npos);
   EXPECT_NE(reproduce_command(p, overrides).find("--model tiny-hybrid"), std::string::npos);
   // The same seed on tiny draws the same world but for what the hybrid overrides.
   SimOverrides tiny = overrides;
@@ -321,6 +329,16 @@ TEST(SimCheckers, FlagMambaPaddingForeignStateChangesAndUnzeroedFirstChunks) {
   EXPECT_EQ(f[0].checker, "mamba-first-chunk");
   EXPECT_EQ(f[0].detail, "op row 0 (request 5) starts its request at prefix 0 but its working slot "
                          "0 is not zeroed before the forward");
+
+  op.rows[0].prefix_length = 8;  // a prefix hit: the first chunk copies checkpoint slot 2
+  op.rows[0].mamba_cow_src = 2, op.rows[0].mamba_branching_seqlen = 8;
+  f = failures_of();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].checker, "mamba-first-chunk");
+  EXPECT_EQ(f[0].detail, "op row 0 (request 5) starts its request at prefix 8 but its working slot "
+                         "0 is not copied from slot 2 before the forward");
+  plan.mamba_copies = {{2, 0}};
+  EXPECT_TRUE(failures_of().empty());
 }
 
 // mamba-slot-owner across steps: request 2 on the working slot of request 1 while the scheduler
