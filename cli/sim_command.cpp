@@ -37,6 +37,7 @@ struct SimOptions {
   std::string results;  // JSONL, one line per seed
   std::string junit;    // JUnit XML
   int32_t tp_degree = 1;
+  std::string model = "tiny";  // a named shape of sim::sim_model_names()
 };
 
 // Seeds A..B split over N shards: shard I runs the seeds whose index (seed − A) is I mod N, so
@@ -53,6 +54,7 @@ sim::SimOverrides overrides_of(const SimOptions& o) {
   if (o.requests > 0) v.requests_count = o.requests;
   v.speculative = o.spec;
   v.tp_degree = o.tp_degree;
+  v.model = o.model;
   if (!o.drafter.empty()) {
     LS_REQUIRE(o.spec, "--drafter {} needs --spec (speculative mode)", o.drafter);
     v.drafter = sim::sim_drafter_named(o.drafter);
@@ -100,6 +102,9 @@ sim::WorldOptions world_options(const SimOptions& o) {
                "proposes the simulated run's reference continuations); --backend {} runs the "
                "n-gram drafter or none: add --drafter ngram, or drop --backend {} for this seed",
                p.seed, name, name);
+    LS_REQUIRE(!weights.config.has_recurrent_state(), "--model {}: model has Mamba2 layers, which "
+               "--backend {} does not run yet (the CPU reference does: drop --backend {})",
+               p.model, name, name);
     return make_backend(name, weights, limits, p.drafter_name(), false, p.tp_degree);
   };
   return world;
@@ -325,12 +330,20 @@ std::function<int()> add_sim_command(CLI::App& app) {
                   "NCCL, or all on GPU 0); the model (tiny) must shard N ways")
       ->check(CLI::Range(1, kTpDegreeMax))
       ->capture_default_str();
+  cmd->add_option("--model", o->model,
+                  fmt::format("The model the world runs, random weights from seed {}: {} (tiny-hybrid: "
+                              "Mamba2 + attention, the CPU reference, W 1, TP 1, no prefix cache, "
+                              "no swap)", kSimWeightsSeed, fmt::join(sim::sim_model_names(), ", ")))
+      ->check(CLI::IsMember(sim::sim_model_names()))
+      ->capture_default_str();
   cmd->footer(kExitStatusHelp);
   return [cmd, o, seed]() {
     if (!cmd->parsed()) return -1;
     LS_REQUIRE(seed->count() == 0 || o->seeds.empty(), "--seed {} and --seeds {}: give one of the two",
                o->seed, o->seeds);
-    const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
+    // The overrides refuse what the model cannot run (--spec, --tp on a hybrid) before a seed runs.
+    sim::derive_params(o->seed, overrides_of(*o));
+    const ModelWeights weights = weights_from_seed(model_config_named(o->model), kSimWeightsSeed);
     LS_REQUIRE(o->seeds.empty() || o->record.empty(), "--record takes a single --seed, not --seeds");
     LS_REQUIRE(o->shard.empty() || !o->seeds.empty(), "--shard {} splits a --seeds range: add --seeds A..B",
                o->shard);

@@ -120,8 +120,12 @@ void print_request_step(const trace::StepInputRecord& in, RequestId id) {
 void print_request_output(const trace::StepOutputRecord& out, const trace::StepInputRecord& in, RequestId id) {
   for (int32_t row = 0; row < in.op.rows_count(); ++row) {
     if (in.op.rows[row].request_id != id) continue;
-    fmt::print("             -> tokens [{}], vcl {}{}{}\n", fmt::join(out.result.row_tokens(row), ", "),
-               out.valid_cache_lengths.empty() ? -1 : out.valid_cache_lengths[row],
+    const std::string state =
+        out.mamba_state_digests.empty()
+            ? std::string()
+            : fmt::format(", state {:016x}", out.mamba_state_digests[static_cast<size_t>(row)]);
+    fmt::print("             -> tokens [{}], vcl {}{}{}{}\n", fmt::join(out.result.row_tokens(row), ", "),
+               out.valid_cache_lengths.empty() ? -1 : out.valid_cache_lengths[row], state,
                out.result.nan_flags[row] ? ", NaN flagged" : "", out.result.oov_flags[row] ? ", OOV flagged" : "");
   }
 }

@@ -22,6 +22,9 @@ struct InputSnapshot {
   std::vector<int32_t> input_ids;   // [step_tokens_max]
   std::vector<int32_t> positions;   // [step_tokens_max]
   std::vector<int64_t> slots;       // [step_tokens_max]
+  // A model with recurrent state: each token's working state slot, −1 past the step's tokens
+  // (padding must never read or write a real slot: slot 0 is real). Empty otherwise.
+  std::vector<int32_t> mamba_slots;  // [step_tokens_max]
 };
 
 class Backend {
@@ -86,6 +89,14 @@ class Backend {
   // let the executor run ahead (the serving loop does not when it has an observer).
   virtual StateSnapshot read_state(std::span<const int32_t> pool_rows) const = 0;
   virtual InputSnapshot read_inputs() const = 0;
+  // mamba_state_digest (core/logits_digest.h) of each of `slots` as the submitted steps left
+  // them (like read_state, waiting for a step in flight). A backend without recurrent state
+  // holds no slots.
+  virtual std::vector<uint64_t> read_mamba_digests(std::span<const int32_t> slots) const {
+    LS_ASSERT(slots.empty(), "backend {} has no recurrent state: {} slots asked", name(),
+              slots.size());
+    return {};
+  }
 
   // What the device measured of the last collected step (step stats; a backend that computes on
   // the host measures nothing and keeps the default).

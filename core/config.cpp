@@ -180,6 +180,17 @@ ModelConfig model_config_named(std::string_view name) {
     c.hidden_size = 64, c.layers_count = 2, c.query_heads_count = 4, c.kv_heads_count = 2;
     c.head_dim = 16, c.ffn_size = 128, c.vocab_size = 512, c.rope_theta = 10000.0f;
     c.rms_eps = 1e-5f, c.tied_embeddings = false;
+  } else if (name == "tiny-hybrid") {
+    // A CI-sized BambaForCausalLM: Mamba2, attention, Mamba2 (the simulator's and the properties'
+    // hybrid). BambaConfig's forced partial rotary (0.5 of head_dim 16); a time-step clamp that
+    // bites on both sides; no max_position_embeddings bound (a named random shape).
+    c.family = ModelFamily::kBamba;
+    c.hidden_size = 64, c.layers_count = 3, c.query_heads_count = 4, c.kv_heads_count = 2;
+    c.head_dim = 16, c.ffn_size = 128, c.vocab_size = 512, c.rope_theta = 10000.0f;
+    c.rms_eps = 1e-5f, c.tied_embeddings = false, c.partial_rotary_dim = 8;
+    c.layer_kinds = {LayerKind::kMamba2, LayerKind::kAttention, LayerKind::kMamba2};
+    c.mamba = MambaConfig{.heads_count = 4, .head_dim = 16, .groups_count = 2, .state_size = 8,
+                          .conv_kernel = 4, .conv_bias = true, .dt_min = 0.05f, .dt_max = 2.0f};
   } else if (name == "llama-1b") {
     c.hidden_size = 2048, c.layers_count = 16, c.query_heads_count = 32, c.kv_heads_count = 8;
     c.head_dim = 64, c.ffn_size = 8192, c.vocab_size = 128256, c.rope_theta = 500000.0f;
@@ -206,7 +217,7 @@ ModelConfig model_config_named(std::string_view name) {
 }
 
 std::vector<std::string> model_config_names() {
-  return {"tiny", "llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
+  return {"tiny", "tiny-hybrid", "llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
 }
 
 }  // namespace ls

@@ -142,7 +142,8 @@ struct ModelConfig {
 void check_context_length(const ModelConfig& model, int32_t context_length,
                           bool allow_beyond_max_positions);
 
-// The named shapes: `tiny` (CI-sized), `llama-1b` and `llama-8b` (GPU.md's shapes), `qwen3-0.6b`
+// The named shapes: `tiny` (CI-sized), `tiny-hybrid` (CI-sized Bamba: Mamba2, attention, Mamba2),
+// `llama-1b` and `llama-8b` (GPU.md's shapes), `qwen3-0.6b`
 // and `qwen2.5-7b` (a second and third family for the benchmarks).
 ModelConfig model_config_named(std::string_view name);
 std::vector<std::string> model_config_names();

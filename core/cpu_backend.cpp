@@ -110,7 +110,8 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
   std::fill(positions_.begin() + plan.tokens_count, positions_.end(), 0);
   std::fill(slots_.begin() + plan.tokens_count, slots_.end(), 0);
   std::fill(token_pool_rows_.begin() + plan.tokens_count, token_pool_rows_.end(), 0);
-  std::fill(token_mamba_slots_.begin() + plan.tokens_count, token_mamba_slots_.end(), -1);
+  std::fill(token_mamba_slots_.begin() + plan.tokens_count, token_mamba_slots_.end(),
+            seams::mamba_padding_slot());
   record_input_history(plan);
 }
 
@@ -226,6 +227,7 @@ void CpuBackend::clear_optional_fields(StepResult& result) {
   result.state.valid_cache_length.clear();
   result.state.future_inputs.clear();
   result.state.table.clear();
+  result.mamba_state_digests.clear();
 }
 
 // The trace's view of the step (core/logits_digest.h), from the sanitised logits the sampler
@@ -242,6 +244,11 @@ void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
     append_top_logits(row, plan.top_logits_count, result.top_logits);
   }
   snapshot_rows(plan.pool_rows, result.state);
+  if (!model_.has_recurrent_state()) return;
+  result.mamba_state_digests.reserve(plan.mamba_working.size());
+  for (const int32_t slot : plan.mamba_working) {  // required on such a model: every row has one
+    result.mamba_state_digests.push_back(model_.mamba_state_digest(slot));
+  }
 }
 
 // Rule 5: a row is flagged when any of its logits rows holds a NaN; every logits row is then
@@ -411,6 +418,20 @@ void CpuBackend::snapshot_rows(std::span<const int32_t> pool_rows, StateSnapshot
   }
 }
 
-InputSnapshot CpuBackend::read_inputs() const { return {input_ids_, positions_, slots_}; }
+InputSnapshot CpuBackend::read_inputs() const {
+  InputSnapshot s{input_ids_, positions_, slots_, {}};
+  if (model_.has_recurrent_state()) s.mamba_slots = token_mamba_slots_;
+  return s;
+}
+
+std::vector<uint64_t> CpuBackend::read_mamba_digests(std::span<const int32_t> slots) const {
+  std::vector<uint64_t> digests;
+  digests.reserve(slots.size());
+  for (const int32_t slot : slots) {
+    LS_ASSERT(slot >= 0 && slot < config_.mamba_slots_count, "mamba slot {}", slot);
+    digests.push_back(model_.mamba_state_digest(slot));
+  }
+  return digests;
+}
 
 }  // namespace ls

@@ -43,6 +43,7 @@ class CpuBackend final : public Backend {
   void copy_pages(const CacheOp& op) override { model_.copy_pages(op); }
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
+  std::vector<uint64_t> read_mamba_digests(std::span<const int32_t> slots) const override;
 
  private:
   void guard_logits(const StepPlan& plan, StepResult& result);

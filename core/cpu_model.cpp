@@ -1,6 +1,7 @@
 #include "core/cpu_model.h"
 
 #include "core/check.h"
+#include "core/logits_digest.h"
 #include "core/host_memory.h"
 #include "core/mamba_mixer.h"
 #include "core/ops/layer_math.h"
@@ -142,6 +143,13 @@ std::vector<float> CpuModel::read_mamba_state(int32_t slot) const {
   LS_ASSERT(slot >= 0 && slot < limits_.mamba_slots_count, "mamba slot {}", slot);
   const float* from = mamba_states_.data() + static_cast<size_t>(slot) * mamba_slot_floats_;
   return std::vector<float>(from, from + mamba_slot_floats_);
+}
+
+uint64_t CpuModel::mamba_state_digest(int32_t slot) const {
+  LS_ASSERT(slot >= 0 && slot < limits_.mamba_slots_count, "mamba slot {}", slot);
+  return ls::mamba_state_digest(std::span<const float>(
+      mamba_states_.data() + static_cast<size_t>(slot) * mamba_slot_floats_,
+      static_cast<size_t>(mamba_slot_floats_)));
 }
 
 float* CpuModel::kv_at(int64_t slot, int32_t layer, int32_t which) {

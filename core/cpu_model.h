@@ -55,6 +55,8 @@ class CpuModel {
   void copy_mamba_state(int32_t src, int32_t dst);
   // One slot's state, every Mamba layer's conv window and SSM state in layer order (tests).
   std::vector<float> read_mamba_state(int32_t slot) const;
+  // mamba_state_digest (core/logits_digest.h) of one slot: its floats are stored in that order.
+  uint64_t mamba_state_digest(int32_t slot) const;
   // Copies whole pages between the device KV pool and the host pool.
   // KV pages, and with op.state_slot >= 0 the recurrent state of that slot.
   void copy_pages(const CacheOp& op);

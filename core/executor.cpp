@@ -1,6 +1,7 @@
 #include "core/executor.h"
 
 #include "core/check.h"
+#include "core/seams.h"
 
 #include <algorithm>
 #include <utility>
@@ -203,7 +204,7 @@ void Executor::plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode m
   p.mamba_working.push_back(row.mamba_working);
   if (row.mamba_working < 0) return;
   if (row.mamba_cow_src >= 0) p.mamba_copies.push_back({row.mamba_cow_src, row.mamba_working});
-  if (row.kind == RowKind::kPrefill && row.mamba_cow_src < 0 && row.prefix_length == 0) {
+  if (seams::mamba_zeroes_working_slot(row)) {
     p.mamba_zeroes.push_back(row.mamba_working);
   }
   const bool snapshots = mode == ForwardMode::kDecode || row.kind == RowKind::kPrefill;

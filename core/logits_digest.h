@@ -56,6 +56,14 @@ uint64_t logits_row_digest(std::span<const float> row);
 // that hold both paths to the definition.
 uint64_t logits_row_digest_portable(std::span<const float> row);
 
+// The digest of one recurrent-state slot (a model with Mamba layers; trace/trace.capnp
+// "DIGESTS", mambaStateDigests): the digest above over the slot's N fp32 values in this fixed
+// order — for each Mamba layer in layer order, its conv window [conv_dim, conv_kernel] (row-major,
+// the oldest input first, as transformers keeps it) then its SSM state [heads, head_dim,
+// state_size] — with V = N. A CUDA backend computes it from the same per-element functions.
+inline uint64_t mamba_state_digest(std::span<const float> slot_state) {
+  return logits_row_digest(slot_state);
+}
 // Rule 5, the NaN guard (core/ops/nan_guard.h), over one row in place: whether it held a NaN.
 // With `digest`, also the digest above of the row as sanitised, computed in the same pass (the
 // record's digest then reads the row once with the guard; on CPUs with AVX-512, 16 logits an

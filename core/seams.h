@@ -10,12 +10,25 @@
 namespace ls {
 
 struct SchedRequest;
+struct OpRow;
 
 namespace seams {
 
 // The accepted length a decode row commits inside the step (site 1 of the context clamp,
 // core/cpu_backend.cpp): the clamp. Planted (tests/planted/clamp_one_site.cpp): unclamped.
 int32_t accepted_committed_in_step(int32_t accepted, int32_t vcl_old, int32_t context_length);
+
+// The working state slot a padded token (past the step's tokens) carries in the backend's token
+// buffer: −1, none (slot 0 is a real slot). Planted (tests/planted/pad_mamba_slot_zero.cpp): 0,
+// as the KV slot rule pads with the dummy slot 0.
+int32_t mamba_padding_slot();
+
+// Whether a row's working slot is zeroed before the forward: a prefill row that starts the
+// request from nothing (prefix 0, no copy-on-write source), so its state owes nothing to whoever
+// held the slot before — the first chunk, and the first chunk again after a retraction by
+// recompute. Planted (tests/planted/skip_mamba_zeroing.cpp): never, so a reused or recomputed
+// slot keeps its old state.
+bool mamba_zeroes_working_slot(const OpRow& row);
 
 // The pages an ending request gives back to the allocator: all it holds. Planted
 // (tests/planted/leak_page_on_abort.cpp): an aborted request keeps its last page.

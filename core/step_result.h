@@ -36,6 +36,9 @@ struct StepResult {
   int32_t top_logits_count = 0;           // k
   std::vector<TopLogit> top_logits;       // [logits rows, k]
   StateSnapshot state;                    // the op's pool rows after the step, in op row order
+  // A model with recurrent state: mamba_state_digest of each op row's working slot after the
+  // step (checkpoint snapshots included), in op row order. Empty otherwise.
+  std::vector<uint64_t> mamba_state_digests;  // [bs]
 
   // The tokens a row emitted this step: one for a prefill row, a' for a decode row.
   std::vector<int32_t> row_tokens(int32_t row) const;

@@ -81,6 +81,9 @@ struct ScopeNanos {
 void CudaBackend::forward(const StepPlan& plan) {
   Impl& m = *impl_;
   const ScopeNanos timer{&m.last_forward_ns};
+  LS_REQUIRE(!(plan.record && m.hybrid()), "cuda backend: recording model '{}' (Mamba2 layers): "
+             "the state digests a hybrid's record holds are not computed on the device yet "
+             "(record it on the CPU backend)", m.model.name);
   m.stage(plan);
   if (plan.rows_count == 0) {
     // An IDLE step at TP > 1 issues the busy step's collectives with no elements, so the ranks of

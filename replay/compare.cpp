@@ -105,6 +105,11 @@ std::optional<Divergence> first_divergence(const ForwardOp& op, const trace::Ste
       return diverged("future_input_digest", hex_slice(e.future_input_digests, one),
                       hex_slice(a.future_input_digests, one));
     }
+    if (!e.mamba_state_digests.empty() &&
+        !same_bits(e.mamba_state_digests, a.mamba_state_digests, one)) {
+      return diverged("mamba_state_digest", hex_slice(e.mamba_state_digests, one),
+                      hex_slice(a.mamba_state_digests, one));
+    }
     const size_t k = static_cast<size_t>(e.top_logits_count);
     const RowSpan top{out.begin * k, out.count * k};
     if (!e.top_logits.empty() && !same_top(e.top_logits, a.top_logits, top)) {

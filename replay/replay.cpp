@@ -279,6 +279,7 @@ class Replayer {
     cut(out.valid_cache_lengths, row, 1);
     cut(out.future_input_digests, row, 1);
     cut(out.drafts, row * w, w);
+    cut(out.mamba_state_digests, row, 1);
     cut(out.top_logits, begin * r.top_logits_count, count * r.top_logits_count);
     out.result.mode = op.mode();
     out.result.prefill_rows_count = op.prefill_rows_count();

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 
 namespace ls::replay {
 
@@ -97,6 +98,7 @@ class Checker {
     }
     OpenInput open{.input = std::move(in)};
     const ForwardOp& o = open.input.op;
+    if (!check_mamba_slots(open.input)) return;
     for (int32_t i = 0; i < o.rows_count(); ++i) {
       const OpRow& row = o.rows[i];
       PoolRowState& pr = rows_[row.pool_row];
@@ -137,6 +139,41 @@ class Checker {
       seat_[row.request_id] = row.pool_row;
     }
     open_.push_back(std::move(open));
+  }
+
+  // A working state slot changes hands only once the request holding it retracted, finished or
+  // aborted (its event releases the slot); a request that moves to another slot frees its old
+  // one. A step planned before a finish was known (overlap) may still carry the request: an ended
+  // request claims no slot again.
+  bool check_mamba_slots(const trace::StepInputRecord& in) {
+    const ForwardOp& op = in.op;
+    for (int32_t i = 0; i < op.rows_count(); ++i) {
+      const OpRow& row = op.rows[i];
+      if (row.mamba_working < 0 || ended_.count(row.request_id)) continue;
+      const auto held = holder_of_slot_.find(row.mamba_working);
+      if (held != holder_of_slot_.end() && held->second != row.request_id) {
+        violate(in.step, i, row.request_id, "mamba_slot", fmt::format("rows[{}].mamba_working", i),
+                fmt::format("working slot {} is given to this request while request {} holds it "
+                            "(no retract, finish or abort in between)", row.mamba_working,
+                            held->second));
+        return false;
+      }
+    }
+    for (const OpRow& row : op.rows) {
+      if (row.mamba_working < 0 || ended_.count(row.request_id)) continue;
+      release_slot(row.request_id);  // moved to another slot, or the same one again
+      slot_of_[row.request_id] = row.mamba_working;
+      holder_of_slot_[row.mamba_working] = row.request_id;
+    }
+    return true;
+  }
+
+  void release_slot(RequestId id) {
+    const auto held = slot_of_.find(id);
+    if (held == slot_of_.end()) return;
+    const auto holder = holder_of_slot_.find(held->second);
+    if (holder != holder_of_slot_.end() && holder->second == id) holder_of_slot_.erase(holder);
+    slot_of_.erase(held);
   }
 
   void on_output(const trace::StepOutputRecord& out) {
@@ -217,7 +254,9 @@ class Checker {
     // (with overlap, a step planned before the finish was known may still carry it).
     if (e.kind == EventKind::kRetract || e.kind == EventKind::kFinish || e.kind == EventKind::kAbort) {
       seat_.erase(e.request_id);
+      release_slot(e.request_id);
     }
+    if (e.kind == EventKind::kFinish || e.kind == EventKind::kAbort) ended_.insert(e.request_id);
   }
 
   trace::TraceReader reader_;
@@ -225,6 +264,9 @@ class Checker {
   CheckReport report_;
   std::vector<PoolRowState> rows_;          // [pool rows]
   std::map<RequestId, int32_t> seat_;       // request → its pool row while seated
+  std::map<int32_t, RequestId> holder_of_slot_;  // working state slot → the last request on it
+  std::map<RequestId, int32_t> slot_of_;         // request → its working slot
+  std::set<RequestId> ended_;                    // finished or aborted: claims no slot again
   std::deque<OpenInput> open_;
   std::optional<trace::StepInputRecord> deferred_;  // read while the step before it was open
   int64_t last_step_ = 0;

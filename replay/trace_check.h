@@ -6,6 +6,8 @@
 //   forward_op          the op passes ls::validate_forward_op (pool rows unique per step, ...)
 //   sampling            a request new to its pool row carries sampling parameters
 //   pool_row            a request is never on two pool rows at once (until retracted/finished)
+//   mamba_slot          (a model with Mamba layers) a working state slot changes requests only
+//                       after the request holding it retracted, finished or aborted
 //   decode_without_kv   a decode row on a pool row that holds no KV of its request is a recovery
 //                       (hist_token_length != -1)
 //   refresh             refresh slices start >= 0 with pages in [1, pages_count)

@@ -79,6 +79,109 @@ void check_step(const StepObservation& o, const Scheduler& scheduler,
   check_slots(o, scheduler, failures);
 }
 
+namespace {
+
+}  // namespace
+
+void check_mamba_slot_owners(int64_t step, const ForwardOp& op, const Scheduler& scheduler,
+                             MambaSlotOwners& owners, std::vector<CheckFailure>& failures) {
+  // Requests that moved (recovered on another pool row) free their old slot first.
+  for (const OpRow& row : op.rows) {
+    const auto moved = owners.of_request.find(row.request_id);
+    if (moved != owners.of_request.end() && moved->second != row.mamba_working) {
+      const auto held = owners.of_slot.find(moved->second);
+      if (held != owners.of_slot.end() && held->second == row.request_id) owners.of_slot.erase(held);
+    }
+    owners.of_request[row.request_id] = row.mamba_working;
+  }
+  for (const OpRow& row : op.rows) {
+    const auto it = owners.of_slot.find(row.mamba_working);
+    if (it != owners.of_slot.end() && it->second != row.request_id &&
+        owners.of_request[it->second] == row.mamba_working) {
+      const std::optional<RequestState> holder = scheduler.state_of(it->second);
+      if (holder == RequestState::kPrefilling || holder == RequestState::kDecoding) {
+        return fail(failures, step, "mamba-slot-owner",
+                    fmt::format("working slot {} given to request {} while request {} that holds "
+                                "it is {}", row.mamba_working, row.request_id, it->second,
+                                to_string(*holder)));
+      }
+    }
+    owners.of_slot[row.mamba_working] = row.request_id;
+  }
+}
+
+namespace {
+
+void check_padding_slots(const StepObservation& o, std::vector<CheckFailure>& failures) {
+  const std::vector<int32_t>& slots = o.inputs->mamba_slots;
+  int32_t token = 0;
+  for (int32_t row = 0; row < o.op->rows_count(); ++row) {
+    const OpRow& x = o.op->rows[row];
+    for (int32_t t = 0; t < x.input_length; ++t, ++token) {
+      if (static_cast<size_t>(token) < slots.size() && slots[token] == x.mamba_working) continue;
+      return fail(failures, o.step, "mamba-padding",
+                  fmt::format("token {} of op row {} (request {}) carries state slot {}, its "
+                              "row's working slot is {}", token, row, x.request_id,
+                              static_cast<size_t>(token) < slots.size() ? slots[token] : -2,
+                              x.mamba_working));
+    }
+  }
+  for (size_t t = static_cast<size_t>(token); t < slots.size(); ++t) {
+    if (slots[t] == -1) continue;
+    return fail(failures, o.step, "mamba-padding",
+                fmt::format("padded token {} (the step has {} tokens) carries state slot {}; "
+                            "padding must carry -1", t, token, slots[t]));
+  }
+}
+
+void check_state_owners(const StepObservation& o, std::vector<CheckFailure>& failures) {
+  std::set<int32_t> owned;
+  for (const OpRow& row : o.op->rows) {
+    owned.insert(row.mamba_working);
+    if (row.mamba_checkpoint_dst >= 0) owned.insert(row.mamba_checkpoint_dst);
+  }
+  const std::vector<uint64_t>& before = *o.mamba_before;
+  const std::vector<uint64_t>& after = *o.mamba_after;
+  for (size_t slot = 0; slot < before.size() && slot < after.size(); ++slot) {
+    if (before[slot] == after[slot] || owned.count(static_cast<int32_t>(slot))) continue;
+    return fail(failures, o.step, "mamba-state-owner",
+                fmt::format("state slot {} changed (digest {:016x} -> {:016x}) but no row of the "
+                            "step owns it (owned: {})", slot, before[slot], after[slot],
+                            fmt::join(owned, ", ")));
+  }
+}
+
+void check_first_chunks(const StepObservation& o, std::vector<CheckFailure>& failures) {
+  const StepPlan& plan = *o.plan;
+  for (int32_t row = 0; row < o.op->prefill_rows_count(); ++row) {
+    const OpRow& x = o.op->rows[row];
+    if (x.prefix_length != 0 && x.mamba_cow_src < 0) continue;  // a later chunk: carries on
+    const bool zeroed = std::find(plan.mamba_zeroes.begin(), plan.mamba_zeroes.end(),
+                                  x.mamba_working) != plan.mamba_zeroes.end();
+    const bool copied = std::any_of(plan.mamba_copies.begin(), plan.mamba_copies.end(),
+                                    [&](const MambaCopy& c) {
+                                      return c.src == x.mamba_cow_src && c.dst == x.mamba_working;
+                                    });
+    if (x.mamba_cow_src >= 0 ? copied : zeroed) continue;
+    return fail(failures, o.step, "mamba-first-chunk",
+                fmt::format("op row {} (request {}) starts its request at prefix {} but its "
+                            "working slot {} is not {} before the forward", row, x.request_id,
+                            x.prefix_length, x.mamba_working,
+                            x.mamba_cow_src >= 0 ? fmt::format("copied from slot {}", x.mamba_cow_src)
+                                                 : std::string("zeroed")));
+  }
+}
+
+}  // namespace
+
+void check_mamba_step(const StepObservation& o, const Scheduler& scheduler, MambaSlotOwners& owners,
+                      std::vector<CheckFailure>& failures) {
+  check_mamba_slot_owners(o.step, *o.op, scheduler, owners, failures);
+  check_padding_slots(o, failures);
+  if (o.mamba_before && o.mamba_after) check_state_owners(o, failures);
+  if (o.plan) check_first_chunks(o, failures);
+}
+
 void check_pages(int64_t step, const Scheduler& scheduler, const std::vector<RequestId>& submitted,
                  std::vector<CheckFailure>& failures) {
   const std::string own = scheduler.check_accounting();

@@ -1,5 +1,7 @@
 #include "sim/params.h"
 
+#include "core/check.h"
+#include "core/config.h"
 #include "sim/random.h"
 
 #include <fmt/format.h>
@@ -50,6 +52,34 @@ std::optional<FaultSite> fault_site_named(std::string_view name) {
   return std::nullopt;
 }
 
+std::vector<std::string> sim_model_names() { return {"tiny", "tiny-hybrid"}; }
+
+namespace {
+
+// A hybrid world (issue 19): a working slot per batch row, checkpoint slots for the prefix cache
+// when the seed draws it; retraction by swap is not in it yet (a swap of recurrent state cannot be
+// recorded: the trace's CacheOp has no state slot), so the seed's host pages are overridden
+// (describe() says so). Speculative decoding and TP are refused by name.
+void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
+  const std::vector<std::string> names = sim_model_names();
+  LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
+             "--model '{}': the simulator runs {}", overrides.model, fmt::join(names, ", "));
+  p.model = overrides.model;
+  if (!model_config_named(p.model).has_recurrent_state()) return;
+  LS_REQUIRE(!overrides.speculative, "--spec: model '{}' has Mamba2 layers; speculative decoding "
+             "is not implemented for them", p.model);
+  LS_REQUIRE(overrides.tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor "
+             "parallelism is not implemented for them", overrides.tp_degree, p.model);
+  p.recurrent_state = true;
+  // With the prefix cache, checkpoint slots past the B working ones (core/state_checkpoints.h):
+  // fewer than the cached page ends a run makes, so the pool runs dry and takes back the least
+  // recently used.
+  p.mamba_slots_count = p.prefix_cache ? 2 * p.max_batch_rows + 2 : p.max_batch_rows;
+  p.host_pages_count = 0;
+}
+
+}  // namespace
+
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
   SimRandom r(seed, kParamsStream);
   SimParams p;
@@ -92,6 +122,7 @@ SimParams derive_params(uint64_t seed, const SimOverrides& overrides) {
     // Room for about two full contexts: decode growth runs out of pages and must retract.
     p.pages_count = std::max(2 * pages_per_row, 4) + 1;
   }
+  apply_hybrid_limits(overrides, p);  // last, from nothing drawn: every draw is the same
   return p;
 }
 
@@ -119,6 +150,13 @@ std::string SimParams::describe() const {
   const std::string tensor_parallel =
       tp_degree > 1 ? fmt::format("\n  tensor parallel: TP {} (simulated ranks)", tp_degree)
                     : std::string();
+  const std::string hybrid =
+      recurrent_state
+          ? fmt::format("\n  model {}: Mamba2 state slots {} ({} working, {} checkpoints); host "
+                        "pages 0 (swap of recurrent state is not in the hybrid world yet: a trace "
+                        "cannot record it)", model, mamba_slots_count, max_batch_rows,
+                        mamba_slots_count - max_batch_rows)
+          : std::string();
   return fmt::format(
       "seed {}\n"
       "  requests {}, arrivals/step {:.3f}, prompt tokens [{}, {}], max_new_tokens [{}, {}]\n"
@@ -126,14 +164,14 @@ std::string SimParams::describe() const {
       "{:.1f}%\n"
       "  limits: B {}, L {}, P {}, pages {}, host pages {}, token budget {}\n"
       "  overlap {}, mixed batches {}, prefix cache {}\n"
-      "  faults: {} (rate {:.3f}/step){}{}",
+      "  faults: {} (rate {:.3f}/step){}{}{}",
       seed, requests_count, arrivals_per_step, prompt_tokens_min, prompt_tokens_max,
       max_new_tokens_min, max_new_tokens_max, shared_prefixes_count, shared_prefix_tokens,
       100 * shared_prefix_fraction, 100 * greedy_fraction, 100 * client_abort_fraction,
       max_batch_rows, context_length, page_size, pages_count, host_pages_count, prefill_chunk_tokens,
       overlap ? "on" : "off", mixed_batches ? "on" : "off", prefix_cache ? "on" : "off",
       fault_names.empty() ? "none" : fmt::format("{}", fmt::join(fault_names, ", ")), fault_rate,
-      speculative, tensor_parallel);
+      speculative, tensor_parallel, hybrid);
 }
 
 }  // namespace ls::sim

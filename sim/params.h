@@ -54,6 +54,11 @@ struct SimParams : SchedulerConfig {
   double oracle_acceptance = 0;        // oracle-mix: chance that a draft is the true token
   // Tensor parallelism: the ranks the CPU reference simulates (`lockstep sim --tp`; not drawn).
   int32_t tp_degree = 1;
+  // The named model shape the world runs (`lockstep sim --model`; not drawn): `tiny`, or the
+  // hybrid `tiny-hybrid`, whose world has recurrent state (SchedulerConfig::recurrent_state, a
+  // working slot per batch row) and, not in it yet, no prefix cache and no retraction by swap:
+  // the seed's draws for those are overridden and describe() says so.
+  std::string model = "tiny";
 
   // What a trace header records as the drafter: "none", "ngram" or "oracle-mix(p=0.50)".
   std::string drafter_name() const;
@@ -71,7 +76,11 @@ struct SimOverrides {
   // W and the oracle-mix acceptance are still the seed's.
   std::optional<SimDrafter> drafter;
   int32_t tp_degree = 1;  // `lockstep sim --tp`
+  std::string model = "tiny";  // `lockstep sim --model`: tiny or tiny-hybrid
 };
+
+// The named shapes a simulated world runs: tiny and tiny-hybrid.
+std::vector<std::string> sim_model_names();
 
 SimParams derive_params(uint64_t seed, const SimOverrides& overrides);
 

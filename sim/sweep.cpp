@@ -30,6 +30,7 @@ std::string reproduce_command(const SimParams& params, const SimOverrides& overr
   }
   if (overrides.speculative) command += " --spec";
   if (overrides.tp_degree != 1) command += fmt::format(" --tp {}", overrides.tp_degree);
+  if (overrides.model != "tiny") command += fmt::format(" --model {}", overrides.model);
   if (overrides.drafter) {
     command += *overrides.drafter == SimDrafter::kNgram ? " --drafter ngram" : " --drafter oracle-mix";
   }

@@ -64,6 +64,9 @@ class World final : private ServingHooks, private StepObserver {
                   fired(site, id, detail);
                 }) {
     summary_.params = p;
+    if (backend_->has_recurrent_state()) {
+      for (int32_t slot = 0; slot < config_.mamba_slots_count; ++slot) all_mamba_slots_.push_back(slot);
+    }
     XXH3_64bits_reset(&hash_);
     int64_t work = 0;
     for (const SimRequest& q : workload_) {
@@ -114,6 +117,7 @@ class World final : private ServingHooks, private StepObserver {
   void before_step(const StepPlanOut& plan) override {
     faults_.before_step(plan.op);
     before_ = backend_->read_state(pool_rows_of(plan.op));
+    mamba_before_ = backend_->read_mamba_digests(all_mamba_slots_);
     // The scheduler stands as planned until the step is applied.
     if (options_.observer) planned_ = plan_stats(step_, plan.events, scheduler_);
   }
@@ -139,6 +143,14 @@ class World final : private ServingHooks, private StepObserver {
     const StepObservation o{step_,  &op,    &result, &before_, &after, &inputs, executor_.vocab_size(),
                             &config_, &faults_planted_};
     check_step(o, scheduler_, summary_.failures);
+    if (!all_mamba_slots_.empty() && !op.rows.empty()) {
+      mamba_after_ = backend_->read_mamba_digests(all_mamba_slots_);
+      StepObservation mamba = o;
+      mamba.plan = &executor_.last_plan();
+      mamba.mamba_before = &mamba_before_;
+      mamba.mamba_after = &mamba_after_;
+      check_mamba_step(mamba, scheduler_, mamba_owners_, summary_.failures);
+    }
     if (config_.verify_width > 1) count_accepted(op, result);
     if (options_.observer) {
       options_.observer->on_step_output(step_, op, result, after);
@@ -239,6 +251,8 @@ class World final : private ServingHooks, private StepObserver {
     XXH3_64bits_update(&hash_, r.accepted_lengths.data(), r.accepted_lengths.size() * sizeof(int32_t));
     XXH3_64bits_update(&hash_, r.nan_flags.data(), r.nan_flags.size());
     XXH3_64bits_update(&hash_, r.oov_flags.data(), r.oov_flags.size());
+    // A hybrid's recurrent state after the step (empty, hashing nothing, without Mamba layers).
+    XXH3_64bits_update(&hash_, mamba_after_.data(), mamba_after_.size() * sizeof(uint64_t));
   }
 
   void end_checks() {
@@ -283,6 +297,12 @@ class World final : private ServingHooks, private StepObserver {
   // The step under way: its rows' state before it, its faults, its stats as planned.
   StateSnapshot before_;
   StepFaults faults_planted_;
+  // A model with recurrent state: every slot (the mamba checkers read all), their digests before
+  // the step under way, and who holds each working slot.
+  std::vector<int32_t> all_mamba_slots_;
+  std::vector<uint64_t> mamba_before_;
+  std::vector<uint64_t> mamba_after_;  // the last step's: in the fingerprint
+  MambaSlotOwners mamba_owners_;
   StepStats planned_;
 };
 

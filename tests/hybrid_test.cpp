@@ -7,6 +7,12 @@
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
 #include "tests/hybrid_checkpoint.h"
+#include "tests/hybrid_properties.h"
+#include "replay/compare.h"
+#include "replay/trace_check.h"
+#include "trace/recorder.h"
+#include "trace/checks.h"
+#include "trace/trace_observer.h"
 #include "tests/mamba_slot_properties.h"
 #include "tests/prefix_hit_properties.h"
 #include "tests/scratch_dir.h"
@@ -228,10 +234,36 @@ TEST(HybridLoad, TheLayerTableDecidesTheTensorsAndNoneIsIgnored) {
                                              "BambaForCausalLM")));
 }
 
-TEST(HybridLoad, SeededWeightsAndUnsupportedBackendsRefuseClearly) {
-  EXPECT_THAT([&] { weights_from_seed(hybrid_weights().config, 1); },
-              ThrowsMessage<Error>(HasSubstr("has Mamba2 layers; seeded weights are not "
-                                             "implemented")));
+// `tiny-hybrid`'s seeded weights follow core/ops/seeded_weights.h: a Mamba layer holds the mixer
+// tensors at 3 + 14·L + 8·l + k and no attention tensors, an attention layer the reverse; the
+// checkpoint-loaded config takes seeded weights too.
+TEST(HybridLoad, SeededWeightsFollowTheDocumentedLayout) {
+  const ModelWeights w = weights_from_seed(model_config_named("tiny-hybrid"), 5);
+  EXPECT_NO_THROW(w.validate());
+  ASSERT_EQ(w.config.layers_count, 3);
+  EXPECT_TRUE(w.layers[0].wq.empty());
+  EXPECT_TRUE(w.layers[1].in_proj.empty());
+  EXPECT_EQ(w.layers[1].wq.size(), size_t{64 * 64});
+  const uint32_t layers = 3;
+  // Layer 2's in_proj [4·16 + (64 + 2·2·8) + 4, 64]: linear weights of 64 inputs.
+  const uint32_t in_proj = 3 + 14 * layers + 8 * 2 + 0;
+  ASSERT_EQ(w.layers[2].in_proj.size(), size_t{164 * 64});
+  for (const int64_t i : {int64_t{0}, int64_t{77}, int64_t{164 * 64 - 1}}) {
+    EXPECT_EQ(w.layers[2].in_proj[static_cast<size_t>(i)],
+              ops::seeded_value(5, in_proj, i, 0.0f, 0.125f)) << i;
+  }
+  // Layer 0's a_log: 0.5 + (2u − 1)/2, so A = −exp(a_log) is in (−e, −1].
+  const uint32_t a_log = 3 + 14 * layers + 8 * 0 + 4;
+  ASSERT_EQ(w.layers[0].a_log.size(), size_t{4});
+  for (int64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(w.layers[0].a_log[static_cast<size_t>(i)], ops::seeded_value(5, a_log, i, 0.5f, 0.5f));
+  }
+  EXPECT_NE(w.layers[0].in_proj, w.layers[2].in_proj);  // distinct indices, distinct values
+  EXPECT_NE(w.digest(), weights_from_seed(model_config_named("tiny-hybrid"), 6).digest());
+  EXPECT_NO_THROW(weights_from_seed(hybrid_weights().config, 1).validate());
+}
+
+TEST(HybridLoad, UnsupportedBackendsRefuseClearly) {
   ExecutorConfig no_slots = hybrid_config();
   no_slots.mamba_slots_count = 0;
   EXPECT_THAT([&] { CpuBackend(hybrid_weights(), no_slots); },
@@ -774,6 +806,137 @@ TEST(PrefixHitProperty, TokensAreTheSameWithAndWithoutAPrefixHit) {
 TEST(MambaSlotProperty, NoTwoLiveRequestsShareAWorkingSlot) {
   const std::optional<std::string> failure = mamba_props::counterexample(150);
   EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+// The hybrid properties on tiny-hybrid (tests/hybrid_properties.h); their planted companions are
+// tests/hybrid_planted_test.cpp.
+TEST(HybridProperty, ARequestsTokensAreTheSameAcrossChunkingsAndRetractions) {
+  const std::optional<std::string> failure =
+      hybrid_props::counterexample(hybrid_props::Property::kTokens, 100);
+  EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+TEST(HybridProperty, SlotsAreNeverSharedPaddingNeverTouchesASlotFirstChunksZero) {
+  const std::optional<std::string> failure =
+      hybrid_props::counterexample(hybrid_props::Property::kSlots, 100);
+  EXPECT_FALSE(failure.has_value()) << *failure;
+}
+
+// The tight pool of the tokens property does retract by recompute (so the property covers it).
+TEST(HybridProperty, TheTightPoolRetracts) {
+  hybrid_props::HybridWorkload w;
+  w.max_batch_rows = 3;
+  w.page_size = 4;
+  w.chunk_a = 16, w.chunk_b = 5;
+  w.prompt_lengths = {30, 41, 25, 36};
+  w.new_tokens = {8, 8, 8, 8};
+  w.greedy = {1, 0, 1, 0};
+  EXPECT_GT(hybrid_props::tight_pool_retractions(w), 0);
+  EXPECT_EQ(hybrid_props::tokens_same_across_chunkings_and_retraction(w), "");
+}
+
+// ---- State digests in the trace ------------------------------------------------------------
+
+// A recording step digests each row's working slot after the step, by the documented definition
+// (core/logits_digest.h over the slot's floats in their stored order), and the header says so.
+TEST(HybridTrace, TheStepDigestsEachRowsWorkingSlotAfterTheStep) {
+  HybridHarness h;
+  Executor recording(h.config, kVocab, h.backend, trace::recording_executor_options());
+  ForwardOp op;
+  op.rows = {prefill_row(1, 1, 0, 20, 20), prefill_row(2, 2, 0, 9, 9)};
+  op.rows[0].mamba_working = 3;
+  op.rows[1].mamba_working = 0;
+  const std::vector<int32_t> a = prompt_for(1, 20), b = prompt_for(2, 9);
+  op.prefill_token_ids = a;
+  op.prefill_token_ids.insert(op.prefill_token_ids.end(), b.begin(), b.end());
+  op.rows[0].refresh = {0, pages_from(20, 5)}, op.rows[0].sampling = SamplingParams{};
+  op.rows[1].refresh = {0, pages_from(40, 3)}, op.rows[1].sampling = SamplingParams{};
+  const StepResult r = recording.step(op);
+  ASSERT_EQ(r.mamba_state_digests.size(), size_t{2});
+  for (const auto& [row, slot] : {std::pair{0, 3}, std::pair{1, 0}}) {
+    const std::vector<float> state = h.backend.read_mamba_state(slot);
+    EXPECT_GT(norm_of(state), 0.0) << "slot " << slot;
+    EXPECT_EQ(r.mamba_state_digests[static_cast<size_t>(row)], logits_row_digest_portable(state));
+  }
+  EXPECT_NE(r.mamba_state_digests[0], r.mamba_state_digests[1]);
+  EXPECT_TRUE(trace::make_trace_header(hybrid_weights(), {}, h.config, "cpu").mamba_state_digests);
+  EXPECT_FALSE(trace::make_trace_header(testing::tiny_weights(), {}, testing::small_config(), "cpu")
+                   .mamba_state_digests);
+}
+
+// The reader holds an output to the header: one digest per row when it records them, none
+// otherwise; a header that claims them for a model without Mamba layers is refused.
+TEST(HybridTrace, TheReaderChecksTheStateDigestsAgainstTheHeader) {
+  trace::TraceHeader h = trace::make_trace_header(hybrid_weights(), {}, hybrid_config(), "cpu");
+  trace::StepOutputRecord out;
+  out.step = 4;
+  out.result.mode = ForwardMode::kDecode;
+  out.result.tokens = {5, 6};
+  out.result.accepted_lengths = {1, 1};
+  out.result.nan_flags = {0, 0};
+  out.result.oov_flags = {0, 0};
+  out.logits_digests = {1, 2};
+  out.valid_cache_lengths = {10, 12};
+  out.future_input_digests = {3, 4};
+  out.top_logits_count = 0;
+  h.top_logits_count = 0;
+  const trace::OpenStep open{4, 2, 0};
+  out.mamba_state_digests = {7, 8};
+  EXPECT_NO_THROW(trace::check_step_output(out, open, h));
+  out.mamba_state_digests = {7};
+  EXPECT_THAT([&] { trace::check_step_output(out, open, h); },
+              ThrowsMessage<Error>(HasSubstr("mamba_state_digests holds 1 digests, expected 2 (the "
+                                             "header records them)")));
+  h.mamba_state_digests = false;
+  out.mamba_state_digests = {7, 8};
+  EXPECT_THAT([&] { trace::check_step_output(out, open, h); },
+              ThrowsMessage<Error>(HasSubstr("expected 0 (the header does not record them)")));
+  trace::TraceHeader plain = trace::make_trace_header(testing::tiny_weights(), {},
+                                                      testing::small_config(), "cpu");
+  plain.mamba_state_digests = true;
+  EXPECT_THAT([&] { trace::check_header(plain); },
+              ThrowsMessage<Error>(HasSubstr("mamba_state_digests is set but model 'tiny' has no "
+                                             "Mamba layers")));
+}
+
+// `lockstep check` from the records alone: request 2 takes working slot 0 while request 1, which
+// holds it, never retracted, finished or aborted; with request 1's finish in between it is fine.
+TEST(HybridTrace, CheckNamesAWorkingSlotHandedOverWhileItsHolderLives) {
+  const auto record = [](const fs::path& path, bool finish_first) {
+    HybridHarness h;
+    Executor executor(h.config, kVocab, h.backend, trace::recording_executor_options());
+    auto recorder = trace::Recorder::open(
+        path, trace::make_trace_header(hybrid_weights(), {}, h.config, "cpu"));
+    for (const RequestId id : {RequestId{1}, RequestId{2}}) {
+      const int64_t step = static_cast<int64_t>(id) - 1;
+      if (id == 2 && finish_first) {
+        recorder->record_event({.kind = trace::EventKind::kFinish, .request_id = 1, .step = step,
+                                .detail = "length"});
+      }
+      ForwardOp op;
+      op.rows = {prefill_row(id, static_cast<int32_t>(id), 0, 6, 6)};
+      op.rows[0].mamba_working = 0;
+      op.rows[0].refresh = {0, pages_from(10 * static_cast<int32_t>(id), 2)};
+      op.rows[0].sampling = SamplingParams{};
+      op.prefill_token_ids = prompt_for(id, 6);
+      recorder->record_input(step, op);
+      recorder->record_output(step, executor.step(op), StateSnapshot{});
+    }
+    recorder->close();
+  };
+  const testing::ScratchDir dir;
+  record(dir.file("shared.trace"), false);
+  const replay::CheckReport shared = replay::check_trace(dir.file("shared.trace"));
+  ASSERT_TRUE(shared.violation.has_value());
+  EXPECT_EQ(shared.violation->invariant, "mamba_slot");
+  EXPECT_EQ(shared.violation->step, 1);
+  EXPECT_EQ(shared.violation->request_id, RequestId{2});
+  EXPECT_THAT(shared.violation->detail, HasSubstr("working slot 0 is given to this request while "
+                                                  "request 1 holds it"));
+  record(dir.file("handed.trace"), true);
+  const replay::CheckReport handed = replay::check_trace(dir.file("handed.trace"));
+  EXPECT_FALSE(handed.violation.has_value()) << handed.violation->describe();
+  EXPECT_EQ(handed.steps_checked, 2);
 }
 
 // `lockstep generate --model DIR` on a hybrid checkpoint, end to end: --mamba-slots 0 (the

@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/forward_op.h"
 #include "core/scheduler.h"
+#include "sim/checkers.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -58,43 +59,6 @@ SchedulerConfig config_of(const SlotWorkload& w) {
   return c;
 }
 
-// The cross-step half: slot → the request that last used it, and request → its slot. A slot may
-// change hands only once its holder is no longer prefilling or decoding (finished, or retracted
-// to recompute) or holds another slot (recovered on another pool row).
-struct Owners {
-  std::map<int32_t, RequestId> of_slot;
-  std::map<RequestId, int32_t> of_request;
-};
-
-std::string check_owners(const Scheduler& scheduler, const ForwardOp& op, int64_t step,
-                         Owners& owners) {
-  std::map<int32_t, RequestId>& owner = owners.of_slot;
-  // First the requests that moved (recovered on another pool row in this op): their old slots
-  // are free, whichever row of the op comes first.
-  for (const OpRow& row : op.rows) {
-    const auto moved = owners.of_request.find(row.request_id);
-    if (moved != owners.of_request.end() && moved->second != row.mamba_working &&
-        owner[moved->second] == row.request_id) {
-      owner.erase(moved->second);
-    }
-    owners.of_request[row.request_id] = row.mamba_working;
-  }
-  for (const OpRow& row : op.rows) {
-    const auto it = owner.find(row.mamba_working);
-    if (it != owner.end() && it->second != row.request_id &&
-        owners.of_request[it->second] == row.mamba_working) {
-      const std::optional<RequestState> holder = scheduler.state_of(it->second);
-      if (holder == RequestState::kPrefilling || holder == RequestState::kDecoding) {
-        return fmt::format("step {}: working slot {} given to request {} while request {} that "
-                           "holds it is {}", step, row.mamba_working, row.request_id, it->second,
-                           to_string(*holder));
-      }
-    }
-    owner[row.mamba_working] = row.request_id;
-  }
-  return "";
-}
-
 }  // namespace
 
 std::string SlotWorkload::describe() const {
@@ -143,7 +107,7 @@ std::string working_slots_never_shared(const SlotWorkload& w) {
     scheduler.submit(r, kVocab);
   }
   ForwardOpValidator validator(executor_config_for(config), kVocab, /*recurrent_state=*/true);
-  Owners owner;
+  sim::MambaSlotOwners owners;  // the cross-step half: the simulator's mamba-slot-owner checker
   std::optional<std::pair<ForwardOp, StepResult>> in_flight;
   for (int64_t step = 0; !scheduler.done(); ++step) {
     if (step >= kStepsMax) return fmt::format("{}: not done after {} steps", w.describe(), step);
@@ -155,8 +119,12 @@ std::string working_slots_never_shared(const SlotWorkload& w) {
     } catch (const Error& e) {
       return fmt::format("{}: step {}: {}", w.describe(), step, e.what());
     }
-    const std::string shared = check_owners(scheduler, plan.op, step, owner);
-    if (!shared.empty()) return w.describe() + ": " + shared;
+    std::vector<sim::CheckFailure> shared;
+    sim::check_mamba_slot_owners(step, plan.op, scheduler, owners, shared);
+    if (!shared.empty()) {
+      return fmt::format("{}: step {}: {}: {}", w.describe(), step, shared[0].checker,
+                         shared[0].detail);
+    }
     if (plan.op.rows.empty()) continue;
     StepResult result = fake_result(plan.op, step);
     if (config.overlap) {

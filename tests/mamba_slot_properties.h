@@ -6,9 +6,10 @@
 // pressure (by recompute, or by swap with the state copied), with the prefix cache and its
 // checkpoint slots or without, overlap on or off; every op also passes the executor's validator
 // (checkpoints only where the rules allow them, no slot written twice) and the scheduler's
-// accounting holds after every step. It depends on the scheduler library only, so the same property
-// builds against lockstep_scheduler_mamba_planted (tests/planted/share_mamba_slot.cpp), where it
-// must fail.
+// accounting holds after every step. The cross-step half is the simulator's mamba-slot-owner
+// checker (sim/checkers.h). It depends on the scheduler library and sim/checkers.cpp only, so the
+// same property builds against lockstep_scheduler_mamba_planted
+// (tests/planted/share_mamba_slot.cpp), where it must fail.
 #pragma once
 
 #include <rapidcheck.h>

@@ -26,9 +26,11 @@ namespace fs = std::filesystem;
 
 constexpr uint64_t kSimWeightsSeed = 0;
 
-const ModelWeights& sim_weights() {
-  static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
-  return weights;
+const ModelWeights& sim_weights(const std::string& model = "tiny") {
+  static const ModelWeights tiny = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
+  static const ModelWeights hybrid =
+      weights_from_seed(model_config_named("tiny-hybrid"), kSimWeightsSeed);
+  return model == "tiny" ? tiny : hybrid;
 }
 
 // One directory per process: ctest runs each test case as its own process, in parallel.
@@ -42,11 +44,12 @@ fs::path temp_path(const std::string& name) {
 sim::SimSummary record_seed(uint64_t seed, const sim::SimOverrides& overrides, const fs::path& path) {
   const sim::SimParams params = sim::derive_params(seed, overrides);
   const WeightSource source{WeightSource::Kind::kSeed, kSimWeightsSeed, ""};
+  const ModelWeights& weights = sim_weights(params.model);
   auto recorder = trace::Recorder::open(
-      path, trace::make_trace_header(sim_weights(), source, sim::executor_config_for(params), "cpu"));
+      path, trace::make_trace_header(weights, source, sim::executor_config_for(params), "cpu"));
   sim::SimTraceObserver observer(*recorder);
   sim::WorldOptions world{.observer = &observer, .executor_options = trace::recording_executor_options()};
-  const sim::SimSummary summary = sim::run_world(params, sim_weights(), world);
+  const sim::SimSummary summary = sim::run_world(params, weights, world);
   recorder->close();
   return summary;
 }
@@ -170,6 +173,37 @@ TEST_F(PlantedDivergence, OneLogitsDigestIsReportedAtItsStepRequestAndField) {
     planted = {out->step, last_op.rows[0].request_id};
   });
   expect_divergence(planted, "logits_digest", copy);
+}
+
+// A hybrid's recorded run: its state digests replay bit for bit, and one changed digest is named
+// at its step, request and field (the state of a working slot differs).
+TEST(PlantedStateDivergence, OneMambaStateDigestIsReportedAtItsStepRequestAndField) {
+  sim::SimOverrides hybrid;
+  hybrid.model = "tiny-hybrid";
+  hybrid.faults_enabled = false;
+  const fs::path path = temp_path("hybrid.trace");
+  ASSERT_TRUE(record_seed(5, hybrid, path).passed());
+  EXPECT_TRUE(trace::TraceReader::open(path).header().mamba_state_digests);
+  const replay::ReplayReport clean = replay::replay_trace(path, {});
+  ASSERT_FALSE(clean.divergence) << clean.divergence->describe();
+  ASSERT_GT(clean.steps_compared, 10);
+  Planted planted;
+  const fs::path copy = temp_path("hybrid-planted.trace");
+  ForwardOp last_op;
+  rewrite(path, copy, [&](trace::TraceRecord& r) {
+    if (auto* in = std::get_if<trace::StepInputRecord>(&r)) last_op = in->op;
+    auto* out = std::get_if<trace::StepOutputRecord>(&r);
+    if (!out || planted.step >= 0 || out->step < 10 || last_op.rows.empty()) return;
+    const size_t row = out->mamba_state_digests.size() - 1;
+    out->mamba_state_digests[row] ^= uint64_t{1} << 40;
+    planted = {out->step, last_op.rows[row].request_id};
+  });
+  ASSERT_GE(planted.step, 0);
+  const replay::ReplayReport r = replay::replay_trace(copy, {});
+  ASSERT_TRUE(r.divergence) << "the planted change went unnoticed";
+  EXPECT_EQ(r.divergence->step, planted.step);
+  EXPECT_EQ(r.divergence->request_id, planted.request);
+  EXPECT_EQ(r.divergence->field, "mamba_state_digest");
 }
 
 // Records two requests through the production serving loop: 7 greedy, 8 sampling at T = 1.

@@ -13,9 +13,10 @@
 namespace ls::sim {
 namespace {
 
-const ModelWeights& sim_weights() {
-  static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), 0);
-  return weights;
+const ModelWeights& sim_weights(const std::string& model = "tiny") {
+  static const ModelWeights tiny = weights_from_seed(model_config_named("tiny"), 0);
+  static const ModelWeights hybrid = weights_from_seed(model_config_named("tiny-hybrid"), 0);
+  return model == "tiny" ? tiny : hybrid;
 }
 
 struct SweepTotals {
@@ -27,7 +28,7 @@ SweepTotals sweep(uint64_t first, uint64_t last, const SimOverrides& overrides) 
   SweepTotals t;
   for (uint64_t seed = first; seed <= last; ++seed) {
     const SimParams params = derive_params(seed, overrides);
-    const SeedVerdict v = run_seed(params, sim_weights(), {}, /*twin=*/true);
+    const SeedVerdict v = run_seed(params, sim_weights(params.model), {}, /*twin=*/true);
     if (!v.passed()) {
       ++t.failed;
       ADD_FAILURE() << reproduce_command(params, overrides) << ": "
@@ -107,6 +108,64 @@ TEST(SimSweep, EverySiteOnAtOnce) {
                                       FaultSite::kPagePressure,    FaultSite::kAbortMidPrefill,
                                       FaultSite::kContextLimit,    FaultSite::kLateResult};
   EXPECT_EQ(sweep(1001, 1060, all).failed, 0);
+}
+
+// The world on tiny-hybrid (issue 19) with every fault site on: the recurrent-state checkers after
+// every step, prefix hits through checkpoint slots, retraction by recompute only (no swap: not in
+// the hybrid world yet).
+TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
+  SimOverrides overrides;
+  overrides.model = "tiny-hybrid";
+  std::vector<FaultSite> all;
+  for (int i = 0; i < kFaultSitesCount; ++i) all.push_back(static_cast<FaultSite>(i));
+  overrides.faults = all;
+  const SweepTotals t = sweep(1, 40, overrides);
+  EXPECT_EQ(t.failed, 0);
+  EXPECT_GT(t.retract_recompute, 0);
+  EXPECT_EQ(t.retract_swap, 0);
+  EXPECT_GT(t.prefix_hits, 0);
+  int32_t with_cache = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const SimParams p = derive_params(seed, overrides);
+    EXPECT_TRUE(p.recurrent_state);
+    EXPECT_EQ(p.host_pages_count, 0);
+    EXPECT_EQ(p.mamba_slots_count, p.prefix_cache ? 2 * p.max_batch_rows + 2 : p.max_batch_rows);
+    with_cache += p.prefix_cache ? 1 : 0;
+  }
+  EXPECT_GT(with_cache, 0);
+  EXPECT_LT(with_cache, 40);
+  const SimParams p = derive_params(1, overrides);
+  EXPECT_NE(p.describe().find("swap of recurrent state is not in the hybrid world yet"),
+            std::string::npos);
+  EXPECT_NE(reproduce_command(p, overrides).find("--model tiny-hybrid"), std::string::npos);
+  // The same seed on tiny draws the same world but for what the hybrid overrides.
+  SimOverrides tiny = overrides;
+  tiny.model = "tiny";
+  EXPECT_EQ(derive_params(1, tiny).max_batch_rows, p.max_batch_rows);
+  EXPECT_EQ(derive_params(1, tiny).requests_count, p.requests_count);
+}
+
+TEST(SimParams, AHybridRefusesWhatItCannotRunByName) {
+  SimOverrides o;
+  o.model = "tiny-hybrid";
+  o.speculative = true;
+  EXPECT_THROW(
+      {
+        try {
+          derive_params(1, o);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("--spec: model 'tiny-hybrid' has Mamba2 layers"),
+                    std::string::npos) << e.what();
+          throw;
+        }
+      },
+      Error);
+  o.speculative = false;
+  o.tp_degree = 2;
+  EXPECT_THROW(derive_params(1, o), Error);
+  o.tp_degree = 1;
+  o.model = "llama-1b";
+  EXPECT_THROW(derive_params(1, o), Error);
 }
 
 TEST(SimParams, OneSeedDerivesTheSameWorldAndDifferentSeedsDiffer) {
@@ -219,6 +278,94 @@ TEST(SimCheckers, FlagAForeignKvSlotAndNanFlagsThatDisagreeWithTheFaults) {
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].checker, "kv_slot");
   EXPECT_EQ(failures[0].detail, "slots[1]: position 2 wrote slot 30, expected 0 (pages held [])");
+}
+
+// The recurrent-state checkers on hand-made observations: each fires on its bug.
+TEST(SimCheckers, FlagMambaPaddingForeignStateChangesAndUnzeroedFirstChunks) {
+  ForwardOp op;
+  op.rows.push_back({.kind = RowKind::kPrefill, .request_id = 5, .pool_row = 1, .input_length = 2,
+                     .mamba_working = 0});
+  op.rows.push_back({.kind = RowKind::kDecode, .request_id = 6, .pool_row = 2, .input_length = 1,
+                     .mamba_working = 1});
+  InputSnapshot inputs;
+  inputs.mamba_slots = {0, 0, 1, -1, -1};
+  std::vector<uint64_t> before = {10, 11, 12}, after = {20, 21, 12};
+  StepPlan plan;
+  plan.mamba_zeroes = {0};
+  StepObservation o;
+  o.step = 4, o.op = &op, o.inputs = &inputs, o.plan = &plan;
+  o.mamba_before = &before, o.mamba_after = &after;
+  const Scheduler scheduler{SchedulerConfig{}};
+  const auto failures_of = [&] {
+    MambaSlotOwners owners;
+    std::vector<CheckFailure> failures;
+    check_mamba_step(o, scheduler, owners, failures);
+    return failures;
+  };
+  EXPECT_TRUE(failures_of().empty());
+
+  inputs.mamba_slots = {0, 0, 1, 0, -1};  // a padded token on slot 0
+  std::vector<CheckFailure> f = failures_of();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].checker, "mamba-padding");
+  EXPECT_EQ(f[0].detail, "padded token 3 (the step has 3 tokens) carries state slot 0; padding must carry -1");
+  inputs.mamba_slots = {0, 1, 1, -1, -1};  // a real token on another row's slot
+  f = failures_of();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].checker, "mamba-padding");
+
+  inputs.mamba_slots = {0, 0, 1, -1, -1};
+  after = {20, 21, 13};  // slot 2 belongs to no row of the step
+  f = failures_of();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].checker, "mamba-state-owner");
+  EXPECT_EQ(f[0].detail, "state slot 2 changed (digest 000000000000000c -> 000000000000000d) but no "
+                         "row of the step owns it (owned: 0, 1)");
+
+  after = {20, 21, 12};
+  plan.mamba_zeroes.clear();  // request 5 starts at prefix 0 from a slot nobody zeroed
+  f = failures_of();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].checker, "mamba-first-chunk");
+  EXPECT_EQ(f[0].detail, "op row 0 (request 5) starts its request at prefix 0 but its working slot "
+                         "0 is not zeroed before the forward");
+
+  op.rows[0].prefix_length = 8;  // a prefix hit: the first chunk copies checkpoint slot 2
+  op.rows[0].mamba_cow_src = 2, op.rows[0].mamba_branching_seqlen = 8;
+  f = failures_of();
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].checker, "mamba-first-chunk");
+  EXPECT_EQ(f[0].detail, "op row 0 (request 5) starts its request at prefix 8 but its working slot "
+                         "0 is not copied from slot 2 before the forward");
+  plan.mamba_copies = {{2, 0}};
+  EXPECT_TRUE(failures_of().empty());
+}
+
+// mamba-slot-owner across steps: request 2 on the working slot of request 1 while the scheduler
+// still has request 1 prefilling (the hand-over after a finish is held by the sweeps passing).
+TEST(SimCheckers, FlagAWorkingSlotGivenAwayWhileItsHolderIsLive) {
+  SchedulerConfig c;
+  c.max_batch_rows = 2, c.context_length = 32, c.page_size = 4, c.pages_count = 40;
+  c.prefill_chunk_tokens = 4, c.mamba_slots_count = 2, c.recurrent_state = true;
+  c.prefix_cache = false, c.overlap = false;
+  Scheduler scheduler(c);
+  scheduler.submit(RequestSpec{.id = 1, .prompt = std::vector<int32_t>(10, 3), .max_new_tokens = 2}, 64);
+  const StepPlanOut first = scheduler.plan();  // request 1's first chunk: prefilling
+  ASSERT_EQ(scheduler.state_of(1), RequestState::kPrefilling);
+  ForwardOp other;
+  other.rows.push_back({.kind = RowKind::kPrefill, .request_id = 2, .pool_row = 2, .input_length = 1,
+                        .mamba_working = first.op.rows[0].mamba_working});
+  MambaSlotOwners owners;
+  std::vector<CheckFailure> failures;
+  check_mamba_slot_owners(0, first.op, scheduler, owners, failures);
+  EXPECT_TRUE(failures.empty());
+  check_mamba_slot_owners(1, other, scheduler, owners, failures);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].checker, "mamba-slot-owner");
+  EXPECT_EQ(failures[0].step, 1);
+  EXPECT_EQ(failures[0].detail, fmt::format("working slot {} given to request 2 while request 1 "
+                                            "that holds it is prefilling",
+                                            first.op.rows[0].mamba_working));
 }
 
 }  // namespace

@@ -99,16 +99,23 @@ Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
   return record_serving(scheduler, backend, limits, "generate.trace");
 }
 
-// A simulator seed with faults, retraction and events (`lockstep sim --record`).
-Bytes record_sim(uint64_t seed) {
-  const sim::SimParams params = sim::derive_params(seed, {});
+const ModelWeights& hybrid_weights() {
+  static const ModelWeights w = weights_from_seed(model_config_named("tiny-hybrid"), 0);
+  return w;
+}
+
+// A simulator seed with faults, retraction and events (`lockstep sim --record`), on tiny or (with
+// overrides.model) tiny-hybrid.
+Bytes record_sim(uint64_t seed, const sim::SimOverrides& overrides = {}) {
+  const sim::SimParams params = sim::derive_params(seed, overrides);
+  const ModelWeights& w = params.model == "tiny" ? weights() : hybrid_weights();
   const fs::path path = temp_path("sim.trace");
   {
     auto recorder = trace::Recorder::open(
-        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""},
+        path, trace::make_trace_header(w, WeightSource{WeightSource::Kind::kSeed, 0, ""},
                                        sim::executor_config_for(params), "cpu"));
     sim::SimTraceObserver observer(*recorder);
-    sim::run_world(params, weights(),
+    sim::run_world(params, w,
                    sim::WorldOptions{.observer = &observer,
                                      .executor_options = trace::recording_executor_options()});
     recorder->close();
@@ -204,6 +211,26 @@ TEST(TraceIntegrity, FiveThousandSeededFlipsOfASimulatorTraceAreDetected) {
   EXPECT_EQ(as_corruption, detected);  // every one is a checksum failure: exit 2
   std::printf("simulator trace of %zu bytes: %lld of %d seeded single-bit flips detected (exit 2)\n",
               trace.size(), static_cast<long long>(detected), kFlips);
+}
+
+// A hybrid's trace (the state slots in the inputs, the state digests in the outputs) is under the
+// same checks: every seeded flip is corruption (exit 2).
+TEST(TraceIntegrity, SeededFlipsOfAHybridSimulatorTraceAreDetected) {
+  sim::SimOverrides hybrid;
+  hybrid.model = "tiny-hybrid";
+  const Bytes trace = record_sim(11, hybrid);
+  ASSERT_EQ(check_bytes(trace).exit, 0) << check_bytes(trace).message;
+  ASSERT_TRUE(reader_of(trace).header().mamba_state_digests);
+  std::mt19937_64 rng(19);
+  constexpr int kFlips = 2000;
+  for (int i = 0; i < kFlips; ++i) {
+    const size_t at = rng() % trace.size();
+    const uint8_t mask = static_cast<uint8_t>(1u << (rng() % 8));
+    const Outcome c = check_bytes(xor_at(trace, at, mask));
+    ASSERT_EQ(c.exit, 2) << "seed 19 flip " << i << ": byte " << at << " bit mask " << int{mask};
+  }
+  std::printf("hybrid simulator trace of %zu bytes: %d of %d seeded single-bit flips detected "
+              "(exit 2)\n", trace.size(), kFlips, kFlips);
 }
 
 // The byte offsets where frames end: the complete prefixes a cut can leave.

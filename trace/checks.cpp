@@ -42,6 +42,9 @@ void check_header(const TraceHeader& h) {
   } catch (const Error& e) {
     throw Error(fmt::format("header: tp_degree: {}", e.what()));
   }
+  LS_REQUIRE(!h.mamba_state_digests || h.model.has_recurrent_state(),
+             "header: mamba_state_digests is set but model '{}' has no Mamba layers",
+             h.model.name);
   // The collectives' library: all three fields or none, and only where ranks communicated.
   const bool nccl = h.nccl_version != 0 || !h.nccl_algo.empty() || !h.nccl_proto.empty();
   if (nccl) {
@@ -201,6 +204,12 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
     LS_REQUIRE(record.drafts[i] >= 0 && record.drafts[i] < vocab,
                "drafts[{}] = {} is outside [0, vocab_size = {})", i, record.drafts[i], vocab);
   }
+  // The header says whether the steps digest their rows' working state slots: then one per row.
+  LS_REQUIRE(record.mamba_state_digests.size() ==
+                 (h.mamba_state_digests ? static_cast<size_t>(bs) : 0),
+             "mamba_state_digests holds {} digests, expected {} (the header {} them)",
+             record.mamba_state_digests.size(), h.mamba_state_digests ? bs : 0,
+             h.mamba_state_digests ? "records" : "does not record");
   const int32_t k = digests ? std::min(h.top_logits_count, vocab) : 0;
   LS_REQUIRE(record.top_logits_count == (record.top_logits.empty() ? 0 : k),
              "top_logits_count = {} but the header records {}", record.top_logits_count, k);

@@ -188,6 +188,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setStepClock(h.step_clock);
   out.setDeviceTimer(h.device_timer);
   out.setTpDegree(h.tp_degree);
+  out.setMambaStateDigests(h.mamba_state_digests);
   out.setNcclVersion(h.nccl_version);
   out.setNcclAlgo(h.nccl_algo);
   out.setNcclProto(h.nccl_proto);
@@ -275,6 +276,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.step_clock = text(in.getStepClock());
   out.device_timer = text(in.getDeviceTimer());
   out.tp_degree = in.getTpDegree();
+  out.mamba_state_digests = in.getMambaStateDigests();
   out.nccl_version = in.getNcclVersion();
   out.nccl_algo = text(in.getNcclAlgo());
   out.nccl_proto = text(in.getNcclProto());
@@ -367,6 +369,8 @@ void encode(const StepOutputRecord& record, schema::StepOutput::Builder out) {
     top[i].setLogit(record.top_logits[i].logit);
   }
   fill_list(out.initDrafts(static_cast<unsigned>(record.drafts.size())), record.drafts);
+  fill_list(out.initMambaStateDigests(static_cast<unsigned>(record.mamba_state_digests.size())),
+            record.mamba_state_digests);
 }
 
 void decode(schema::StepOutput::Reader in, StepOutputRecord& out) {
@@ -392,6 +396,7 @@ void decode(schema::StepOutput::Reader in, StepOutputRecord& out) {
     out.top_logits[i] = TopLogit{top[i].getId(), top[i].getLogit()};
   }
   copy_list(in.getDrafts(), out.drafts);
+  copy_list(in.getMambaStateDigests(), out.mamba_state_digests);
   // The header fixes k; the reader sets it (a record does not repeat it).
   out.top_logits_count = 0;
 }

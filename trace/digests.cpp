@@ -97,6 +97,9 @@ void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& res
   out.future_input_digests.clear();
   out.drafts.clear();
   fill_state(out, touched.pool_rows.empty() ? result.state : touched, bs);
+  LS_ASSERT(result.mamba_state_digests.empty() || result.mamba_state_digests.size() == bs,
+            "{} state digests for {} rows", result.mamba_state_digests.size(), bs);
+  out.mamba_state_digests = result.mamba_state_digests;
 }
 
 StepOutputRecord make_step_output(int64_t step, const StepResult& result,

@@ -65,12 +65,14 @@ uint64_t bytes_of(const StateSnapshot& s) {
 uint64_t bytes_of(const StepResult& r) {
   return bytes_of(r.tokens) + bytes_of(r.accepted_lengths) + bytes_of(r.logprobs) +
          bytes_of(r.nan_flags) + bytes_of(r.oov_flags) + bytes_of(r.logits) +
-         bytes_of(r.logits_digests) + bytes_of(r.top_logits) + bytes_of(r.state);
+         bytes_of(r.logits_digests) + bytes_of(r.top_logits) + bytes_of(r.state) +
+         bytes_of(r.mamba_state_digests);
 }
 
 uint64_t bytes_of(const StepOutputRecord& o) {
   return bytes_of(o.result) + bytes_of(o.logits_digests) + bytes_of(o.valid_cache_lengths) +
-         bytes_of(o.future_input_digests) + bytes_of(o.top_logits) + bytes_of(o.drafts);
+         bytes_of(o.future_input_digests) + bytes_of(o.top_logits) + bytes_of(o.drafts) +
+         bytes_of(o.mamba_state_digests);
 }
 
 // Appends capnp's stream framing to a byte vector.

@@ -65,6 +65,9 @@ struct TraceHeader {
   // The tensor-parallel degree the outputs were computed at (core/tensor_parallel.h); 1 in traces
   // from before the field.
   int32_t tp_degree = 1;
+  // Every output carries the state digest of each row's working slot (a model with Mamba layers;
+  // trace.capnp DIGESTS). false in traces from before the field.
+  bool mamba_state_digests = false;
   // The collectives' library at TP > 1 on CUDA (kernels/nccl_pinning.h): NCCL's version and the
   // pinned NCCL_ALGO and NCCL_PROTO. 0 and "" when no library ran them (TP 1, the CPU reference)
   // and in traces from before the fields.
@@ -97,6 +100,8 @@ struct StepOutputRecord {
   std::vector<TopLogit> top_logits;            // [logits rows, k] or empty
   std::vector<int32_t> drafts;                 // [bs, W] when W > 1, else empty: the future
                                                // input ids of each op row's pool row after the step
+  std::vector<uint64_t> mamba_state_digests;   // [bs] when the header records them, else empty:
+                                               // each op row's working slot after the step
 
   bool operator==(const StepOutputRecord&) const = default;
 };

@@ -86,6 +86,14 @@
 #   validCacheLengths[r]   not a digest: the vcl of op row r's pool row after the step, exact.
 #   futureInputDigests[r]  XXH3-64, seed 0, over the W int32 future_input_map entries of op row
 #                          r's pool row after the step.
+#   mambaStateDigests[r]   (header.mambaStateDigests: a model with Mamba layers) the recurrent
+#                          state of op row r's working slot (OpRow.mambaWorking) after the step,
+#                          its checkpoint snapshot included: the logits digest above over the
+#                          slot's N float32 values, V = N, in this order — for each Mamba layer
+#                          in layer order, the conv window [convDim, convKernel] (row-major, the
+#                          oldest input first) then the SSM state [heads, headDim, stateSize].
+#                          Exact replay compares them (field mamba_state_digest); the reader
+#                          checks there is one per row exactly when the header says so.
 #
 # TENSOR PARALLELISM (header.tpDegree = N > 1)
 #   The outputs were computed by N ranks with the weights split the Megatron way and the
@@ -98,7 +106,9 @@
 #
 # EVOLUTION
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
-#   reader ignores fields it does not know. `formatVersion` changes only when a reader of an
+#   reader ignores fields it does not know. (Issue 19's mambaStateDigests is such an addition:
+#   format 3 still; a reader from before skips them, and their header flag reads false in older
+#   files.) `formatVersion` changes only when a reader of an
 #   older version must refuse the file; additive changes keep it. Version 2 (checksummed
 #   framing) is refused by name since version 3 (a cheaper logits digest, DIGESTS); version 1
 #   files (no framing) are refused by name.
@@ -155,6 +165,9 @@ struct Header {
   ncclVersion @18 :Int32;    # ncclGetVersion, e.g. 22703 for 2.27.3
   ncclAlgo @19 :Text;        # "Ring"
   ncclProto @20 :Text;       # "Simple"
+  # Issue 19: every stepOutput carries mambaStateDigests, one per op row (DIGESTS). Set only for a
+  # model with Mamba layers; false in traces from before the field, whose outputs carry none.
+  mambaStateDigests @21 :Bool;
 }
 
 struct ModelShape {
@@ -318,6 +331,9 @@ struct StepOutput {
   drafts @13 :List(Int32);             # [bs · W] when W > 1, else empty: the future_input_map
                                        # ids of op row r's pool row after the step, i.e. the
                                        # next round's [bonus, d1 … d_{W−1}]
+  mambaStateDigests @14 :List(UInt64); # [bs] when header.mambaStateDigests, else empty: the
+                                       # state digest of op row r's working slot after the step
+                                       # (DIGESTS)
 }
 
 enum EventKind {

@@ -106,6 +106,8 @@ TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& s
   h.executor = config;
   h.executor_options = recording_executor_options();
   h.top_logits_count = kTopLogitsCountMax;
+  // The recording step digests each row's working slot (StepResult::mamba_state_digests).
+  h.mamba_state_digests = weights.config.has_recurrent_state();
   h.backend = backend;
   h.determinism_mode = backend == "cpu" ? "batch-invariant" : "default";
   if (machine) h.machine = *machine;

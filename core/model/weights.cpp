@@ -170,6 +170,7 @@ constexpr uint32_t kLayerTensorsCount = kLayerTensors.size();
 constexpr uint32_t kFeatureTensorsCount = kFeatureTensors.size();
 static_assert(kLayerTensorsCount == ops::kSeededLayerTensorsCount);
 static_assert(kFeatureTensorsCount == ops::kSeededFeatureTensorsCount);
+static_assert(kMambaTensors.size() == ops::kSeededMambaTensorsCount);
 
 // center + half_width·(2u − 1) for every element, split over `threads` threads (the values do not
 // depend on the split).
@@ -194,6 +195,37 @@ std::vector<float> seeded_tensor(uint64_t seed, uint32_t tensor_index, int64_t c
 
 ops::SeededRange linear_range(int64_t cols) {
   return {0.0f, 1.0f / std::sqrt(static_cast<float>(cols))};
+}
+
+// The range of Mamba tensor k (core/ops/seeded_weights.h): the projections as linear weights,
+// the rest by kind.
+ops::SeededRange mamba_seeded_range(const ModelConfig& config, uint32_t k) {
+  switch (static_cast<ops::SeededMambaTensor>(k)) {
+    case ops::kSeededInProj: return linear_range(config.hidden_size);
+    case ops::kSeededConvWeight: return ops::kSeededConvRange;
+    case ops::kSeededConvBias: return ops::kSeededBiasRange;
+    case ops::kSeededDtBias: return ops::kSeededDtBiasRange;
+    case ops::kSeededALog: return ops::kSeededALogRange;
+    case ops::kSeededDSkip:
+    case ops::kSeededMambaNorm: return ops::kSeededNormRange;
+    case ops::kSeededOutProj: return linear_range(config.mamba.inner_size());
+    case ops::kSeededMambaTensorsCount: break;
+  }
+  LS_ASSERT(false, "mamba tensor {}", k);
+  return {};
+}
+
+// Layer l's mixer tensors, when it is a Mamba layer (each present tensor at its own index).
+void seed_mamba_tensors(const ModelConfig& config, uint64_t seed, uint32_t l, int32_t threads,
+                        LayerWeights& layer) {
+  const auto layers_count = static_cast<uint32_t>(config.layers_count);
+  for (uint32_t k = 0; k < kMambaTensors.size(); ++k) {
+    const MambaTensorSpec& spec = kMambaTensors[k];
+    if (!layer_has(config, static_cast<int32_t>(l), spec)) continue;
+    layer.*spec.field = seeded_tensor(
+        seed, ops::seeded_mamba_tensor_index(layers_count, l, static_cast<ops::SeededMambaTensor>(k)),
+        elements_of(config, spec.rows, spec.cols), mamba_seeded_range(config, k), threads);
+  }
 }
 
 // ---- Digest --------------------------------------------------------------------------------
@@ -515,14 +547,10 @@ void read_tied_head(TensorDirectory& tensors, const ModelWeights& weights,
 ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t threads) {
   config.validate();
   LS_REQUIRE(threads >= 1, "weights_from_seed: threads {} (at least 1)", threads);
-  // TODO(spec): a seeded layout for the Mamba mixer tensors (and the CUDA side of it).
-  LS_REQUIRE(!config.has_recurrent_state(), "weights_from_seed: model '{}' has Mamba2 layers; "
-             "seeded weights are not implemented for them (load a checkpoint directory)",
-             config.name);
-  // Tensor indices up to 3 + 9·L + 5·L must fit Philox's 32-bit counter word.
+  // Tensor indices up to 3 + 9·L + 5·L + 8·L must fit Philox's 32-bit counter word.
   const auto layers_count = static_cast<uint32_t>(config.layers_count);  // > 0 after validate()
   LS_REQUIRE(layers_count <= (std::numeric_limits<uint32_t>::max() - 3) /
-                                 (kLayerTensorsCount + kFeatureTensorsCount),
+                                 (kLayerTensorsCount + kFeatureTensorsCount + kMambaTensors.size()),
              "weights_from_seed: layers_count {} is too large", layers_count);
   require_host_memory(static_cast<uint64_t>(config.parameters_count()) * sizeof(float),
                       fmt::format("the fp32 weights of model '{}' ({} parameters)", config.name,
@@ -537,6 +565,7 @@ ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t
   for (uint32_t l = 0; l < layers_count; ++l) {
     for (uint32_t k = 0; k < kLayerTensorsCount; ++k) {
       const LayerTensorSpec& spec = kLayerTensors[k];
+      if (!layer_has(config, static_cast<int32_t>(l), spec)) continue;  // a Mamba layer: no wq..wo
       const int64_t rows = dim_size(config, spec.rows);
       const bool norm = spec.cols == Dim::kNone;
       const int64_t cols = norm ? 1 : dim_size(config, spec.cols);
@@ -553,6 +582,7 @@ ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t
           dim_size(config, spec.rows), spec.is_norm ? ops::kSeededNormRange : ops::kSeededBiasRange,
           threads);
     }
+    seed_mamba_tensors(config, seed, l, threads, weights.layers[l]);
   }
   weights.final_norm = seeded_tensor(seed, ops::seeded_final_norm_index(layers_count), hidden,
                                      ops::kSeededNormRange, threads);

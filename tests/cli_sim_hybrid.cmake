@@ -1,0 +1,59 @@
+# `lockstep sim --model tiny-hybrid` (issue 19): the acceptance sweep (200 seeds, every fault site
+# on), a recorded seed that retracts by recompute replaying identically and checking clean, and
+# the refusals by name of what a hybrid world does not run.
+execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seeds 1..200 --faults all
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "1\\.\\.200 +0 ")
+  message(FATAL_ERROR "the hybrid sweep failed (${status}):\n${out}\n${err}")
+endif()
+set(trace ${WORKDIR}/cli-sim-hybrid-11.trace)
+file(REMOVE ${trace})
+execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seed 11 --faults all --record ${trace}
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "checkers: all passed" OR NOT out MATCHES "twin run: same fingerprint"
+   OR NOT out MATCHES "swap of recurrent state is not in the hybrid world yet"
+   OR NOT out MATCHES "--model tiny-hybrid")
+  message(FATAL_ERROR "hybrid sim seed 11 failed (${status}):\n${out}\n${err}")
+endif()
+if(NOT out MATCHES "retractions: 0 swap, [1-9][0-9]* recompute")
+  message(FATAL_ERROR "hybrid seed 11 with every site on no longer retracts by recompute:\n${out}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} replay ${trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
+  message(FATAL_ERROR "replay of the hybrid seed was not identical (${status}):\n${out}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} check ${trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
+  message(FATAL_ERROR "check of the hybrid seed failed (${status}):\n${out}")
+endif()
+# `trace inspect` shows each output row's working-slot digest.
+execute_process(COMMAND ${LOCKSTEP} trace inspect ${trace} --steps 0:3 --request 1000 OUTPUT_VARIABLE out
+                RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "-> tokens \\[[0-9]+\\], vcl [0-9]+, state [0-9a-f]+")
+  message(FATAL_ERROR "trace inspect shows no state digest (${status}):\n${out}")
+endif()
+foreach(flag --spec "--tp;2")
+  execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seed 1 ${flag}
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+  if(NOT status EQUAL 2 OR NOT err MATCHES "model 'tiny-hybrid' has Mamba2 layers")
+    message(FATAL_ERROR "sim --model tiny-hybrid ${flag} was not refused by name (${status}): ${err}")
+  endif()
+endforeach()
+# `lockstep generate --model tiny-hybrid` (seeded weights, --mamba-slots 0 sized for the model,
+# pages of 4 so prompts cross several): recorded, replayed identically, checked clean.
+set(gen_trace ${WORKDIR}/cli-generate-hybrid.trace)
+file(REMOVE ${gen_trace})
+execute_process(COMMAND ${LOCKSTEP} generate --model tiny-hybrid --prompts ${PROMPTS} --page-size 4
+                        --prefill-chunk-tokens 16 --record ${gen_trace} -q
+                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "\"finish_reason\"")
+  message(FATAL_ERROR "generate --model tiny-hybrid failed (${status}):\n${out}\n${err}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} replay ${gen_trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
+  message(FATAL_ERROR "replay of generate --model tiny-hybrid was not identical (${status}):\n${out}")
+endif()
+execute_process(COMMAND ${LOCKSTEP} check ${gen_trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
+if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
+  message(FATAL_ERROR "check of generate --model tiny-hybrid failed (${status}):\n${out}")
+endif()
