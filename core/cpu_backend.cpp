@@ -230,19 +230,9 @@ void CpuBackend::clear_optional_fields(StepResult& result) {
   result.mamba_state_digests.clear();
 }
 
-// The trace's view of the step (core/logits_digest.h), from the sanitised logits the sampler
-// read and the state after the commit: what the CUDA backend computes on the device.
+// The trace's view of the step's state after the commit (the logits' digests and top-k come from
+// the guard's pass): what the CUDA backend snapshots on the device.
 void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
-  result.top_logits_count = plan.top_logits_count;
-  result.top_logits.clear();
-  // At most one allocation, none once the caller's reused result has the capacity.
-  result.top_logits.reserve(static_cast<size_t>(plan.logits_rows_count()) *
-                            static_cast<size_t>(plan.top_logits_count));
-  for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
-    const std::span<const float> row(logits_.data() + static_cast<size_t>(r) * vocab_size_,
-                                     static_cast<size_t>(vocab_size_));
-    append_top_logits(row, plan.top_logits_count, result.top_logits);
-  }
   snapshot_rows(plan.pool_rows, result.state);
   if (!model_.has_recurrent_state()) return;
   result.mamba_state_digests.reserve(plan.mamba_working.size());
@@ -253,15 +243,24 @@ void CpuBackend::fill_record(const StepPlan& plan, StepResult& result) const {
 
 // Rule 5: a row is flagged when any of its logits rows holds a NaN; every logits row is then
 // sanitised (NaN → −1e30, ±inf → ±1e30) so sampling never sees a non-finite value. A recorded
-// step's digests are of the rows as sanitised — what the sampler reads — and come from the same
-// pass (nothing later in the step writes the logits).
+// step's digests and top-k (core/logits_digest.h) are of the rows as sanitised — what the sampler
+// reads — and come from the same pass: nothing later in the step writes the logits.
 void CpuBackend::guard_logits(const StepPlan& plan, StepResult& result) {
   const int32_t ne = plan.prefill_rows_count;
-  if (plan.record) result.logits_digests.resize(static_cast<size_t>(plan.logits_rows_count()));
+  const size_t rows = static_cast<size_t>(plan.logits_rows_count());
+  if (plan.record) {
+    result.top_logits_count = plan.top_logits_count;
+    result.logits_digests.resize(rows);
+    // At most one allocation, none once the caller's reused result has the capacity.
+    result.top_logits.reserve(rows * static_cast<size_t>(plan.top_logits_count));
+  }
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const int32_t row = r < ne ? r : ne + (r - ne) / plan.verify_width;
-    uint64_t* digest = plan.record ? &result.logits_digests[static_cast<size_t>(r)] : nullptr;
-    if (sanitise_logits_row(logits_row(r), digest)) result.nan_flags[row] = 1;
+    const bool nan = plan.record ? sanitise_and_record_row(logits_row(r), plan.top_logits_count,
+                                                           result.logits_digests[static_cast<size_t>(r)],
+                                                           result.top_logits)
+                                 : sanitise_logits_row(logits_row(r));
+    if (nan) result.nan_flags[row] = 1;
   }
 }
 

@@ -65,12 +65,21 @@ inline uint64_t mamba_state_digest(std::span<const float> slot_state) {
   return logits_row_digest(slot_state);
 }
 // Rule 5, the NaN guard (core/ops/nan_guard.h), over one row in place: whether it held a NaN.
-// With `digest`, also the digest above of the row as sanitised, computed in the same pass (the
-// record's digest then reads the row once with the guard; on CPUs with AVX-512, 16 logits an
-// instruction).
-bool sanitise_logits_row(std::span<float> row, uint64_t* digest);
+// On CPUs with AVX-512, 16 logits an instruction.
+bool sanitise_logits_row(std::span<float> row);
 // The same by the portable loop alone, for the tests that hold both paths to the definition.
-bool sanitise_logits_row_portable(std::span<float> row, uint64_t* digest);
+bool sanitise_logits_row_portable(std::span<float> row);
+
+// A recorded step's pass over one logits row: rule 5 in place (whether the row held a NaN), the
+// digest above of the row as sanitised, and its top min(count, row size) pairs appended to `top`.
+// What sanitise_logits_row, logits_row_digest and append_top_logits give one after the other; on
+// CPUs with AVX-512 one pass over the row does the guard, the digest and the top-k's bound, and
+// only the top-k's gather reads it again (core/top_logits.cpp).
+bool sanitise_and_record_row(std::span<float> row, int32_t count, uint64_t& digest,
+                             std::vector<TopLogit>& top);
+// The same by the portable paths alone.
+bool sanitise_and_record_row_portable(std::span<float> row, int32_t count, uint64_t& digest,
+                                      std::vector<TopLogit>& top);
 
 // Appends the top min(count, row size) pairs of `row` to `out`, best first.
 // core/top_logits.cpp; on CPUs with AVX-512 its bounded path uses them.

@@ -6,6 +6,7 @@
 // instruction — the recorder ranks every logits row of every step, and on a small model that
 // cost is a visible part of the step (issue 12: `tiny`'s 512-logit rows).
 #include "core/avx512.h"
+#include "core/logits_avx512.h"
 #include "core/check.h"
 #include "core/logits_digest.h"
 
@@ -197,9 +198,7 @@ using ChunkTopFn = bool (*)(std::span<const float> row, size_t begin, size_t n, 
 #if LS_HAS_AVX512_PATHS
 LS_AVX512_BEGIN
 
-LS_AVX512 inline __mmask16 lanes_below(size_t n) {
-  return static_cast<__mmask16>(n >= 16 ? 0xFFFFu : (1u << n) - 1u);
-}
+using avx512::lanes_below;
 
 // The k-th largest of the values of x[0, count), counted with their multiplicity: the least
 // value that fewer than k values exceed (a lower bound is all the callers need: the gather takes
@@ -306,10 +305,11 @@ LS_AVX512 void rank_16_avx512(std::span<const float> row, const uint32_t* gather
   take_ranked(row, ranked, std::min(count, top.k), top);
 }
 
-LS_AVX512 bool chunk_top_avx512(std::span<const float> row, size_t begin, size_t n, TopKeys& top) {
+// A NaN-free chunk's top from its column maxima: the bound, the candidates at or above it, their
+// ranks.
+LS_AVX512 void top_from_maxima_avx512(std::span<const float> row, size_t begin, size_t n,
+                                      const __m512* maxima, TopKeys& top) {
   const float* x = row.data() + begin;
-  __m512 maxima[4];
-  if (!column_maxima_avx512(x, n, maxima)) return false;
   const __m512 bounds = _mm512_set1_ps(kth_column_maximum_avx512(maxima, top.k));
   __m512i ids = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(begin)),
                                  _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
@@ -323,8 +323,52 @@ LS_AVX512 bool chunk_top_avx512(std::span<const float> row, size_t begin, size_t
   } else {
     rank_candidates(row, gathered, count, top);
   }
+}
+
+LS_AVX512 bool chunk_top_avx512(std::span<const float> row, size_t begin, size_t n, TopKeys& top) {
+  __m512 maxima[4];
+  if (!column_maxima_avx512(row.data() + begin, n, maxima)) return false;
+  top_from_maxima_avx512(row, begin, n, maxima, top);
   return true;
 }
+
+// The record's pass over one vector of a chunk: rule 5, the store, the digest's lanes and the
+// column maxima of register q (the vector's columns: its offset in the chunk mod 64, over 16).
+LS_AVX512 inline void record_16(float* x, __mmask16 live, size_t q, avx512::DigestLanes& lanes,
+                                __m512* maxima, __mmask16& any_nan) {
+  __mmask16 nan;
+  const __m512 clean = avx512::sanitised_16(_mm512_maskz_loadu_ps(live, x), nan);
+  any_nan |= nan & live;
+  _mm512_mask_storeu_ps(x, live, clean);
+  if (live == 0xFFFF) lanes.add(_mm512_castps_si512(clean));  // the row's tail: finish()'s
+  maxima[q] = _mm512_mask_max_ps(maxima[q], live, maxima[q], clean);
+}
+
+// One chunk of a recorded row (begin a multiple of 16): the guard, the digest and the column
+// maxima in one pass, then the chunk's top from the maxima — the sanitised chunk has no NaN, so
+// the bounded path always applies where it is long enough.
+LS_AVX512 bool record_chunk_avx512(std::span<float> row, size_t begin, size_t n,
+                                   avx512::DigestLanes& lanes, TopKeys& top) {
+  float* const x = row.data() + begin;
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 maxima[4] = {neg_inf, neg_inf, neg_inf, neg_inf};
+  __mmask16 any_nan = 0;
+  size_t v = 0;
+  for (; v + kColumns <= n; v += kColumns) {
+    for (size_t q = 0; q < 4; ++q) record_16(x + v + 16 * q, 0xFFFF, q, lanes, maxima, any_nan);
+  }
+  for (size_t q = 0; v < n; v += 16, ++q) record_16(x + v, lanes_below(n - v), q, lanes, maxima, any_nan);
+  if (top.k == 0) return any_nan != 0;
+  if (n >= kColumns * 2 && top.k < kColumns) {
+    top_from_maxima_avx512(row, begin, n, maxima, top);
+  } else {
+    for (size_t i = begin; i < begin + n; ++i) {
+      if (top.may_enter(row[i])) top.insert(row, i);
+    }
+  }
+  return any_nan != 0;
+}
+
 LS_AVX512_END
 
 ChunkTopFn fastest_chunk_top() {
@@ -349,6 +393,14 @@ void chunk_top(std::span<const float> row, size_t begin, size_t n, TopKeys& top,
   }
 }
 
+// The k best held, as pairs, best first.
+void emit_top(std::span<const float> row, const TopKeys& top, std::vector<TopLogit>& out) {
+  for (size_t j = 0; j < top.held; ++j) {
+    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(top.best[j]));
+    out.push_back(TopLogit{id, row[static_cast<size_t>(id)]});
+  }
+}
+
 void append_top_logits_with(std::span<const float> row, int32_t count, std::vector<TopLogit>& out,
                             ChunkTopFn bounded) {
   LS_ASSERT(count >= 0 && count <= kTopLogitsCountMax, "count {}", count);
@@ -359,10 +411,40 @@ void append_top_logits_with(std::span<const float> row, int32_t count, std::vect
   for (size_t begin = 0; begin < row.size(); begin += kChunk) {
     chunk_top(row, begin, std::min(kChunk, row.size() - begin), top, bounded);
   }
-  for (size_t j = 0; j < top.held; ++j) {
-    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(top.best[j]));
-    out.push_back(TopLogit{id, row[static_cast<size_t>(id)]});
+  emit_top(row, top, out);
+}
+
+using RecordRowFn = bool (*)(std::span<float>, int32_t, uint64_t&, std::vector<TopLogit>&);
+
+#if LS_HAS_AVX512_PATHS
+LS_AVX512_BEGIN
+LS_AVX512 bool record_row_avx512(std::span<float> row, int32_t count, uint64_t& digest,
+                                 std::vector<TopLogit>& out) {
+  LS_ASSERT(count >= 0 && count <= kTopLogitsCountMax, "count {}", count);
+  TopKeys top;
+  top.k = std::min(static_cast<size_t>(count), row.size());
+  top.gathered = gather_buffer();
+  avx512::DigestLanes lanes;
+  bool nan = false;
+  for (size_t begin = 0; begin < row.size(); begin += kChunk) {
+    nan |= record_chunk_avx512(row, begin, std::min(kChunk, row.size() - begin), lanes, top);
   }
+  digest = lanes.finish(row.data(), static_cast<uint32_t>(row.size()));
+  emit_top(row, top, out);
+  return nan;
+}
+LS_AVX512_END
+
+RecordRowFn fastest_record_row() {
+  return cpu_has_avx512() ? record_row_avx512 : sanitise_and_record_row_portable;
+}
+#else
+RecordRowFn fastest_record_row() { return sanitise_and_record_row_portable; }
+#endif
+
+RecordRowFn chosen_record_row() {
+  static const RecordRowFn chosen = fastest_record_row();
+  return chosen;
 }
 
 }  // namespace
@@ -374,6 +456,19 @@ void append_top_logits(std::span<const float> row, int32_t count, std::vector<To
 void append_top_logits_portable(std::span<const float> row, int32_t count,
                                 std::vector<TopLogit>& out) {
   append_top_logits_with(row, count, out, chunk_top_portable);
+}
+
+bool sanitise_and_record_row_portable(std::span<float> row, int32_t count, uint64_t& digest,
+                                      std::vector<TopLogit>& top) {
+  const bool nan = sanitise_logits_row_portable(row);
+  digest = logits_row_digest_portable(row);
+  append_top_logits_portable(row, count, top);
+  return nan;
+}
+
+bool sanitise_and_record_row(std::span<float> row, int32_t count, uint64_t& digest,
+                             std::vector<TopLogit>& top) {
+  return chosen_record_row()(row, count, digest, top);
 }
 
 }  // namespace ls

@@ -401,20 +401,25 @@ TEST(TraceDigests, EveryDigestPathIsTheFormatsDefinition) {
   }
 }
 
-// The guard's row pass (both paths) against rule 5 value by value and the digest's definition
-// of the row it leaves: every length up to 300 (the vector loop and its masked tail), rows of
-// random bits (NaNs and infinities among them), with and without the digest.
-TEST(TraceDigests, EverySanitisePathIsTheGuardAndTheDigestOfItsResult) {
+// The guard's row pass and the recorded step's pass (both paths each) against rule 5 value by
+// value, the digest's definition of the row it leaves and a full sort of that row: every length up
+// to 300 (the vector loop and its masked tail) and rows over several chunks, rows of random bits
+// (NaNs and infinities among them) and rows with ties, every k.
+TEST(TraceDigests, EverySanitisePathIsTheGuardAndEveryRecordPathItsDigestAndTopK) {
   std::mt19937 rng(8);
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN(),
                             std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                            -0.0f, 1e30f, -1e30f, std::numeric_limits<float>::max()};
-  for (size_t n = 0; n <= 300; ++n) {
+                            -0.0f, 1e30f, -1e30f, 0.0f};
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 300; ++n) lengths.push_back(n);
+  for (const size_t n : {4095, 4096, 4097, 4096 + 130, 9000}) lengths.push_back(n);
+  for (const size_t n : lengths) {
     std::vector<float> row(n);
     for (float& x : row) {
       const uint32_t u = static_cast<uint32_t>(rng());
       std::memcpy(&x, &u, 4);
       if (rng() % 8 == 0) x = specials[rng() % 8];
+      if (n % 5 == 0) x = static_cast<float>(rng() % 7);  // many ties
     }
     if (n % 3 == 0) {  // some rows without a NaN
       for (float& x : row) x = std::isnan(x) ? 2.0f : x;
@@ -425,14 +430,28 @@ TEST(TraceDigests, EverySanitisePathIsTheGuardAndTheDigestOfItsResult) {
       expected_nan |= std::isnan(x);
       x = ops::sanitised_logit(x);
     }
+    std::vector<int32_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return expected[a] > expected[b]; });
     for (const auto path : {sanitise_logits_row, sanitise_logits_row_portable}) {
-      for (const bool with_digest : {false, true}) {
+      std::vector<float> got = row;
+      ASSERT_EQ(path(got), expected_nan) << "length " << n;
+      ASSERT_EQ(std::memcmp(got.data(), expected.data(), n * sizeof(float)), 0) << "length " << n;
+    }
+    for (const auto path : {sanitise_and_record_row, sanitise_and_record_row_portable}) {
+      for (int32_t k = 0; k <= kTopLogitsCountMax; k += (n > 300 ? 4 : 1)) {
         std::vector<float> got = row;
         uint64_t digest = 0;
-        ASSERT_EQ(path(got, with_digest ? &digest : nullptr), expected_nan) << "length " << n;
+        std::vector<TopLogit> top;
+        ASSERT_EQ(path(got, k, digest, top), expected_nan) << "length " << n;
         ASSERT_EQ(std::memcmp(got.data(), expected.data(), n * sizeof(float)), 0) << "length " << n;
-        if (with_digest) {
-          ASSERT_EQ(digest, spec_logits_digest(expected)) << "length " << n;
+        ASSERT_EQ(digest, spec_logits_digest(expected)) << "length " << n;
+        ASSERT_EQ(top.size(), std::min<size_t>(static_cast<size_t>(k), n)) << "length " << n;
+        for (size_t j = 0; j < top.size(); ++j) {
+          ASSERT_EQ(top[j].id, order[j]) << "length " << n << " k " << k << " rank " << j
+                                         << (path == sanitise_and_record_row ? "" : " (portable)");
+          ASSERT_EQ(digest::bits_of(top[j].logit), digest::bits_of(expected[order[j]]));
         }
       }
     }
