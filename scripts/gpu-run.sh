@@ -66,7 +66,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=${DIST:-build-gpu/dist}
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep lockstep_bench_recording"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep lockstep_bench_recording"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
 PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
@@ -96,7 +96,8 @@ package() {
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
   cp build-gpu/tests/lockstep_gpu_tests build-gpu/tests/lockstep_gpu_tp_tests build-gpu/bench/lockstep_gpu_bench \
      build-gpu/bench/lockstep_gpu_spec_bench build-gpu/bench/lockstep_gpu_attention_bench \
-     build-gpu/bench/lockstep_bench_recording build-gpu/lockstep "$DIST/bin/"
+     build-gpu/bench/lockstep_gpu_mamba_bench build-gpu/bench/lockstep_bench_recording \
+     build-gpu/lockstep "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi
@@ -580,6 +581,10 @@ run_hybrid() {
   echo "== benchmark: bamba-9b decode at batch 1 and 64"
   timeout 330 "$DIST/bin/lockstep_gpu_bench" "$OUT/hybrid_bench.json" --hybrid \
       > "$OUT/hybrid_bench.log" 2>&1 || status=1
+  {
+    echo "== one Bamba-9B mixer layer alone (lockstep_gpu_mamba_bench)"
+    timeout 120 "$DIST/bin/lockstep_gpu_mamba_bench"
+  } >> "$OUT/hybrid_bench.log" 2>&1 || status=1
   cat "$OUT/hybrid_bench.log"
   echo "gpu-run hybrid: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
