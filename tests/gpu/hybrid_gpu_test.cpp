@@ -100,8 +100,9 @@ void print_agreement(const char* what, const gpu_test::Agreement& a) {
 class HybridServed : public ::testing::TestWithParam<bool> {};
 
 // Issue 19's acceptance on CUDA: fp32 agrees with the CPU reference on ≥ 95% of greedy tokens
-// over 16 prompts × 32 tokens. bf16 (weights, KV and GEMM inputs rounded) is bounded loosely
-// (half the tokens): a tiny random model's top-2 logits are often near ties.
+// over 16 prompts × 32 tokens. bf16 (weights, KV and GEMM inputs rounded) is bounded more
+// loosely (70%; 79.7% on the H200 run of 609fd0f, eager and graphs alike): a tiny random
+// model's top-2 logits are often near ties.
 TEST_P(HybridServed, GreedyTokensAgreeWithTheCpu) {
   LS_SKIP_WITHOUT_DEVICE();
   const SchedulerConfig sc = served_config();
@@ -131,7 +132,7 @@ TEST_P(HybridServed, GreedyTokensAgreeWithTheCpu) {
                   agreement);
   // A bound that a broken mixer or state rule (near-random tokens after the first) cannot meet;
   // the figure itself is printed for the README.
-  EXPECT_GE(agreement.tokens_equal * 2, agreement.tokens_total);
+  EXPECT_GE(agreement.tokens_equal * 10, agreement.tokens_total * 7);
 }
 
 INSTANTIATE_TEST_SUITE_P(GraphsOffOn, HybridServed, ::testing::Values(false, true));
