@@ -8,7 +8,8 @@
 // host's critical path (the device's idle time between steps, from CUDA events), with step k+1
 // submitted before step k is collected as the serving loop runs, and one step at a time; and a
 // per-phase profile of the batch-1 decode step (CUDA events between phases, inside the graph),
-// with lockstep's GEMV and with cuBLAS for the linear layers. Writes JSON (date, GPU, driver,
+// with lockstep's GEMV and with cuBLAS for the linear layers; and the second peer for the Llama
+// shapes at batch 1 and 64: cuBLASLt replaying only the model's linear layers in one graph. Writes JSON (date, GPU, driver,
 // commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
 //
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
@@ -36,6 +37,7 @@
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
+#include "kernels/gemm_plans.h"
 #include "kernels/logits_ops.h"
 #include "kernels/tp_collectives.h"
 #include "kernels/tp_cuda_backend.h"
@@ -555,6 +557,101 @@ json bench_hybrid(const Options& o, const Bandwidth& bandwidth) {
 }
 
 // Batch 1 at context 192, eagerly (no graphs): the host-bound reference.
+// The second peer (issue 14): cuBLASLt replaying only the model's linear layers — every layer's
+// q/k/v, o, gate/up and down products and the LM head, each layer's weights its own, pinned plans
+// as the backend makes them — in one CUDA graph, with nothing between them: the bound a design of
+// one product per projection starts from (no attention, norms or activations). The bytes are the
+// weights these products read; the fraction is of the read bandwidth measured in the same run.
+json linear_layers_peer(const std::string& shape, int32_t rows, const Bandwidth& bandwidth) {
+  const ModelConfig m = model_config_named(shape);
+  const int32_t q = m.query_heads_count * m.head_dim, kv = m.kv_heads_count * m.head_dim;
+  struct Product {
+    int32_t out, in;
+    bool accumulate;
+  };
+  const Product layer[] = {{q + 2 * kv, m.hidden_size, false}, {m.hidden_size, q, true},
+                           {2 * m.ffn_size, m.hidden_size, false}, {m.hidden_size, m.ffn_size, true}};
+  const Product head{m.vocab_size, m.hidden_size, false};
+  cudaStream_t stream = nullptr;
+  LS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const size_t workspace_bytes = size_t{32} << 20;
+  void* workspace = nullptr;
+  LS_CUDA(cudaMalloc(&workspace, workspace_bytes));
+  kernels::GemmPlans plans(stream, workspace, workspace_bytes);
+  std::vector<void*> weights;
+  int64_t weight_bytes = 0;
+  const auto weight = [&](const Product& p) {
+    const size_t bytes = size_t{2} * static_cast<size_t>(p.out) * static_cast<size_t>(p.in);
+    void* w = nullptr;
+    LS_CUDA(cudaMalloc(&w, bytes));
+    LS_CUDA(cudaMemset(w, 0x3c, bytes));  // bf16 ≈ 0.01: finite, the values do not matter
+    weights.push_back(w);
+    weight_bytes += static_cast<int64_t>(bytes);
+    LS_CUBLAS(plans.prepare(rows, p.out, p.in, p.accumulate));
+    return w;
+  };
+  const int32_t widest = std::max({q + 2 * kv, 2 * m.ffn_size, m.vocab_size});
+  void* x = nullptr;
+  float* y = nullptr;
+  LS_CUDA(cudaMalloc(&x, size_t{2} * rows * std::max(m.ffn_size, m.hidden_size)));
+  LS_CUDA(cudaMemset(x, 0x3c, size_t{2} * rows * std::max(m.ffn_size, m.hidden_size)));
+  LS_CUDA(cudaMalloc(&y, sizeof(float) * rows * widest));
+  struct Launch {
+    Product p;
+    void* w;
+  };
+  std::vector<Launch> launches;
+  for (int32_t l = 0; l < m.layers_count; ++l) {
+    for (const Product& p : layer) launches.push_back({p, weight(p)});
+  }
+  launches.push_back({head, weight(head)});
+  const auto enqueue_all = [&] {
+    for (const Launch& launch : launches) {
+      kernels::GemmPlans::Plan* plan = plans.find(rows, launch.p.out, launch.p.in, launch.p.accumulate);
+      LS_ASSERT(plan != nullptr, "no plan for [{}, {}]", launch.p.out, launch.p.in);
+      LS_CUBLAS(plans.run(*plan, static_cast<const __nv_bfloat16*>(x),
+                          static_cast<const __nv_bfloat16*>(launch.w), y,
+                          launch.p.accumulate ? 1.0f : 0.0f));
+    }
+  };
+  enqueue_all();  // warm-up, eagerly
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  LS_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue_all();
+  LS_CUDA(cudaStreamEndCapture(stream, &graph));
+  LS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LS_CUDA(cudaEventCreate(&start));
+  LS_CUDA(cudaEventCreate(&stop));
+  std::vector<double> ms_all;
+  for (int32_t i = 0; i < 23; ++i) {
+    LS_CUDA(cudaEventRecord(start, stream));
+    LS_CUDA(cudaGraphLaunch(exec, stream));
+    LS_CUDA(cudaEventRecord(stop, stream));
+    LS_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) ms_all.push_back(ms);
+  }
+  const double ms = median(ms_all);
+  const double of_read = static_cast<double>(weight_bytes) / (ms * 1e-3) / bandwidth.read;
+  std::printf("  %s cuBLAS linear layers alone (one graph, %zu products), batch %2d: %.3f ms, "
+              "%.2f GB of weights, %.1f%% of read BW\n", shape.c_str(), launches.size(), rows, ms,
+              static_cast<double>(weight_bytes) * 1e-9, of_read * 100.0);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  for (void* w : weights) cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(workspace);
+  cudaStreamDestroy(stream);
+  return {{"shape", shape}, {"batch", rows}, {"ms", ms}, {"weight_bytes", weight_bytes},
+          {"read_bandwidth_fraction", of_read}};
+}
+
 json bench_eager(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   const ExecutorConfig config = bench_config(192);
@@ -934,7 +1031,8 @@ int run(const Options& o) {
               {"shapes", json::array()},
               {"eager", json::array()},
               {"overlap", json::array()},
-              {"profile", json::array()}};
+              {"profile", json::array()},
+              {"linear_layers_peer", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
   if (o.hybrid) {
     out["command"] = "lockstep_gpu_bench --hybrid";
@@ -968,6 +1066,12 @@ int run(const Options& o) {
     if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
+    save();
+    if (full_set(shape)) {
+      for (const int32_t rows : {1, 64}) {
+        out["linear_layers_peer"].push_back(linear_layers_peer(shape, rows, bandwidth));
+      }
+    }
     save();
   }
   return 0;
