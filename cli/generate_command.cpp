@@ -59,10 +59,6 @@ int run_generate(GenerateOptions& o) {
   Scheduler scheduler(scheduler_config_for_model(limits, weights.config));
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   const bool recording = !o.record.empty();
-  LS_REQUIRE(!(recording && o.model.backend == "cuda" && weights.config.has_recurrent_state()),
-             "--record with --backend cuda: model '{}' has Mamba2 layers, whose state digests "
-             "are not computed on the device yet (record it with --backend cpu)",
-             weights.config.name);
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
   const std::unique_ptr<Backend> backend =
       make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording,

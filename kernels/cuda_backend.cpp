@@ -61,6 +61,10 @@ void CudaBackend::apply_state_rules(const StepPlan& plan) {
   m.mark(CudaPhase::kStateOps);
 }
 
+std::vector<uint64_t> CudaBackend::read_mamba_digests(std::span<const int32_t> slots) const {
+  return impl_->read_mamba_digests(slots);
+}
+
 std::vector<float> CudaBackend::read_mamba_state(int32_t slot) const {
   return impl_->read_mamba_slot(slot);
 }
@@ -81,9 +85,12 @@ struct ScopeNanos {
 void CudaBackend::forward(const StepPlan& plan) {
   Impl& m = *impl_;
   const ScopeNanos timer{&m.last_forward_ns};
-  LS_REQUIRE(!(plan.record && m.hybrid()), "cuda backend: recording model '{}' (Mamba2 layers): "
-             "the state digests a hybrid's record holds are not computed on the device yet "
-             "(record it on the CPU backend)", m.model.name);
+  if (plan.record && m.hybrid()) {
+    // The record digests each row's working slot (as CpuBackend::fill_record requires them).
+    for (const int32_t slot : plan.mamba_working) {
+      LS_ASSERT(slot >= 0, "recorded hybrid step: a row without a working slot");
+    }
+  }
   m.stage(plan);
   if (plan.rows_count == 0) {
     // An IDLE step at TP > 1 issues the busy step's collectives with no elements, so the ranks of

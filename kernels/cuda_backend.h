@@ -191,6 +191,8 @@ class CudaBackend final : public Backend {
   // Both synchronize the stream: with a step in flight they wait for it and show its effects.
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
+  // The digests on the device (kernels/mamba_ops.h launch_mamba_state_digests), synchronously.
+  std::vector<uint64_t> read_mamba_digests(std::span<const int32_t> slots) const override;
   // One recurrent-state slot, every Mamba layer's conv window then SSM state in layer order
   // (CpuBackend::read_mamba_state's layout; tests). Synchronizes the stream.
   std::vector<float> read_mamba_state(int32_t slot) const;

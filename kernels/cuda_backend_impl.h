@@ -159,6 +159,8 @@ struct CudaBackend::Impl {
   void stage_mamba(const StepPlan& plan, size_t parity);
   void enqueue_mamba_rules();
   void enqueue_mamba_snapshots();
+  void enqueue_mamba_digests(const int32_t* state_slots, int32_t count, uint64_t* digests) const;
+  std::vector<uint64_t> read_mamba_digests(std::span<const int32_t> wanted) const;
   std::vector<float> read_mamba_slot(int32_t slot) const;
 
   // cuda_sampling_tail.cpp
@@ -235,6 +237,8 @@ struct CudaBackend::Impl {
   // The step's state lists (MambaStagingLayout), staged beside the step's words; then the
   // snapshot pairs the commit's rule writes.
   DeviceArray<int32_t> mamba_staging;
+  // The state digests' chunk sums (launch_mamba_state_digests) over max_batch_rows slots.
+  DeviceArray<uint32_t> mamba_digest_partials;
   std::array<PinnedArray<int32_t>, 2> host_mamba_staging;  // by step parity
   int32_t mamba_layers = 0;
   std::vector<int32_t> mamba_index;  // [layers] the layer's Mamba index, or −1

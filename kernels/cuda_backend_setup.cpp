@@ -87,6 +87,10 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
     take(kS, &Impl::mamba_workspace,
          kernels::mamba_workspace_floats(mamba_shape_of(model), config.step_tokens_max()));
     take(kS, &Impl::mamba_staging, MambaStagingLayout(config.max_batch_rows).words);
+    take(kS, &Impl::mamba_digest_partials,
+         kernels::mamba_digest_workspace_words(
+             int64_t{model.mamba_layers_count()} * (ms.conv_state_floats() + ms.ssm_state_floats()),
+             config.max_batch_rows));
   }
   const size_t kv_layers = z(model.layers_count - model.mamba_layers_count());
   const size_t kv_bytes = e * kv_layers * z(config.pages_count) * z(config.page_size) * kvs;

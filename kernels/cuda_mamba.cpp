@@ -184,6 +184,44 @@ void CudaBackend::Impl::enqueue_mamba_snapshots() {
                                            forward_stream()));
 }
 
+// The state digests of state_slots [count] (device memory; −1: skipped) into digests, on the
+// forward's stream behind what it queued (a recorded step: after the snapshots, the state
+// CpuBackend::fill_record digests).
+void CudaBackend::Impl::enqueue_mamba_digests(const int32_t* state_slots, int32_t count,
+                                              uint64_t* digests) const {
+  LS_CUDA(kernels::launch_mamba_state_digests(mamba_pool.get(), mamba_slot_floats, state_slots,
+                                              count, mamba_digest_partials.get(),
+                                              mamba_digest_partials.count(), digests,
+                                              forward_stream()));
+}
+
+// The simulator's view: each slot's digest on the device, max_batch_rows slots a launch (the
+// partials' size), in the stream's order (behind every step submitted), synchronized.
+std::vector<uint64_t> CudaBackend::Impl::read_mamba_digests(std::span<const int32_t> wanted) const {
+  LS_REQUIRE(hybrid() || wanted.empty(), "cuda backend: model '{}' has no recurrent state: {} "
+             "slots asked", model.name, wanted.size());
+  std::vector<uint64_t> out(wanted.size());
+  if (wanted.empty()) return out;
+  for (const int32_t slot : wanted) {
+    LS_REQUIRE(slot >= 0 && slot < config.mamba_slots_count, "cuda backend: mamba slot {} of {}",
+               slot, config.mamba_slots_count);
+  }
+  const size_t batch = std::min(wanted.size(), static_cast<size_t>(rows_max));
+  DeviceArray<int32_t> device_slots(batch);
+  DeviceArray<uint64_t> device_digests(batch);
+  const cudaStream_t s = stream.get();  // every copy in the stream's order, behind the steps
+  for (size_t begin = 0; begin < wanted.size(); begin += batch) {
+    const size_t count = std::min(batch, wanted.size() - begin);
+    LS_CUDA(cudaMemcpyAsync(device_slots.get(), wanted.data() + begin, count * sizeof(int32_t),
+                            cudaMemcpyHostToDevice, s));
+    enqueue_mamba_digests(device_slots.get(), static_cast<int32_t>(count), device_digests.get());
+    LS_CUDA(cudaMemcpyAsync(out.data() + begin, device_digests.get(), count * sizeof(uint64_t),
+                            cudaMemcpyDeviceToHost, s));
+    LS_CUDA(cudaStreamSynchronize(s));
+  }
+  return out;
+}
+
 std::vector<float> CudaBackend::Impl::read_mamba_slot(int32_t slot) const {
   LS_REQUIRE(hybrid(), "cuda backend: model '{}' has no recurrent state", model.name);
   LS_REQUIRE(slot >= 0 && slot < config.mamba_slots_count, "cuda backend: mamba slot {} of {}",

@@ -80,6 +80,10 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
   };
   LS_CUDA(kernels::launch_finish_rows(args, rows, s));
   enqueue_mamba_snapshots();  // after the commit: they test the new vcl
+  if (record && hybrid()) {  // each row's working slot after the rules, forward and snapshots
+    enqueue_mamba_digests(mamba_staging.get() + MambaStagingLayout(rows_max).slots, rows,
+                          reinterpret_cast<uint64_t*>(results.get() + results_layout.mamba_digests));
+  }
   if (drafting) {
     // The next round's drafts from the committed history (CpuBackend::write_next_inputs).
     const kernels::TokenHistory token_history{history.get(), history_begin.get(),

@@ -239,6 +239,12 @@ void CudaBackend::Impl::unpack_record(const StepPlan& plan, const int32_t* words
   s.valid_cache_length.assign(words + o.vcl, words + o.vcl + bs);
   s.future_inputs.assign(words + o.future_inputs, words + o.future_inputs + bs * w);
   s.table.assign(words + o.table, words + o.table + bs * tw);
+  const size_t state_rows = hybrid() ? bs : 0;  // CpuBackend::fill_record: a hybrid's alone
+  result.mamba_state_digests.resize(state_rows);
+  if (state_rows > 0) {
+    std::memcpy(result.mamba_state_digests.data(), words + o.mamba_digests,
+                state_rows * sizeof(uint64_t));
+  }
 }
 
 }  // namespace ls

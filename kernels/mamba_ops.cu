@@ -1,5 +1,6 @@
 #include "kernels/mamba_ops.h"
 
+#include "core/ops/digest.h"
 #include "core/ops/layer_math.h"
 #include "core/ops/mamba_math.h"
 #include "kernels/launch.cuh"
@@ -241,6 +242,76 @@ __global__ void mamba_snapshot_pairs_kernel(const int32_t* snapshots, int32_t sn
   pairs[2 * i + 1] = ends_page ? snapshots[3 * i + 2] : -1;
 }
 
+// The state digests' first stage: block (chunk, row) adds the lane terms of its chunk of the
+// row's slot. Unsigned sums wrap mod 2^32, as the definition's do.
+constexpr int32_t kDigestThreads = 256;
+constexpr int64_t kDigestChunkFloatsMin = 16384;  // 64 floats a thread
+constexpr int32_t kDigestChunksMax = 256;
+
+__device__ __forceinline__ uint32_t block_sum_u32(uint32_t x, uint32_t* scratch) {
+  for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  uint32_t total = 0;
+  for (int w = 0; w < kDigestThreads / 32; ++w) total += scratch[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kDigestThreads)
+mamba_digest_chunks_kernel(const float* pool, int64_t slot_floats, int64_t chunk_floats,
+                           const int32_t* slots, uint32_t* partials) {
+  allow_successor();
+  wait_for_predecessor();
+  __shared__ uint32_t scratch[2][kDigestThreads / 32];
+  const int32_t row = blockIdx.y;
+  const int32_t slot = slots[row];
+  if (slot < 0) return;  // the whole block: no barrier is left half-reached
+  const uint32_t* state = reinterpret_cast<const uint32_t*>(pool + slot * slot_floats);
+  const int64_t begin = int64_t{blockIdx.x} * chunk_floats;
+  const int64_t end = begin + chunk_floats < slot_floats ? begin + chunk_floats : slot_floats;
+  uint32_t a = 0;
+  uint32_t b = 0;
+  for (int64_t e = begin + threadIdx.x; e < end; e += kDigestThreads) {
+    const uint32_t bits = state[e];
+    a += digest::lane_a(bits, static_cast<uint32_t>(e));
+    b += digest::lane_b(bits, static_cast<uint32_t>(e));
+  }
+  a = block_sum_u32(a, scratch[0]);
+  b = block_sum_u32(b, scratch[1]);
+  if (threadIdx.x == 0) {
+    uint32_t* out = partials + 2 * (int64_t{row} * gridDim.x + blockIdx.x);
+    out[0] = a;
+    out[1] = b;
+  }
+}
+
+// The second stage: block r adds row r's chunk sums and finishes its digest.
+__global__ void __launch_bounds__(kDigestThreads)
+mamba_digest_finish_kernel(int64_t slot_floats, int32_t chunks, const int32_t* slots,
+                           const uint32_t* partials, uint64_t* digests) {
+  allow_successor();
+  wait_for_predecessor();
+  __shared__ uint32_t scratch[2][kDigestThreads / 32];
+  const int32_t row = blockIdx.x;
+  if (slots[row] < 0) return;
+  uint32_t a = 0;
+  uint32_t b = 0;
+  for (int32_t c = threadIdx.x; c < chunks; c += kDigestThreads) {
+    a += partials[2 * (int64_t{row} * chunks + c)];
+    b += partials[2 * (int64_t{row} * chunks + c) + 1];
+  }
+  a = block_sum_u32(a, scratch[0]);
+  b = block_sum_u32(b, scratch[1]);
+  if (threadIdx.x == 0) digests[row] = digest::finish(a, b, static_cast<uint32_t>(slot_floats));
+}
+
+// Chunks of a slot: one block per 16384 floats, at most 256 (larger chunks past that).
+int32_t digest_chunks(int64_t slot_floats) {
+  const int64_t chunks = (slot_floats + kDigestChunkFloatsMin - 1) / kDigestChunkFloatsMin;
+  return static_cast<int32_t>(chunks < kDigestChunksMax ? chunks : kDigestChunksMax);
+}
+
 bool valid_shape(const MambaShape& s) {
   return s.heads_count >= 1 && s.head_dim >= 1 && s.groups_count >= 1 &&
          s.heads_count % s.groups_count == 0 && s.state_size >= 1 &&
@@ -366,6 +437,35 @@ cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int3
   }
   return launch_kernel(mamba_zero_slots_kernel<float>, pool_blocks(slot_floats), kPoolThreads,
                        shared, stream, pool, slot_floats, slots, slots_grid);
+}
+
+size_t mamba_digest_workspace_words(int64_t slot_floats, int32_t rows_grid) {
+  if (slot_floats < 1 || rows_grid < 1) return 0;
+  return 2 * static_cast<size_t>(digest_chunks(slot_floats)) * static_cast<size_t>(rows_grid);
+}
+
+cudaError_t launch_mamba_state_digests(const float* pool, int64_t slot_floats,
+                                       const int32_t* slots, int32_t rows_grid,
+                                       uint32_t* workspace, size_t workspace_words,
+                                       uint64_t* digests, LaunchStream stream) {
+  if (slot_floats < 1 || slot_floats > int64_t{UINT32_MAX} || rows_grid < 0 ||
+      rows_grid > kMambaPoolOpsMax || pool == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows_grid == 0) return cudaSuccess;
+  if (slots == nullptr || digests == nullptr || workspace == nullptr ||
+      workspace_words < mamba_digest_workspace_words(slot_floats, rows_grid)) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t chunks = digest_chunks(slot_floats);
+  const int64_t chunk_floats = (slot_floats + chunks - 1) / chunks;
+  const cudaError_t status =
+      launch_kernel(mamba_digest_chunks_kernel, dim3(chunks, rows_grid), kDigestThreads, 0, stream,
+                    pool, slot_floats, chunk_floats, slots, workspace);
+  if (status != cudaSuccess) return status;
+  return launch_kernel(mamba_digest_finish_kernel, rows_grid, kDigestThreads, 0, stream,
+                       slot_floats, chunks, slots, static_cast<const uint32_t*>(workspace),
+                       digests);
 }
 
 }  // namespace ls::kernels

@@ -122,4 +122,18 @@ cudaError_t launch_mamba_snapshot_pairs(const int32_t* snapshots, int32_t snapsh
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,
                                     int32_t slots_grid, LaunchStream stream);
 
+// The record's state digests (core/logits_digest.h mamba_state_digest: the logits digest over a
+// slot's slot_floats fp32 values, with V = slot_floats): digests[r] for each r in [0, rows_grid)
+// whose slots[r] >= 0 (device memory: a graph reads each step's list); a −1 entry (padding) is
+// skipped and its digest left as it was. Two launches: a grid over (chunk of the slot, row)
+// writes each chunk's integer lane sums into workspace, then one block per row adds its chunks
+// (integer sums: the same bits in any order) and finishes. rows_grid <= kMambaPoolOpsMax,
+// slot_floats < 2^32 (the digest's index is 32-bit), workspace of
+// mamba_digest_workspace_words(slot_floats, rows_grid) words.
+size_t mamba_digest_workspace_words(int64_t slot_floats, int32_t rows_grid);
+cudaError_t launch_mamba_state_digests(const float* pool, int64_t slot_floats,
+                                       const int32_t* slots, int32_t rows_grid,
+                                       uint32_t* workspace, size_t workspace_words,
+                                       uint64_t* digests, LaunchStream stream);
+
 }  // namespace ls::kernels

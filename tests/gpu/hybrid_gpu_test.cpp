@@ -3,15 +3,23 @@
 // served through the scheduler against the CPU reference; the state rules (zeroing a reused slot,
 // page-boundary checkpoints, copy-on-write) step by step against the CPU reference, eagerly and
 // in decode graphs; and the CUDA claims for a hybrid compared bit for bit: the same run twice,
-// graphs against eager, and a request's results whatever its co-batch, pool row and slot.
+// graphs against eager, and a request's results whatever its co-batch, pool row and slot; a
+// recorded step's state digests computed on the device against the host's digest of the slot,
+// and a hybrid trace recorded on CUDA replayed bit-identical on it.
 #include "core/cpu_backend.h"
 #include "core/executor.h"
+#include "core/logits_digest.h"
 #include "core/scheduler.h"
+#include "core/serving_loop.h"
 #include "kernels/cuda_backend.h"
+#include "replay/replay.h"
 #include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/hybrid_checkpoint.h"
 #include "tests/test_support.h"
+#include "trace/recorder.h"
+#include "trace/reader.h"
+#include "trace/trace_observer.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -374,6 +382,117 @@ TEST(HybridMemory, KvPagesHoldTheAttentionLayersAloneAndTheStatePoolIsCounted) {
   CudaBackend bigger(hybrid(), more, options);
   EXPECT_EQ(bigger.memory_report().workspace_bytes - cuda.memory_report().workspace_bytes,
             12 * slot_bytes);
+}
+
+// ---- The record's state digests on the device ----------------------------------------------
+
+// Every recorded step of the rules script (prefill, decode with checkpoints, a copy-on-write
+// branch), eagerly and with decode graphs (the digests inside the record tail graphs): each row's
+// state digest is the definition (core/logits_digest.h, the portable loop) over the row's working
+// slot as read back after the step, and read_mamba_digests (the simulator's view) gives the same.
+TEST(HybridRecord, StateDigestsAreTheWorkingSlotsDigestsAfterTheStep) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const std::vector<ForwardOp> ops = rules_script(kSubjectAt, kCompanionAt, 7);
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "graphs" : "eager");
+    const ExecutorConfig c = rules_config();
+    CudaBackend cuda(hybrid(), c,
+                     CudaBackendOptions{.precision = CudaPrecision::kFp32, .graphs = graphs});
+    Executor executor(c, kVocab, cuda, trace::recording_executor_options());
+    std::vector<uint64_t> seen;
+    for (size_t s = 0; s < ops.size(); ++s) {
+      const StepResult r = executor.step(ops[s]);
+      ASSERT_EQ(r.mamba_state_digests.size(), ops[s].rows.size()) << "step " << s;
+      std::vector<int32_t> slots;
+      for (size_t row = 0; row < ops[s].rows.size(); ++row) {
+        const int32_t slot = ops[s].rows[row].mamba_working;
+        const std::vector<float> state = cuda.read_mamba_state(slot);
+        EXPECT_EQ(r.mamba_state_digests[row], logits_row_digest_portable(state))
+            << "step " << s << " row " << row << " slot " << slot;
+        slots.push_back(slot);
+      }
+      EXPECT_EQ(cuda.read_mamba_digests(slots), r.mamba_state_digests) << "step " << s;
+      seen.insert(seen.end(), r.mamba_state_digests.begin(), r.mamba_state_digests.end());
+    }
+    std::sort(seen.begin(), seen.end());
+    EXPECT_EQ(std::unique(seen.begin(), seen.end()), seen.end()) << "two steps' states digested "
+                                                                    "alike: the state never moved";
+    if (graphs) {
+      EXPECT_GT(cuda.graph_replays_count(), 0) << "no decode step ran in a graph";
+    }
+    std::printf("hybrid record digests (%s): %zu steps, %ld graph replays (%ld with the tail)\n",
+                graphs ? "graphs" : "eager", ops.size(),
+                static_cast<long>(cuda.graph_replays_count()),
+                static_cast<long>(cuda.tail_graph_replays_count()));
+  }
+}
+
+// The simulator's view of slots no step touched: the digest of zeros (initialise_mamba), by the
+// definition; and a slot out of range refused by name.
+TEST(HybridRecord, ReadMambaDigestsOfUntouchedSlotsIsTheDigestOfZeros) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ExecutorConfig c = rules_config();
+  CudaBackend cuda(hybrid(), c, CudaBackendOptions{.precision = CudaPrecision::kFp32});
+  const std::vector<float> zeros(cuda.read_mamba_state(0).size(), 0.0f);
+  const std::vector<int32_t> slots = {0, 11, 4};
+  EXPECT_EQ(cuda.read_mamba_digests(slots),
+            std::vector<uint64_t>(3, logits_row_digest_portable(zeros)));
+  const std::vector<int32_t> bad = {12};
+  EXPECT_THAT([&] { (void)cuda.read_mamba_digests(bad); },
+              ThrowsMessage<Error>(HasSubstr("mamba slot 12 of 12")));
+}
+
+// The serving loop recording a hybrid on CUDA (what `lockstep generate --backend cuda --record`
+// runs: the same observer, recorder and executor options), greedy and sampled requests with
+// chunked prefill: the trace holds a state digest per row, and replays IDENTICAL in exact mode on
+// CUDA with graphs as recorded and eagerly.
+TEST(HybridRecord, ATraceRecordedOnCudaReplaysBitIdentical) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ModelWeights& weights = hybrid();
+  const SchedulerConfig sc = served_config();
+  const ExecutorConfig ec = executor_config_for(sc);
+  std::vector<RequestSpec> requests = served_requests();
+  for (size_t i = 1; i < requests.size(); i += 2) {
+    requests[i].sampling.temperature = 0.9f, requests[i].sampling.top_k = 40;
+    requests[i].sampling.seed = 100 + i;
+  }
+  const fs::path path =
+      fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid.trace", ::getpid());
+  int64_t steps = 0;
+  {
+    CudaBackend cuda(weights, ec, CudaBackendOptions{.graphs = true});
+    Scheduler scheduler(sc);
+    for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
+    Executor executor(ec, weights.config.vocab_size, cuda, trace::recording_executor_options());
+    auto recorder = trace::Recorder::open(
+        path, trace::make_trace_header(weights, {}, ec, cuda.name(), trace::MachineInfo{}));
+    trace::TraceObserver observer(*recorder);
+    steps = run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer})
+                .steps_count;
+    recorder->close();
+  }
+  ASSERT_GT(steps, 32);
+  EXPECT_TRUE(trace::TraceReader::open(path).header().mamba_state_digests);
+  for (const bool graphs : {true, false}) {
+    replay::ReplayOptions options;
+    options.mode = replay::ReplayMode::kExact;
+    options.weights = &weights;
+    options.make_backend = [graphs](const ModelWeights& w, const ExecutorConfig& c,
+                                    const std::string& /*drafter: none*/, int32_t /*tp: 1*/) {
+      return make_cuda_backend(w, c, CudaBackendOptions{.graphs = graphs});
+    };
+    const replay::ReplayReport report = replay::replay_trace(path, options);
+    EXPECT_EQ(report.backend, "cuda");
+    EXPECT_EQ(report.steps_compared, steps);
+    EXPECT_FALSE(report.divergence.has_value())
+        << "graphs " << graphs << ": diverged at step " << report.divergence->step << ", field "
+        << report.divergence->field << ": expected " << report.divergence->expected
+        << ", actual " << report.divergence->actual;
+    std::printf("hybrid trace on CUDA (bf16): %ld steps, exact replay (graphs %d): %s\n",
+                static_cast<long>(steps), graphs ? 1 : 0,
+                report.divergence ? "DIVERGED" : "IDENTICAL");
+  }
+  fs::remove(path);
 }
 
 // ---- What the CUDA backend refuses for a hybrid, by name -------------------------------------

@@ -14,6 +14,7 @@
 // wrong tap, a missing clamp, a state not carried), which moves the result by far more. bf16
 // (≤ 8e-3 on the output): the same, plus one bf16 rounding of each output element (≤ 2^-9
 // relative); the state stays fp32 in both modes and keeps the 1e-5 bound.
+#include "core/logits_digest.h"
 #include "core/mamba_mixer.h"
 #include "kernels/mamba_ops.h"
 #include "tests/gpu/gpu_test_support.h"
@@ -26,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <string>
@@ -439,6 +441,49 @@ TEST(MambaPoolGpu, CopyAndZeroApplyTheListInOrder) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     zero_in_order(expected, slot_size, zeroes);
     EXPECT_TRUE(same_bits(d_pool.download(), expected)) << "slot size " << slot_size;
+  }
+}
+
+// The record's state digests against the definition (core/logits_digest.h, the portable loop)
+// over each listed slot: one chunk, a few, and more than the 256 chunks of 16384 floats (larger
+// chunks then), with NaN, ±0 and ±inf among the values; a −1 entry (padding) leaves its digest.
+TEST(MambaPoolGpu, StateDigestsAreTheDefinitionOverEachListedSlot) {
+  LS_SKIP_WITHOUT_DEVICE();
+  constexpr uint64_t kUntouched = 0xABABABABABABABABull;
+  for (const int64_t slot_size : {int64_t{1}, int64_t{40001}, int64_t{5000003}}) {
+    std::vector<float> pool = random_floats(4 * slot_size, 171, -2.0f, 2.0f);
+    const float specials[] = {std::numeric_limits<float>::quiet_NaN(), -0.0f, 0.0f,
+                              std::numeric_limits<float>::infinity(),
+                              -std::numeric_limits<float>::infinity()};
+    for (size_t i = 0; i < std::size(specials); ++i) {
+      pool[(i * 7919) % pool.size()] = specials[i];
+    }
+    const std::vector<int32_t> slots = {2, -1, 0, 3, -1, 2};
+    const int32_t rows = static_cast<int32_t>(slots.size());
+    DeviceBuffer<float> d_pool(pool);
+    DeviceBuffer<int32_t> d_slots(slots);
+    DeviceBuffer<uint64_t> d_digests(std::vector<uint64_t>(slots.size(), kUntouched));
+    const size_t words = kernels::mamba_digest_workspace_words(slot_size, rows);
+    DeviceBuffer<uint32_t> d_workspace(std::vector<uint32_t>(words, 0));
+    ASSERT_EQ(kernels::launch_mamba_state_digests(d_pool.ptr, slot_size, d_slots.ptr, rows,
+                                                  d_workspace.ptr, words, d_digests.ptr, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint64_t> got = d_digests.download();
+    for (size_t r = 0; r < slots.size(); ++r) {
+      const uint64_t expected =
+          slots[r] < 0 ? kUntouched
+                       : logits_row_digest_portable(std::span<const float>(pool).subspan(
+                             static_cast<size_t>(slots[r] * slot_size),
+                             static_cast<size_t>(slot_size)));
+      EXPECT_EQ(got[r], expected) << "slot size " << slot_size << " row " << r;
+    }
+    EXPECT_NE(got[0], got[2]) << "slot size " << slot_size;
+    EXPECT_EQ(kernels::launch_mamba_state_digests(d_pool.ptr, slot_size, d_slots.ptr, rows,
+                                                  d_workspace.ptr, words - 1, d_digests.ptr,
+                                                  nullptr),
+              cudaErrorInvalidValue)
+        << "a workspace one word short";
   }
 }
 
