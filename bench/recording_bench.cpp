@@ -308,8 +308,8 @@ void BM_RecordRowTop8(benchmark::State& state) {
 BENCHMARK(BM_RecordRowTop8<append_top_logits>)->Name("BM_RecordRowTop8");
 BENCHMARK(BM_RecordRowTop8<append_top_logits_portable>)->Name("BM_RecordRowTop8Portable");
 
-// 100 rounds (about 12 s): a run's median ratio then varies by a few tenths of a percent from run
-// to run on a quiet machine; at 40 it varied by about ±0.7%, more than the bar's margin.
+// 100 rounds (about 12 s a run): at 40, one run's median ratio strayed from the next by about
+// ±0.7%, more than the 2% bar's margin (five 100-round runs on the H200 host: +1.18 … +1.64%).
 BENCHMARK(BM_GenerateWithAndWithoutRecorder)->Unit(benchmark::kMillisecond)->UseRealTime()
     ->Iterations(100);
 
