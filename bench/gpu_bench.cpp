@@ -90,6 +90,28 @@ struct Bandwidth {
   double read = 0;  // bytes/s
 };
 
+// The median time of `repeats` launches on `stream` (CUDA events around each), after 3 untimed;
+// launch(i) gets the launch's index, warm-ups included.
+template <typename Launch>
+double median_seconds(cudaStream_t stream, int32_t repeats, Launch launch) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  LS_CUDA(cudaEventCreate(&start));
+  LS_CUDA(cudaEventCreate(&stop));
+  std::vector<double> seconds;
+  for (int32_t i = 0; i < repeats + 3; ++i) {
+    LS_CUDA(cudaEventRecord(start, stream));
+    launch(i);
+    LS_CUDA(cudaEventRecord(stop, stream));
+    LS_CUDA(cudaEventSynchronize(stop));
+    float ms = 0;
+    LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    if (i >= 3) seconds.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(seconds);
+}
+
 // Device-to-device copy and a plain streaming read, each through its own kernel.
 Bandwidth measure_bandwidth(int64_t bytes, int32_t repeats) {
   void* a = nullptr;
@@ -98,30 +120,14 @@ Bandwidth measure_bandwidth(int64_t bytes, int32_t repeats) {
   LS_CUDA(cudaMalloc(&b, static_cast<size_t>(bytes)));
   LS_CUDA(cudaMemset(a, 1, static_cast<size_t>(bytes)));
   LS_CUDA(cudaMemset(b, 2, static_cast<size_t>(bytes)));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LS_CUDA(cudaEventCreate(&start));
-  LS_CUDA(cudaEventCreate(&stop));
-  auto time = [&](auto launch) {
-    std::vector<double> ms_all;
-    for (int32_t i = 0; i < repeats + 3; ++i) {
-      LS_CUDA(cudaEventRecord(start));
-      launch(i);
-      LS_CUDA(cudaEventRecord(stop));
-      LS_CUDA(cudaEventSynchronize(stop));
-      float ms = 0;
-      LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
-      if (i >= 3) ms_all.push_back(ms * 1e-3);
-    }
-    return median(ms_all);
-  };
   Bandwidth out;
-  out.copy = 2.0 * static_cast<double>(bytes) /
-             time([&](int32_t i) { LS_CUDA(kernels::launch_copy_bytes(i % 2 ? a : b, i % 2 ? b : a, bytes, nullptr)); });
+  out.copy = 2.0 * static_cast<double>(bytes) / median_seconds(nullptr, repeats, [&](int32_t i) {
+               LS_CUDA(kernels::launch_copy_bytes(i % 2 ? a : b, i % 2 ? b : a, bytes, nullptr));
+             });
   // The sink is never written (see launch_read_bytes); b is big enough for it anyway.
-  out.read = static_cast<double>(bytes) /
-             time([&](int32_t i) { LS_CUDA(kernels::launch_read_bytes(i % 2 ? a : b, bytes, i % 2 ? b : a, nullptr)); });
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  out.read = static_cast<double>(bytes) / median_seconds(nullptr, repeats, [&](int32_t i) {
+               LS_CUDA(kernels::launch_read_bytes(i % 2 ? a : b, bytes, i % 2 ? b : a, nullptr));
+             });
   cudaFree(a);
   cudaFree(b);
   return out;
@@ -621,26 +627,12 @@ json linear_layers_peer(const std::string& shape, int32_t rows, const Bandwidth&
   enqueue_all();
   LS_CUDA(cudaStreamEndCapture(stream, &graph));
   LS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LS_CUDA(cudaEventCreate(&start));
-  LS_CUDA(cudaEventCreate(&stop));
-  std::vector<double> ms_all;
-  for (int32_t i = 0; i < 23; ++i) {
-    LS_CUDA(cudaEventRecord(start, stream));
-    LS_CUDA(cudaGraphLaunch(exec, stream));
-    LS_CUDA(cudaEventRecord(stop, stream));
-    LS_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3) ms_all.push_back(ms);
-  }
-  const double ms = median(ms_all);
+  const double ms =
+      1e3 * median_seconds(stream, 20, [&](int32_t) { LS_CUDA(cudaGraphLaunch(exec, stream)); });
   const double of_read = static_cast<double>(weight_bytes) / (ms * 1e-3) / bandwidth.read;
   std::printf("  %s cuBLAS linear layers alone (one graph, %zu products), batch %2d: %.3f ms, "
               "%.2f GB of weights, %.1f%% of read BW\n", shape.c_str(), launches.size(), rows, ms,
               static_cast<double>(weight_bytes) * 1e-9, of_read * 100.0);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   for (void* w : weights) cudaFree(w);
