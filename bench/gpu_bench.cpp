@@ -773,6 +773,45 @@ json logits_pass_alone(int32_t rows) {
   return out;
 }
 
+// Where a recorded step's extra device time goes: the tail's phases (CUDA events inside the
+// graph, one step at a time, as profile_shape times them) of `rows` rows decoding at context
+// 1024, without and with the record, two executors over one profiling backend.
+json recording_tail_profile(const std::string& shape, int32_t rows, const Options& o) {
+  const ModelConfig model = model_config_named(shape);
+  constexpr int32_t kContext = 1024;
+  ExecutorConfig config = bench_config(kContext);
+  const CudaBackendOptions options{.graphs = true, .profile = true};
+  config.pages_count = cuda_kv_sizing(model, config, options).pages_count;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
+  Executor plain(config, model.vocab_size, backend);
+  Executor recording(config, model.vocab_size, backend, trace::recording_executor_options());
+  const int32_t steps = o.quick ? 10 : 40;
+  json out = {{"shape", shape}, {"batch", rows}, {"context", kContext}};
+  for (Executor* e : {&plain, &recording}) {
+    Driver driver(*e, config, model.vocab_size);
+    driver.prefill(rows, kContext);
+    driver.decode(rows, kWarmupSteps, backend, false);
+    backend.reset_phase_times();
+    driver.decode(rows, steps, backend, false);
+    const CudaPhaseTimes t = backend.phase_times();
+    const char* name = e == &plain ? "without" : "with";
+    json phases = json::object();
+    std::printf("  %s tail, decode batch %d context %d, %-7s the record:", shape.c_str(), rows,
+                kContext, name);
+    for (const CudaPhase p : {CudaPhase::kLmHead, CudaPhase::kGuard, CudaPhase::kSampling,
+                              CudaPhase::kCopyBack}) {
+      const double ms = t.available && t.steps > 0
+                            ? t.ms[static_cast<size_t>(p)] / static_cast<double>(t.steps)
+                            : std::numeric_limits<double>::quiet_NaN();
+      phases[std::string(to_string(p))] = ms;
+      std::printf(" %s %.2f us", std::string(to_string(p)).c_str(), ms * 1e3);
+    }
+    std::printf("\n");
+    out[name] = phases;
+  }
+  return out;
+}
+
 // One shape's recording cost: two executors over one backend (one recording, one not), each
 // prefilling its own requests into pool rows 1..rows before its blocks of decode steps; blocks
 // alternate so that drift falls on both alike. The recorder writes to a file as `generate
@@ -781,7 +820,9 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
   const int32_t steps = o.quick ? 10 : 30;
-  const int32_t blocks = o.quick ? 2 : 6;  // a step-time difference of 0.1% needs this many
+  // Blocks alternate; their ratios' spread (printed) says how far one run's median can be
+  // trusted: a step-time difference of 0.1% needs this many.
+  const int32_t blocks = o.quick ? 2 : 10;
   ExecutorConfig config = bench_config(kContext);
   const CudaBackendOptions options{.graphs = true, .time_steps = true};
   config.pages_count = cuda_kv_sizing(model, config, options).pages_count;
@@ -803,8 +844,9 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
     Driver off(plain, config, model.vocab_size);
     Driver on(recording, config, model.vocab_size);
     on.set_recorder(recorder.get());
-    std::vector<double> off_wall, on_wall, off_idle, on_idle;
+    std::vector<double> off_wall, on_wall, off_idle, on_idle, block_ratios;
     for (int32_t b = 0; b < blocks; ++b) {
+      double block_ms[2] = {0, 0};
       for (Driver* d : {&off, &on}) {
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
@@ -813,8 +855,11 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
         auto& idle = d == &off ? off_idle : on_idle;
         wall.insert(wall.end(), t.wall.begin(), t.wall.end());
         idle.insert(idle.end(), t.idle.begin(), t.idle.end());
+        block_ms[d == &off ? 0 : 1] = median(t.wall);
       }
+      block_ratios.push_back(block_ms[1] / block_ms[0] - 1);
     }
+    std::sort(block_ratios.begin(), block_ratios.end());
     recorder->close();
     const trace::RecorderStats stats = recorder->stats();
     std::remove(path.c_str());
@@ -830,7 +875,11 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
                 static_cast<double>(moved) / (off_ms * 1e-3) / bandwidth.read * 100, on_ms,
                 (on_ms / off_ms - 1) * 100, off_ms / on_ms, median(off_idle) * 1e6,
                 median(on_idle) * 1e6, bytes_per_step, static_cast<long>(stats.waits));
+    std::printf("    the %d blocks' own step-time ratios: min %+.3f%%, median %+.3f%%, max %+.3f%%\n",
+                blocks, block_ratios.front() * 100, median(block_ratios) * 100,
+                block_ratios.back() * 100);
     rows_out.push_back({{"batch", rows},
+                        {"block_cost_fractions_sorted", block_ratios},
                         {"context", kContext},
                         {"steps_per_block", steps},
                         {"blocks", blocks},
@@ -1039,8 +1088,12 @@ int run(const Options& o) {
     for (const int32_t rows : {1, 16, 64}) out["logits_pass_alone"].push_back(logits_pass_alone(rows));
     const std::vector<std::string> shapes =
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    out["recording_tail_profile"] = json::array();
     for (const std::string& shape : shapes) {
       out["recording"].push_back(recording_shape(shape, o, bandwidth));
+      for (const int32_t rows : {1, 64}) {
+        out["recording_tail_profile"].push_back(recording_tail_profile(shape, rows, o));
+      }
       save();
     }
     return 0;

@@ -207,8 +207,10 @@ constexpr int32_t kCombineWarps = kCombineThreads / 32;
 static_assert(kCombineWarps * kK == 64, "warp 0 ranks the warps' k best, two keys a lane");
 // Candidates ranked in one pass; more (many equal logits at the bound) take the rounds.
 constexpr int32_t kPool = kCombineThreads;
-// Logits of the candidate segments a thread loads before it tests them (independent loads).
-constexpr int32_t kRescanBatch = 8;
+// Logits of the candidate segments a thread loads before it tests them (independent loads): the
+// k best segments in one round, so the rescan costs one trip to L2, not several in a chain.
+constexpr int32_t kRescanBatch = kK * kLogitsSegment / kCombineThreads;
+static_assert(kRescanBatch * kCombineThreads == kK * kLogitsSegment);
 
 struct CombineScratch {
   float values[32];
@@ -218,6 +220,8 @@ struct CombineScratch {
   unsigned long long warp_keys[kCombineWarps];
   unsigned long long top[kK];
   unsigned long long pool[kPool];
+  uint32_t pool_bits[kPool];  // each candidate's logit bits (the key holds −0 as +0)
+  uint32_t top_bits[kK];
   int32_t list[kK];
   uint32_t list_count;
   uint32_t pool_count;
@@ -320,17 +324,23 @@ __device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int3
     const unsigned long long key = digest::rank_key(__float_as_uint(x), id);
     if (key < bound) return;
     const uint32_t slot = atomicAdd(&s.pool_count, 1u);
-    if (slot < static_cast<uint32_t>(kPool)) s.pool[slot] = key;
+    if (slot < static_cast<uint32_t>(kPool)) {
+      s.pool[slot] = key;
+      s.pool_bits[slot] = __float_as_uint(x);
+    }
   });
   __syncthreads();
   const int32_t n = static_cast<int32_t>(s.pool_count);  // the same for every thread
   if (n <= kPool) {
-    if (t < kK && t >= (n < k ? n : k)) s.top[t] = 0;
+    if (t < kK && t >= (n < k ? n : k)) s.top[t] = 0, s.top_bits[t] = 0;
     if (t < n) {  // keys are distinct: a candidate's rank is the number above it
       const unsigned long long key = s.pool[t];
       int32_t rank = 0;
       for (int32_t i = 0; i < n; ++i) rank += s.pool[i] > key ? 1 : 0;
-      if (rank < k) s.top[rank] = key;
+      if (rank < k) {
+        s.top[rank] = key;
+        s.top_bits[rank] = s.pool_bits[t];
+      }
     }
   } else {  // more than kPool (equal logits): k rounds of a block max below the last winner
     unsigned long long last = ~0ull;
@@ -341,16 +351,19 @@ __device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int3
         m = key >= bound && key < last && key > m ? key : m;
       });
       last = block_max_key(m, s);
-      if (t == 0) s.top[round] = last;
+      if (t == 0) {
+        s.top[round] = last;
+        const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(last));
+        s.top_bits[round] = __float_as_uint(g.logits[int64_t{r} * g.vocab + id]);
+      }
     }
   }
   __syncthreads();
-  if (t < k) {
-    const unsigned long long key = s.top[t];
-    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(key));
+  if (t < k) {  // n < k only when the row has fewer than k logits: k ≤ vocab is checked
+    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(s.top[t]));
     int32_t* pair = g.top + (int64_t{r} * kK + t) * 2;
     pair[0] = id;
-    pair[1] = __float_as_int(g.logits[int64_t{r} * g.vocab + id]);
+    pair[1] = static_cast<int32_t>(s.top_bits[t]);
   }
 }
 
