@@ -129,8 +129,7 @@ void CudaBackend::finish_step(const StepPlan& plan, StepResult& result) {
 
 bool CudaBackend::can_run_ahead() const { return !impl_->options.profile; }
 
-// Rules 5–9 launched behind the step's forward, then this parity's step_done (a recorded step's
-// on record_stream, after its record's copy); nothing waits.
+// Rules 5–9 launched behind the step's forward, then this parity's step_done; nothing waits.
 void CudaBackend::enqueue_finish(const StepPlan& plan) {
   Impl& m = *impl_;
   const ScopeNanos timer{&m.last_enqueue_ns};
@@ -151,14 +150,8 @@ void CudaBackend::enqueue_finish(const StepPlan& plan) {
                               cudaMemcpyDeviceToHost, s));
     }
   }
-  // Before a record's join: the step's end is complete once its step_done is, and a wait for the
-  // record combine shows as idle time before the next step.
+  LS_CUDA(cudaEventRecord(m.step_done[parity].get(), s));
   m.step_timer.record_end(m.steps_count, s);
-  if (plan.record && plan.rows_count > 0) {
-    m.join_record(m.step_done[parity].get());  // step_done after the record's own copy too
-  } else {
-    LS_CUDA(cudaEventRecord(m.step_done[parity].get(), s));
-  }
   m.check_step_launches();
   m.staged = false;
   ++m.steps_count;

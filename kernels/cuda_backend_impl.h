@@ -165,8 +165,6 @@ struct CudaBackend::Impl {
 
   // cuda_sampling_tail.cpp
   void enqueue_tail(const StepPlan& plan);
-  void enqueue_record_combine(const StepPlan& plan);
-  void join_record(cudaEvent_t done);
   // record_k: the top-k pairs a recorded step writes a logits row; kNotRecorded: none.
   static constexpr int32_t kNotRecorded = -1;
   void enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic, bool sums,
@@ -199,13 +197,11 @@ struct CudaBackend::Impl {
   MemoryLedger ledger;
 
   CudaStream stream;
-  // A recorded step's record combine and its copy back run on record_stream after the step's
-  // tail (tail_done), beside the main copy back (main_copied); the next step waits for the
-  // combine (record_combined). enqueue_record_combine, join_record.
+  // A recorded step's record combine runs on record_stream, forked after the logits pass and
+  // joined before the copy back, beside the guard's combine, the finish and the drafter.
   CudaStream record_stream;
-  CudaEvent tail_done;
-  CudaEvent record_combined;
-  CudaEvent main_copied;
+  CudaEvent record_fork;
+  CudaEvent record_join;
   CublasHandle cublas;
 
   // Weights, "E" = elements of the precision's storage type (bf16 or fp32). Linear layers of all

@@ -210,9 +210,8 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
   record_stream = CudaStream::create();
-  tail_done = CudaEvent::create();
-  record_combined = CudaEvent::create();
-  main_copied = CudaEvent::create();
+  record_fork = CudaEvent::create();
+  record_join = CudaEvent::create();
   cublas = CublasHandle::create(stream.get());
   lay_out_buffers(full_model, config, options, [this](Account account, auto member, size_t count) {
     using Array = std::remove_reference_t<decltype(this->*member)>;
@@ -323,7 +322,6 @@ void CudaBackend::Impl::initialise_buffers() {
 CudaBackend::Impl::~Impl() {
   // Nothing may still read a buffer when the members free it.
   if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
-  if (record_stream.get() != nullptr) cudaStreamSynchronize(record_stream.get());  // a record's copy
 }
 
 CudaKvSizing cuda_kv_sizing(const ModelConfig& model, const ExecutorConfig& config,

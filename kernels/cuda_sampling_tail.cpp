@@ -12,8 +12,7 @@
 namespace ls {
 
 // Rules 5–9: guard, (stochastic rows: weights and sort), finish, drafter, one packed copy back.
-// A step whose tail is in its graph only copies back here. A recorded step's record combine
-// runs on record_stream beside the copy back (enqueue_record_combine).
+// A step whose tail is in its graph only copies back here.
 void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
   if (!tail_in_graph) {
     const bool stochastic = std::any_of(plan.sampling.begin(), plan.sampling.end(),
@@ -21,7 +20,6 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
     enqueue_tail_kernels(plan.logits_rows_count(), plan.rows_count, stochastic,
                          plan.want_logprobs, plan.record ? plan.top_logits_count : kNotRecorded);
   }
-  if (plan.record) enqueue_record_combine(plan);
   // Into this step's pinned buffer; enqueue_finish records its step_done after this copy.
   LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get(), results.get(),
                           results_layout.copy_words(plan) * sizeof(int32_t),
@@ -29,54 +27,15 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
   mark(CudaPhase::kCopyBack);
 }
 
-// The record's digests and top-k pairs from the tail's logits pass, on record_stream once the
-// tail is done, so that they overlap the step's copy back instead of lengthening the step (issue
-// 12: a batch-1 step's record combine took ~3 us of the tail when it ran beside the finish, in
-// the graph). The next step's forward rewrites the logits and the pass's workspace it reads: the
-// main stream waits for the combine after this step's copy back (join_record).
-void CudaBackend::Impl::enqueue_record_combine(const StepPlan& plan) {
-  const cudaStream_t s = stream.get();
-  const cudaStream_t r = record_stream.get();
-  LS_CUDA(cudaEventRecord(tail_done.get(), s));
-  LS_CUDA(cudaStreamWaitEvent(r, tail_done.get()));
-  const kernels::RecordBuffers recorded = record_buffers();
-  const kernels::LogitsPassArgs combine{.logits = logits.get(),
-                                        .rows = plan.logits_rows_count(),
-                                        .vocab = vocab,
-                                        .workspace = logits_workspace.get(),
-                                        .digests = recorded.digests,
-                                        .top = recorded.top,
-                                        .top_k = plan.top_logits_count,
-                                        .workspace_rows = logits_rows_max};
-  LS_CUDA(kernels::launch_record_combine(combine, r));
-  LS_CUDA(cudaEventRecord(record_combined.get(), r));
-  const ResultsLayout& o = results_layout;
-  LS_CUDA(cudaMemcpyAsync(host_results[static_cast<size_t>(steps_count & 1)].get() + o.digests,
-                          results.get() + o.digests, o.record_words() * sizeof(int32_t),
-                          cudaMemcpyDeviceToHost, r));
-}
-
-// After a recorded step's last copy on the main stream: its step_done (`done`) on record_stream
-// once both streams' copies are in, and the main stream waits for the record combine before the
-// next step's forward.
-void CudaBackend::Impl::join_record(cudaEvent_t done) {
-  const cudaStream_t s = stream.get();
-  const cudaStream_t r = record_stream.get();
-  LS_CUDA(cudaEventRecord(main_copied.get(), s));
-  LS_CUDA(cudaStreamWaitEvent(r, main_copied.get()));
-  LS_CUDA(cudaEventRecord(done, r));
-  LS_CUDA(cudaStreamWaitEvent(s, record_combined.get()));
-}
-
 // The tail's kernels over `logits_rows` logits rows and `rows` rows (a graph's: its bucket's,
 // padding included — the finish and drafter kernels skip rows past the staged header's count,
 // the guard's work on padding rows is never read). `sums`: the guard's row max and sum of
 // exponentials, for log-probabilities (a graph always computes them; the header says whether
 // the finish uses them). Greedy rows read the guard's argmax: the sampler's weights and sort run
-// only when a row samples (top_k != 1). A recorded step's pass leaves the digests' and top-k's
-// partials for its record combine (enqueue_record_combine, after the tail); its rows' state is
-// snapshotted by the finish, or after the drafter when one runs, so the step's packed copy
-// brings back the rest a record needs (issue 12).
+// only when a row samples (top_k != 1). A recorded step's digests and top-k pairs come from the
+// guard's pass over the logits (their combine beside the finish, on record_stream); its rows'
+// state is snapshotted by the finish, or after the drafter when one runs, so the one packed copy
+// brings back all a record needs (issue 12).
 void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic,
                                              bool sums, int32_t record_k) {
   const cudaStream_t s = stream.get();
@@ -94,9 +53,9 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
       .digests = record ? recorded.digests : nullptr,
       .top = record ? recorded.top : nullptr,
       .top_k = record ? record_k : 0,
-      .workspace_rows = logits_rows_max,
   };
-  LS_CUDA(kernels::launch_logits_pass(pass, s, kernels::RecordCombine::kDeferred));
+  const kernels::RecordFork fork{record_stream.get(), record_fork.get()};
+  LS_CUDA(kernels::launch_logits_pass(pass, s, record ? &fork : nullptr));
   mark(CudaPhase::kGuard);
   const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
   if (stochastic) {
@@ -134,6 +93,10 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
   }
   if (record && drafting) {  // the drafts rewrote the future inputs after the finish's snapshot
     LS_CUDA(kernels::launch_record_state(step_inputs(), device_state(), rows, recorded, s));
+  }
+  if (record) {
+    LS_CUDA(cudaEventRecord(record_join.get(), record_stream.get()));
+    LS_CUDA(cudaStreamWaitEvent(s, record_join.get()));
   }
   mark(CudaPhase::kSampling);
 }

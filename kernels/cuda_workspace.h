@@ -64,14 +64,12 @@ struct StagingLayout {
 };
 
 // Word offsets of the packed results: what the finish kernel writes, then what a trace records
-// (ExecutorOptions::record). First the rows' state — a hybrid's state digests by op row (only when
-// `state_digests`: a model without recurrent state has none), vcl, future inputs and table row
-// by op row, the table last so that the step's copy back takes only its own rows of it — then
-// the record combine's part — digests and top-k pairs by logits row — which the record stream
-// writes and copies back on its own, after the step's tail (kernels/logits_ops.h
-// RecordCombine::kDeferred).
+// (ExecutorOptions::record): digests by logits row, a hybrid's state digests by op row (only
+// when `state_digests`: a model without recurrent state copies none back), top-k pairs by logits
+// row, then vcl, future inputs and table row by op row, the table last so that a step copies back
+// only its own rows of it.
 struct ResultsLayout {
-  size_t base_words, mamba_digests, vcl, future_inputs, table, digests, top, words;
+  size_t base_words, digests, mamba_digests, top, vcl, future_inputs, table, words;
   int32_t table_width;
 
   ResultsLayout(int32_t rows_max, int32_t logits_rows_max, int32_t verify_width, int32_t width,
@@ -82,22 +80,19 @@ struct ResultsLayout {
     base_words = 2 * r + 3 * b;
     size_t at = (base_words + 1) / 2 * 2;  // the digests are 8-byte words
     auto take = [&at](size_t count) { return std::exchange(at, at + count); };
+    digests = take(2 * r);
     mamba_digests = take(state_digests ? 2 * b : 0);
+    top = take(r * kTopLogitsCountMax * 2);
     vcl = take(b);
     future_inputs = take(b * static_cast<size_t>(verify_width));
     table = take(b * static_cast<size_t>(width));
-    at = (at + 1) / 2 * 2;
-    digests = take(2 * r);
-    top = take(r * kTopLogitsCountMax * 2);
     words = at;
   }
-  // Words the step's copy back takes: the finish kernel's part, and with a record its rows' state.
+  // Words a step copies back: the finish kernel's part, and with a record its rows' state.
   size_t copy_words(const StepPlan& plan) const {
     if (!plan.record) return base_words;
     return table + static_cast<size_t>(plan.rows_count) * static_cast<size_t>(table_width);
   }
-  // The record combine's copy back: [digests, words).
-  size_t record_words() const { return words - digests; }
 };
 
 // Batch sizes that decode steps are padded to (and graphs captured at): 1, 2, 4, 8, then

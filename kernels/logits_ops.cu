@@ -410,28 +410,25 @@ record_combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   combine_record(g, w, segments, static_cast<int32_t>(blockIdx.x), s);
 }
 
-int32_t workspace_rows(const LogitsPassArgs& g) { return g.workspace_rows > 0 ? g.workspace_rows : g.rows; }
-
 template <bool kRecord>
-void launch(const LogitsPassArgs& g, cudaStream_t stream, RecordCombine combine) {
+cudaError_t launch(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const int32_t segments = segments_of(g.vocab);
-  const Workspace w = carve(g.workspace, workspace_rows(g), g.vocab);
+  const Workspace w = carve(g.workspace, g.rows, g.vocab);
   pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
       g.logits, g.vocab, segments, g.row_max != nullptr, w);
-  if (kRecord && combine == RecordCombine::kInline) {
-    record_combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+  if constexpr (kRecord) {
+    cudaStream_t record_stream = stream;
+    if (fork != nullptr) {
+      if (const cudaError_t e = cudaEventRecord(fork->after_pass, stream); e != cudaSuccess) return e;
+      if (const cudaError_t e = cudaStreamWaitEvent(fork->stream, fork->after_pass); e != cudaSuccess) {
+        return e;
+      }
+      record_stream = fork->stream;
+    }
+    record_combine_kernel<<<g.rows, kCombineThreads, 0, record_stream>>>(g, w, segments);
   }
   combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
-}
-
-bool valid_record(const LogitsPassArgs& g) {
-  return g.top != nullptr && g.top_k >= 0 && g.top_k <= kK && g.top_k <= g.vocab;
-}
-
-bool valid_pass(const LogitsPassArgs& g) {
-  return g.rows >= 0 && g.rows <= 65535 && g.vocab >= 1 && g.logits != nullptr &&
-         g.workspace != nullptr && g.workspace_rows >= 0 &&
-         (g.workspace_rows == 0 || g.rows <= g.workspace_rows);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -442,27 +439,17 @@ size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab) {
                   sizeof(RecordPartial));
 }
 
-cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, RecordCombine combine) {
+cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const bool record = g.digests != nullptr;
-  if (!valid_pass(g) || g.nan_flags == nullptr || g.argmax == nullptr ||
-      (g.row_max == nullptr) != (g.row_sum == nullptr) || (record && !valid_record(g))) {
+  if (g.rows < 0 || g.rows > 65535 || g.vocab < 1 || g.logits == nullptr ||
+      g.workspace == nullptr || g.nan_flags == nullptr || g.argmax == nullptr ||
+      (g.row_max == nullptr) != (g.row_sum == nullptr) ||
+      (record && (g.top == nullptr || g.top_k < 0 || g.top_k > kK || g.top_k > g.vocab))) {
     return cudaErrorInvalidValue;
   }
   if (g.rows == 0) return cudaSuccess;
-  if (record) {
-    launch<true>(g, stream, combine);
-  } else {
-    launch<false>(g, stream, combine);
-  }
-  return cudaGetLastError();
-}
-
-cudaError_t launch_record_combine(const LogitsPassArgs& g, cudaStream_t stream) {
-  if (!valid_pass(g) || g.digests == nullptr || !valid_record(g)) return cudaErrorInvalidValue;
-  if (g.rows == 0) return cudaSuccess;
-  record_combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(
-      g, carve(g.workspace, workspace_rows(g), g.vocab), segments_of(g.vocab));
-  return cudaGetLastError();
+  const cudaError_t status = record ? launch<true>(g, stream, fork) : launch<false>(g, stream, fork);
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 }  // namespace ls::kernels

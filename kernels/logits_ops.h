@@ -34,23 +34,18 @@ struct LogitsPassArgs {
   uint64_t* digests = nullptr;
   int32_t* top = nullptr;
   int32_t top_k = 0;
-  // The rows logits_pass_workspace_bytes was given for `workspace` (0: `rows`): where the record's
-  // partials start in it, so that a deferred combine of fewer rows finds the pass's.
-  int32_t workspace_rows = 0;
 };
 
-// Where a recorded pass's record combine (digests and top-k from the pass's partials) runs:
-// inline, on the pass's stream before the guard's combine; or deferred, left to
-// launch_record_combine, which the caller queues where it does not hold up the step (the CUDA
-// backend: on its record stream after the step's tail, beside the copy back) and before anything
-// writes the logits or the workspace again.
-enum class RecordCombine : uint8_t { kInline, kDeferred };
+// Where a recorded pass's record combine runs: on `stream`, after `after_pass` (recorded on the
+// pass's stream once the pass kernel is queued), beside the guard's combine and what follows it;
+// the caller joins `stream` back before it reads the record. Null: on the pass's stream.
+struct RecordFork {
+  cudaStream_t stream;
+  cudaEvent_t after_pass;
+};
 
 size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab);
 cudaError_t launch_logits_pass(const LogitsPassArgs& args, cudaStream_t stream,
-                               RecordCombine combine = RecordCombine::kInline);
-// The record combine of a pass launched with RecordCombine::kDeferred: `args` as the pass had
-// them, but `rows` may be fewer (a graph's padded rows need no record).
-cudaError_t launch_record_combine(const LogitsPassArgs& args, cudaStream_t stream);
+                               const RecordFork* fork = nullptr);
 
 }  // namespace ls::kernels
