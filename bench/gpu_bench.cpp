@@ -45,6 +45,8 @@
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
 
+#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_GIT_COMMIT
+
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
@@ -64,9 +66,6 @@
 #include <thread>
 #include <vector>
 
-#ifndef LOCKSTEP_GIT_COMMIT
-#define LOCKSTEP_GIT_COMMIT "unknown"
-#endif
 
 namespace ls {
 namespace {

@@ -124,7 +124,8 @@ void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
   const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  const size_t m = static_cast<size_t>(mamba_index[li]);
+  const int32_t mi = mamba_index[li];  // among the Mamba layers: its weights and its state pool
+  const size_t m = static_cast<size_t>(mi);  // the same, for the weight offsets
   const size_t in_proj_size = static_cast<size_t>(linears.in_proj.out);
   const size_t inner = static_cast<size_t>(linears.out_proj.in);
   T* x = as<T>(normed);
@@ -133,7 +134,6 @@ void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
   mark(CudaPhase::kNorms);
   linear(x, as<T>(w_in_proj) + m * in_proj_size * h, mamba_proj.get(), tokens, linears.in_proj);
   mark(CudaPhase::kGemmQkv);
-  const int32_t mi = mamba_index[li];
   LS_CUDA(kernels::launch_mamba_mixer(mamba_shape(), mamba_params(mi), mamba_state(mi),
                                       mamba_rows(), mamba_proj.get(), tokens,
                                       mamba_workspace.get(), mamba_workspace.count(),
