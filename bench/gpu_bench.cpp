@@ -14,7 +14,7 @@
 //
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
-// without (batch 1, 4, 8: the steps that run the GEMV); --fusion runs only that comparison.
+// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps).
 //
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
 // 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
@@ -1003,13 +1003,14 @@ json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& 
 
 // The decode GEMV's fused forms (CudaBackendOptions::fuse_decode, kernels/decode_gemv.h: norms
 // folded into q/k/v and gate/up, SwiGLU, RoPE and the KV write in their epilogues) against one
-// kernel each, at the batches whose steps run the GEMV.
-json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+// kernel each, at batches whose steps run the GEMV (the full run: batch 1 only).
+json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                  const std::vector<int32_t>& batches) {
   const Variant on{"fused", {.graphs = true, .fuse_decode = true, .time_steps = true}};
   const Variant off{"unfused", {.graphs = true, .fuse_decode = false, .time_steps = true}};
   return {{"shape", shape},
           {"fusion", compare_shape(shape, o, bandwidth, "decode GEMV fused vs unfused", on, off,
-                                   {1, 4, 8})}};
+                                   batches)}};
 }
 
 std::string utc_now() {
@@ -1074,7 +1075,7 @@ int run(const Options& o) {
     const std::vector<std::string> shapes =
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
-      out["fusion"].push_back(fusion_shape(shape, o, bandwidth));
+      out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
       save();
     }
     return 0;
@@ -1106,7 +1107,7 @@ int run(const Options& o) {
     save();
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
     save();
-    if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth));
+    if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1}));
     save();
     if (full_set(shape)) {
       for (const int32_t rows : {1, 64}) {
