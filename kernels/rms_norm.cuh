@@ -4,8 +4,6 @@
 // Device code only.
 #pragma once
 
-#include "kernels/reduce.cuh"
-
 #include <cuda_bf16.h>
 
 #include <cstdint>
