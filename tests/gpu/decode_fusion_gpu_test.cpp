@@ -2,11 +2,19 @@
 // (launch_rms_norm, launch_gemv_bf16, then launch_rope_qkv or launch_swiglu), bit for bit, on
 // llama-1b's and llama-8b's layer shapes with seeded random weights at every token count 1..8;
 // run to run identical (the second run overlapping its predecessor, as a decode step launches
-// it); and each token's result identical to that token run alone (batch invariance).
+// it); and each token's result identical to that token run alone (batch invariance). Then whole
+// backends with CudaBackendOptions::fuse_decode on and off: every logit of every step equal.
+#include "core/executor.h"
+#include "core/model/weights.h"
+#include "core/scheduler.h"
+#include "core/serving_loop.h"
+#include "core/step_observer.h"
+#include "kernels/cuda_backend.h"
 #include "kernels/decode_gemv.h"
 #include "kernels/gemm.h"
 #include "kernels/layer_ops.h"
 #include "kernels/weight_init.h"
+#include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
 
 #include <gtest/gtest.h>
@@ -300,6 +308,78 @@ TEST(DecodeFusion, LaunchersRefuseWhatTheyDoNotCover) {
                                                    nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+// Every step's logits rows, in order (the executor captures them).
+class AllLogits : public StepObserver {
+ public:
+  void on_step_input(int64_t, const ForwardOp&, const std::vector<CacheOp>&,
+                     const StepFaults&) override {}
+  void on_step_output(int64_t, const ForwardOp&, const StepResult& result,
+                      const StateSnapshot&) override {
+    steps.push_back(result.logits);
+  }
+  void on_scheduler_events(int64_t, const std::vector<SchedulerEvent>&) override {}
+
+  std::vector<std::vector<float>> steps;
+};
+
+struct Served {
+  gpu_test::Outcomes tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+// 12 greedy prompts (1..40 tokens, 24 new each) under 8 batch rows: chunked prefills, then decode
+// steps of 8 rows and fewer as requests finish (the GEMV's steps, graphs replayed).
+Served serve(const ModelWeights& weights, bool fused) {
+  SchedulerConfig sc;
+  sc.max_batch_rows = 8;
+  sc.prefill_chunk_tokens = 32;
+  sc.page_size = 16;
+  sc.pages_count = 128;
+  sc.context_length = 128;
+  const ExecutorConfig ec = executor_config_for(sc);
+  const int32_t vocab = weights.config.vocab_size;
+  CudaBackend cuda(weights, ec, CudaBackendOptions{.graphs = true, .fuse_decode = fused});
+  Scheduler scheduler(sc);
+  for (const RequestSpec& r : gpu_test::greedy_requests(12, 40, 24, vocab, 5)) {
+    scheduler.submit(r, vocab);
+  }
+  Executor executor(ec, vocab, cuda, ExecutorOptions{.capture_logits = true});
+  AllLogits observer;
+  run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer});
+  Served out;
+  for (const auto& [id, outcome] : scheduler.outcomes()) out.tokens[id] = outcome.tokens;
+  out.logits = std::move(observer.steps);
+  return out;
+}
+
+// The wiring of the fused forms in the backend (which norm weight, which layer's weights and KV,
+// where the partly fused path hands over): tiny Llama (norm, QKV, RoPE and KV in one launch),
+// tiny with Qwen3's head norms and with Qwen2's biases (norm-fused QKV product, then the bias or
+// head norm and RoPE kernels). Each with fusion on and off: the same tokens and every logit of
+// every step the same bits.
+TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  ModelConfig llama = model_config_named("tiny");
+  ModelConfig qk_norm = llama, bias = llama;
+  qk_norm.family = ModelFamily::kQwen3, qk_norm.qk_norm = true;
+  bias.family = ModelFamily::kQwen2, bias.qkv_bias = true;
+  for (const ModelConfig& model : {llama, qk_norm, bias}) {
+    SCOPED_TRACE(std::string("qk_norm ") + (model.qk_norm ? "on" : "off") + ", qkv_bias " +
+                 (model.qkv_bias ? "on" : "off"));
+    const ModelWeights weights = weights_from_seed(model, 31);
+    const Served fused = serve(weights, true);
+    const Served unfused = serve(weights, false);
+    EXPECT_EQ(fused.tokens, unfused.tokens);
+    ASSERT_EQ(fused.logits.size(), unfused.logits.size());
+    ASSERT_GT(fused.logits.size(), 24u);
+    size_t differing_steps = 0;
+    for (size_t k = 0; k < fused.logits.size(); ++k) {
+      differing_steps += same_bits(fused.logits[k], unfused.logits[k]) ? 0 : 1;
+    }
+    EXPECT_EQ(differing_steps, 0u) << "of " << fused.logits.size() << " steps";
+  }
 }
 
 }  // namespace
