@@ -1024,15 +1024,18 @@ void add_options(CLI::App& app, Options& o) {
   app.add_option("out", o.out_path, "Where the figures go (JSON)")->required();
   app.add_flag("--quick", o.quick, "Fewer iterations");
   app.add_flag("--recording", o.recording, "Only the recording figures");
-  app.add_flag("--fusion", o.fusion,
-               "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
-               "batch 1, 4 and 8, context 1024)");
   app.add_flag("--hybrid", o.hybrid,
                "Only the hybrid decode figures (Bamba-9B's shape, batch 1 and 64)");
   app.add_option("--tp", o.tp_degree,
                  "Only tensor-parallel decode at this degree (llama-8b unless --shapes), against "
                  "the summed read bandwidth of the GPUs its ranks run on")
       ->check(CLI::Range(1, kTpDegreeMax));
+  app.add_flag("--fusion", o.fusion,
+               "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
+               "batch 1, 4 and 8, context 1024)")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
