@@ -12,6 +12,10 @@
 // shapes at batch 1 and 64: cuBLASLt replaying only the model's linear layers in one graph. Writes JSON (date, GPU, driver,
 // commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
 //
+// In the full run the Llama shapes also decode (context 1024) with the forward's kernels
+// overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
+// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps).
+//
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
 // 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
 // top-8 and the rows' state in the step; a Recorder writing every input and output record to a
@@ -31,6 +35,7 @@
 //
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
+//                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
@@ -309,6 +314,7 @@ struct Options {
   bool quick = false;
   bool recording = false;     // only the recording figures
   bool hybrid = false;        // only the hybrid decode figures
+  bool fusion = false;        // only the fused vs unfused decode figures
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -975,29 +981,34 @@ int run_tp(const Options& o, const CudaMachineInfo& machine) {
   return 0;
 }
 
-// The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
-// kernels/launch.h) against plain stream order: two backends over the same weights (KV pages as
-// bench_config sizes them, so both fit), decode at context 1024, alternating blocks of steps.
-json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+// One option on and off: two backends over the same weights (KV pages as bench_config sizes
+// them, so both fit), decode at context 1024 at each batch, alternating blocks of steps so that
+// both see the same clocks. `key` names the JSON fields of each (step_ms_median_<key>, ...).
+struct Variant {
+  const char* key;
+  CudaBackendOptions options;
+};
+
+json compare_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                   const char* what, const Variant& on_variant, const Variant& off_variant,
+                   const std::vector<int32_t>& batches) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
   const int32_t steps = o.quick ? 10 : 30;
   const int32_t blocks = o.quick ? 2 : 4;
   const ExecutorConfig config = bench_config(kContext);
-  CudaBackend overlapped(DeviceSeededWeights{model, kWeightsSeed}, config,
-                         CudaBackendOptions{.graphs = true, .overlap_kernels = true, .time_steps = true});
-  CudaBackend plain(DeviceSeededWeights{model, kWeightsSeed}, config,
-                    CudaBackendOptions{.graphs = true, .overlap_kernels = false, .time_steps = true});
-  Executor on_executor(config, model.vocab_size, overlapped);
-  Executor off_executor(config, model.vocab_size, plain);
+  CudaBackend on_backend(DeviceSeededWeights{model, kWeightsSeed}, config, on_variant.options);
+  CudaBackend off_backend(DeviceSeededWeights{model, kWeightsSeed}, config, off_variant.options);
+  Executor on_executor(config, model.vocab_size, on_backend);
+  Executor off_executor(config, model.vocab_size, off_backend);
   json rows_out = json::array();
-  for (const int32_t rows : std::vector<int32_t>{1, 16, 64}) {
+  for (const int32_t rows : batches) {
     Driver on(on_executor, config, model.vocab_size);
     Driver off(off_executor, config, model.vocab_size);
     std::vector<double> on_wall, off_wall;
     for (int32_t b = 0; b < blocks; ++b) {
       for (Driver* d : {&off, &on}) {
-        CudaBackend& backend = d == &on ? overlapped : plain;
+        CudaBackend& backend = d == &on ? on_backend : off_backend;
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
         const Driver::DecodeTimes t = d->decode(rows, steps, backend, true);
@@ -1010,21 +1021,44 @@ json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& 
     const auto read_fraction = [&](double ms) {
       return static_cast<double>(moved) / (ms * 1e-3) / bandwidth.read;
     };
-    std::printf("  %s kernels overlapped vs plain stream order, decode batch %2d context %d: "
-                "overlapped %.4f ms/step (%.1f%% of read BW), plain %.4f ms/step (%.1f%%): "
-                "%+.2f%% step time\n",
-                shape.c_str(), rows, kContext, on_ms, read_fraction(on_ms) * 100, off_ms,
-                read_fraction(off_ms) * 100, (on_ms / off_ms - 1) * 100);
+    std::printf("  %s %s, decode batch %2d context %d: %s %.4f ms/step (%.1f%% of read BW), %s "
+                "%.4f ms/step (%.1f%%): %+.2f%% step time\n",
+                shape.c_str(), what, rows, kContext, on_variant.key, on_ms,
+                read_fraction(on_ms) * 100, off_variant.key, off_ms, read_fraction(off_ms) * 100,
+                (on_ms / off_ms - 1) * 100);
+    const std::string on_key = on_variant.key, off_key = off_variant.key;
     rows_out.push_back({{"batch", rows},
                         {"context", kContext},
                         {"steps_per_block", steps},
                         {"blocks", blocks},
-                        {"step_ms_median_overlapped", on_ms},
-                        {"step_ms_median_plain_order", off_ms},
-                        {"read_bandwidth_fraction_overlapped", read_fraction(on_ms)},
-                        {"read_bandwidth_fraction_plain_order", read_fraction(off_ms)}});
+                        {"step_ms_median_" + on_key, on_ms},
+                        {"step_ms_median_" + off_key, off_ms},
+                        {"read_bandwidth_fraction_" + on_key, read_fraction(on_ms)},
+                        {"read_bandwidth_fraction_" + off_key, read_fraction(off_ms)}});
   }
-  return {{"shape", shape}, {"overlap", rows_out}};
+  return rows_out;
+}
+
+// The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
+// kernels/launch.h) against plain stream order.
+json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const Variant on{"overlapped", {.graphs = true, .overlap_kernels = true, .time_steps = true}};
+  const Variant off{"plain_order", {.graphs = true, .overlap_kernels = false, .time_steps = true}};
+  return {{"shape", shape},
+          {"overlap", compare_shape(shape, o, bandwidth, "kernels overlapped vs plain stream order",
+                                    on, off, {1, 16, 64})}};
+}
+
+// The decode GEMV's fused forms (CudaBackendOptions::fuse_decode, kernels/decode_gemv.h: norms
+// folded into q/k/v and gate/up, SwiGLU, RoPE and the KV write in their epilogues) against one
+// kernel each, at batches whose steps run the GEMV (the full run: batch 1 only).
+json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                  const std::vector<int32_t>& batches) {
+  const Variant on{"fused", {.graphs = true, .fuse_decode = true, .time_steps = true}};
+  const Variant off{"unfused", {.graphs = true, .fuse_decode = false, .time_steps = true}};
+  return {{"shape", shape},
+          {"fusion", compare_shape(shape, o, bandwidth, "decode GEMV fused vs unfused", on, off,
+                                   batches)}};
 }
 
 std::string utc_now() {
@@ -1044,6 +1078,12 @@ void add_options(CLI::App& app, Options& o) {
                  "Only tensor-parallel decode at this degree (llama-8b unless --shapes), against "
                  "the summed read bandwidth of the GPUs its ranks run on")
       ->check(CLI::Range(1, kTpDegreeMax));
+  app.add_flag("--fusion", o.fusion,
+               "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
+               "batch 1, 4 and 8, context 1024)")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1071,6 +1111,7 @@ int run(const Options& o) {
               {"shapes", json::array()},
               {"eager", json::array()},
               {"overlap", json::array()},
+              {"fusion", json::array()},
               {"profile", json::array()},
               {"linear_layers_peer", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
@@ -1078,6 +1119,16 @@ int run(const Options& o) {
     out["command"] = "lockstep_gpu_bench --hybrid";
     out["hybrid"] = json::array({bench_hybrid(o, bandwidth)});
     save();
+    return 0;
+  }
+  if (o.fusion) {
+    out["command"] = "lockstep_gpu_bench --fusion";
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
+      save();
+    }
     return 0;
   }
   if (o.recording) {
@@ -1110,6 +1161,8 @@ int run(const Options& o) {
     if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
+    save();
+    if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1}));
     save();
     if (full_set(shape)) {
       for (const int32_t rows : {1, 64}) {

@@ -39,6 +39,12 @@
 #                                # CUDA replayed there, and `lockstep_gpu_bench --hybrid`
 #                                # (Bamba-9B's shape, batch 1 and 64, context 1024), under 10 min.
 #                                # Writes env.txt, hybrid_tests.log/json, hybrid_bench.log/json.
+#   scripts/gpu-run.sh fusion    # on the H200: only the decode GEMV's fused forms (issue 14): their
+#                                # bit-for-bit tests against the unfused kernels, the layer-op,
+#                                # backend, hybrid and determinism tests, the HF fixtures, and
+#                                # `lockstep_gpu_bench --fusion` (llama-1b, llama-8b; batch 1, 4,
+#                                # 8; context 1024; fused and unfused), ~4 min. Writes env.txt,
+#                                # gpu_tests.log/json, hf_oracle.log/json, fusion_bench.log/json.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -598,6 +604,32 @@ run_hybrid() {
   return $status
 }
 
+# The decode GEMV's fused forms (issue 14): their bit-for-bit tests against the unfused kernels
+# (llama-1b and llama-8b layer shapes, tokens 1..8), the GEMV and layer-op tests, the backend
+# tests and the determinism test (its trace replayed exactly with and without fusion), the HF
+# fixtures (Qwen's biases and head norms, Bamba's partial rotary take the partly fused path), then
+# `lockstep_gpu_bench --fusion` (llama-1b and llama-8b, batch 1, 4, 8, context 1024), ~4 min.
+run_fusion() {
+  begin_mode lockstep_gpu_bench
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  echo "== decode fusion, layer-op and backend GPU tests"
+  timeout 150 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
+      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|determinism' "$OUT/gpu_tests.log" | tail -24
+  if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
+    echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
+    hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
+  fi
+  echo "== benchmark: fused vs unfused decode"
+  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/fusion_bench.json" --fusion \
+      > "$OUT/fusion_bench.log" 2>&1 || status=1
+  cat "$OUT/fusion_bench.log"
+  echo "gpu-run fusion: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 case "${1:-run}" in
   package) package ;;
   run) run ;;
@@ -609,5 +641,6 @@ case "${1:-run}" in
   report) run_report ;;
   tp) run_tp ;;
   hybrid) run_hybrid ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  fusion) run_fusion ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac
