@@ -614,17 +614,17 @@ run_fusion() {
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== decode fusion, layer-op and backend GPU tests"
-  timeout 150 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
-      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
+      --gtest_output="json:$OUT/gpu_tests.json"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|determinism' "$OUT/gpu_tests.log" | tail -24
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
     echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
     hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
   fi
   echo "== benchmark: fused vs unfused decode"
-  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/fusion_bench.json" --fusion \
-      > "$OUT/fusion_bench.log" 2>&1 || status=1
+  run_part --new "$OUT/fusion_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" \
+      "$OUT/fusion_bench.json" --fusion
   cat "$OUT/fusion_bench.log"
   echo "gpu-run fusion: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
