@@ -40,7 +40,8 @@ struct PhaseMarks {
   std::vector<CudaEvent> events;  // [marks_max]; empty when not profiling
   std::vector<CudaPhase> phases;  // [marks_max]
   int32_t count = 0;
-  int32_t graph_end = 0;  // count after a graph's forward
+  std::vector<int32_t> graph_ends;  // count after each bucket's forward graph (its own marks: a
+                                   // bucket on the fused GEMV path records fewer)
   bool capturing = false;
   CudaPhaseTimes totals;
 

@@ -23,6 +23,7 @@ void CudaBackend::Impl::capture_graphs() {
   graphs.clear();
   tail_graphs.clear();
   record_tail_graphs.clear();
+  phase_marks.graph_ends.clear();
   record_graph_k = std::min(kTopLogitsCountMax, vocab);
   // One graph: what it enqueues and where it goes.
   struct Capture {
@@ -78,7 +79,7 @@ void CudaBackend::Impl::capture_graphs() {
       throw;
     }
     phase_marks.capturing = false;
-    if (c.forward_only) phase_marks.graph_end = phase_marks.count;
+    if (c.forward_only) phase_marks.graph_ends.push_back(phase_marks.count);  // bucket order
   }
   LS_CUDA(cudaStreamSynchronize(s));
   phase_marks.count = 0;
@@ -91,7 +92,9 @@ void CudaBackend::Impl::launch_graph() {
   LS_CUDA(cudaGraphLaunch(set[static_cast<size_t>(graph_index_)].get(), stream.get()));
   ++graph_replays;
   tail_graph_replays += tail_in_graph ? 1 : 0;
-  if (phase_marks.on()) phase_marks.count = phase_marks.graph_end;  // the graph recorded them
+  if (phase_marks.on()) {  // the graph recorded them
+    phase_marks.count = phase_marks.graph_ends[static_cast<size_t>(graph_index_)];
+  }
 }
 
 // Which graph the step at rows_grid replays, if any: decode steps, when graphs were captured.

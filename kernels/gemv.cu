@@ -9,6 +9,7 @@
 #include "kernels/reduce.cuh"
 #include "kernels/rms_norm.cuh"
 
+#include <array>
 #include <atomic>
 
 namespace ls::kernels {
@@ -272,6 +273,8 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
   }
 }
 
+constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
+
 int32_t sm_count() {
   int32_t device = 0, count = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -308,14 +311,21 @@ cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
   const size_t shared = kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) : 0;
   int32_t per_block = 1;
   if constexpr (kNormed) {
-    // Past 48 KB a kernel must ask for its shared memory; a graph's capture follows the same
-    // launches made eagerly (kernels/cuda_graphs.cpp), which asked already.
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (shared > 48 * 1024 && cudaStreamIsCapturing(stream.stream, &capturing) == cudaSuccess &&
-        capturing == cudaStreamCaptureStatusNone) {
+    // Past 48 KB less the kernel's static shared memory a launch must have asked for its dynamic
+    // shared memory: asked once per kernel for the largest size launched so far (a host call, not
+    // a stream operation: a graph's capture may make it too). At exactly 48 KB (llama-8b, 6
+    // tokens) the static part already puts it over.
+    // Per device: an attribute is set in the current device's context (tensor-parallel ranks).
+    static std::array<std::atomic<size_t>, kDevicesMax> granted{};
+    int device = 0;
+    if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) return status;
+    if (device < 0 || device >= kDevicesMax) return cudaErrorInvalidDevice;
+    std::atomic<size_t>& asked = granted[static_cast<size_t>(device)];
+    if (shared > asked.load(std::memory_order_relaxed)) {
       const cudaError_t status = cudaFuncSetAttribute(
           kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
       if (status != cudaSuccess) return status;
+      asked.store(shared, std::memory_order_relaxed);
     }
     static std::atomic<uint64_t> resident_cache{0};
     const int32_t cap = resident_blocks(kernel, shared, resident_cache) * sm_count();
