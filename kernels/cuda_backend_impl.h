@@ -209,6 +209,11 @@ struct CudaBackend::Impl {
   MemoryLedger ledger;
 
   CudaStream stream;
+  // A recorded step's record combine runs on record_stream, forked after the logits pass and
+  // joined before the copy back, beside the guard's combine, the finish and the drafter.
+  CudaStream record_stream;
+  CudaEvent record_fork;
+  CudaEvent record_join;
   CublasHandle cublas;
 
   // Weights, "E" = elements of the precision's storage type (bf16 or fp32). Linear layers of all

@@ -209,6 +209,9 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   index_layer_kinds();
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
+  record_stream = CudaStream::create();
+  record_fork = CudaEvent::create();
+  record_join = CudaEvent::create();
   cublas = CublasHandle::create(stream.get());
   lay_out_buffers(full_model, config, options, [this](Account account, auto member, size_t count) {
     using Array = std::remove_reference_t<decltype(this->*member)>;

@@ -367,10 +367,12 @@ __device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int3
   }
 }
 
-// A row's guard partials combined in a fixed order (thread-strided, then the block reductions of
-// kernels/reduce.cuh): its NaN flag, argmax and (for log-probabilities) max and sum.
-__device__ void combine_guard(const LogitsPassArgs& g, const Workspace& w, int32_t segments,
-                              int32_t r, CombineScratch& s) {
+// One block per row: the guard's segment partials combined in a fixed order (thread-strided, then
+// the block reductions of kernels/reduce.cuh).
+__global__ void __launch_bounds__(kCombineThreads)
+combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+  __shared__ CombineScratch s;
+  const int32_t r = blockIdx.x;
   const int32_t t = static_cast<int32_t>(threadIdx.x);
   const float* p = w.guard + int64_t{r} * segments * kGuardPartialFloats;
   ArgMax best{-INFINITY, 0x7fffffff};
@@ -400,28 +402,33 @@ __device__ void combine_guard(const LogitsPassArgs& g, const Workspace& w, int32
   }
 }
 
-// Blocks [0, rows): each a row's guard combine; a recorded pass adds blocks [rows, 2 rows), each
-// a row's record combine (its digest and top-k), which need the pass alone: both run side by
-// side in one launch, so a record adds no launch and no fork to the step (a record combine on a
-// second stream, joined before the copy back, cost a batch-1 step ~3 us on the H200).
+// One block per row: the record's digest and top-k (it needs the pass alone, not the guard's
+// combine, so it may run beside that and the finish).
 __global__ void __launch_bounds__(kCombineThreads)
-combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+record_combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   __shared__ CombineScratch s;
-  const int32_t b = static_cast<int32_t>(blockIdx.x);
-  if (b < g.rows) {
-    combine_guard(g, w, segments, b, s);
-  } else {
-    combine_record(g, w, segments, b - g.rows, s);
-  }
+  combine_record(g, w, segments, static_cast<int32_t>(blockIdx.x), s);
 }
 
 template <bool kRecord>
-void launch(const LogitsPassArgs& g, cudaStream_t stream) {
+cudaError_t launch(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const int32_t segments = segments_of(g.vocab);
   const Workspace w = carve(g.workspace, g.rows, g.vocab);
   pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
       g.logits, g.vocab, segments, g.row_max != nullptr, w);
-  combine_kernel<<<kRecord ? 2 * g.rows : g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+  if constexpr (kRecord) {
+    cudaStream_t record_stream = stream;
+    if (fork != nullptr) {
+      if (const cudaError_t e = cudaEventRecord(fork->after_pass, stream); e != cudaSuccess) return e;
+      if (const cudaError_t e = cudaStreamWaitEvent(fork->stream, fork->after_pass); e != cudaSuccess) {
+        return e;
+      }
+      record_stream = fork->stream;
+    }
+    record_combine_kernel<<<g.rows, kCombineThreads, 0, record_stream>>>(g, w, segments);
+  }
+  combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
+  return cudaSuccess;
 }
 
 }  // namespace
@@ -432,7 +439,7 @@ size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab) {
                   sizeof(RecordPartial));
 }
 
-cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
+cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
   const bool record = g.digests != nullptr;
   if (g.rows < 0 || g.rows > 65535 || g.vocab < 1 || g.logits == nullptr ||
       g.workspace == nullptr || g.nan_flags == nullptr || g.argmax == nullptr ||
@@ -441,12 +448,8 @@ cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (g.rows == 0) return cudaSuccess;
-  if (record) {
-    launch<true>(g, stream);
-  } else {
-    launch<false>(g, stream);
-  }
-  return cudaGetLastError();
+  const cudaError_t status = record ? launch<true>(g, stream, fork) : launch<false>(g, stream, fork);
+  return status != cudaSuccess ? status : cudaGetLastError();
 }
 
 }  // namespace ls::kernels
