@@ -824,7 +824,7 @@ json recording_tail_profile(const std::string& shape, int32_t rows, const Option
 json recording_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
-  const int32_t steps = o.quick ? 10 : 30;
+  const int32_t steps = o.quick ? 10 : 40;
   // Blocks alternate; their ratios' spread (printed) says how far one run's median can be
   // trusted: a step-time difference of 0.1% needs this many.
   const int32_t blocks = o.quick ? 2 : 10;
@@ -852,7 +852,11 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
     std::vector<double> off_wall, on_wall, off_idle, on_idle, block_ratios;
     for (int32_t b = 0; b < blocks; ++b) {
       double block_ms[2] = {0, 0};
-      for (Driver* d : {&off, &on}) {
+      // ABBA: the order alternates, so that a drift within a block (clocks after a prefill)
+      // falls on both alike.
+      Driver* order[2] = {&off, &on};
+      if (b % 2 == 1) std::swap(order[0], order[1]);
+      for (Driver* d : order) {
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
         const Driver::DecodeTimes t = d->decode(rows, steps, backend, true);
