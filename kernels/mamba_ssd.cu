@@ -7,11 +7,9 @@
 //               + D · x_t[p]
 //   h^Q[p, n] = e^{S_{Q−1}} · h⁰[p, n]  +  Σ_s e^{R(s, Q−1)} · Δ_s · x_s[p] · B_s[n]
 //
-// R(s, t) is summed over its own terms (not S_t − S_s, which would carry the rounding of S_t's
-// whole magnitude into every short decay).
-//
 // — the sequential recurrence h ← h·e^{Δ_t·A} + Δ_t·B_t·x_t, y_t = C_t·h + D·x_t unrolled over the
-// block. The block-local terms are independent across blocks (kernels 1–3); only the short pass
+// block. R(s, t) is summed over its own terms (not S_t − S_s, which would carry the rounding of
+// S_t's whole magnitude into every short decay). The block-local terms are independent across blocks (kernels 1–3); only the short pass
 // of h⁰ from block to block is sequential (kernel 4); the outputs follow (kernel 5). Each kernel
 // computes a 64 × 64 tile per block of 256 threads, thread (tx, ty) = (tid % 16, tid / 16) owning
 // rows ty + 16a and columns tx + 16b (a, b < 4), every sum over its reduction index ascending —

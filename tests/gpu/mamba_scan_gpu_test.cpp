@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <span>
@@ -64,16 +65,29 @@ struct CutRows {
   std::vector<int32_t> starts = {0, 37, 12, 5, 128, 60};
 };
 
+// With `slow_decay`, A = −exp(a_log) in [−0.06, −0.05]: a state keeps a good part of itself over
+// a block (e^{−0.05 · 64 · Δ}), so what the blocks pass each other matters in every output; the
+// seeded A in [−4.5, −1] forgets within a few tokens.
+LayerWeights mixer_for(const MambaConfig& m, uint32_t seed, bool slow_decay) {
+  LayerWeights w = random_mixer(m, seed);
+  if (slow_decay) {
+    for (float& a : w.a_log) a = std::log(0.05f) + 0.1f * a;
+  }
+  return w;
+}
+
 template <typename T>
-void expect_chunked_matches_the_reference(const MambaConfig& m, double output_tolerance) {
+void expect_chunked_matches_the_reference(const MambaConfig& m, double output_tolerance,
+                                          bool slow_decay) {
   const CutRows cut;
-  const LayerWeights w = random_mixer(m, 211);
+  const LayerWeights w = mixer_for(m, 211, slow_decay);
   const std::vector<float> pool = random_floats(size_t(kSlots) * slot_floats(m), 221, -1.0f, 1.0f);
   const std::vector<float> proj = random_proj(m, cut.rows.tokens(), 231);
   const std::vector<int32_t> positions = positions_of(cut.rows, cut.starts);
   const Result cpu = run_cpu(m, w, pool, cut.rows, proj);
   const Result gpu = run_gpu<T>(m, w, pool, cut.rows, proj, &positions);
-  const std::string what = describe(m) + ", seeds 211/221/231";
+  const std::string what =
+      describe(m) + (slow_decay ? ", slow decay" : "") + ", seeds 211/221/231";
   ASSERT_GT(gpu_test::norm(cpu.out), 0.0) << what;
   const double error = relative_error(gpu.out, cpu.out);
   std::printf("chunked scan vs CPU, %s: output relative error %.3g\n", what.c_str(), error);
@@ -98,24 +112,29 @@ void expect_chunked_matches_the_reference(const MambaConfig& m, double output_to
 TEST(MambaChunkedScanGpu, Fp32MatchesTheCpuReferenceOverShapesAndCuts) {
   LS_SKIP_WITHOUT_DEVICE();
   for (const MambaConfig& m : {odd_shape(), bamba_like_shape(), wide_shape()}) {
-    expect_chunked_matches_the_reference<float>(m, kChunkedFp32);
+    for (const bool slow_decay : {false, true}) {
+      expect_chunked_matches_the_reference<float>(m, kChunkedFp32, slow_decay);
+    }
   }
 }
 
 TEST(MambaChunkedScanGpu, Bf16MatchesTheCpuReferenceOverShapesAndCuts) {
   LS_SKIP_WITHOUT_DEVICE();
   for (const MambaConfig& m : {odd_shape(), bamba_like_shape(), wide_shape()}) {
-    expect_chunked_matches_the_reference<bf16>(m, kChunkedBf16Output);
+    for (const bool slow_decay : {false, true}) {
+      expect_chunked_matches_the_reference<bf16>(m, kChunkedBf16Output, slow_decay);
+    }
   }
 }
 
 // Many blocks in a row: 1000 tokens from position 0 (15 blocks and a tail) against the sequential
-// scan on the device, so that a state pass that drifts from block to block shows.
+// scan on the device, with the slow decay, so that a state pass that drifts from block to block
+// shows.
 TEST(MambaChunkedScanGpu, ALongRowStaysCloseToTheSequentialScan) {
   LS_SKIP_WITHOUT_DEVICE();
   const MambaConfig m = bamba_like_shape();
   const Rows rows{.counts = {1000}, .slots = {1}};
-  const LayerWeights w = random_mixer(m, 241);
+  const LayerWeights w = mixer_for(m, 241, true);
   const std::vector<float> pool = random_floats(size_t(kSlots) * slot_floats(m), 251, -1.0f, 1.0f);
   const std::vector<float> proj = random_proj(m, rows.tokens(), 261);
   const std::vector<int32_t> positions = positions_of(rows, {0});
@@ -175,7 +194,7 @@ Result prefill_in_chunks(const MambaConfig& m, const DeviceMixer& mixer,
 // pieces).
 template <typename T>
 void expect_grid_cuts_agree(const MambaConfig& m) {
-  const LayerWeights w = random_mixer(m, 301);
+  const LayerWeights w = mixer_for(m, 301, true);
   const DeviceMixer mixer(w);
   const std::vector<float> pool = random_floats(size_t(kSlots) * slot_floats(m), 311, -1.0f, 1.0f);
   const std::vector<float> proj = random_proj(m, 300, 321);
