@@ -9,11 +9,12 @@
 //
 // — the sequential recurrence h ← h·e^{Δ_t·A} + Δ_t·B_t·x_t, y_t = C_t·h + D·x_t unrolled over the
 // block. R(s, t) is summed over its own terms (not S_t − S_s, which would carry the rounding of
-// S_t's whole magnitude into every short decay). The block-local terms are independent across blocks (kernels 1–3); only the short pass
-// of h⁰ from block to block is sequential (kernel 4); the outputs follow (kernel 5). Each kernel
-// computes a 64 × 64 tile per block of 256 threads, thread (tx, ty) = (tid % 16, tid / 16) owning
-// rows ty + 16a and columns tx + 16b (a, b < 4), every sum over its reduction index ascending —
-// one order fixed by the shape, so the same bits whatever the launch holds.
+// S_t's whole magnitude into every short decay). The block-local terms are independent across
+// blocks (kernels 1–3); only the short pass of h⁰ from block to block is sequential (kernel 4);
+// the outputs follow (kernel 5). Each kernel computes a 64 × 64 tile per block of 256 threads,
+// thread (tx, ty) = (tid % 16, tid / 16) owning rows 4ty + a and columns 4tx + b (a, b < 4; both
+// operands of a step are one 16-byte shared load), every sum over its reduction index ascending
+// — one order fixed by the shape, so the same bits whatever the launch holds.
 #include "kernels/mamba_scan.h"
 
 #include "core/ops/mamba_math.h"
@@ -28,10 +29,25 @@ constexpr int32_t kQ = kMambaScanChunk;
 constexpr int32_t kThreads = 256;
 constexpr int32_t kTile = 64;   // head elements (p) or state elements (n) a tile covers
 constexpr int32_t kSlice = 32;  // state elements a shared-memory slice holds (C·Bᵀ, C·h)
-constexpr int32_t kPitch = kSlice + 1;  // a slice row's pitch: 16 rows read at one column fall
-                                        // in 16 banks
+// A slice's pitch: it is stored state element major, [n, 64 rows], 16-byte rows of 4 floats, and
+// a warp storing 32 consecutive n of one row hits 8 banks, not 1.
+constexpr int32_t kPitch = kQ + 4;
 constexpr int32_t kPrepareThreads = 128;
 static_assert(kQ == 4 * 16 && kTile == 4 * 16, "a 16 × 16 thread grid of 4 × 4 tiles");
+
+// acc[a][b] += u[a] · v[b]: a thread's 4 × 4 outer product of the 4 floats at `u` (its rows) and
+// at `v` (its columns), both 16-byte aligned shared memory.
+__device__ __forceinline__ void outer_4x4(float (&acc)[4][4], const float* u, const float* v) {
+  const float4 u4 = *reinterpret_cast<const float4*>(u);
+  const float4 v4 = *reinterpret_cast<const float4*>(v);
+  const float us[4] = {u4.x, u4.y, u4.z, u4.w};
+  const float vs[4] = {v4.x, v4.y, v4.z, v4.w};
+#pragma unroll
+  for (int32_t a = 0; a < 4; ++a) {
+#pragma unroll
+    for (int32_t b = 0; b < 4; ++b) acc[a][b] = fmaf(us[a], vs[b], acc[a][b]);
+  }
+}
 
 // The block this CUDA block serves: block k = blockIdx.x of row `row`, or none (k past the row's
 // complete blocks: the grid covers the launch's most).
@@ -87,15 +103,15 @@ ssd_prepare_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
   }
 }
 
-// Kernel 2: C·Bᵀ [t, s] of the block for one group (shared by its heads), over n ascending in
-// slices of kSlice. grid (blocks, rows, groups).
+// Kernel 2: C·Bᵀ of the block for one group (shared by its heads), over n ascending in slices of
+// kSlice, stored [s, t]. grid (blocks, rows, groups).
 __global__ void __launch_bounds__(kThreads)
 ssd_cb_kernel(MambaShape shape, MambaRows rows, const int32_t* positions, const float* conv_out,
               MambaSsdWorkspace ssd) {
   allow_successor();
   wait_for_predecessor();
-  __shared__ float cs[kQ * kPitch];
-  __shared__ float bs[kQ * kPitch];
+  __shared__ __align__(16) float cs[kSlice * kPitch];  // [n, t]
+  __shared__ __align__(16) float bs[kSlice * kPitch];  // [n, s]
   SsdBlock blk;
   if (!ssd_block(rows, positions, static_cast<int32_t>(blockIdx.y), &blk)) return;
   const int32_t group = static_cast<int32_t>(blockIdx.z);
@@ -109,28 +125,21 @@ ssd_cb_kernel(MambaShape shape, MambaRows rows, const int32_t* positions, const 
   for (int32_t n0 = 0; n0 < n_state; n0 += kSlice) {
     __syncthreads();  // the previous slice consumed
     for (int32_t e = threadIdx.x; e < kQ * kSlice; e += kThreads) {
-      const int32_t t = e / kSlice, n = n0 + e % kSlice;
+      const int32_t t = e / kSlice, nn = e % kSlice, n = n0 + nn;
       const float* token = tokens + int64_t{t} * conv_dim;
-      cs[t * kPitch + e % kSlice] = n < n_state ? token[c_offset + n] : 0.0f;
-      bs[t * kPitch + e % kSlice] = n < n_state ? token[b_offset + n] : 0.0f;
+      cs[nn * kPitch + t] = n < n_state ? token[c_offset + n] : 0.0f;
+      bs[nn * kPitch + t] = n < n_state ? token[b_offset + n] : 0.0f;
     }
     __syncthreads();
     for (int32_t n = 0; n < kSlice; ++n) {
-#pragma unroll
-      for (int32_t a = 0; a < 4; ++a) {
-        const float c = cs[(ty + 16 * a) * kPitch + n];
-#pragma unroll
-        for (int32_t b = 0; b < 4; ++b) {
-          acc[a][b] = fmaf(c, bs[(tx + 16 * b) * kPitch + n], acc[a][b]);
-        }
-      }
+      outer_4x4(acc, cs + n * kPitch + 4 * ty, bs + n * kPitch + 4 * tx);
     }
   }
   float* cb = ssd.cb + (int64_t{blk.index} * shape.groups_count + group) * kQ * kQ;
 #pragma unroll
   for (int32_t a = 0; a < 4; ++a) {
 #pragma unroll
-    for (int32_t b = 0; b < 4; ++b) cb[(ty + 16 * a) * kQ + tx + 16 * b] = acc[a][b];
+    for (int32_t b = 0; b < 4; ++b) cb[(4 * tx + b) * kQ + 4 * ty + a] = acc[a][b];
   }
 }
 
@@ -142,8 +151,8 @@ ssd_block_state_kernel(MambaShape shape, MambaRows rows, const int32_t* position
                        const float* conv_out, MambaSsdWorkspace ssd) {
   allow_successor();
   wait_for_predecessor();
-  __shared__ float xw[kQ * kTile];  // [s, p] decayed inputs
-  __shared__ float bs[kQ * kTile];  // [s, n]
+  __shared__ __align__(16) float xw[kQ * kTile];  // [s, p] decayed inputs
+  __shared__ __align__(16) float bs[kQ * kTile];  // [s, n]
   __shared__ float weight[kQ];
   __shared__ float rates[kQ];
   SsdBlock blk;
@@ -180,21 +189,14 @@ ssd_block_state_kernel(MambaShape shape, MambaRows rows, const int32_t* position
       __syncthreads();
       float acc[4][4] = {};
       for (int32_t s = 0; s < kQ; ++s) {
-#pragma unroll
-        for (int32_t a = 0; a < 4; ++a) {
-          const float x = xw[s * kTile + ty + 16 * a];
-#pragma unroll
-          for (int32_t b = 0; b < 4; ++b) {
-            acc[a][b] = fmaf(x, bs[s * kTile + tx + 16 * b], acc[a][b]);
-          }
-        }
+        outer_4x4(acc, xw + s * kTile + 4 * ty, bs + s * kTile + 4 * tx);
       }
 #pragma unroll
       for (int32_t a = 0; a < 4; ++a) {
-        const int32_t p = p0 + ty + 16 * a;
+        const int32_t p = p0 + 4 * ty + a;
 #pragma unroll
         for (int32_t b = 0; b < 4; ++b) {
-          const int32_t n = n0 + tx + 16 * b;
+          const int32_t n = n0 + 4 * tx + b;
           if (p < p_count && n < n_state) out[int64_t{p} * n_state + n] = acc[a][b];
         }
       }
@@ -239,13 +241,13 @@ ssd_output_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
                   float* y) {
   allow_successor();
   wait_for_predecessor();
-  __shared__ float mask[kQ * (kQ + 1)];  // L [t, s], pitch kQ + 1
-  __shared__ float start_decay[kQ];       // e^{S_t}
+  __shared__ __align__(16) float mask[kQ * kQ];  // L, stored [s, t]
+  __shared__ float start_decay[kQ];              // e^{S_t}
   __shared__ float steps[kQ];
   __shared__ float rates[kQ];
-  // x [s, p] (kQ × kTile), then C [t, n] and h⁰ [p, n] slices (kQ × kPitch and kTile × kPitch).
-  __shared__ float tile[kQ * kPitch + kTile * kPitch];
-  static_assert(kQ * kTile <= kQ * kPitch + kTile * kPitch, "x fits the tile");
+  // x [s, p] (kQ × kTile), then the slices C [n, t] and h⁰ [n, p] (kSlice × kPitch each).
+  __shared__ __align__(16) float tile[2 * kSlice * kPitch];
+  static_assert(kQ * kTile <= 2 * kSlice * kPitch, "x fits the tile");
   SsdBlock blk;
   if (!ssd_block(rows, positions, static_cast<int32_t>(blockIdx.y), &blk)) return;
   const int32_t head = static_cast<int32_t>(blockIdx.z);
@@ -254,9 +256,7 @@ ssd_output_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
   const int32_t conv_dim = shape.conv_dim(), inner = shape.inner_size();
   const int64_t at = (int64_t{blk.index} * shape.heads_count + head) * kQ;
   const float* cb = ssd.cb + (int64_t{blk.index} * shape.groups_count + group) * kQ * kQ;
-  for (int32_t e = threadIdx.x; e < kQ * kQ; e += kThreads) {
-    mask[e / kQ * (kQ + 1) + e % kQ] = cb[e];  // C·Bᵀ, coalesced, weighted below
-  }
+  for (int32_t e = threadIdx.x; e < kQ * kQ; e += kThreads) mask[e] = cb[e];  // weighted below
   if (threadIdx.x < kQ) {
     steps[threadIdx.x] = ssd.steps[at + threadIdx.x];
     rates[threadIdx.x] = ssd.rates[at + threadIdx.x];
@@ -265,13 +265,12 @@ ssd_output_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
   __syncthreads();
   if (threadIdx.x < kQ) {
     const int32_t t = static_cast<int32_t>(threadIdx.x);
-    float* row = mask + t * (kQ + 1);
     float rate = 0.0f;  // R(s, t)
     for (int32_t s = t; s >= 0; --s) {
-      row[s] = row[s] * ops::exp_f(rate) * steps[s];
+      mask[s * kQ + t] = mask[s * kQ + t] * ops::exp_f(rate) * steps[s];
       rate += rates[s];
     }
-    for (int32_t s = t + 1; s < kQ; ++s) row[s] = 0.0f;
+    for (int32_t s = t + 1; s < kQ; ++s) mask[s * kQ + t] = 0.0f;
   }
   const float* tokens = conv_out + int64_t{blk.first} * conv_dim;
   const int32_t x_offset = head * p_count;
@@ -281,7 +280,7 @@ ssd_output_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
   const float d_skip = params.d_skip[head];
   const int32_t tx = threadIdx.x % 16, ty = threadIdx.x / 16;
   float* cs = tile;
-  float* hs = tile + kQ * kPitch;
+  float* hs = tile + kSlice * kPitch;
   for (int32_t p0 = 0; p0 < p_count; p0 += kTile) {
     __syncthreads();  // mask written; the previous tile's slices consumed
     for (int32_t e = threadIdx.x; e < kQ * kTile; e += kThreads) {
@@ -291,49 +290,33 @@ ssd_output_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
     __syncthreads();
     float intra[4][4] = {};
     for (int32_t s = 0; s < kQ; ++s) {
-#pragma unroll
-      for (int32_t a = 0; a < 4; ++a) {
-        const float l = mask[(ty + 16 * a) * (kQ + 1) + s];
-#pragma unroll
-        for (int32_t b = 0; b < 4; ++b) {
-          intra[a][b] = fmaf(l, tile[s * kTile + tx + 16 * b], intra[a][b]);
-        }
-      }
+      outer_4x4(intra, mask + s * kQ + 4 * ty, tile + s * kTile + 4 * tx);
     }
     float x[4][4];
 #pragma unroll
     for (int32_t a = 0; a < 4; ++a) {
-#pragma unroll
-      for (int32_t b = 0; b < 4; ++b) x[a][b] = tile[(ty + 16 * a) * kTile + tx + 16 * b];
+      const float4 v = *reinterpret_cast<const float4*>(tile + (4 * ty + a) * kTile + 4 * tx);
+      x[a][0] = v.x, x[a][1] = v.y, x[a][2] = v.z, x[a][3] = v.w;
     }
     float inter[4][4] = {};
     for (int32_t n0 = 0; n0 < n_state; n0 += kSlice) {
       __syncthreads();  // x (or the previous slices) consumed
       for (int32_t e = threadIdx.x; e < kQ * kSlice; e += kThreads) {
-        const int32_t r = e / kSlice, n = n0 + e % kSlice, p = p0 + r;
-        cs[r * kPitch + e % kSlice] =
-            n < n_state ? tokens[int64_t{r} * conv_dim + c_offset + n] : 0.0f;
-        hs[r * kPitch + e % kSlice] =
-            n < n_state && p < p_count ? start[int64_t{p} * n_state + n] : 0.0f;
+        const int32_t r = e / kSlice, nn = e % kSlice, n = n0 + nn, p = p0 + r;
+        cs[nn * kPitch + r] = n < n_state ? tokens[int64_t{r} * conv_dim + c_offset + n] : 0.0f;
+        hs[nn * kPitch + r] = n < n_state && p < p_count ? start[int64_t{p} * n_state + n] : 0.0f;
       }
       __syncthreads();
       for (int32_t n = 0; n < kSlice; ++n) {
-#pragma unroll
-        for (int32_t a = 0; a < 4; ++a) {
-          const float c = cs[(ty + 16 * a) * kPitch + n];
-#pragma unroll
-          for (int32_t b = 0; b < 4; ++b) {
-            inter[a][b] = fmaf(c, hs[(tx + 16 * b) * kPitch + n], inter[a][b]);
-          }
-        }
+        outer_4x4(inter, cs + n * kPitch + 4 * ty, hs + n * kPitch + 4 * tx);
       }
     }
 #pragma unroll
     for (int32_t a = 0; a < 4; ++a) {
-      const int32_t t = ty + 16 * a;
+      const int32_t t = 4 * ty + a;
 #pragma unroll
       for (int32_t b = 0; b < 4; ++b) {
-        const int32_t p = p0 + tx + 16 * b;
+        const int32_t p = p0 + 4 * tx + b;
         if (p < p_count) {
           y[int64_t{blk.first + t} * inner + x_offset + p] =
               ops::mamba_output(fmaf(start_decay[t], inter[a][b], intra[a][b]), x[a][b], d_skip);
