@@ -220,13 +220,25 @@ ssd_state_pass_kernel(MambaShape shape, MambaStateView state, MambaRows rows,
   const int32_t head = static_cast<int32_t>(blockIdx.y);
   float* stored = state.ssm + cut.slot * state.slot_stride_floats + head * head_floats + e;
   float h = *stored;
-  for (int32_t k = 0; k < cut.blocks; ++k) {
-    const int64_t at = int64_t{cut.block_index(k)} * shape.heads_count + head;
-    float* block_state = ssd.states + at * head_floats + e;
-    const float decay = ops::exp_f(ssd.sums[at * kQ + kQ - 1]);
-    const float contribution = *block_state;
-    *block_state = h;
-    h = fmaf(h, decay, contribution);
+  // kPassGroup blocks' loads in flight before their stores (the pass itself stays in order).
+  constexpr int32_t kPassGroup = 8;
+  for (int32_t k0 = 0; k0 < cut.blocks; k0 += kPassGroup) {
+    float contribution[kPassGroup];
+    float decay[kPassGroup];
+#pragma unroll
+    for (int32_t i = 0; i < kPassGroup; ++i) {
+      if (k0 + i >= cut.blocks) break;
+      const int64_t at = int64_t{cut.block_index(k0 + i)} * shape.heads_count + head;
+      contribution[i] = ssd.states[at * head_floats + e];
+      decay[i] = ops::exp_f(ssd.sums[at * kQ + kQ - 1]);
+    }
+#pragma unroll
+    for (int32_t i = 0; i < kPassGroup; ++i) {
+      if (k0 + i >= cut.blocks) break;
+      const int64_t at = int64_t{cut.block_index(k0 + i)} * shape.heads_count + head;
+      ssd.states[at * head_floats + e] = h;
+      h = fmaf(h, decay[i], contribution[i]);
+    }
   }
   *stored = h;
 }
