@@ -12,11 +12,11 @@
 // that stream of the states (its line gives the fraction of the read bandwidth; half the bytes are
 // writes, so the floor is somewhat above a pure read's); prefill is compute-bound, so its lines
 // give the time per layer, sequential against chunked.
+#include "bench/gpu_bench_main.h"
 #include "kernels/mamba_ops.h"
 #include "kernels/mamba_scan.h"
 #include "kernels/weight_init.h"
 
-#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,15 +30,6 @@
 namespace {
 
 namespace kernels = ls::kernels;
-
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    const cudaError_t status_ = (call);                                                    \
-    if (status_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 const kernels::MambaShape kBamba9b{.heads_count = 128, .head_dim = 64, .groups_count = 1,
                                    .state_size = 128, .conv_kernel = 4, .dt_min = 0.0f,
@@ -179,31 +170,24 @@ void run_copy(int32_t pairs, int32_t iterations, double read_bw) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int32_t iterations = 20;
-  CLI::App app{"The Mamba2 mixer kernels alone: decode, prefill and slot copies of Bamba-9B's "
-               "mixer against the bytes they must move", "lockstep_gpu_mamba_bench"};
-  app.add_option("--iterations", iterations, "Timed launches per case")
-      ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("Mamba2 mixer (one Bamba-9B layer, bf16 out, fp32 state), %s, %d SMs\n", prop.name,
-              prop.multiProcessorCount);
-  const double read_bw = read_bandwidth(iterations);
-  std::printf("  streaming read bandwidth (2 GiB): %.2f TB/s\n", read_bw * 1e-12);
-  for (const int32_t batch : {1, 16, 64, 128}) {
-    run_mixer(batch, 1, Scan::kSequential, iterations, read_bw);
-  }
-  for (const int32_t chunk : {512, 2048}) {
-    for (const Scan scan : {Scan::kSequential, Scan::kChunked}) {
-      run_mixer(1, chunk, scan, iterations, read_bw);
+  const ls::bench::KernelBench bench{
+      .name = "lockstep_gpu_mamba_bench",
+      .description = "The Mamba2 mixer kernels alone: decode, prefill (sequential and chunked "
+                     "scans) and slot copies of Bamba-9B's mixer against the bytes they must "
+                     "move and the read bandwidth",
+      .subject = "Mamba2 mixer (one Bamba-9B layer, bf16 out, fp32 state)",
+      .iterations = 20};
+  return ls::bench::run_kernel_bench(argc, argv, bench, [](int32_t iterations) {
+    const double read_bw = read_bandwidth(iterations);
+    std::printf("  streaming read bandwidth (2 GiB): %.2f TB/s\n", read_bw * 1e-12);
+    for (const int32_t batch : {1, 16, 64, 128}) {
+      run_mixer(batch, 1, Scan::kSequential, iterations, read_bw);
     }
-  }
-  for (const int32_t pairs : {1, 8}) run_copy(pairs, iterations, read_bw);
-  return 0;
+    for (const int32_t chunk : {512, 2048}) {
+      for (const Scan scan : {Scan::kSequential, Scan::kChunked}) {
+        run_mixer(1, chunk, scan, iterations, read_bw);
+      }
+    }
+    for (const int32_t pairs : {1, 8}) run_copy(pairs, iterations, read_bw);
+  });
 }
