@@ -21,6 +21,7 @@
 #include "kernels/gemm_plans.h"
 #include "kernels/launch.h"
 #include "kernels/mamba_ops.h"
+#include "kernels/mamba_scan.h"
 #include "kernels/record_ops.h"
 #include "kernels/step_layout.h"
 #include "kernels/tp_rank.h"
@@ -340,6 +341,11 @@ struct CudaBackend::Impl {
   int64_t last_collect_ns = 0;  // host time of the last collect_finish, its wait included
   bool staged = false;
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
+  // This step's Mamba2 mixer: the chunked scan (a prefill or mixed step) or the sequential one (a
+  // decode step, and every graph). A decode row has verify_width < kMambaScanChunk tokens, so no
+  // complete block: both give it the same bits, and the choice only saves a decode step the SSD
+  // launches.
+  bool mamba_chunked = false;
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
   bool tail_in_graph = false;  // this step replays tail_graphs[graph_index_]
   bool record_in_graph = false;  // ... or record_tail_graphs[graph_index_]

@@ -85,7 +85,7 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
     take(kS, &Impl::mamba_proj, t * in_proj);
     take(kS, &Impl::mamba_y, e * t * inner);
     take(kS, &Impl::mamba_workspace,
-         kernels::mamba_workspace_floats(mamba_shape_of(model), config.step_tokens_max()));
+         kernels::mamba_chunked_workspace_floats(mamba_shape_of(model), config.step_tokens_max()));
     take(kS, &Impl::mamba_staging, MambaStagingLayout(config.max_batch_rows).words);
     take(kS, &Impl::mamba_digest_partials,
          kernels::mamba_digest_workspace_words(

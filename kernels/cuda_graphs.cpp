@@ -42,6 +42,7 @@ void CudaBackend::Impl::capture_graphs() {
                           enqueue_mamba_rules();
                           mark(CudaPhase::kStateOps);
                           rows_grid = grid;  // the mixer's rows
+                          mamba_chunked = false;  // decode graphs: the sequential scan
                           enqueue_forward(grid * config.verify_width, grid * config.verify_width);
                         },
                         &graphs, true});
@@ -56,6 +57,7 @@ void CudaBackend::Impl::capture_graphs() {
                             enqueue_fill(grid);
                             enqueue_mamba_rules();
                             rows_grid = grid;  // the mixer's rows
+                            mamba_chunked = false;  // decode graphs: the sequential scan
                             enqueue_forward(tokens, tokens);
                             enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
                                                  record ? record_graph_k : kNotRecorded);

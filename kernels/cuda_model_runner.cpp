@@ -141,10 +141,17 @@ void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
   mark(CudaPhase::kNorms);
   linear(x, as<T>(w_in_proj) + m * in_proj_size * h, mamba_proj.get(), tokens, linears.in_proj);
   mark(CudaPhase::kGemmQkv);
-  LS_CUDA(kernels::launch_mamba_mixer(mamba_shape(), mamba_params(mi), mamba_state(mi),
-                                      mamba_rows(), mamba_proj.get(), tokens,
-                                      mamba_workspace.get(), mamba_workspace.count(),
-                                      as<T>(mamba_y), s));
+  if (mamba_chunked) {
+    LS_CUDA(kernels::launch_mamba_mixer_chunked(mamba_shape(), mamba_params(mi), mamba_state(mi),
+                                                mamba_rows(), positions.get(), mamba_proj.get(),
+                                                tokens, mamba_workspace.get(),
+                                                mamba_workspace.count(), as<T>(mamba_y), s));
+  } else {
+    LS_CUDA(kernels::launch_mamba_mixer(mamba_shape(), mamba_params(mi), mamba_state(mi),
+                                        mamba_rows(), mamba_proj.get(), tokens,
+                                        mamba_workspace.get(), mamba_workspace.count(),
+                                        as<T>(mamba_y), s));
+  }
   mark(CudaPhase::kAttention);
   row_parallel(as<T>(mamba_y), as<T>(w_out_proj) + m * h * inner, tokens, linears.out_proj);
   mark(CudaPhase::kGemmO);

@@ -138,6 +138,7 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   const size_t parity = static_cast<size_t>(steps_count & 1);
   LS_CUDA(cudaEventSynchronize(upload_done[parity].get()));
   rows_grid = rows_grid_for(plan);
+  mamba_chunked = plan.mode != ForwardMode::kDecode;
   choose_graph(plan);
   if (graph_index_ < 0 && steps_in_flight() > 0) {
     // An eager step is not launched ahead: its hundreds of launches queued behind a running step

@@ -1,5 +1,7 @@
 #include "kernels/mamba_ops.h"
 
+#include "kernels/mamba_scan.h"
+
 #include "core/ops/digest.h"
 #include "core/ops/layer_math.h"
 #include "core/ops/mamba_math.h"
@@ -12,8 +14,6 @@ namespace ls::kernels {
 namespace {
 
 constexpr int32_t kConvThreads = 128;
-constexpr int32_t kScanWarps = 4;  // state rows (head elements) per block, one warp each
-constexpr int32_t kStatePerLane = kMambaStateSizeMax / 32;
 constexpr int32_t kNormThreads = 256;
 constexpr int32_t kPoolThreads = 256;
 constexpr int32_t kPoolBlocksMax = 4096;
@@ -62,72 +62,6 @@ mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView stat
 #pragma unroll
   for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
     if (i < k) stored[i] = window[i];
-  }
-}
-
-// The selective scan of one state row (head, p) of one row, one warp: lane l holds the state
-// elements n = l, l + 32, ... in registers while the row's tokens are walked in order; per token
-// every lane updates its elements and sums their products with C in ascending n, the butterfly
-// combines the lanes (one order for a given state size), and lane 0 writes y = C·h + D·x.
-// grid (heads, ceil(head_dim / kScanWarps), rows_grid).
-__global__ void __launch_bounds__(kScanWarps * 32)
-mamba_scan_kernel(MambaShape shape, MambaLayerParams params, MambaStateView state, MambaRows rows,
-                  const float* proj, const float* conv_out, float* y) {
-  allow_successor();
-  wait_for_predecessor();
-  const int32_t head = static_cast<int32_t>(blockIdx.x);
-  const int32_t p = static_cast<int32_t>(blockIdx.y) * kScanWarps +
-                    static_cast<int32_t>(threadIdx.x) / 32;
-  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
-  const int32_t row = static_cast<int32_t>(blockIdx.z);
-  if (p >= shape.head_dim) return;  // a whole warp: nothing below synchronises the block
-  const int32_t inner = shape.inner_size();
-  const int32_t i = head * shape.head_dim + p;
-  const int32_t first = rows.token_offsets[row];
-  const int32_t end = first + rows.token_counts[row];
-  const int32_t slot = rows.slots[row];
-  if (slot < 0) {
-    for (int32_t t = first + lane; t < end; t += 32) y[int64_t{t} * inner + i] = 0.0f;
-    return;
-  }
-  const int32_t n_state = shape.state_size;
-  const int32_t conv_dim = shape.conv_dim();
-  const int32_t group = head / (shape.heads_count / shape.groups_count);
-  float* stored = state.ssm + slot * state.slot_stride_floats + int64_t{i} * n_state;
-  float h[kStatePerLane];
-#pragma unroll
-  for (int32_t j = 0; j < kStatePerLane; ++j) {
-    const int32_t n = lane + 32 * j;
-    h[j] = n < n_state ? stored[n] : 0.0f;
-  }
-  const float dt_bias = params.dt_bias[head];
-  const float a_log = params.a_log[head];
-  const float d_skip = params.d_skip[head];
-  const int32_t dt_offset = inner + conv_dim + head;
-  for (int32_t t = first; t < end; ++t) {
-    const float* token = conv_out + int64_t{t} * conv_dim;
-    const float* b = token + inner + group * n_state;
-    const float* c = token + inner + (shape.groups_count + group) * n_state;
-    const float x = token[i];
-    const float step = ops::mamba_step_size(proj[int64_t{t} * shape.in_proj_size() + dt_offset],
-                                            dt_bias, shape.dt_min, shape.dt_max);
-    const float decay = ops::mamba_decay(step, a_log);
-    float partial = 0.0f;
-#pragma unroll
-    for (int32_t j = 0; j < kStatePerLane; ++j) {
-      const int32_t n = lane + 32 * j;
-      if (n < n_state) {
-        h[j] = ops::mamba_state_update(h[j], decay, step, b[n], x);
-        partial += h[j] * c[n];
-      }
-    }
-    const float c_dot_h = warp_sum(partial);
-    if (lane == 0) y[int64_t{t} * inner + i] = ops::mamba_output(c_dot_h, x, d_skip);
-  }
-#pragma unroll
-  for (int32_t j = 0; j < kStatePerLane; ++j) {
-    const int32_t n = lane + 32 * j;
-    if (n < n_state) stored[n] = h[j];
   }
 }
 
@@ -348,11 +282,10 @@ size_t mamba_workspace_floats(const MambaShape& shape, int32_t tokens_count) {
          (static_cast<size_t>(shape.conv_dim()) + static_cast<size_t>(shape.inner_size()));
 }
 
-template <typename T>
-cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& params,
-                               const MambaStateView& state, const MambaRows& rows,
-                               const float* proj, int32_t tokens_count, float* workspace,
-                               size_t workspace_floats, T* out, LaunchStream stream) {
+cudaError_t check_mamba_mixer(const MambaShape& shape, const MambaLayerParams& params,
+                              const MambaStateView& state, const MambaRows& rows,
+                              const float* proj, int32_t tokens_count, const float* workspace,
+                              size_t workspace_floats, size_t needed_floats, const void* out) {
   if (!valid_shape(shape) || !valid_params(params) || !valid_state(shape, state)) {
     return cudaErrorInvalidValue;
   }
@@ -365,22 +298,45 @@ cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& 
   }
   if (tokens_count == 0) return cudaSuccess;  // no row has a token
   if (rows.rows_grid == 0 || proj == nullptr || out == nullptr || workspace == nullptr ||
-      workspace_floats < mamba_workspace_floats(shape, tokens_count)) {
+      workspace_floats < needed_floats) {
     return cudaErrorInvalidValue;
   }
+  return cudaSuccess;
+}
+
+template <typename T>
+cudaError_t launch_mamba_gated_norm(const MambaShape& shape, const float* norm_weight,
+                                    const float* proj, float* y, int32_t tokens_count, T* out,
+                                    LaunchStream stream) {
+  return launch_kernel(mamba_gated_norm_kernel<T>, tokens_count, kNormThreads, 0, stream, shape,
+                       norm_weight, proj, y, out);
+}
+
+template cudaError_t launch_mamba_gated_norm<__nv_bfloat16>(const MambaShape&, const float*,
+                                                            const float*, float*, int32_t,
+                                                            __nv_bfloat16*, LaunchStream);
+template cudaError_t launch_mamba_gated_norm<float>(const MambaShape&, const float*, const float*,
+                                                    float*, int32_t, float*, LaunchStream);
+
+template <typename T>
+cudaError_t launch_mamba_mixer(const MambaShape& shape, const MambaLayerParams& params,
+                               const MambaStateView& state, const MambaRows& rows,
+                               const float* proj, int32_t tokens_count, float* workspace,
+                               size_t workspace_floats, T* out, LaunchStream stream) {
+  cudaError_t status = check_mamba_mixer(shape, params, state, rows, proj, tokens_count, workspace,
+                                         workspace_floats,
+                                         mamba_workspace_floats(shape, tokens_count), out);
+  if (status != cudaSuccess || tokens_count == 0) return status;
   float* conv_out = workspace;
   float* y = workspace + static_cast<size_t>(tokens_count) * shape.conv_dim();
   const dim3 conv_grid((shape.conv_dim() + kConvThreads - 1) / kConvThreads, rows.rows_grid);
-  cudaError_t status = launch_kernel(mamba_conv_kernel, conv_grid, kConvThreads, 0, stream, shape,
-                                     params, state, rows, proj, conv_out);
+  status = launch_kernel(mamba_conv_kernel, conv_grid, kConvThreads, 0, stream, shape, params,
+                         state, rows, proj, conv_out);
   if (status != cudaSuccess) return status;
-  const dim3 scan_grid(shape.heads_count, (shape.head_dim + kScanWarps - 1) / kScanWarps,
-                       rows.rows_grid);
-  status = launch_kernel(mamba_scan_kernel, scan_grid, kScanWarps * 32, 0, stream, shape, params,
-                         state, rows, proj, static_cast<const float*>(conv_out), y);
+  status = launch_mamba_scan_rows(shape, params, state, rows, nullptr, MambaScanSpan::kWhole,
+                                  proj, static_cast<const float*>(conv_out), y, stream);
   if (status != cudaSuccess) return status;
-  return launch_kernel(mamba_gated_norm_kernel<T>, tokens_count, kNormThreads, 0, stream, shape,
-                       params.norm_weight, proj, y, out);
+  return launch_mamba_gated_norm(shape, params.norm_weight, proj, y, tokens_count, out, stream);
 }
 
 template cudaError_t launch_mamba_mixer<__nv_bfloat16>(const MambaShape&, const MambaLayerParams&,

@@ -5,14 +5,15 @@
 // copy_mamba_state / zero_mamba_state and CpuBackend::snapshot_mamba_checkpoints;
 // tests/gpu/mamba_ops_gpu_test.cpp compares them.
 //
-// One design serves decode and prefill: every row is a run of consecutive tokens (one at decode,
-// a chunk at prefill) updating its own working slot, and each (head, state row) of a row walks the
-// row's tokens in ascending order with the state in registers — a sequential scan, the CPU
-// reference's order. So a token's result depends only on its row's earlier tokens and state: the
-// same bits whatever else is in the batch, and a prompt prefilled whole, in chunks or token by
-// token (decode) gives the same bits. Every reduction has one fixed order for a given shape.
-// TODO(perf): a chunked SSD scan for long prefill chunks (the sequential scan is latency-bound
-// per token).
+// launch_mamba_mixer runs the sequential scan: every row is a run of consecutive tokens (one at
+// decode, a chunk at prefill) updating its own working slot, and each (head, state row) of a row
+// walks the row's tokens in ascending order with the state in registers, the CPU reference's
+// order. So a token's result depends only on its row's earlier tokens and state: the same bits
+// whatever else is in the batch, and a prompt prefilled whole, in chunks or token by token
+// (decode) gives the same bits. Every reduction has one fixed order for a given shape. Prefill
+// and mixed steps use kernels/mamba_scan.h's chunked scan instead (SSD blocks on a grid of
+// absolute positions; what it keeps bit-identical is listed there); a row with no complete block
+// gets the same bits from both.
 #pragma once
 
 #include "core/ops/host_device.h"

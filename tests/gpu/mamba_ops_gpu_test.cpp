@@ -18,6 +18,7 @@
 #include "core/mamba_mixer.h"
 #include "kernels/mamba_ops.h"
 #include "tests/gpu/gpu_test_support.h"
+#include "tests/gpu/mamba_test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -41,160 +42,10 @@ using gpu_test::DeviceBuffer;
 using gpu_test::random_floats;
 using gpu_test::relative_error;
 using bf16 = __nv_bfloat16;
+using namespace mamba_test;  // NOLINT: the fixtures of this file and mamba_scan_gpu_test.cpp
 
 constexpr double kFp32 = 1e-5;
 constexpr double kBf16Output = 8e-3;
-constexpr float kRmsEps = 1e-5f;
-constexpr int32_t kLayers = 2;      // the pool holds two layers; the launches run layer 1
-constexpr int32_t kRunLayer = 1;
-
-// Two shapes: odd sizes with two groups, a state size that is not a multiple of 32 and a conv
-// bias; and a Bamba-like head (64 × 128 state, one group) without the bias.
-MambaConfig odd_shape() {
-  return MambaConfig{.heads_count = 6, .head_dim = 10, .groups_count = 2, .state_size = 40,
-                     .conv_kernel = 4, .conv_bias = true, .dt_min = 0.01f, .dt_max = 1.0f};
-}
-MambaConfig bamba_like_shape() {
-  return MambaConfig{.heads_count = 4, .head_dim = 64, .groups_count = 1, .state_size = 128,
-                     .conv_kernel = 4, .conv_bias = false, .dt_min = 0.01f, .dt_max = 1.0f};
-}
-
-kernels::MambaShape shape_of(const MambaConfig& m) {
-  return kernels::MambaShape{.heads_count = m.heads_count, .head_dim = m.head_dim,
-                             .groups_count = m.groups_count, .state_size = m.state_size,
-                             .conv_kernel = m.conv_kernel, .dt_min = m.dt_min, .dt_max = m.dt_max,
-                             .rms_eps = kRmsEps};
-}
-
-int64_t layer_floats(const MambaConfig& m) { return m.conv_state_floats() + m.ssm_state_floats(); }
-int64_t slot_floats(const MambaConfig& m) { return kLayers * layer_floats(m); }
-
-// Seeded mixer parameters: softplus(dt + dt_bias) spans both clamp bounds; A = −exp(a_log) in
-// [−4.5, −1], so the decays lie in (0, 1).
-LayerWeights random_mixer(const MambaConfig& m, uint32_t seed) {
-  LayerWeights w;
-  w.conv_weight = random_floats(size_t(m.conv_state_floats()), seed + 1, -0.5f, 0.5f);
-  if (m.conv_bias) w.conv_bias = random_floats(size_t(m.conv_dim()), seed + 2, -0.25f, 0.25f);
-  w.dt_bias = random_floats(size_t(m.heads_count), seed + 3, -1.0f, 1.0f);
-  w.a_log = random_floats(size_t(m.heads_count), seed + 4, 0.0f, 1.5f);
-  w.d_skip = random_floats(size_t(m.heads_count), seed + 5, 0.5f, 1.5f);
-  w.mamba_norm = random_floats(size_t(m.inner_size()), seed + 6, 0.5f, 1.5f);
-  return w;
-}
-
-// The in_proj outputs of `tokens` tokens: gate, xBC in [−2, 2); dt in [−4, 2).
-std::vector<float> random_proj(const MambaConfig& m, int32_t tokens, uint32_t seed) {
-  std::vector<float> proj = random_floats(size_t(tokens) * m.in_proj_size(), seed, -2.0f, 2.0f);
-  const std::vector<float> dt =
-      random_floats(size_t(tokens) * m.heads_count, seed + 1, -4.0f, 2.0f);
-  for (int32_t t = 0; t < tokens; ++t) {
-    for (int32_t h = 0; h < m.heads_count; ++h) {
-      proj[size_t(t) * m.in_proj_size() + m.inner_size() + m.conv_dim() + h] =
-          dt[size_t(t) * m.heads_count + h];
-    }
-  }
-  return proj;
-}
-
-// A launch's rows: row r owns counts[r] tokens from the running offset and updates slots[r].
-struct Rows {
-  std::vector<int32_t> counts;
-  std::vector<int32_t> slots;
-  std::vector<int32_t> offsets() const {
-    std::vector<int32_t> o(counts.size(), 0);
-    for (size_t r = 1; r < counts.size(); ++r) o[r] = o[r - 1] + counts[r - 1];
-    return o;
-  }
-  int32_t tokens() const { return std::accumulate(counts.begin(), counts.end(), 0); }
-};
-
-struct Result {
-  std::vector<float> out;   // [tokens, inner]
-  std::vector<float> pool;  // [slots, kLayers, layer floats]
-};
-
-// The oracle: each real row's tokens through core/mamba_mixer.h in order, on layer kRunLayer of
-// each slot; padded rows' outputs are zeros.
-Result run_cpu(const MambaConfig& m, const LayerWeights& w, const std::vector<float>& pool,
-               const Rows& rows, const std::vector<float>& proj) {
-  Result r{std::vector<float>(size_t(rows.tokens()) * m.inner_size(), 0.0f), pool};
-  MambaScratch scratch = make_mamba_scratch(m);
-  const std::vector<int32_t> offsets = rows.offsets();
-  for (size_t row = 0; row < rows.counts.size(); ++row) {
-    if (rows.slots[row] < 0) continue;
-    float* state = r.pool.data() + size_t(rows.slots[row]) * slot_floats(m) +
-                   size_t(kRunLayer) * layer_floats(m);
-    for (int32_t t = offsets[row]; t < offsets[row] + rows.counts[row]; ++t) {
-      mamba_mixer_token(m, w, kRmsEps, proj.data() + size_t(t) * m.in_proj_size(), state, scratch,
-                        r.out.data() + size_t(t) * m.inner_size());
-    }
-  }
-  return r;
-}
-
-// The mixer's parameters on the device.
-struct DeviceMixer {
-  explicit DeviceMixer(const LayerWeights& w)
-      : conv_weight(w.conv_weight), conv_bias(w.conv_bias), dt_bias(w.dt_bias), a_log(w.a_log),
-        d_skip(w.d_skip), norm(w.mamba_norm), has_bias(!w.conv_bias.empty()) {}
-  kernels::MambaLayerParams params() const {
-    return kernels::MambaLayerParams{.conv_weight = conv_weight.ptr,
-                                     .conv_bias = has_bias ? conv_bias.ptr : nullptr,
-                                     .dt_bias = dt_bias.ptr, .a_log = a_log.ptr,
-                                     .d_skip = d_skip.ptr, .norm_weight = norm.ptr};
-  }
-  DeviceBuffer<float> conv_weight, conv_bias, dt_bias, a_log, d_skip, norm;
-  bool has_bias;
-};
-
-std::vector<float> to_floats(const std::vector<float>& v) { return v; }
-std::vector<float> to_floats(const std::vector<bf16>& v) { return gpu_test::from_bf16(v); }
-
-// One launch on the device state `pool` (kept across launches by the caller).
-template <typename T>
-std::vector<float> launch(const MambaConfig& m, const DeviceMixer& mixer, DeviceBuffer<float>& pool,
-                          const Rows& rows, const std::vector<float>& proj) {
-  const int32_t tokens = rows.tokens();
-  DeviceBuffer<int32_t> offsets(rows.offsets()), counts(rows.counts), slots(rows.slots);
-  DeviceBuffer<float> d_proj(proj);
-  const kernels::MambaShape shape = shape_of(m);
-  const size_t workspace_floats = kernels::mamba_workspace_floats(shape, tokens);
-  DeviceBuffer<float> workspace(workspace_floats);
-  DeviceBuffer<T> out(size_t(tokens) * m.inner_size());
-  float* layer = pool.ptr + kRunLayer * layer_floats(m);
-  const kernels::MambaStateView state{.conv = layer, .ssm = layer + m.conv_state_floats(),
-                                      .slot_stride_floats = slot_floats(m)};
-  const kernels::MambaRows device_rows{.token_offsets = offsets.ptr, .token_counts = counts.ptr,
-                                       .slots = slots.ptr,
-                                       .rows_grid = static_cast<int32_t>(rows.counts.size())};
-  EXPECT_EQ(kernels::launch_mamba_mixer<T>(shape, mixer.params(), state, device_rows, d_proj.ptr,
-                                           tokens, workspace.ptr, workspace_floats, out.ptr,
-                                           nullptr),
-            cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return to_floats(out.download());
-}
-
-template <typename T>
-Result run_gpu(const MambaConfig& m, const LayerWeights& w, const std::vector<float>& pool,
-               const Rows& rows, const std::vector<float>& proj) {
-  const DeviceMixer mixer(w);
-  DeviceBuffer<float> d_pool(pool);
-  std::vector<float> out = launch<T>(m, mixer, d_pool, rows, proj);
-  return Result{std::move(out), d_pool.download()};
-}
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
-
-std::span<const float> slot_of(const MambaConfig& m, const std::vector<float>& pool, int32_t slot) {
-  return std::span<const float>(pool).subspan(size_t(slot) * slot_floats(m),
-                                              size_t(slot_floats(m)));
-}
-
-constexpr int32_t kSlots = 7;
-
 template <typename T>
 void expect_matches_the_reference(const MambaConfig& m, double output_tolerance) {
   // Rows of 1, 7 and 33 tokens (slot 0 among them: a real slot), a padded row of 3 between.
@@ -244,13 +95,6 @@ TEST(MambaMixerGpu, Bf16MatchesTheCpuReference) {
   LS_SKIP_WITHOUT_DEVICE();
   expect_matches_the_reference<bf16>(odd_shape(), kBf16Output);
   expect_matches_the_reference<bf16>(bamba_like_shape(), kBf16Output);
-}
-
-// The tokens [begin, begin + count) of proj.
-std::vector<float> tokens_of(const MambaConfig& m, const std::vector<float>& proj, int32_t begin,
-                             int32_t count) {
-  const auto first = proj.begin() + ptrdiff_t(begin) * m.in_proj_size();
-  return std::vector<float>(first, first + ptrdiff_t(count) * m.in_proj_size());
 }
 
 // One row of 23 tokens on slot 3: prefilled whole, in chunks of 5, 11 and 7, and token by token
