@@ -7,9 +7,9 @@
 // The KV a decode token must read is the floor: tokens · kv_heads · keys · head_dim · 2 (K and V)
 // · 2 bytes. The step benchmark (lockstep_gpu_bench) shows attention's share of a whole step;
 // this one isolates the kernel so its changes can be measured on their own.
+#include "bench/gpu_bench_main.h"
 #include "kernels/attention.h"
 
-#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,15 +22,6 @@
 namespace {
 
 namespace kernels = ls::kernels;
-
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    const cudaError_t status_ = (call);                                                    \
-    if (status_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 struct Heads {
   const char* name;
@@ -106,25 +97,17 @@ void run_case(const Heads& h, int32_t batch, int32_t context, int32_t iterations
 }  // namespace
 
 int main(int argc, char** argv) {
-  int32_t iterations = 50;
-  CLI::App app{"Decode attention alone: bandwidth of the split-KV kernel per head layout, batch and "
-               "context", "lockstep_gpu_attention_bench"};
-  app.add_option("--iterations", iterations, "Timed launches per case")
-      ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("decode attention (bf16 KV, one layer), %s, %d SMs\n", prop.name,
-              prop.multiProcessorCount);
-  for (const Heads& h : {Heads{"llama-1b", 32, 8, 64}, Heads{"llama-8b", 32, 8, 128}}) {
-    for (const int32_t context : {1024, 4096}) {
-      for (const int32_t batch : {1, 16, 64}) run_case(h, batch, context, iterations);
+  const ls::bench::KernelBench bench{
+      .name = "lockstep_gpu_attention_bench",
+      .description = "Decode attention alone: bandwidth of the split-KV kernel per head layout, "
+                     "batch and context",
+      .subject = "decode attention (bf16 KV, one layer)",
+      .iterations = 50};
+  return ls::bench::run_kernel_bench(argc, argv, bench, [](int32_t iterations) {
+    for (const Heads& h : {Heads{"llama-1b", 32, 8, 64}, Heads{"llama-8b", 32, 8, 128}}) {
+      for (const int32_t context : {1024, 4096}) {
+        for (const int32_t batch : {1, 16, 64}) run_case(h, batch, context, iterations);
+      }
     }
-  }
-  return 0;
+  });
 }

@@ -12,6 +12,10 @@
 // shapes at batch 1 and 64: cuBLASLt replaying only the model's linear layers in one graph. Writes JSON (date, GPU, driver,
 // commit, figures). The PyTorch peer (bench/torch_peer.py) runs in the same gpu-run.sh call.
 //
+// In the full run the Llama shapes also decode (context 1024) with the forward's kernels
+// overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
+// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps).
+//
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
 // 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
 // top-8 and the rows' state in the step; a Recorder writing every input and output record to a
@@ -31,6 +35,7 @@
 //
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
+//                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
@@ -44,6 +49,8 @@
 #include "kernels/weight_init.h"
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
+
+#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_GIT_COMMIT
 
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
@@ -64,9 +71,6 @@
 #include <thread>
 #include <vector>
 
-#ifndef LOCKSTEP_GIT_COMMIT
-#define LOCKSTEP_GIT_COMMIT "unknown"
-#endif
 
 namespace ls {
 namespace {
@@ -310,6 +314,7 @@ struct Options {
   bool quick = false;
   bool recording = false;     // only the recording figures
   bool hybrid = false;        // only the hybrid decode figures
+  bool fusion = false;        // only the fused vs unfused decode figures
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -773,6 +778,45 @@ json logits_pass_alone(int32_t rows) {
   return out;
 }
 
+// Where a recorded step's extra device time goes: the tail's phases (CUDA events inside the
+// graph, one step at a time, as profile_shape times them) of `rows` rows decoding at context
+// 1024, without and with the record, two executors over one profiling backend.
+json recording_tail_profile(const std::string& shape, int32_t rows, const Options& o) {
+  const ModelConfig model = model_config_named(shape);
+  constexpr int32_t kContext = 1024;
+  ExecutorConfig config = bench_config(kContext);
+  const CudaBackendOptions options{.graphs = true, .profile = true};
+  config.pages_count = cuda_kv_sizing(model, config, options).pages_count;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
+  Executor plain(config, model.vocab_size, backend);
+  Executor recording(config, model.vocab_size, backend, trace::recording_executor_options());
+  const int32_t steps = o.quick ? 10 : 40;
+  json out = {{"shape", shape}, {"batch", rows}, {"context", kContext}};
+  for (Executor* e : {&plain, &recording}) {
+    Driver driver(*e, config, model.vocab_size);
+    driver.prefill(rows, kContext);
+    driver.decode(rows, kWarmupSteps, backend, false);
+    backend.reset_phase_times();
+    driver.decode(rows, steps, backend, false);
+    const CudaPhaseTimes t = backend.phase_times();
+    const char* name = e == &plain ? "without" : "with";
+    json phases = json::object();
+    std::printf("  %s tail, decode batch %d context %d, %-7s the record:", shape.c_str(), rows,
+                kContext, name);
+    for (const CudaPhase p : {CudaPhase::kLmHead, CudaPhase::kGuard, CudaPhase::kSampling,
+                              CudaPhase::kCopyBack}) {
+      const double ms = t.available && t.steps > 0
+                            ? t.ms[static_cast<size_t>(p)] / static_cast<double>(t.steps)
+                            : std::numeric_limits<double>::quiet_NaN();
+      phases[std::string(to_string(p))] = ms;
+      std::printf(" %s %.2f us", std::string(to_string(p)).c_str(), ms * 1e3);
+    }
+    std::printf("\n");
+    out[name] = phases;
+  }
+  return out;
+}
+
 // One shape's recording cost: two executors over one backend (one recording, one not), each
 // prefilling its own requests into pool rows 1..rows before its blocks of decode steps; blocks
 // alternate so that drift falls on both alike. The recorder writes to a file as `generate
@@ -781,7 +825,9 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
   const int32_t steps = o.quick ? 10 : 30;
-  const int32_t blocks = o.quick ? 2 : 6;  // a step-time difference of 0.1% needs this many
+  // Blocks alternate; their ratios' spread (printed) says how far one run's median can be
+  // trusted: a step-time difference of 0.1% needs this many.
+  const int32_t blocks = o.quick ? 2 : 10;
   ExecutorConfig config = bench_config(kContext);
   const CudaBackendOptions options{.graphs = true, .time_steps = true};
   config.pages_count = cuda_kv_sizing(model, config, options).pages_count;
@@ -803,8 +849,9 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
     Driver off(plain, config, model.vocab_size);
     Driver on(recording, config, model.vocab_size);
     on.set_recorder(recorder.get());
-    std::vector<double> off_wall, on_wall, off_idle, on_idle;
+    std::vector<double> off_wall, on_wall, off_idle, on_idle, block_ratios;
     for (int32_t b = 0; b < blocks; ++b) {
+      double block_ms[2] = {0, 0};
       for (Driver* d : {&off, &on}) {
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
@@ -813,8 +860,11 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
         auto& idle = d == &off ? off_idle : on_idle;
         wall.insert(wall.end(), t.wall.begin(), t.wall.end());
         idle.insert(idle.end(), t.idle.begin(), t.idle.end());
+        block_ms[d == &off ? 0 : 1] = median(t.wall);
       }
+      block_ratios.push_back(block_ms[1] / block_ms[0] - 1);
     }
+    std::sort(block_ratios.begin(), block_ratios.end());
     recorder->close();
     const trace::RecorderStats stats = recorder->stats();
     std::remove(path.c_str());
@@ -830,7 +880,11 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
                 static_cast<double>(moved) / (off_ms * 1e-3) / bandwidth.read * 100, on_ms,
                 (on_ms / off_ms - 1) * 100, off_ms / on_ms, median(off_idle) * 1e6,
                 median(on_idle) * 1e6, bytes_per_step, static_cast<long>(stats.waits));
+    std::printf("    the %d blocks' own step-time ratios: min %+.3f%%, median %+.3f%%, max %+.3f%%\n",
+                blocks, block_ratios.front() * 100, median(block_ratios) * 100,
+                block_ratios.back() * 100);
     rows_out.push_back({{"batch", rows},
+                        {"block_cost_fractions_sorted", block_ratios},
                         {"context", kContext},
                         {"steps_per_block", steps},
                         {"blocks", blocks},
@@ -927,29 +981,34 @@ int run_tp(const Options& o, const CudaMachineInfo& machine) {
   return 0;
 }
 
-// The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
-// kernels/launch.h) against plain stream order: two backends over the same weights (KV pages as
-// bench_config sizes them, so both fit), decode at context 1024, alternating blocks of steps.
-json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+// One option on and off: two backends over the same weights (KV pages as bench_config sizes
+// them, so both fit), decode at context 1024 at each batch, alternating blocks of steps so that
+// both see the same clocks. `key` names the JSON fields of each (step_ms_median_<key>, ...).
+struct Variant {
+  const char* key;
+  CudaBackendOptions options;
+};
+
+json compare_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                   const char* what, const Variant& on_variant, const Variant& off_variant,
+                   const std::vector<int32_t>& batches) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
   const int32_t steps = o.quick ? 10 : 30;
   const int32_t blocks = o.quick ? 2 : 4;
   const ExecutorConfig config = bench_config(kContext);
-  CudaBackend overlapped(DeviceSeededWeights{model, kWeightsSeed}, config,
-                         CudaBackendOptions{.graphs = true, .overlap_kernels = true, .time_steps = true});
-  CudaBackend plain(DeviceSeededWeights{model, kWeightsSeed}, config,
-                    CudaBackendOptions{.graphs = true, .overlap_kernels = false, .time_steps = true});
-  Executor on_executor(config, model.vocab_size, overlapped);
-  Executor off_executor(config, model.vocab_size, plain);
+  CudaBackend on_backend(DeviceSeededWeights{model, kWeightsSeed}, config, on_variant.options);
+  CudaBackend off_backend(DeviceSeededWeights{model, kWeightsSeed}, config, off_variant.options);
+  Executor on_executor(config, model.vocab_size, on_backend);
+  Executor off_executor(config, model.vocab_size, off_backend);
   json rows_out = json::array();
-  for (const int32_t rows : std::vector<int32_t>{1, 16, 64}) {
+  for (const int32_t rows : batches) {
     Driver on(on_executor, config, model.vocab_size);
     Driver off(off_executor, config, model.vocab_size);
     std::vector<double> on_wall, off_wall;
     for (int32_t b = 0; b < blocks; ++b) {
       for (Driver* d : {&off, &on}) {
-        CudaBackend& backend = d == &on ? overlapped : plain;
+        CudaBackend& backend = d == &on ? on_backend : off_backend;
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
         const Driver::DecodeTimes t = d->decode(rows, steps, backend, true);
@@ -962,21 +1021,44 @@ json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& 
     const auto read_fraction = [&](double ms) {
       return static_cast<double>(moved) / (ms * 1e-3) / bandwidth.read;
     };
-    std::printf("  %s kernels overlapped vs plain stream order, decode batch %2d context %d: "
-                "overlapped %.4f ms/step (%.1f%% of read BW), plain %.4f ms/step (%.1f%%): "
-                "%+.2f%% step time\n",
-                shape.c_str(), rows, kContext, on_ms, read_fraction(on_ms) * 100, off_ms,
-                read_fraction(off_ms) * 100, (on_ms / off_ms - 1) * 100);
+    std::printf("  %s %s, decode batch %2d context %d: %s %.4f ms/step (%.1f%% of read BW), %s "
+                "%.4f ms/step (%.1f%%): %+.2f%% step time\n",
+                shape.c_str(), what, rows, kContext, on_variant.key, on_ms,
+                read_fraction(on_ms) * 100, off_variant.key, off_ms, read_fraction(off_ms) * 100,
+                (on_ms / off_ms - 1) * 100);
+    const std::string on_key = on_variant.key, off_key = off_variant.key;
     rows_out.push_back({{"batch", rows},
                         {"context", kContext},
                         {"steps_per_block", steps},
                         {"blocks", blocks},
-                        {"step_ms_median_overlapped", on_ms},
-                        {"step_ms_median_plain_order", off_ms},
-                        {"read_bandwidth_fraction_overlapped", read_fraction(on_ms)},
-                        {"read_bandwidth_fraction_plain_order", read_fraction(off_ms)}});
+                        {"step_ms_median_" + on_key, on_ms},
+                        {"step_ms_median_" + off_key, off_ms},
+                        {"read_bandwidth_fraction_" + on_key, read_fraction(on_ms)},
+                        {"read_bandwidth_fraction_" + off_key, read_fraction(off_ms)}});
   }
-  return {{"shape", shape}, {"overlap", rows_out}};
+  return rows_out;
+}
+
+// The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
+// kernels/launch.h) against plain stream order.
+json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const Variant on{"overlapped", {.graphs = true, .overlap_kernels = true, .time_steps = true}};
+  const Variant off{"plain_order", {.graphs = true, .overlap_kernels = false, .time_steps = true}};
+  return {{"shape", shape},
+          {"overlap", compare_shape(shape, o, bandwidth, "kernels overlapped vs plain stream order",
+                                    on, off, {1, 16, 64})}};
+}
+
+// The decode GEMV's fused forms (CudaBackendOptions::fuse_decode, kernels/decode_gemv.h: norms
+// folded into q/k/v and gate/up, SwiGLU, RoPE and the KV write in their epilogues) against one
+// kernel each, at batches whose steps run the GEMV (the full run: batch 1 only).
+json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                  const std::vector<int32_t>& batches) {
+  const Variant on{"fused", {.graphs = true, .fuse_decode = true, .time_steps = true}};
+  const Variant off{"unfused", {.graphs = true, .fuse_decode = false, .time_steps = true}};
+  return {{"shape", shape},
+          {"fusion", compare_shape(shape, o, bandwidth, "decode GEMV fused vs unfused", on, off,
+                                   batches)}};
 }
 
 std::string utc_now() {
@@ -996,6 +1078,12 @@ void add_options(CLI::App& app, Options& o) {
                  "Only tensor-parallel decode at this degree (llama-8b unless --shapes), against "
                  "the summed read bandwidth of the GPUs its ranks run on")
       ->check(CLI::Range(1, kTpDegreeMax));
+  app.add_flag("--fusion", o.fusion,
+               "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
+               "batch 1, 4 and 8, context 1024)")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1023,6 +1111,7 @@ int run(const Options& o) {
               {"shapes", json::array()},
               {"eager", json::array()},
               {"overlap", json::array()},
+              {"fusion", json::array()},
               {"profile", json::array()},
               {"linear_layers_peer", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
@@ -1032,6 +1121,16 @@ int run(const Options& o) {
     save();
     return 0;
   }
+  if (o.fusion) {
+    out["command"] = "lockstep_gpu_bench --fusion";
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
+      save();
+    }
+    return 0;
+  }
   if (o.recording) {
     out["command"] = "lockstep_gpu_bench --recording";
     out["recording"] = json::array();
@@ -1039,8 +1138,12 @@ int run(const Options& o) {
     for (const int32_t rows : {1, 16, 64}) out["logits_pass_alone"].push_back(logits_pass_alone(rows));
     const std::vector<std::string> shapes =
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    out["recording_tail_profile"] = json::array();
     for (const std::string& shape : shapes) {
       out["recording"].push_back(recording_shape(shape, o, bandwidth));
+      for (const int32_t rows : {1, 64}) {
+        out["recording_tail_profile"].push_back(recording_tail_profile(shape, rows, o));
+      }
       save();
     }
     return 0;
@@ -1058,6 +1161,8 @@ int run(const Options& o) {
     if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
+    save();
+    if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1}));
     save();
     if (full_set(shape)) {
       for (const int32_t rows : {1, 64}) {

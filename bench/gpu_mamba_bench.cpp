@@ -9,9 +9,9 @@
 // SSM state), each token's in_proj output read and its gated-norm output (bf16) written. Decode is
 // that stream of the states; prefill's sequential scan is latency-bound per token, so its line shows
 // how far it is from the floor (TODO(perf): a chunked scan).
+#include "bench/gpu_bench_main.h"
 #include "kernels/mamba_ops.h"
 
-#include <CLI/CLI.hpp>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -23,15 +23,6 @@
 namespace {
 
 namespace kernels = ls::kernels;
-
-#define CHECK(call)                                                                        \
-  do {                                                                                     \
-    const cudaError_t status_ = (call);                                                    \
-    if (status_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(status_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 const kernels::MambaShape kBamba9b{.heads_count = 128, .head_dim = 64, .groups_count = 1,
                                    .state_size = 128, .conv_kernel = 4, .dt_min = 0.0f,
@@ -137,23 +128,15 @@ void run_copy(int32_t pairs, int32_t iterations) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int32_t iterations = 20;
-  CLI::App app{"The Mamba2 mixer kernels alone: decode, prefill and slot copies of Bamba-9B's "
-               "mixer against the bytes they must move", "lockstep_gpu_mamba_bench"};
-  app.add_option("--iterations", iterations, "Timed launches per case")
-      ->check(CLI::Range(1, 1000000))
-      ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
-  cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("Mamba2 mixer (one Bamba-9B layer, bf16 out, fp32 state), %s, %d SMs\n", prop.name,
-              prop.multiProcessorCount);
-  for (const int32_t batch : {1, 16, 64}) run_mixer(batch, 1, iterations);
-  for (const int32_t chunk : {512, 2048}) run_mixer(1, chunk, iterations);
-  for (const int32_t pairs : {1, 8}) run_copy(pairs, iterations);
-  return 0;
+  const ls::bench::KernelBench bench{
+      .name = "lockstep_gpu_mamba_bench",
+      .description = "The Mamba2 mixer kernels alone: decode, prefill and slot copies of "
+                     "Bamba-9B's mixer against the bytes they must move",
+      .subject = "Mamba2 mixer (one Bamba-9B layer, bf16 out, fp32 state)",
+      .iterations = 20};
+  return ls::bench::run_kernel_bench(argc, argv, bench, [](int32_t iterations) {
+    for (const int32_t batch : {1, 16, 64}) run_mixer(batch, 1, iterations);
+    for (const int32_t chunk : {512, 2048}) run_mixer(1, chunk, iterations);
+    for (const int32_t pairs : {1, 8}) run_copy(pairs, iterations);
+  });
 }

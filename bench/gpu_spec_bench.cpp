@@ -15,6 +15,8 @@
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 
+#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_GIT_COMMIT
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -26,9 +28,6 @@
 #include <string>
 #include <vector>
 
-#ifndef LOCKSTEP_GIT_COMMIT
-#define LOCKSTEP_GIT_COMMIT "unknown"
-#endif
 
 namespace ls {
 namespace {

@@ -86,6 +86,11 @@ struct CudaBackendOptions {
   // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
   // finishes); the same bits either way. Off: plain stream order (for comparison).
   bool overlap_kernels = true;
+  // Steps that run the GEMV (tokens <= gemv_tokens_max, bf16) fold each layer's RMSNorm into the
+  // products that read it, SwiGLU into gate/up, and RoPE with the KV write into QKV where nothing
+  // comes between them (kernels/decode_gemv.h); the same bits either way. Off: one kernel each
+  // (for comparison).
+  bool fuse_decode = true;
   // Record timing events between the phases of every step (graphs included) and sum them per
   // phase (phase_times()). The marks themselves cost a little: benchmarks report both. The marks
   // are one set, read when the step is collected, so a profiling backend does not run ahead

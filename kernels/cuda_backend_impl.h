@@ -137,6 +137,17 @@ struct CudaBackend::Impl {
   void enqueue_mamba_layer(int32_t layer, int32_t tokens);
   template <typename T>
   void enqueue_ffn(int32_t layer, int32_t tokens);
+  // The decode GEMV's fused forms (kernels/decode_gemv.h, options.fuse_decode): whether a step of
+  // `tokens` tokens folds the layer norms into the products that read them.
+  bool fuses_decode(int32_t tokens) const;
+  // How far one fused launch took a layer's attention input (fp32 never fuses).
+  enum class QkvFused { kNone, kProduct, kThroughKv };
+  QkvFused enqueue_fused_qkv(int32_t layer, int32_t tokens, float* k_layer, float* v_layer);
+  QkvFused enqueue_fused_qkv(int32_t layer, int32_t tokens, __nv_bfloat16* k_layer,
+                             __nv_bfloat16* v_layer);
+  // Norm, gate/up and SwiGLU into act in one launch; false (nothing launched) when not fused.
+  bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, float* act_out);
+  bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, __nv_bfloat16* act_out);
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>
@@ -198,11 +209,6 @@ struct CudaBackend::Impl {
   MemoryLedger ledger;
 
   CudaStream stream;
-  // A recorded step's record combine runs on record_stream, forked after the logits pass and
-  // joined before the copy back, beside the guard's combine, the finish and the drafter.
-  CudaStream record_stream;
-  CudaEvent record_fork;
-  CudaEvent record_join;
   CublasHandle cublas;
 
   // Weights, "E" = elements of the precision's storage type (bf16 or fp32). Linear layers of all

@@ -147,7 +147,8 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
                               config.prefill_chunk_tokens, config.table_width());
   take(kS, &Impl::staging, staging.words);
   const ResultsLayout results(config.max_batch_rows, config.logits_rows_max(),
-                              config.verify_width, config.table_width());
+                              config.verify_width, config.table_width(),
+                              model.mamba_layers_count() > 0);
   take(kS, &Impl::results, results.words);
 }
 
@@ -203,14 +204,11 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
       layout(config.max_batch_rows, config.logits_rows_max(), config.prefill_chunk_tokens,
              config.table_width()),
       results_layout(config.max_batch_rows, config.logits_rows_max(), config.verify_width,
-                     config.table_width()) {
+                     config.table_width(), model.mamba_layers_count() > 0) {
   refuse_unsupported();
   index_layer_kinds();
   LS_CUDA(cudaSetDevice(options.device));
   stream = CudaStream::create();
-  record_stream = CudaStream::create();
-  record_fork = CudaEvent::create();
-  record_join = CudaEvent::create();
   cublas = CublasHandle::create(stream.get());
   lay_out_buffers(full_model, config, options, [this](Account account, auto member, size_t count) {
     using Array = std::remove_reference_t<decltype(this->*member)>;

@@ -2,6 +2,7 @@
 // head) and its linear layers (GEMV, pinned cuBLASLt plans, or pedantic fp32 cuBLAS).
 #include "kernels/cuda_backend_impl.h"
 
+#include "kernels/decode_gemv.h"
 #include "kernels/gemm.h"
 #include "kernels/layer_ops.h"
 
@@ -86,25 +87,31 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
   T* k_layer = as<T>(k_cache) + kv_at;
   T* v_layer = as<T>(v_cache) + kv_at;
-  T* x = as<T>(normed);
-  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
-                                   attn_norm.get() + li * h, model.rms_eps, x, s));
-  mark(CudaPhase::kNorms);
-  linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
-  mark(CudaPhase::kGemmQkv);
-  if (model.qkv_bias || model.qk_norm) {
-    const size_t d = static_cast<size_t>(model.head_dim);
-    LS_CUDA(kernels::launch_qkv_bias_head_norm(
-        qkv.get(), tokens, model.query_heads_count, model.kv_heads_count, model.head_dim,
-        model.qkv_bias ? qkv_bias.get() + li * qkv_rows : nullptr,
-        model.qk_norm ? q_norm.get() + li * d : nullptr,
-        model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps, s));
+  const QkvFused fused = enqueue_fused_qkv(i, tokens, k_layer, v_layer);
+  if (fused == QkvFused::kNone) {
+    T* x = as<T>(normed);
+    LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                     attn_norm.get() + li * h, model.rms_eps, x, s));
+    mark(CudaPhase::kNorms);
+    linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
   }
-  LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
-                                   model.query_heads_count, model.kv_heads_count, model.head_dim,
-                                   model.rotary_dim(), rope_cos.get(), rope_sin.get(),
-                                   positions_count, q.get(), k_layer, v_layer, s));
-  mark(CudaPhase::kRope);
+  mark(CudaPhase::kGemmQkv);
+  if (fused != QkvFused::kThroughKv) {
+    if (model.qkv_bias || model.qk_norm) {
+      const size_t d = static_cast<size_t>(model.head_dim);
+      LS_CUDA(kernels::launch_qkv_bias_head_norm(
+          qkv.get(), tokens, model.query_heads_count, model.kv_heads_count, model.head_dim,
+          model.qkv_bias ? qkv_bias.get() + li * qkv_rows : nullptr,
+          model.qk_norm ? q_norm.get() + li * d : nullptr,
+          model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps, s));
+    }
+    LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
+                                     model.query_heads_count, model.kv_heads_count,
+                                     model.head_dim, model.rotary_dim(), rope_cos.get(),
+                                     rope_sin.get(), positions_count, q.get(), k_layer, v_layer,
+                                     s));
+    mark(CudaPhase::kRope);
+  }
   LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
                                           positions.get(), token_pool_rows.get(), table.get(),
                                           tokens, attention_workspace.get(),
@@ -124,7 +131,8 @@ void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
   const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  const size_t m = static_cast<size_t>(mamba_index[li]);
+  const int32_t mi = mamba_index[li];  // among the Mamba layers: its weights and its state pool
+  const size_t m = static_cast<size_t>(mi);  // the same, for the weight offsets
   const size_t in_proj_size = static_cast<size_t>(linears.in_proj.out);
   const size_t inner = static_cast<size_t>(linears.out_proj.in);
   T* x = as<T>(normed);
@@ -133,7 +141,6 @@ void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
   mark(CudaPhase::kNorms);
   linear(x, as<T>(w_in_proj) + m * in_proj_size * h, mamba_proj.get(), tokens, linears.in_proj);
   mark(CudaPhase::kGemmQkv);
-  const int32_t mi = mamba_index[li];
   LS_CUDA(kernels::launch_mamba_mixer(mamba_shape(), mamba_params(mi), mamba_state(mi),
                                       mamba_rows(), mamba_proj.get(), tokens,
                                       mamba_workspace.get(), mamba_workspace.count(),
@@ -150,16 +157,76 @@ void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
   const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  T* x = as<T>(normed);
-  LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
-                                   ffn_norm.get() + li * h, model.rms_eps, x, s));
-  mark(CudaPhase::kNorms);
-  linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
-  mark(CudaPhase::kGemmGateUp);
-  LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
-  mark(CudaPhase::kSwiglu);
+  if (enqueue_fused_gate_up(i, tokens, as<T>(act))) {
+    mark(CudaPhase::kGemmGateUp);
+  } else {
+    T* x = as<T>(normed);
+    LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
+                                     ffn_norm.get() + li * h, model.rms_eps, x, s));
+    mark(CudaPhase::kNorms);
+    linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
+    mark(CudaPhase::kGemmGateUp);
+    LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
+    mark(CudaPhase::kSwiglu);
+  }
   row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, linears.down);
   mark(CudaPhase::kGemmDown);
+}
+
+bool CudaBackend::Impl::fuses_decode(int32_t tokens) const {
+  return options.fuse_decode && options.precision == CudaPrecision::kBf16 &&
+         uses_gemv(tokens, hidden) && kernels::gemv_norm_fits(hidden);
+}
+
+CudaBackend::Impl::QkvFused CudaBackend::Impl::enqueue_fused_qkv(int32_t, int32_t, float*,
+                                                                 float*) {
+  return QkvFused::kNone;
+}
+
+// The attention input's norm folded into the QKV product; RoPE and the KV write too where
+// nothing comes between them (no q/k/v bias or head norm) and whole heads rotate.
+CudaBackend::Impl::QkvFused CudaBackend::Impl::enqueue_fused_qkv(int32_t i, int32_t tokens,
+                                                                 bf16* k_layer, bf16* v_layer) {
+  if (!fuses_decode(tokens)) return QkvFused::kNone;
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  const int32_t qkv_rows = q_size + 2 * kv_size;
+  const kernels::GemvNorm norm{residual.get(), attn_norm.get() + li * h, model.rms_eps};
+  const bf16* w = as<bf16>(w_qkv) + li * static_cast<size_t>(qkv_rows) * h;
+  if (model.qkv_bias || model.qk_norm || model.rotary_dim() != model.head_dim) {
+    LS_CUDA(kernels::launch_gemv_norm_bf16(norm, w, qkv.get(), tokens, qkv_rows, hidden,
+                                           forward_stream()));
+    return QkvFused::kProduct;
+  }
+  const kernels::RopeKvTarget target{
+      .positions = positions.get(),
+      .slots = slots.get(),
+      .query_heads = model.query_heads_count,
+      .kv_heads = model.kv_heads_count,
+      .head_dim = model.head_dim,
+      .cos = rope_cos.get(),
+      .sin = rope_sin.get(),
+      .positions_count = positions_count,
+      .q_out = q.get(),
+      .k_cache = k_layer,
+      .v_cache = v_layer,
+  };
+  LS_CUDA(kernels::launch_gemv_norm_rope_kv_bf16(norm, w, target, tokens, hidden,
+                                                 forward_stream()));
+  return QkvFused::kThroughKv;
+}
+
+bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t, int32_t, float*) { return false; }
+
+bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* act_out) {
+  if (!fuses_decode(tokens)) return false;
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  const kernels::GemvNorm norm{residual.get(), ffn_norm.get() + li * h, model.rms_eps};
+  const bf16* w = as<bf16>(w_gate_up) + li * 2 * static_cast<size_t>(ffn) * h;
+  LS_CUDA(kernels::launch_gemv_norm_swiglu_bf16(norm, w, act_out, tokens, ffn, hidden,
+                                                forward_stream()));
+  return true;
 }
 
 template <typename T>

@@ -33,7 +33,7 @@ void CudaBackend::Impl::enqueue_tail(const StepPlan& plan) {
 // exponentials, for log-probabilities (a graph always computes them; the header says whether
 // the finish uses them). Greedy rows read the guard's argmax: the sampler's weights and sort run
 // only when a row samples (top_k != 1). A recorded step's digests and top-k pairs come from the
-// guard's pass over the logits (their combine beside the finish, on record_stream); its rows'
+// guard's pass over the logits (their combine in the guard's combine kernel); its rows'
 // state is snapshotted by the finish, or after the drafter when one runs, so the one packed copy
 // brings back all a record needs (issue 12).
 void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, bool stochastic,
@@ -54,8 +54,7 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
       .top = record ? recorded.top : nullptr,
       .top_k = record ? record_k : 0,
   };
-  const kernels::RecordFork fork{record_stream.get(), record_fork.get()};
-  LS_CUDA(kernels::launch_logits_pass(pass, s, record ? &fork : nullptr));
+  LS_CUDA(kernels::launch_logits_pass(pass, s));
   mark(CudaPhase::kGuard);
   const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
   if (stochastic) {
@@ -93,10 +92,6 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
   }
   if (record && drafting) {  // the drafts rewrote the future inputs after the finish's snapshot
     LS_CUDA(kernels::launch_record_state(step_inputs(), device_state(), rows, recorded, s));
-  }
-  if (record) {
-    LS_CUDA(cudaEventRecord(record_join.get(), record_stream.get()));
-    LS_CUDA(cudaStreamWaitEvent(s, record_join.get()));
   }
   mark(CudaPhase::kSampling);
 }

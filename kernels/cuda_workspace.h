@@ -64,14 +64,16 @@ struct StagingLayout {
 };
 
 // Word offsets of the packed results: what the finish kernel writes, then what a trace records
-// (ExecutorOptions::record): digests by logits row, a hybrid's state digests by op row (reserved
-// for every model: 8 bytes a row), top-k pairs by logits row, then vcl, future inputs and table
-// row by op row, the table last so that a step copies back only its own rows of it.
+// (ExecutorOptions::record): digests by logits row, a hybrid's state digests by op row (only
+// when `state_digests`: a model without recurrent state copies none back), top-k pairs by logits
+// row, then vcl, future inputs and table row by op row, the table last so that a step copies back
+// only its own rows of it.
 struct ResultsLayout {
   size_t base_words, digests, mamba_digests, top, vcl, future_inputs, table, words;
   int32_t table_width;
 
-  ResultsLayout(int32_t rows_max, int32_t logits_rows_max, int32_t verify_width, int32_t width)
+  ResultsLayout(int32_t rows_max, int32_t logits_rows_max, int32_t verify_width, int32_t width,
+                bool state_digests)
       : table_width(width) {
     const size_t b = static_cast<size_t>(rows_max);
     const size_t r = static_cast<size_t>(logits_rows_max);
@@ -79,7 +81,7 @@ struct ResultsLayout {
     size_t at = (base_words + 1) / 2 * 2;  // the digests are 8-byte words
     auto take = [&at](size_t count) { return std::exchange(at, at + count); };
     digests = take(2 * r);
-    mamba_digests = take(2 * b);
+    mamba_digests = take(state_digests ? 2 * b : 0);
     top = take(r * kTopLogitsCountMax * 2);
     vcl = take(b);
     future_inputs = take(b * static_cast<size_t>(verify_width));

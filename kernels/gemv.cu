@@ -1,7 +1,15 @@
+// lockstep's decode GEMV (kernels/gemm.h launch_gemv_bf16) and its fused forms
+// (kernels/decode_gemv.h): one kernel template over where x comes from (bf16 in global memory,
+// or normalised from the residual into shared memory) and what the epilogue writes.
+#include "kernels/decode_gemv.h"
 #include "kernels/gemm.h"
 
+#include "core/ops/layer_math.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/rms_norm.cuh"
+
+#include <atomic>
 
 namespace ls::kernels {
 
@@ -9,9 +17,53 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int32_t kGemvWarps = 4;  // output rows per block
+constexpr int32_t kGemvWarps = 4;  // tasks per group; a block runs one group at a time
 constexpr int32_t kGemvThreads = 32 * kGemvWarps;
-constexpr int32_t kGemvUnroll = 8;  // 16-byte weight loads a lane has in flight
+constexpr int32_t kGemvUnroll = 8;  // 16-byte weight loads per row a lane has in flight
+
+// What a warp's task writes, and the rows it takes: one row for a plain product (a warp per row,
+// as few registers as the product needs); two for an epilogue that combines rows.
+enum class Epilogue {
+  kStore,   // y[t, row] = acc (+ beta · y): task = row
+  kSwiglu,  // act[t, j] = silu(acc[j]) · acc[ffn + j]: task j, rows j and ffn + j
+  kRopeKv,  // a Q/K head's rows i and i + half, rotated into q_out / k_cache; or V rows 2j, 2j + 1
+};
+
+template <Epilogue E>
+constexpr int32_t kRowsOf = E == Epilogue::kStore ? 1 : 2;
+
+struct GemvParams {
+  const bf16* w;
+  int32_t tokens, out, in;
+  const bf16* x;  // [tokens, in] when not normalised in the kernel
+  GemvNorm norm;
+  float* y;  // kStore
+  float beta;
+  bf16* act;  // kSwiglu [tokens, out / 2]
+  RopeKvTarget rope;
+};
+
+struct TaskRows {
+  int32_t row[2];
+};
+
+template <Epilogue E>
+__device__ __forceinline__ TaskRows task_rows(const GemvParams& p, int32_t task) {
+  if constexpr (E == Epilogue::kStore) {
+    return TaskRows{{task, task}};
+  } else if constexpr (E == Epilogue::kSwiglu) {
+    return TaskRows{{task, p.out / 2 + task}};
+  } else {
+    const int32_t half = p.rope.head_dim / 2;
+    const int32_t rotated = (p.rope.query_heads + p.rope.kv_heads) * half;
+    if (task < rotated) {
+      const int32_t a = (task / half) * p.rope.head_dim + task % half;
+      return TaskRows{{a, a + half}};
+    }
+    const int32_t v = (p.rope.query_heads + p.rope.kv_heads) * p.rope.head_dim;
+    return TaskRows{{v + 2 * (task - rotated), v + 2 * (task - rotated) + 1}};
+  }
+}
 
 __device__ __forceinline__ void unpack8(const uint4& raw, float* out) {
   const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -23,94 +75,332 @@ __device__ __forceinline__ void unpack8(const uint4& raw, float* out) {
   }
 }
 
-// One chunk (8 elements) of weight row against the same chunk of every token's input.
-template <int32_t kTokens>
-__device__ __forceinline__ void accumulate(const uint4& w_raw, const uint4* x, int32_t x_pitch,
-                                           int32_t chunk, int32_t tokens, float* acc) {
-  float wf[8];
-  unpack8(w_raw, wf);
+// One chunk (8 elements) of each of the task's rows against the same chunk of every token's
+// input: each row's sum takes the elements in ascending order, as a row alone would.
+template <int32_t kTokens, int32_t kRows, bool kNormed>
+__device__ __forceinline__ void accumulate(const uint4 (&w_raw)[kRows], const uint4* x,
+                                           int32_t x_pitch, int32_t chunk, int32_t tokens,
+                                           float (&acc)[kRows][kTokens]) {
+  float wf[kRows][8];
+#pragma unroll
+  for (int32_t r = 0; r < kRows; ++r) unpack8(w_raw[r], wf[r]);
 #pragma unroll
   for (int32_t t = 0; t < kTokens; ++t) {
     if (t < tokens) {
       float xf[8];
-      unpack8(__ldg(x + int64_t{t} * x_pitch + chunk), xf);
+      const uint4* at = x + int64_t{t} * x_pitch + chunk;
+      unpack8(kNormed ? *at : __ldg(at), xf);
 #pragma unroll
-      for (int32_t e = 0; e < 8; ++e) acc[t] += wf[e] * xf[e];
+      for (int32_t r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int32_t e = 0; e < 8; ++e) acc[r][t] += wf[r][e] * xf[e];
+      }
     }
   }
 }
 
-// grid: ⌈out / 4⌉ blocks of 4 warps; warp → output row. Lane l takes the 8-element chunks l,
-// l + 32, l + 64, ... of the row in ascending order (the unrolled and the tail loop keep that
-// order), then a butterfly sum across lanes: the order depends on `in` only. The first unrolled
-// round of weight loads is issued before waiting for the predecessor kernel (kernels/launch.h):
-// the weights depend on nothing earlier, and at hidden 2048 that round is the whole row.
-template <int32_t kTokens>
+// A warp's dot products of its task's rows. Lane l takes the 8-element chunks l, l + 32,
+// l + 64, ... of each row in ascending order (the unrolled and the tail loop keep that order);
+// the caller sums across lanes with a butterfly: each row's order depends on `in` only.
+template <int32_t kTokens, int32_t kRows>
+struct RowStream {
+  const uint4* w[kRows];
+  int32_t chunks;
+  int32_t c;
+  uint4 raw[kRows][kGemvUnroll];
+
+  // Points the stream at the start of the task's rows.
+  __device__ void aim(const GemvParams& p, TaskRows rows, int32_t lane) {
+#pragma unroll
+    for (int32_t r = 0; r < kRows; ++r) {
+      w[r] = reinterpret_cast<const uint4*>(p.w + int64_t{rows.row[r]} * p.in);
+    }
+    chunks = p.in / 8;
+    c = lane;
+  }
+  __device__ bool round_fits() const { return c + 32 * (kGemvUnroll - 1) < chunks; }
+  __device__ void load_round() {
+#pragma unroll
+    for (int32_t r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int32_t u = 0; u < kGemvUnroll; ++u) raw[r][u] = __ldcs(w[r] + c + 32 * u);
+    }
+  }
+  // Rounds from the one already loaded (when it fits), then the tail.
+  template <bool kNormed>
+  __device__ void run(const uint4* x, int32_t tokens, float (&acc)[kRows][kTokens]) {
+    uint4 chunk[kRows];
+    while (round_fits()) {
+#pragma unroll
+      for (int32_t u = 0; u < kGemvUnroll; ++u) {
+#pragma unroll
+        for (int32_t r = 0; r < kRows; ++r) chunk[r] = raw[r][u];
+        accumulate<kTokens, kRows, kNormed>(chunk, x, chunks, c + 32 * u, tokens, acc);
+      }
+      c += 32 * kGemvUnroll;
+      if (round_fits()) load_round();
+    }
+    for (; c < chunks; c += 32) {
+#pragma unroll
+      for (int32_t r = 0; r < kRows; ++r) chunk[r] = __ldcs(w[r] + c);
+      accumulate<kTokens, kRows, kNormed>(chunk, x, chunks, c, tokens, acc);
+    }
+  }
+};
+
+// x[t] = rms_norm(residual[t]) as bf16 into `normed` [tokens, in]: the sum of squares in the
+// order of the vectorised norm kernel (kernels/rms_norm.cuh), whose kNormWarps warps this block's
+// warps play in turn (a warp's butterfly is the same on any warp); then the same block sum over
+// their partials, scale and element rounding.
+__device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in, bf16* normed) {
+  __shared__ float partials[kGemvTokensMax][kNormWarps];
+  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+  const int32_t vecs = in / 4;
+  for (int32_t t = 0; t < tokens; ++t) {
+    const float4* xr = reinterpret_cast<const float4*>(norm.residual + int64_t{t} * in);
+    for (int32_t w = warp; w < kNormWarps; w += kGemvWarps) {
+      const float sum = warp_sum(norm_thread_squares(xr, w * 32 + lane, vecs));
+      if (lane == 0) partials[t][w] = sum;
+    }
+  }
+  __syncthreads();
+  const float4* weight = reinterpret_cast<const float4*>(norm.weight);
+  for (int32_t t = 0; t < tokens; ++t) {
+    const float total = warp_sum(lane < kNormWarps ? partials[t][lane] : 0.0f);
+    const float scale = ops::rms_norm_scale(total, in, norm.eps);
+    const float4* xr = reinterpret_cast<const float4*>(norm.residual + int64_t{t} * in);
+    for (int32_t i = static_cast<int32_t>(threadIdx.x); i < vecs; i += kGemvThreads) {
+      const float4 v = xr[i], g = __ldg(weight + i);
+      store4(normed + int64_t{t} * in + 4 * i, ops::rms_norm_element(v.x, scale, g.x),
+             ops::rms_norm_element(v.y, scale, g.y), ops::rms_norm_element(v.z, scale, g.z),
+             ops::rms_norm_element(v.w, scale, g.w));
+    }
+  }
+  __syncthreads();
+}
+
+// Token t's outputs of one task (every lane holds the sums; lane t writes token t).
+template <Epilogue E>
+__device__ __forceinline__ void write_task(const GemvParams& p, TaskRows rows, int32_t task,
+                                           int32_t t, const float* sums) {
+  if constexpr (E == Epilogue::kStore) {
+    float* y = p.y + int64_t{t} * p.out + rows.row[0];
+    *y = p.beta == 0.0f ? sums[0] : sums[0] + p.beta * *y;
+  } else if constexpr (E == Epilogue::kSwiglu) {
+    p.act[int64_t{t} * (p.out / 2) + task] = __float2bfloat16_rn(ops::swiglu(sums[0], sums[1]));
+  } else {
+    const RopeKvTarget& r = p.rope;
+    const int32_t half = r.head_dim / 2;
+    const int32_t q_size = r.query_heads * r.head_dim;
+    const int32_t kv_size = r.kv_heads * r.head_dim;
+    const int64_t slot = r.slots[t];
+    const int32_t a = rows.row[0];
+    if (a >= q_size + kv_size) {  // V: rounded as it is
+      r.v_cache[slot * kv_size + (a - q_size - kv_size)] = __float2bfloat16_rn(sums[0]);
+      r.v_cache[slot * kv_size + (a - q_size - kv_size) + 1] = __float2bfloat16_rn(sums[1]);
+      return;
+    }
+    const int32_t i = task % half;
+    const int32_t position = min(r.positions[t], r.positions_count - 1);
+    const ops::RotatedPair y = ops::rope_rotate(sums[0], sums[1],
+                                                r.cos[int64_t{position} * half + i],
+                                                r.sin[int64_t{position} * half + i]);
+    if (a < q_size) {
+      float* q = r.q_out + int64_t{t} * q_size + a;
+      q[0] = y.first;
+      q[half] = y.second;
+    } else {
+      bf16* k = r.k_cache + slot * kv_size + (a - q_size);
+      k[0] = __float2bfloat16_rn(y.first);
+      k[half] = __float2bfloat16_rn(y.second);
+    }
+  }
+}
+
+// grid: blocks of kGemvWarps warps; block b runs groups b·per_block ... (b + 1)·per_block − 1,
+// warp w of group g the task g·kGemvWarps + w. The first round of weight loads is issued before
+// waiting for the predecessor kernel (kernels/launch.h): the weights depend on nothing earlier,
+// and at hidden 2048 that round is the whole row.
+template <int32_t kTokens, bool kNormed, Epilogue E>
 __global__ void __launch_bounds__(kGemvThreads)
-gemv_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ y,
-            int32_t tokens, int32_t out, int32_t in, float beta) {
+gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
+  constexpr int32_t kRows = kRowsOf<E>;
   allow_successor();
-  const int32_t row = blockIdx.x * kGemvWarps + threadIdx.x / 32;
-  if (row >= out) return;
-  const int32_t lane = threadIdx.x % 32;
-  const int32_t chunks = in / 8;
-  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t{row} * in);
-  const uint4* xr = reinterpret_cast<const uint4*>(x);
-  float acc[kTokens];
-#pragma unroll
-  for (int32_t t = 0; t < kTokens; ++t) acc[t] = 0.0f;
-  int32_t c = lane;
-  uint4 raw[kGemvUnroll];
-  const auto round_fits = [&] { return c + 32 * (kGemvUnroll - 1) < chunks; };
-  const auto load_round = [&] {
-#pragma unroll
-    for (int32_t u = 0; u < kGemvUnroll; ++u) raw[u] = __ldcs(wr + c + 32 * u);
-  };
-  if (round_fits()) load_round();
-  wait_for_predecessor();
-  while (round_fits()) {
-#pragma unroll
-    for (int32_t u = 0; u < kGemvUnroll; ++u) {
-      accumulate<kTokens>(raw[u], xr, chunks, c + 32 * u, tokens, acc);
-    }
-    c += 32 * kGemvUnroll;
-    if (round_fits()) load_round();
+  extern __shared__ uint4 normed_x[];  // [tokens, in / 8] when kNormed
+  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+  const int32_t per_block = kNormed ? groups_per_block : 1;  // (launch_as)
+  const int32_t first = blockIdx.x * per_block * kGemvWarps + warp;
+  const int32_t last = min(tasks, first + per_block * kGemvWarps);
+  RowStream<kTokens, kRows> stream;
+  if (first < tasks) {
+    stream.aim(p, task_rows<E>(p, first), lane);
+    if (stream.round_fits()) stream.load_round();
   }
-  for (; c < chunks; c += 32) accumulate<kTokens>(__ldcs(wr + c), xr, chunks, c, tokens, acc);
+  wait_for_predecessor();
+  if constexpr (kNormed) normalise_into(p.norm, p.tokens, p.in, reinterpret_cast<bf16*>(normed_x));
+  const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
+  for (int32_t task = first; task < last; task += kGemvWarps) {
+    float acc[kRows][kTokens];
 #pragma unroll
-  for (int32_t t = 0; t < kTokens; ++t) acc[t] = warp_sum(acc[t]);
-  if (lane != 0) return;
+    for (int32_t r = 0; r < kRows; ++r) {
 #pragma unroll
-  for (int32_t t = 0; t < kTokens; ++t) {
-    if (t < tokens) {
-      float* out_at = y + int64_t{t} * out + row;
-      *out_at = beta == 0.0f ? acc[t] : acc[t] + beta * *out_at;
+      for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+    }
+    stream.template run<kNormed>(x, p.tokens, acc);
+    // The next task's first round goes out before this task's butterflies and writes.
+    if (task + kGemvWarps < last) {
+      stream.aim(p, task_rows<E>(p, task + kGemvWarps), lane);
+      if (stream.round_fits()) stream.load_round();
+    }
+#pragma unroll
+    for (int32_t r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    }
+    const TaskRows rows = task_rows<E>(p, task);
+#pragma unroll
+    for (int32_t t = 0; t < kTokens; ++t) {
+      if (t < p.tokens && lane == t) {
+        float sums[kRows];
+#pragma unroll
+        for (int32_t r = 0; r < kRows; ++r) sums[r] = acc[r][t];
+        write_task<E>(p, rows, task, t, sums);
+      }
     }
   }
 }
 
-template <int32_t kTokens>
-cudaError_t launch(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out, int32_t in,
-                   float beta, LaunchStream stream) {
-  const int32_t blocks = (out + kGemvWarps - 1) / kGemvWarps;
-  return launch_kernel(gemv_kernel<kTokens>, blocks, kGemvThreads, 0, stream, x, w, y, tokens, out,
-                       in, beta);
+int32_t sm_count() {
+  int32_t device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 1;
+  }
+  return count;
+}
+
+// Blocks of `kernel` an SM holds at once with `shared` bytes of dynamic shared memory, asked once
+// per kernel and size (a launch at the same size looks it up; `cache` packs size and answer).
+template <typename Kernel>
+int32_t resident_blocks(Kernel kernel, size_t shared, std::atomic<uint64_t>& cache) {
+  const uint64_t known = cache.load(std::memory_order_relaxed);
+  if (known != 0 && known >> 16 == shared) return static_cast<int32_t>(known & 0xffff);
+  int blocks = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGemvThreads, shared) !=
+          cudaSuccess ||
+      blocks < 1) {
+    (void)cudaGetLastError();
+    blocks = 1;
+  }
+  cache.store(uint64_t{shared} << 16 | static_cast<uint64_t>(blocks), std::memory_order_relaxed);
+  return blocks;
+}
+
+// Without the folded norm one group a block: the block scheduler balances small blocks. With it,
+// a grid that fits on the GPU at once (resident blocks × SMs), each block running the fewest
+// groups that cover the tasks, spread evenly: the norm is computed once a block.
+template <int32_t kTokens, bool kNormed, Epilogue E>
+cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
+  const auto kernel = gemv_kernel<kTokens, kNormed, E>;
+  const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
+  const size_t shared = kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) : 0;
+  int32_t per_block = 1;
+  if constexpr (kNormed) {
+    // Past 48 KB a kernel must ask for its shared memory; a graph's capture follows the same
+    // launches made eagerly (kernels/cuda_graphs.cpp), which asked already.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (shared > 48 * 1024 && cudaStreamIsCapturing(stream.stream, &capturing) == cudaSuccess &&
+        capturing == cudaStreamCaptureStatusNone) {
+      const cudaError_t status = cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+      if (status != cudaSuccess) return status;
+    }
+    static std::atomic<uint64_t> resident_cache{0};
+    const int32_t cap = resident_blocks(kernel, shared, resident_cache) * sm_count();
+    per_block = (groups + cap - 1) / cap;
+  }
+  const int32_t blocks = (groups + per_block - 1) / per_block;
+  return launch_kernel(kernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);
+}
+
+// Instantiated at 1, 2, 4 and 8 tokens: a token's arithmetic is the same in each.
+template <bool kNormed, Epilogue E>
+cudaError_t launch(const GemvParams& p, int32_t tasks, LaunchStream stream) {
+  if (p.tokens == 1) return launch_as<1, kNormed, E>(p, tasks, stream);
+  if (p.tokens == 2) return launch_as<2, kNormed, E>(p, tasks, stream);
+  if (p.tokens <= 4) return launch_as<4, kNormed, E>(p, tasks, stream);
+  return launch_as<8, kNormed, E>(p, tasks, stream);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+bool valid_shape(int32_t tokens, int32_t out, int32_t in, const bf16* w) {
+  return tokens >= 1 && tokens <= kGemvTokensMax && out >= 1 && in >= 8 && in % 8 == 0 &&
+         w != nullptr && aligned16(w);
+}
+
+bool valid_norm(const GemvNorm& norm, int32_t in) {
+  return gemv_norm_fits(in) && norm.residual != nullptr && norm.weight != nullptr &&
+         aligned16(norm.residual) && aligned16(norm.weight) && norm.eps > 0.0f;
 }
 
 }  // namespace
 
+bool gemv_norm_fits(int32_t n) { return n % 8 == 0 && norm_vectorised(n); }
+
 cudaError_t launch_gemv_bf16(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out,
                              int32_t in, float beta, LaunchStream stream) {
-  if (tokens < 1 || tokens > kGemvTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
-      x == nullptr || w == nullptr || y == nullptr ||
-      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
+  if (!valid_shape(tokens, out, in, w) || x == nullptr || y == nullptr || !aligned16(x)) {
     return cudaErrorInvalidValue;
   }
-  // Instantiated at 1, 2, 4 and 8 tokens: a token's arithmetic is the same in each.
-  if (tokens == 1) return launch<1>(x, w, y, tokens, out, in, beta, stream);
-  if (tokens == 2) return launch<2>(x, w, y, tokens, out, in, beta, stream);
-  if (tokens <= 4) return launch<4>(x, w, y, tokens, out, in, beta, stream);
-  return launch<8>(x, w, y, tokens, out, in, beta, stream);
+  GemvParams p{};
+  p.w = w, p.tokens = tokens, p.out = out, p.in = in, p.x = x, p.y = y, p.beta = beta;
+  return launch<false, Epilogue::kStore>(p, out, stream);
+}
+
+cudaError_t launch_gemv_norm_bf16(GemvNorm norm, const bf16* w, float* y, int32_t tokens,
+                                  int32_t out, int32_t in, LaunchStream stream) {
+  if (!valid_shape(tokens, out, in, w) || !valid_norm(norm, in) || y == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  GemvParams p{};
+  p.w = w, p.tokens = tokens, p.out = out, p.in = in, p.norm = norm, p.y = y, p.beta = 0.0f;
+  return launch<true, Epilogue::kStore>(p, out, stream);
+}
+
+cudaError_t launch_gemv_norm_swiglu_bf16(GemvNorm norm, const bf16* w_gate_up, bf16* act,
+                                         int32_t tokens, int32_t ffn, int32_t in,
+                                         LaunchStream stream) {
+  if (ffn < 1 || ffn > (1 << 30) || !valid_shape(tokens, 2 * ffn, in, w_gate_up) ||
+      !valid_norm(norm, in) || act == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  GemvParams p{};
+  p.w = w_gate_up, p.tokens = tokens, p.out = 2 * ffn, p.in = in, p.norm = norm, p.act = act;
+  return launch<true, Epilogue::kSwiglu>(p, ffn, stream);
+}
+
+cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const bf16* w_qkv,
+                                          const RopeKvTarget& target, int32_t tokens, int32_t in,
+                                          LaunchStream stream) {
+  const RopeKvTarget& r = target;
+  if (r.query_heads < 1 || r.kv_heads < 1 || r.head_dim < 2 || r.head_dim % 2 != 0 ||
+      r.positions_count < 1 || r.positions == nullptr || r.slots == nullptr ||
+      r.cos == nullptr || r.sin == nullptr || r.q_out == nullptr || r.k_cache == nullptr ||
+      r.v_cache == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const int64_t rows = int64_t{r.query_heads + 2 * r.kv_heads} * r.head_dim;
+  if (rows > (int64_t{1} << 30) ||
+      !valid_shape(tokens, static_cast<int32_t>(rows), in, w_qkv) || !valid_norm(norm, in)) {
+    return cudaErrorInvalidValue;
+  }
+  GemvParams p{};
+  p.w = w_qkv, p.tokens = tokens, p.out = static_cast<int32_t>(rows), p.in = in, p.norm = norm;
+  p.rope = target;
+  return launch<true, Epilogue::kRopeKv>(p, p.out / 2, stream);
 }
 
 }  // namespace ls::kernels

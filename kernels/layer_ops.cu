@@ -3,6 +3,7 @@
 #include "core/ops/layer_math.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
+#include "kernels/rms_norm.cuh"
 #include "kernels/step_layout.h"
 #include "kernels/storage.cuh"
 
@@ -38,24 +39,11 @@ __global__ void rms_norm_kernel(const float* x, const int32_t* row_index, int32_
   }
 }
 
-// The vectorised form for rows of n % 4 == 0, n <= kNormThreads · 4 · kNormVecMax: one block
-// per row; each thread loads its float4s of the row and of the weight at once (every load in
-// flight together, the row held in registers), sums the squares of its elements in ascending
-// order, then the block sum; out[i] = (x[i] · scale) · weight[i] as in the scalar kernel.
-constexpr int32_t kNormThreads = 256;
-constexpr int32_t kNormVecMax = 8;
-
-__device__ __forceinline__ void store4(__nv_bfloat16* p, float a, float b, float c, float d) {
-  __nv_bfloat162 lo = __floats2bfloat162_rn(a, b);
-  __nv_bfloat162 hi = __floats2bfloat162_rn(c, d);
-  uint2 packed;
-  packed.x = *reinterpret_cast<uint32_t*>(&lo);
-  packed.y = *reinterpret_cast<uint32_t*>(&hi);
-  *reinterpret_cast<uint2*>(p) = packed;
-}
-__device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
-  *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
-}
+// The vectorised form for rows of norm_vectorised(n) (kernels/rms_norm.cuh, whose order of the
+// sum of squares the decode GEMV's folded norm repeats): one block of kNormThreads per row; each
+// thread loads its float4s of the row and of the weight at once (every load in flight together,
+// the row held in registers), sums their squares in that order, then the block sum;
+// out[i] = (x[i] · scale) · weight[i] as in the scalar kernel.
 
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
@@ -80,12 +68,7 @@ rms_norm_vec_kernel(const float* x, const int32_t* row_index, int32_t n, const f
 #pragma unroll
   for (int32_t k = 0; k < kNormVecMax; ++k) {
     const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kNormThreads;
-    if (i < vecs) {
-      sum += v[k].x * v[k].x;
-      sum += v[k].y * v[k].y;
-      sum += v[k].z * v[k].z;
-      sum += v[k].w * v[k].w;
-    }
+    if (i < vecs) sum = add_squares(sum, v[k]);
   }
   const float scale = ops::rms_norm_scale(block_sum(sum, scratch), n, eps);
   T* o = out + int64_t{r} * n;
@@ -238,7 +221,7 @@ cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t ro
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(weight) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(out) % (4 * sizeof(T)) == 0;
-  if (n % 4 == 0 && n <= 4 * kNormThreads * kNormVecMax && aligned) {
+  if (norm_vectorised(n) && aligned) {
     return launch_kernel(rms_norm_vec_kernel<T>, rows_count, kNormThreads, 0, stream, x, row_index,
                          n, weight, eps, out);
   }

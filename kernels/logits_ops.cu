@@ -207,8 +207,10 @@ constexpr int32_t kCombineWarps = kCombineThreads / 32;
 static_assert(kCombineWarps * kK == 64, "warp 0 ranks the warps' k best, two keys a lane");
 // Candidates ranked in one pass; more (many equal logits at the bound) take the rounds.
 constexpr int32_t kPool = kCombineThreads;
-// Logits of the candidate segments a thread loads before it tests them (independent loads).
-constexpr int32_t kRescanBatch = 8;
+// Logits of the candidate segments a thread loads before it tests them (independent loads): the
+// k best segments in one round, so the rescan costs one trip to L2, not several in a chain.
+constexpr int32_t kRescanBatch = kK * kLogitsSegment / kCombineThreads;
+static_assert(kRescanBatch * kCombineThreads == kK * kLogitsSegment);
 
 struct CombineScratch {
   float values[32];
@@ -218,6 +220,8 @@ struct CombineScratch {
   unsigned long long warp_keys[kCombineWarps];
   unsigned long long top[kK];
   unsigned long long pool[kPool];
+  uint32_t pool_bits[kPool];  // each candidate's logit bits (the key holds −0 as +0)
+  uint32_t top_bits[kK];
   int32_t list[kK];
   uint32_t list_count;
   uint32_t pool_count;
@@ -320,17 +324,23 @@ __device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int3
     const unsigned long long key = digest::rank_key(__float_as_uint(x), id);
     if (key < bound) return;
     const uint32_t slot = atomicAdd(&s.pool_count, 1u);
-    if (slot < static_cast<uint32_t>(kPool)) s.pool[slot] = key;
+    if (slot < static_cast<uint32_t>(kPool)) {
+      s.pool[slot] = key;
+      s.pool_bits[slot] = __float_as_uint(x);
+    }
   });
   __syncthreads();
   const int32_t n = static_cast<int32_t>(s.pool_count);  // the same for every thread
   if (n <= kPool) {
-    if (t < kK && t >= (n < k ? n : k)) s.top[t] = 0;
+    if (t < kK && t >= (n < k ? n : k)) s.top[t] = 0, s.top_bits[t] = 0;
     if (t < n) {  // keys are distinct: a candidate's rank is the number above it
       const unsigned long long key = s.pool[t];
       int32_t rank = 0;
       for (int32_t i = 0; i < n; ++i) rank += s.pool[i] > key ? 1 : 0;
-      if (rank < k) s.top[rank] = key;
+      if (rank < k) {
+        s.top[rank] = key;
+        s.top_bits[rank] = s.pool_bits[t];
+      }
     }
   } else {  // more than kPool (equal logits): k rounds of a block max below the last winner
     unsigned long long last = ~0ull;
@@ -341,25 +351,26 @@ __device__ void combine_record(const LogitsPassArgs& g, const Workspace& w, int3
         m = key >= bound && key < last && key > m ? key : m;
       });
       last = block_max_key(m, s);
-      if (t == 0) s.top[round] = last;
+      if (t == 0) {
+        s.top[round] = last;
+        const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(last));
+        s.top_bits[round] = __float_as_uint(g.logits[int64_t{r} * g.vocab + id]);
+      }
     }
   }
   __syncthreads();
-  if (t < k) {
-    const unsigned long long key = s.top[t];
-    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(key));
+  if (t < k) {  // n < k only when the row has fewer than k logits: k ≤ vocab is checked
+    const int32_t id = static_cast<int32_t>(~static_cast<uint32_t>(s.top[t]));
     int32_t* pair = g.top + (int64_t{r} * kK + t) * 2;
     pair[0] = id;
-    pair[1] = __float_as_int(g.logits[int64_t{r} * g.vocab + id]);
+    pair[1] = static_cast<int32_t>(s.top_bits[t]);
   }
 }
 
-// One block per row: the guard's segment partials combined in a fixed order (thread-strided, then
-// the block reductions of kernels/reduce.cuh).
-__global__ void __launch_bounds__(kCombineThreads)
-combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
-  __shared__ CombineScratch s;
-  const int32_t r = blockIdx.x;
+// A row's guard partials combined in a fixed order (thread-strided, then the block reductions of
+// kernels/reduce.cuh): its NaN flag, argmax and (for log-probabilities) max and sum.
+__device__ void combine_guard(const LogitsPassArgs& g, const Workspace& w, int32_t segments,
+                              int32_t r, CombineScratch& s) {
   const int32_t t = static_cast<int32_t>(threadIdx.x);
   const float* p = w.guard + int64_t{r} * segments * kGuardPartialFloats;
   ArgMax best{-INFINITY, 0x7fffffff};
@@ -389,33 +400,28 @@ combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   }
 }
 
-// One block per row: the record's digest and top-k (it needs the pass alone, not the guard's
-// combine, so it may run beside that and the finish).
+// Blocks [0, rows): each a row's guard combine; a recorded pass adds blocks [rows, 2 rows), each
+// a row's record combine (its digest and top-k), which need the pass alone: both run side by
+// side in one launch, so a record adds no launch and no fork to the step (a record combine on a
+// second stream, joined before the copy back, cost a batch-1 step ~3 us on the H200).
 __global__ void __launch_bounds__(kCombineThreads)
-record_combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
+combine_kernel(LogitsPassArgs g, Workspace w, int32_t segments) {
   __shared__ CombineScratch s;
-  combine_record(g, w, segments, static_cast<int32_t>(blockIdx.x), s);
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  if (b < g.rows) {
+    combine_guard(g, w, segments, b, s);
+  } else {
+    combine_record(g, w, segments, b - g.rows, s);
+  }
 }
 
 template <bool kRecord>
-cudaError_t launch(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
+void launch(const LogitsPassArgs& g, cudaStream_t stream) {
   const int32_t segments = segments_of(g.vocab);
   const Workspace w = carve(g.workspace, g.rows, g.vocab);
   pass_kernel<kRecord><<<dim3((segments + kWarps - 1) / kWarps, g.rows), kThreads, 0, stream>>>(
       g.logits, g.vocab, segments, g.row_max != nullptr, w);
-  if constexpr (kRecord) {
-    cudaStream_t record_stream = stream;
-    if (fork != nullptr) {
-      if (const cudaError_t e = cudaEventRecord(fork->after_pass, stream); e != cudaSuccess) return e;
-      if (const cudaError_t e = cudaStreamWaitEvent(fork->stream, fork->after_pass); e != cudaSuccess) {
-        return e;
-      }
-      record_stream = fork->stream;
-    }
-    record_combine_kernel<<<g.rows, kCombineThreads, 0, record_stream>>>(g, w, segments);
-  }
-  combine_kernel<<<g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
-  return cudaSuccess;
+  combine_kernel<<<kRecord ? 2 * g.rows : g.rows, kCombineThreads, 0, stream>>>(g, w, segments);
 }
 
 }  // namespace
@@ -426,7 +432,7 @@ size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab) {
                   sizeof(RecordPartial));
 }
 
-cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, const RecordFork* fork) {
+cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream) {
   const bool record = g.digests != nullptr;
   if (g.rows < 0 || g.rows > 65535 || g.vocab < 1 || g.logits == nullptr ||
       g.workspace == nullptr || g.nan_flags == nullptr || g.argmax == nullptr ||
@@ -435,8 +441,12 @@ cudaError_t launch_logits_pass(const LogitsPassArgs& g, cudaStream_t stream, con
     return cudaErrorInvalidValue;
   }
   if (g.rows == 0) return cudaSuccess;
-  const cudaError_t status = record ? launch<true>(g, stream, fork) : launch<false>(g, stream, fork);
-  return status != cudaSuccess ? status : cudaGetLastError();
+  if (record) {
+    launch<true>(g, stream);
+  } else {
+    launch<false>(g, stream);
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace ls::kernels

@@ -14,8 +14,8 @@
 namespace ls::kernels {
 
 // Each row is cut into fixed segments of kLogitsSegment ids, one a warp (a batch-1 row of 128 Ki
-// logits is 126 warps over the 132 SMs; every warp is independent, no block barrier); a second
-// kernel, one warp a row, combines a row's segment partials in a fixed order, so every result
+// logits is 251 warps; every warp is independent, no block barrier); a second kernel, a block a
+// row (two when recording), combines a row's segment partials in a fixed order, so every result
 // depends only on the row.
 constexpr int32_t kLogitsSegment = 512;
 
@@ -36,16 +36,8 @@ struct LogitsPassArgs {
   int32_t top_k = 0;
 };
 
-// Where a recorded pass's record combine runs: on `stream`, after `after_pass` (recorded on the
-// pass's stream once the pass kernel is queued), beside the guard's combine and what follows it;
-// the caller joins `stream` back before it reads the record. Null: on the pass's stream.
-struct RecordFork {
-  cudaStream_t stream;
-  cudaEvent_t after_pass;
-};
-
 size_t logits_pass_workspace_bytes(int32_t rows, int32_t vocab);
-cudaError_t launch_logits_pass(const LogitsPassArgs& args, cudaStream_t stream,
-                               const RecordFork* fork = nullptr);
+// Two launches: the pass, then one combine kernel (the guard's and, recording, the record's).
+cudaError_t launch_logits_pass(const LogitsPassArgs& args, cudaStream_t stream);
 
 }  // namespace ls::kernels

@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
-#include <sstream>
 
 namespace ls::proptest {
 
@@ -47,10 +46,8 @@ Outcome finish(RunState& state, const rc::detail::TestResult& result) {
     out.passed = true;
     return out;
   }
-  std::ostringstream text;
-  rc::detail::printResultMessage(result, text);
   out.message = fmt::format("property {} (seed {}) failed after {} cases:\n{}", state.id,
-                            state.params.seed, state.cases_run, text.str());
+                            state.params.seed, state.cases_run, rc_support::result_text(result));
   if (result.is<rc::detail::FailureResult>()) {
     rc::detail::Configuration c;
     c.testParams = state.params;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "proptest/broken_backend.h"
+#include "proptest/rc_support.h"
 
 #include <rapidcheck.h>
 
@@ -20,7 +21,7 @@ namespace ls::proptest {
 struct PropertyConfig {
   uint64_t seed = 0;
   int cases = 20;     // successful cases before the property passes
-  int max_size = 100; // RapidCheck's size: bounds every generated collection
+  int max_size = rc_support::kGenSize;  // RapidCheck's size: bounds every generated collection
   BackendBug bug = BackendBug::kNone;  // a planted backend bug (companion tests)
   bool planted = false;  // the property's own planted non-backend bug (companion tests)
   bool record_failure = true;  // write the shrunk case as a trace
@@ -49,17 +50,6 @@ struct RunState {
 RunState begin(const std::string& id, const PropertyConfig& config);
 Outcome finish(RunState& state, const rc::detail::TestResult& result);
 
-class CountingListener final : public rc::detail::TestListener {
- public:
-  explicit CountingListener(int& cases) : cases_(cases) {}
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override { ++cases_; }
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-
- private:
-  int& cases_;
-};
-
 }  // namespace detail
 
 // Runs `testable` under RapidCheck with the config's seed and case count (RC_PARAMS's reproduce
@@ -67,11 +57,8 @@ class CountingListener final : public rc::detail::TestListener {
 template <typename Testable>
 Outcome check_property(const std::string& id, const PropertyConfig& config, Testable&& testable) {
   detail::RunState state = detail::begin(id, config);
-  detail::CountingListener listener(state.cases_run);
-  const rc::detail::TestMetadata metadata{id, id};
-  const rc::detail::TestResult result = rc::detail::checkTestable(
-      std::forward<Testable>(testable), metadata, state.params, listener,
-      rc::detail::configuration().reproduce);
+  const rc::detail::TestResult result = rc_support::check_testable(
+      id, state.params, std::forward<Testable>(testable), state.cases_run);
   return detail::finish(state, result);
 }
 

@@ -39,6 +39,12 @@
 #                                # CUDA replayed there, and `lockstep_gpu_bench --hybrid`
 #                                # (Bamba-9B's shape, batch 1 and 64, context 1024), under 10 min.
 #                                # Writes env.txt, hybrid_tests.log/json, hybrid_bench.log/json.
+#   scripts/gpu-run.sh fusion    # on the H200: only the decode GEMV's fused forms (issue 14): their
+#                                # bit-for-bit tests against the unfused kernels, the layer-op,
+#                                # backend, hybrid and determinism tests, the HF fixtures, and
+#                                # `lockstep_gpu_bench --fusion` (llama-1b, llama-8b; batch 1, 4,
+#                                # 8; context 1024; fused and unfused), ~4 min. Writes env.txt,
+#                                # gpu_tests.log/json, hf_oracle.log/json, fusion_bench.log/json.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -82,6 +88,31 @@ begin_mode() {
     exit 2
   fi
   export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+# One part of a mode: run_part [--new] [--show] LOG SECONDS CMD...
+# CMD under a time limit of SECONDS, its output appended to LOG (--new: LOG started afresh;
+# --show: printed as well). A part that fails or runs out of time marks the mode failed: it sets
+# `status`, the calling mode's local (a bash function sees its caller's locals). It returns CMD's
+# status, so parts chain with && where a later one needs the earlier one's output.
+run_part() {
+  local new=0 show=0 rc=0
+  while [ "${1:-}" = --new ] || [ "${1:-}" = --show ]; do
+    [ "$1" = --new ] && new=1
+    [ "$1" = --show ] && show=1
+    shift
+  done
+  local log="$1" seconds="$2"
+  shift 2
+  [ $new -eq 1 ] && : > "$log"
+  if [ $show -eq 1 ]; then
+    timeout "$seconds" "$@" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+  else
+    timeout "$seconds" "$@" >> "$log" 2>&1 || rc=$?
+  fi
+  [ $rc -eq 0 ] || status=1
+  return $rc
 }
 
 package() {
@@ -218,16 +249,14 @@ run_python() {
   export LD_LIBRARY_PATH="$PWD/build-py/libs" PYTHONPATH="$PWD/build-py"
   export LOCKSTEP_BIN="$(realpath "$DIST")/bin/lockstep" LOCKSTEP_SOURCE_DIR="$PWD"
   echo "== python tests (backend cpu and cuda)"
-  timeout 300 "$py" -m pytest -q -rs -p no:cacheprovider python/tests --junitxml="$OUT/python_tests.xml" \
-      > "$OUT/python_tests.log" 2>&1 || status=1
+  run_part --new "$OUT/python_tests.log" 300 \
+      "$py" -m pytest -q -rs -p no:cacheprovider python/tests --junitxml="$OUT/python_tests.xml"
   tail -15 "$OUT/python_tests.log"
   echo "== Python engine loop against the C++ serving loop (llama-1b, CUDA)"
-  {
-    timeout 200 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" --model llama-1b \
-        --backend cuda --batch 16 --new-tokens 64 --json "$OUT/python_loop.json" &&
-    timeout 60 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" --model tiny --backend cuda \
-        --batch 16 --new-tokens 64
-  } > "$OUT/python_loop.log" 2>&1 || status=1
+  run_part --new "$OUT/python_loop.log" 200 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" \
+      --model llama-1b --backend cuda --batch 16 --new-tokens 64 --json "$OUT/python_loop.json" &&
+    run_part "$OUT/python_loop.log" 60 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" \
+        --model tiny --backend cuda --batch 16 --new-tokens 64
   cat "$OUT/python_loop.log"
   echo "gpu-run python: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
@@ -246,8 +275,7 @@ hf_fixtures() {
              tests/fixtures/hf/qwen2 tests/fixtures/hf/qwen3 tests/fixtures/hf/mistral \
              tests/fixtures/hf/bamba; do
     echo "== HF fixture $dir" >> "$log"
-    timeout 60 "$DIST/bin/lockstep_hf_oracle_check" "$dir" "/tmp/hf_fixtures/$(basename "$dir").json" \
-        >> "$log" 2>&1 || status=1
+    run_part "$log" 60 "$DIST/bin/lockstep_hf_oracle_check" "$dir" "/tmp/hf_fixtures/$(basename "$dir").json"
   done
   grep -E "^== HF fixture|vs HF|hf oracle: (PASS|FAIL)|error" "$log" | tail -30
   env -u LD_LIBRARY_PATH python3 - "$json" /tmp/hf_fixtures/*.json <<'PY' 2>&1 | tee -a "$log"
@@ -271,15 +299,15 @@ run_families() {
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== layer-op and backend GPU tests"
-  timeout 120 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/gpu_tests.log" 120 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
-      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
+      --gtest_output="json:$OUT/gpu_tests.json"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -20
   echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
   hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
   echo "== benchmark: qwen3-0.6b and qwen2.5-7b"
-  timeout 200 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" --shapes qwen3-0.6b,qwen2.5-7b \
-      > "$OUT/gpu_bench.log" 2>&1 || status=1
+  run_part --new "$OUT/gpu_bench.log" 200 \
+      "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" --shapes qwen3-0.6b,qwen2.5-7b
   cat "$OUT/gpu_bench.log"
   echo "gpu-run families: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
@@ -290,23 +318,18 @@ run_families() {
 # then the simulator's world on the CUDA backend over 20 seeds (checkers and twin runs).
 spec_cli() {
   local log="$1" status=0
-  {
-    echo "== CLI on CUDA, speculative: generate --verify-width 4 --drafter ngram --record, replay --backend cuda"
-    timeout 30 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
-        --verify-width 4 --drafter ngram --record /tmp/cli_cuda_spec.trace -o /tmp/cli_cuda_spec.jsonl &&
-    timeout 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda_spec.trace --backend cuda -q &&
-    "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda_spec.trace | grep -E "drafter" | head -2
-  } >> "$log" 2>&1 || status=1
-  {
-    echo "== sim on CUDA: lockstep sim --backend cuda --seeds 1..20"
-    timeout 90 "$DIST/bin/lockstep" sim --backend cuda --seeds 1..20
-  } >> "$log" 2>&1 || status=1
+  echo "== CLI on CUDA, speculative: generate --verify-width 4 --drafter ngram --record, replay --backend cuda" >> "$log"
+  run_part "$log" 30 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
+      --verify-width 4 --drafter ngram --record /tmp/cli_cuda_spec.trace -o /tmp/cli_cuda_spec.jsonl &&
+    run_part "$log" 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda_spec.trace --backend cuda -q &&
+    { "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda_spec.trace | grep -E "drafter" | head -2; } >> "$log" 2>&1 ||
+    status=1
+  echo "== sim on CUDA: lockstep sim --backend cuda --seeds 1..20" >> "$log"
+  run_part "$log" 90 "$DIST/bin/lockstep" sim --backend cuda --seeds 1..20
   # Speculative mode over 20 seeds (W 2..8 drawn per seed), the n-gram drafter on every seed
   # (oracle-mix is CPU-only).
-  {
-    echo "== sim on CUDA: lockstep sim --backend cuda --spec --drafter ngram --seeds 1..20"
-    timeout 120 "$DIST/bin/lockstep" sim --backend cuda --spec --drafter ngram --seeds 1..20
-  } >> "$log" 2>&1 || status=1
+  echo "== sim on CUDA: lockstep sim --backend cuda --spec --drafter ngram --seeds 1..20" >> "$log"
+  run_part "$log" 120 "$DIST/bin/lockstep" sim --backend cuda --spec --drafter ngram --seeds 1..20
   grep -E "IDENTICAL|DIVERGED|drafter|^1\.\.20|checkers|twin run|FAILED|error" "$log" | tail -14
   return $status
 }
@@ -325,14 +348,13 @@ with open(sys.argv[1], "w") as f:
         prompt = [r.randrange(3, 500) for _ in range(r.randrange(16, 257))]
         f.write(json.dumps({"id": 1000 + i, "prompt": prompt, "max_new_tokens": r.randrange(32, 193)}) + "\n")
 PY
-  {
-    echo "== report of a CUDA trace: generate --backend cuda --verify-width 4 --drafter ngram --record"
-    timeout 60 "$DIST/bin/lockstep" generate --model llama-1b --prompts "$dir/prompts.jsonl" --backend cuda \
-        --verify-width 4 --drafter ngram --record "$dir/cuda.trace" -o "$dir/out.jsonl" -q
-  } > "$dir/report.log" 2>&1 || status=1
+  echo "== report of a CUDA trace: generate --backend cuda --verify-width 4 --drafter ngram --record" \
+      > "$dir/report.log"
+  run_part "$dir/report.log" 60 "$DIST/bin/lockstep" generate --model llama-1b --prompts "$dir/prompts.jsonl" \
+      --backend cuda --verify-width 4 --drafter ngram --record "$dir/cuda.trace" -o "$dir/out.jsonl" -q
   # A replay that diverges still gets its report: the page shows where.
-  timeout 60 "$DIST/bin/lockstep" replay "$dir/cuda.trace" --backend cuda -q --json "$dir/replay.json" \
-      >> "$dir/report.log" 2>&1 || status=1
+  run_part "$dir/report.log" 60 \
+      "$DIST/bin/lockstep" replay "$dir/cuda.trace" --backend cuda -q --json "$dir/replay.json"
   local replayed=()
   [ -s "$dir/replay.json" ] && replayed=(--replay-json "$dir/replay.json")
   {
@@ -358,7 +380,7 @@ run_report() {
 spec_bench() {
   local log="$1" json="$2" status=0
   echo "== speculative decoding benchmark (llama-1b, W 4 + ngram vs W 1)" | tee -a "$log"
-  timeout 60 "$DIST/bin/lockstep_gpu_spec_bench" /tmp/gpu_spec_bench.json >> "$log" 2>&1 || status=1
+  run_part "$log" 60 "$DIST/bin/lockstep_gpu_spec_bench" /tmp/gpu_spec_bench.json
   grep -E "batch|tokens/s" "$log" | tail -6
   env -u LD_LIBRARY_PATH python3 - "$json" /tmp/gpu_spec_bench.json <<'PY' 2>&1 | tee -a "$log"
 import json, os, sys
@@ -380,9 +402,9 @@ run_spec() {
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== drafter GPU tests"
-  timeout 120 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/spec.log" 120 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Widths/NgramKernel.*:CudaDrafterOptions.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*:CudaStateOps.*' \
-      --gtest_output="json:$OUT/spec_tests.json" > "$OUT/spec.log" 2>&1 || status=1
+      --gtest_output="json:$OUT/spec_tests.json"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/spec.log" | tail -30
   spec_cli "$OUT/spec.log" || status=1
   spec_bench "$OUT/spec.log" "$OUT/gpu_spec_bench.json" || status=1
@@ -402,24 +424,20 @@ run() {
 
   echo "== GPU tests"
   # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
-  timeout 90 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/gpu_tests.log" 90 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='-CudaLlama1b.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*' \
-      --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1 || status=1
-  timeout 100 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='CudaLlama1b.*' \
-      >> "$OUT/gpu_tests.log" 2>&1 || status=1
+      --gtest_output="json:$OUT/gpu_tests.json"
+  run_part "$OUT/gpu_tests.log" 100 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='CudaLlama1b.*'
   # Speculative decoding against W = 1 and against the CPU's drafts (tiny, fp32; CPU-bound part).
-  timeout 90 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*' \
-      >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  run_part "$OUT/gpu_tests.log" 90 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*'
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/gpu_tests.log" | tail -52
 
   echo "== CLI on CUDA: generate --backend cuda --record, replay --backend cuda (exact), inspect"
-  {
-    echo "== CLI on CUDA"
-    timeout 30 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
-        --record /tmp/cli_cuda.trace -o /tmp/cli_cuda.jsonl &&
-    timeout 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda.trace --backend cuda -q
-  } >> "$OUT/gpu_tests.log" 2>&1 || status=1
+  echo "== CLI on CUDA" >> "$OUT/gpu_tests.log"
+  run_part "$OUT/gpu_tests.log" 30 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl \
+      --backend cuda --record /tmp/cli_cuda.trace -o /tmp/cli_cuda.jsonl &&
+    run_part "$OUT/gpu_tests.log" 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda.trace --backend cuda -q
   {
     timeout 30 "$DIST/bin/lockstep" replay /tmp/cli_cuda.trace --mode teacher-forced -q
     "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda.trace | head -5
@@ -441,12 +459,10 @@ run() {
 
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ] && [ -f tests/hf_oracle.py ]; then
     echo "== HF oracle"
-    {
-      rm -rf /tmp/hf_oracle
-      PYTHONUNBUFFERED=1 timeout 150 env -u LD_LIBRARY_PATH python3 tests/hf_oracle.py \
-          --out-dir /tmp/hf_oracle &&
-      timeout 45 "$DIST/bin/lockstep_hf_oracle_check" /tmp/hf_oracle "$OUT/hf_oracle.json"
-    } > "$OUT/hf_oracle.log" 2>&1 || status=1
+    rm -rf /tmp/hf_oracle
+    run_part --new "$OUT/hf_oracle.log" 150 \
+        env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 python3 tests/hf_oracle.py --out-dir /tmp/hf_oracle &&
+      run_part "$OUT/hf_oracle.log" 45 "$DIST/bin/lockstep_hf_oracle_check" /tmp/hf_oracle "$OUT/hf_oracle.json"
     tail -8 "$OUT/hf_oracle.log"
   fi
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
@@ -455,20 +471,18 @@ run() {
   fi
 
   echo "== benchmark"
-  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" > "$OUT/gpu_bench.log" 2>&1 || status=1
+  run_part --new "$OUT/gpu_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json"
   cat "$OUT/gpu_bench.log"
   spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
   echo "== decode attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
-  timeout 30 "$DIST/bin/lockstep_gpu_attention_bench" 2>&1 | tee -a "$OUT/gpu_bench.log" || status=1
+  run_part --show "$OUT/gpu_bench.log" 30 "$DIST/bin/lockstep_gpu_attention_bench"
 
   echo "== PyTorch peer (one CUDA graph per step) and HF generate"
-  PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 timeout 90 \
-      env -u LD_LIBRARY_PATH python3 bench/torch_peer.py --json /tmp/torch_peer.json \
-      2>&1 | tee -a "$OUT/gpu_bench.log" || status=1
+  run_part --show "$OUT/gpu_bench.log" 90 env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 \
+      TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python3 bench/torch_peer.py --json /tmp/torch_peer.json
   # HF generate on its own clock: it starts no case after 75 s.
-  PYTHONUNBUFFERED=1 timeout 120 env -u LD_LIBRARY_PATH python3 bench/torch_peer.py \
-      --json /tmp/hf_generate.json --hf-only --hf-budget-s 75 \
-      2>&1 | tee -a "$OUT/gpu_bench.log" || status=1
+  run_part --show "$OUT/gpu_bench.log" 120 env -u LD_LIBRARY_PATH PYTHONUNBUFFERED=1 \
+      python3 bench/torch_peer.py --json /tmp/hf_generate.json --hf-only --hf-budget-s 75
   env -u LD_LIBRARY_PATH python3 - "$OUT/gpu_bench.json" /tmp/torch_peer.json /tmp/hf_generate.json <<'PY' 2>&1 | tee -a "$OUT/gpu_bench.log"
 import json, sys
 try:
@@ -508,19 +522,18 @@ run_recording() {
   begin_mode lockstep_gpu_bench
   local status=0 log="$OUT/recording_tests.log" trace=/tmp/gpu_run_recording.trace
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
-  timeout 150 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddVocabularies/RecordKernel.*:Vocabularies/RecordKernelAdversarial.*:CudaRecord.*:CudaDeterminism.*' > "$log" 2>&1 || status=1
-  {
-    echo "== CLI on CUDA: generate --record, replay --backend cuda, replay teacher-forced (CPU), check"
-    timeout 40 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
-        --record "$trace" -o /tmp/gpu_run_recording.jsonl -q && echo "generate rc=0" || status=1
-    timeout 40 "$DIST/bin/lockstep" replay "$trace" --backend cuda -q || status=1
-    timeout 60 "$DIST/bin/lockstep" replay "$trace" --mode teacher-forced -q || true  # agreement
-    timeout 30 "$DIST/bin/lockstep" check "$trace" || status=1
-  } >> "$log" 2>&1
+  run_part --new "$log" 150 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='OddVocabularies/RecordKernel.*:Vocabularies/RecordKernelAdversarial.*:CudaRecord.*:CudaDeterminism.*'
+  echo "== CLI on CUDA: generate --record, replay --backend cuda, replay teacher-forced (CPU), check" >> "$log"
+  run_part "$log" 40 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda \
+      --record "$trace" -o /tmp/gpu_run_recording.jsonl -q && echo "generate rc=0" >> "$log"
+  run_part "$log" 40 "$DIST/bin/lockstep" replay "$trace" --backend cuda -q
+  # The agreement only: teacher-forced on the CPU is informational here.
+  timeout 60 "$DIST/bin/lockstep" replay "$trace" --mode teacher-forced -q >> "$log" 2>&1
+  run_part "$log" 30 "$DIST/bin/lockstep" check "$trace"
   grep -E '^\[  (PASSED|FAILED) |FAILED TEST|determinism:|cuda record:|IDENTICAL|agreement|invariant|VIOLATION' "$log" | tail -20
-  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/recording_bench.json" --recording \
-      > "$OUT/recording_bench.log" 2>&1 || status=1
+  run_part --new "$OUT/recording_bench.log" 300 \
+      "$DIST/bin/lockstep_gpu_bench" "$OUT/recording_bench.json" --recording
   # The CPU reference's recording cost too, on this host's idle cores (the benchmark's own
   # Google Benchmark figures; the generate workload five times).
   {
@@ -545,21 +558,20 @@ run_tp() {
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32
   echo "== TP GPU tests"
-  timeout 300 "$DIST/bin/lockstep_gpu_tp_tests" --gtest_output="json:$OUT/tp_tests.json" \
-      > "$OUT/tp_tests.log" 2>&1 || status=1
-  timeout 60 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='NcclComm.*' >> "$OUT/tp_tests.log" 2>&1 || status=1
-  {
-    echo "== CLI on CUDA at TP 2: generate --record, replay exact at TP 2, teacher-forced at TP 1"
-    timeout 60 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda --tp 2 \
-        --record /tmp/cli_cuda_tp2.trace -o /tmp/cli_cuda_tp2.jsonl &&
-    "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda_tp2.trace | grep -E "TP|collectives" &&
-    timeout 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_tp2.trace --backend cuda -q &&
-    timeout 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_tp2.trace --backend cuda --tp 1 \
-        --mode teacher-forced -q
-  } >> "$OUT/tp_tests.log" 2>&1 || status=1
+  local log="$OUT/tp_tests.log"
+  run_part --new "$log" 300 "$DIST/bin/lockstep_gpu_tp_tests" --gtest_output="json:$OUT/tp_tests.json"
+  run_part "$log" 60 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='NcclComm.*'
+  echo "== CLI on CUDA at TP 2: generate --record, replay exact at TP 2, teacher-forced at TP 1" >> "$log"
+  run_part "$log" 60 "$DIST/bin/lockstep" generate --prompts examples/prompts.jsonl --backend cuda --tp 2 \
+      --record /tmp/cli_cuda_tp2.trace -o /tmp/cli_cuda_tp2.jsonl &&
+    { "$DIST/bin/lockstep" trace inspect /tmp/cli_cuda_tp2.trace | grep -E "TP|collectives"; } >> "$log" 2>&1 &&
+    run_part "$log" 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_tp2.trace --backend cuda -q &&
+    run_part "$log" 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_tp2.trace --backend cuda --tp 1 \
+        --mode teacher-forced -q ||
+    status=1
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|TP 2 vs TP 1|exact replay at TP|IDENTICAL|DIVERGED|agreement|collectives' \
-      "$OUT/tp_tests.log" | tail -30
-  timeout 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/tp_bench.json" --tp 2 > "$OUT/tp_bench.log" 2>&1 || status=1
+      "$log" | tail -30
+  run_part --new "$OUT/tp_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/tp_bench.json" --tp 2
   cat "$OUT/tp_bench.log"
   echo "gpu-run tp: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
@@ -570,31 +582,51 @@ run_hybrid() {
   local status=0
   { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== hybrid GPU tests"
-  timeout 200 "$DIST/bin/lockstep_gpu_tests" \
+  local tests="$OUT/hybrid_tests.log" bench="$OUT/hybrid_bench.log"
+  run_part --new "$tests" 200 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRecord.*:HybridRefusals.*' \
-      --gtest_output="json:$OUT/hybrid_tests.json" > "$OUT/hybrid_tests.log" 2>&1 || status=1
-  {
-    echo "== HF fixture tests/fixtures/hf/bamba"
-    timeout 60 "$DIST/bin/lockstep_hf_oracle_check" tests/fixtures/hf/bamba /tmp/hf_bamba.json
-  } >> "$OUT/hybrid_tests.log" 2>&1 || status=1
-  {
-    echo "== CLI on CUDA, a hybrid: generate --backend cuda --record, replay --backend cuda (exact)"
-    timeout 60 "$DIST/bin/lockstep" generate --model tests/fixtures/hf/bamba \
-        --prompts examples/prompts.jsonl --backend cuda --record /tmp/cli_cuda_bamba.trace \
-        -o /tmp/cli_cuda_bamba.jsonl &&
-    timeout 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_bamba.trace --backend cuda
-  } >> "$OUT/hybrid_tests.log" 2>&1 || status=1
+      --gtest_output="json:$OUT/hybrid_tests.json"
+  echo "== HF fixture tests/fixtures/hf/bamba" >> "$tests"
+  run_part "$tests" 60 "$DIST/bin/lockstep_hf_oracle_check" tests/fixtures/hf/bamba /tmp/hf_bamba.json
+  echo "== CLI on CUDA, a hybrid: generate --backend cuda --record, replay --backend cuda (exact)" >> "$tests"
+  run_part "$tests" 60 "$DIST/bin/lockstep" generate --model tests/fixtures/hf/bamba \
+      --prompts examples/prompts.jsonl --backend cuda --record /tmp/cli_cuda_bamba.trace \
+      -o /tmp/cli_cuda_bamba.jsonl &&
+    run_part "$tests" 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_bamba.trace --backend cuda
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|hybrid, CUDA|vs HF|hf oracle: (PASS|FAIL)|IDENTICAL|DIVERGED|error' \
-      "$OUT/hybrid_tests.log" | tail -30
+      "$tests" | tail -30
   echo "== benchmark: bamba-9b decode at batch 1 and 64"
-  timeout 330 "$DIST/bin/lockstep_gpu_bench" "$OUT/hybrid_bench.json" --hybrid \
-      > "$OUT/hybrid_bench.log" 2>&1 || status=1
-  {
-    echo "== one Bamba-9B mixer layer alone (lockstep_gpu_mamba_bench)"
-    timeout 120 "$DIST/bin/lockstep_gpu_mamba_bench"
-  } >> "$OUT/hybrid_bench.log" 2>&1 || status=1
-  cat "$OUT/hybrid_bench.log"
+  run_part --new "$bench" 330 "$DIST/bin/lockstep_gpu_bench" "$OUT/hybrid_bench.json" --hybrid
+  echo "== one Bamba-9B mixer layer alone (lockstep_gpu_mamba_bench)" >> "$bench"
+  run_part "$bench" 120 "$DIST/bin/lockstep_gpu_mamba_bench"
+  cat "$bench"
   echo "gpu-run hybrid: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
+# The decode GEMV's fused forms (issue 14): their bit-for-bit tests against the unfused kernels
+# (llama-1b and llama-8b layer shapes, tokens 1..8), the GEMV and layer-op tests, the backend
+# tests and the determinism test (its trace replayed exactly with and without fusion), the HF
+# fixtures (Qwen's biases and head norms, Bamba's partial rotary take the partly fused path), then
+# `lockstep_gpu_bench --fusion` (llama-1b and llama-8b, batch 1, 4, 8, context 1024), ~4 min.
+run_fusion() {
+  begin_mode lockstep_gpu_bench
+  local status=0
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
+  echo "== decode fusion, layer-op and backend GPU tests"
+  run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
+      --gtest_output="json:$OUT/gpu_tests.json"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|determinism' "$OUT/gpu_tests.log" | tail -24
+  if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
+    echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
+    hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
+  fi
+  echo "== benchmark: fused vs unfused decode"
+  run_part --new "$OUT/fusion_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" \
+      "$OUT/fusion_bench.json" --fusion
+  cat "$OUT/fusion_bench.log"
+  echo "gpu-run fusion: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
   return $status
 }
 
@@ -609,5 +641,6 @@ case "${1:-run}" in
   report) run_report ;;
   tp) run_tp ;;
   hybrid) run_hybrid ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  fusion) run_fusion ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
 esac

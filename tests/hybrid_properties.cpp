@@ -5,31 +5,21 @@
 #include "core/executor.h"
 #include "core/model/weights.h"
 #include "core/scheduler.h"
+#include "proptest/rc_support.h"
 #include "sim/checkers.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cstdlib>
 #include <map>
-#include <sstream>
 
 namespace ls::hybrid_props {
 
 namespace {
 
-constexpr uint64_t kCiSeed = 20261219;
-constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
 constexpr int32_t kContextLength = 64;
 constexpr int64_t kStepsMax = 5000;
 constexpr uint64_t kWeightsSeed = 3;
-
-class QuietListener final : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
 
 const ModelWeights& weights() {
   static const ModelWeights w = weights_from_seed(model_config_named("tiny-hybrid"), kWeightsSeed);
@@ -156,7 +146,7 @@ std::string HybridWorkload::describe() const {
 void showValue(const HybridWorkload& w, std::ostream& os) { os << w.describe(); }
 
 rc::Gen<HybridWorkload> gen_hybrid_workload() {
-  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+  return rc::gen::resize(rc_support::kGenSize, rc::gen::exec([] {
     HybridWorkload w;
     w.max_batch_rows = *rc::gen::inRange(2, 5);
     w.page_size = 1 << *rc::gen::inRange(1, 4);  // 2, 4 or 8: prompts cross several pages
@@ -207,27 +197,11 @@ std::string state_slots_kept(const HybridWorkload& w) {
 }
 
 std::optional<std::string> counterexample(Property property, int cases) {
-  rc::detail::TestParams params = rc::detail::configuration().testParams;
-  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
-  params.maxSuccess = cases;
-  params.maxSize = kGenSize;
-  std::string last;  // RapidCheck runs the shrunk case last
-  const auto testable = [&] {
+  const bool tokens = property == Property::kTokens;
+  return rc_support::run_property(tokens ? "hybrid/tokens" : "hybrid/slots", cases, [&] {
     const HybridWorkload w = *gen_hybrid_workload();
-    const std::string failure = property == Property::kTokens
-                                    ? tokens_same_across_chunkings_and_retraction(w)
-                                    : state_slots_kept(w);
-    if (!failure.empty()) last = failure;
-    RC_ASSERT(failure.empty());
-  };
-  QuietListener quiet;
-  const std::string id = property == Property::kTokens ? "hybrid/tokens" : "hybrid/slots";
-  const rc::detail::TestResult result = rc::detail::checkTestable(
-      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
-  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
-  std::ostringstream text;
-  rc::detail::printResultMessage(result, text);
-  return fmt::format("{}\n{}", last, text.str());
+    return tokens ? tokens_same_across_chunkings_and_retraction(w) : state_slots_kept(w);
+  });
 }
 
 }  // namespace ls::hybrid_props

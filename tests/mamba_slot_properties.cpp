@@ -3,32 +3,22 @@
 #include "core/check.h"
 #include "core/forward_op.h"
 #include "core/scheduler.h"
+#include "proptest/rc_support.h"
 #include "sim/checkers.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cstdlib>
 #include <map>
 #include <optional>
-#include <sstream>
 
 namespace ls::mamba_props {
 
 namespace {
 
-constexpr uint64_t kCiSeed = 20261219;
-constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
 constexpr int32_t kVocab = 64;
 constexpr int32_t kContextLength = 48;
 constexpr int64_t kStepsMax = 4000;
-
-class QuietListener final : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
 
 // What a model would have returned: one token per prefill row, one accepted per decode row (W 1).
 StepResult fake_result(const ForwardOp& op, int64_t step) {
@@ -71,7 +61,7 @@ std::string SlotWorkload::describe() const {
 void showValue(const SlotWorkload& w, std::ostream& os) { os << w.describe(); }
 
 rc::Gen<SlotWorkload> gen_slot_workload() {
-  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+  return rc::gen::resize(rc_support::kGenSize, rc::gen::exec([] {
     SlotWorkload w;
     w.max_batch_rows = *rc::gen::inRange(2, 7);
     w.page_size = 1 << *rc::gen::inRange(1, 4);
@@ -139,25 +129,8 @@ std::string working_slots_never_shared(const SlotWorkload& w) {
 }
 
 std::optional<std::string> counterexample(int cases) {
-  rc::detail::TestParams params = rc::detail::configuration().testParams;
-  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
-  params.maxSuccess = cases;
-  params.maxSize = kGenSize;
-  std::string last;  // RapidCheck runs the shrunk case last
-  const auto testable = [&] {
-    const SlotWorkload w = *gen_slot_workload();
-    const std::string failure = working_slots_never_shared(w);
-    if (!failure.empty()) last = failure;
-    RC_ASSERT(failure.empty());
-  };
-  QuietListener quiet;
-  const std::string id = "mamba/working_slots_never_shared";
-  const rc::detail::TestResult result = rc::detail::checkTestable(
-      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
-  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
-  std::ostringstream text;
-  rc::detail::printResultMessage(result, text);
-  return fmt::format("{}\n{}", last, text.str());
+  return rc_support::run_property("mamba/working_slots_never_shared", cases,
+                                  [] { return working_slots_never_shared(*gen_slot_workload()); });
 }
 
 }  // namespace ls::mamba_props

@@ -6,6 +6,7 @@
 #include "core/logits_digest.h"
 #include "core/serving_loop.h"
 #include "core/step_observer.h"
+#include "proptest/rc_support.h"
 #include "tests/hybrid_checkpoint.h"
 
 #include <fmt/format.h>
@@ -15,22 +16,12 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <sstream>
 
 namespace ls::prefix_props {
 
 namespace {
 
-constexpr uint64_t kCiSeed = 20261901;
-constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
 constexpr int32_t kContextLength = 96;
-
-class QuietListener final : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
 
 // Digests every logits row of every step by (request, position): a prefill row's last token, a
 // decode row's input (vcl after the step − 1: W = 1, one token accepted). A position computed
@@ -169,7 +160,7 @@ std::string PrefixWorkload::describe() const {
 void showValue(const PrefixWorkload& w, std::ostream& os) { os << w.describe(); }
 
 rc::Gen<PrefixWorkload> gen_prefix_workload() {
-  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+  return rc::gen::resize(rc_support::kGenSize, rc::gen::exec([] {
     PrefixWorkload w;
     HybridWorld& world = w.world;
     world.max_batch_rows = *rc::gen::inRange(1, 4);
@@ -218,29 +209,16 @@ std::string tokens_same_with_and_without_hits(const PrefixWorkload& w) {
 }
 
 std::optional<std::string> counterexample(int cases, int* hits) {
-  rc::detail::TestParams params = rc::detail::configuration().testParams;
-  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
-  params.maxSuccess = cases;
-  params.maxSize = kGenSize;
-  std::string last;  // RapidCheck runs the shrunk case last
   int hit_cases = 0;
-  const auto testable = [&] {
-    const PrefixWorkload w = *gen_prefix_workload();
-    bool hit = false;
-    const std::string failure = check_workload(w, hit);
-    hit_cases += hit ? 1 : 0;
-    if (!failure.empty()) last = failure;
-    RC_ASSERT(failure.empty());
-  };
-  QuietListener quiet;
-  const std::string id = "hybrid/tokens_same_with_and_without_prefix_hits";
-  const rc::detail::TestResult result = rc::detail::checkTestable(
-      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
+  std::optional<std::string> failure =
+      rc_support::run_property("hybrid/tokens_same_with_and_without_prefix_hits", cases, [&] {
+        bool hit = false;
+        const std::string broke = check_workload(*gen_prefix_workload(), hit);
+        hit_cases += hit ? 1 : 0;
+        return broke;
+      });
   if (hits != nullptr) *hits = hit_cases;
-  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
-  std::ostringstream text;
-  rc::detail::printResultMessage(result, text);
-  return fmt::format("{}\n{}", last, text.str());
+  return failure;
 }
 
 }  // namespace ls::prefix_props

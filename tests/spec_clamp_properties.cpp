@@ -6,6 +6,7 @@
 #include "core/invariants.h"
 #include "core/model/weights.h"
 #include "core/sampling.h"
+#include "proptest/rc_support.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,24 +14,12 @@
 #include <rapidcheck.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <functional>
 #include <memory>
-#include <sstream>
 
 namespace ls::spec_props {
 
 namespace {
-
-constexpr uint64_t kCiSeed = 20240501;
-constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
-
-class QuietListener final : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
 
 const ModelWeights& weights() {
   static const ModelWeights w = weights_from_seed(model_config_named("tiny"), 7);
@@ -242,7 +231,7 @@ void showValue(const ClampWorkload& w, std::ostream& os) { os << w.describe(); }
 
 rc::Gen<ClampWorkload> gen_clamp_workload() {
   // At RapidCheck's nominal size every range below is drawn in full from the first case on.
-  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+  return rc::gen::resize(rc_support::kGenSize, rc::gen::exec([] {
     ClampWorkload w;
     w.seed = *rc::gen::inRange<uint64_t>(1, uint64_t{1} << 32);
     w.verify_width = *rc::gen::inRange(2, 9);
@@ -265,25 +254,8 @@ rc::Gen<ClampWorkload> gen_clamp_workload() {
 
 std::optional<std::string> counterexample(const std::string& id, const ClampProperty& property,
                                           int cases) {
-  rc::detail::TestParams params = rc::detail::configuration().testParams;
-  // CI's cases are fixed; RC_PARAMS (a printed reproduce line, or another seed) overrides.
-  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
-  params.maxSuccess = cases;
-  params.maxSize = kGenSize;
-  std::string last;  // RapidCheck runs the shrunk case last
-  const auto testable = [&] {
-    const ClampWorkload w = *gen_clamp_workload();
-    const std::string failure = property(w);
-    if (!failure.empty()) last = failure;  // names the workload
-    RC_ASSERT(failure.empty());
-  };
-  QuietListener quiet;
-  const rc::detail::TestResult result = rc::detail::checkTestable(
-      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
-  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
-  std::ostringstream text;
-  rc::detail::printResultMessage(result, text);
-  return fmt::format("{}\n{}", last, text.str());
+  // The property's failure names the workload.
+  return rc_support::run_property(id, cases, [&] { return property(*gen_clamp_workload()); });
 }
 
 std::string vcl_within_context(const ClampWorkload& w) {

@@ -1,6 +1,7 @@
 // The context-clamp properties over generated speculative workloads (tests/spec_clamp_properties.h)
 // hold on the production core; tests/spec_clamp_planted_test.cpp shows each one failing when the
 // clamp is applied at only one of its two sites.
+#include "proptest/rc_support.h"
 #include "tests/spec_clamp_properties.h"
 
 #include <gtest/gtest.h>
@@ -33,7 +34,7 @@ TEST(SpecClampProperties, WorkloadsReachTheContextLimitWithWideRows) {
   const rc::Gen<ClampWorkload> gen = gen_clamp_workload();
   int32_t near_limit = 0, wide = 0;
   for (uint64_t i = 0; i < kCases; ++i) {
-    const ClampWorkload w = gen(rc::Random(20240501 + i), 100).value();
+    const ClampWorkload w = gen(rc::Random(rc_support::kCiSeed + i), rc_support::kGenSize).value();
     wide += w.verify_width >= 6 ? 1 : 0;
     for (int32_t length : w.prompt_lengths) near_limit += length + w.verify_width > w.context_length ? 1 : 0;
   }

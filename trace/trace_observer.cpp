@@ -1,5 +1,7 @@
 #include "trace/trace_observer.h"
 
+#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_BUILD_ID
+
 #include <fmt/format.h>
 
 #include <fstream>
@@ -87,13 +89,7 @@ ExecutorOptions recording_executor_options() {
                          .top_logits_count = kTopLogitsCountMax};
 }
 
-std::string build_id() {
-#ifdef LOCKSTEP_BUILD_ID
-  return LOCKSTEP_BUILD_ID;
-#else
-  return "lockstep (unknown build)";
-#endif
-}
+std::string build_id() { return LOCKSTEP_BUILD_ID; }
 
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,

@@ -77,30 +77,39 @@ TEST(CudaDeterminism, TraceRecordedOnCudaReplaysBitIdentical) {
                 static_cast<long>(done.steps_count), static_cast<long>(done.tokens_generated),
                 path.string().c_str());
   }
-  // Recorded with graphs and the forward's kernels overlapped (the defaults); replayed in every
-  // combination: neither changes a bit (the logits rows' digests compare every logit).
-  for (const auto& [graphs_on, overlap_on] : {std::pair{true, true}, std::pair{false, true},
-                                              std::pair{true, false}, std::pair{false, false}}) {
-    const bool graphs = graphs_on, overlap = overlap_on;
+  // Recorded with graphs, the forward's kernels overlapped and the decode GEMV's fused forms (the
+  // defaults); replayed in every combination of the first two, and unfused with and without
+  // graphs: none changes a bit (the logits rows' digests compare every logit).
+  struct Replayed {
+    bool graphs, overlap, fused;
+  };
+  for (const Replayed r : {Replayed{true, true, true}, Replayed{false, true, true},
+                           Replayed{true, false, true}, Replayed{false, false, true},
+                           Replayed{true, true, false}, Replayed{false, true, false}}) {
+    const bool graphs = r.graphs, overlap = r.overlap, fused = r.fused;
     replay::ReplayOptions options;
     options.mode = replay::ReplayMode::kExact;
     options.weights = &weights;
-    options.make_backend = [graphs, overlap](const ModelWeights& w, const ExecutorConfig& c,
-                                             const std::string& /*drafter: none in this trace*/,
-                                             int32_t /*tp_degree: 1 in this trace*/) {
-      return make_cuda_backend(w, c, CudaBackendOptions{.graphs = graphs, .overlap_kernels = overlap});
+    options.make_backend = [graphs, overlap, fused](const ModelWeights& w, const ExecutorConfig& c,
+                                                    const std::string& /*drafter: none here*/,
+                                                    int32_t /*tp_degree: 1 in this trace*/) {
+      return make_cuda_backend(w, c, CudaBackendOptions{.graphs = graphs,
+                                                        .overlap_kernels = overlap,
+                                                        .fuse_decode = fused});
     };
     const replay::ReplayReport report = replay::replay_trace(path, options);
     EXPECT_EQ(report.header.machine.gpu_name, cuda_machine_info().gpu_name);
     EXPECT_EQ(report.backend, "cuda");
     EXPECT_GE(report.steps_compared, kStepsMin);
     EXPECT_FALSE(report.divergence.has_value())
-        << "graphs " << graphs << " overlap " << overlap << ": diverged at step " << report.divergence->step << ", field "
+        << "graphs " << graphs << " overlap " << overlap << " fused " << fused
+        << ": diverged at step " << report.divergence->step << ", field "
         << report.divergence->field << ": expected " << report.divergence->expected << ", actual "
         << report.divergence->actual;
-    std::printf("determinism: exact replay on CUDA (graphs %d, kernels overlapped %d): %ld steps "
-                "compared, %s\n",
-                graphs ? 1 : 0, overlap ? 1 : 0, static_cast<long>(report.steps_compared),
+    std::printf("determinism: exact replay on CUDA (graphs %d, kernels overlapped %d, decode "
+                "fused %d): %ld steps compared, %s\n",
+                graphs ? 1 : 0, overlap ? 1 : 0, fused ? 1 : 0,
+                static_cast<long>(report.steps_compared),
                 report.divergence ? "DIVERGED" : "IDENTICAL");
   }
   replay::ReplayOptions cpu_options;

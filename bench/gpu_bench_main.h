@@ -1,0 +1,54 @@
+// The start every kernel-alone GPU benchmark shares (lockstep_gpu_attention_bench,
+// lockstep_gpu_mamba_bench): a CUDA check that exits, `--iterations N`, and the header line that
+// names the subject and the device.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+
+// A failed CUDA call in a benchmark: the call site and CUDA's message, then exit 1.
+#define CHECK(call)                                                                        \
+  do {                                                                                     \
+    const cudaError_t status_ = (call);                                                    \
+    if (status_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(status_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+namespace ls::bench {
+
+struct KernelBench {
+  const char* name;          // the binary, for --help
+  const char* description;   // what it measures, for --help
+  const char* subject;       // the header line's start, before the device
+  int32_t iterations = 20;   // timed launches per case unless --iterations says otherwise
+};
+
+// Parses the command line (exit 0 for --help, 2 for a bad flag), prints "<subject>, <GPU>, <N>
+// SMs", then runs `cases` with the iterations per case; main's exit status.
+inline int run_kernel_bench(int argc, char** argv, const KernelBench& bench,
+                            const std::function<void(int32_t iterations)>& cases) {
+  int32_t iterations = bench.iterations;
+  CLI::App app{bench.description, bench.name};
+  app.add_option("--iterations", iterations, "Timed launches per case")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %s, %d SMs\n", bench.subject, prop.name, prop.multiProcessorCount);
+  cases(iterations);
+  return 0;
+}
+
+}  // namespace ls::bench
