@@ -127,11 +127,6 @@ void Executor::validate_state_copy(const CacheOp& op) const {
              to_string(op.kind), op.state_slot, config_.mamba_slots_count);
   LS_REQUIRE(!op.host_pages.empty(), "cache op {}: state_slot {} with no pages: the state "
              "travels with the first host page", to_string(op.kind), op.state_slot);
-  // TODO(trace): trace/trace.capnp's CacheOp has no state slot yet, so a replay could not copy
-  // the state; refused rather than recorded without it.
-  LS_REQUIRE(!options_.record, "cache op {}: recording a swap of recurrent state (state_slot {}) "
-             "is not implemented: the trace's cache ops carry no state slot", to_string(op.kind),
-             op.state_slot);
 }
 
 // Returns the number of refresh slices cut at the table width (counted once the op is accepted).

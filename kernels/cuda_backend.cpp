@@ -184,10 +184,6 @@ void CudaBackend::collect_finish(const StepPlan& plan, StepResult& result) {
 void CudaBackend::copy_pages(const CacheOp& op) {
   Impl& m = *impl_;
   LS_ASSERT(op.device_pages.size() == op.host_pages.size(), "unpaired page copy");
-  // The executor refuses a state slot on a backend without recurrent state, and this one refuses
-  // host pages for a model with Mamba layers (refuse_unsupported_hybrid): its swaps carry KV
-  // pages only.
-  LS_ASSERT(op.state_slot == -1, "cuda backend: cache op with state slot {}", op.state_slot);
   const size_t p = static_cast<size_t>(m.config.page_size);
   const size_t kv = static_cast<size_t>(m.kv_size);
   const size_t l = static_cast<size_t>(m.kv_layers);
@@ -213,6 +209,7 @@ void CudaBackend::copy_pages(const CacheOp& op) {
       }
     }
   }
+  m.enqueue_state_copy(op);  // a hybrid's working state travels with the pages
 }
 
 StateSnapshot CudaBackend::read_state(std::span<const int32_t> pool_rows) const {

@@ -164,6 +164,7 @@ struct CudaBackend::Impl {
   void refuse_unsupported_hybrid() const;
   void index_layer_kinds();
   void initialise_mamba();
+  void enqueue_state_copy(const CacheOp& op);
   void upload_mamba_layer(int32_t layer, const LayerWeights& w);
   kernels::MambaShape mamba_shape() const;
   kernels::MambaLayerParams mamba_params(int32_t mamba_index) const;
@@ -253,6 +254,9 @@ struct CudaBackend::Impl {
   // The state digests' chunk sums (launch_mamba_state_digests) over max_batch_rows slots.
   DeviceArray<uint32_t> mamba_digest_partials;
   std::array<PinnedArray<int32_t>, 2> host_mamba_staging;  // by step parity
+  // [host_pages_count, mamba_slot_floats] fp32: a swapped-out request's working state, kept with
+  // its first host page (CacheOp::state_slot).
+  PinnedArray<float> host_mamba_states;
   int32_t mamba_layers = 0;
   std::vector<int32_t> mamba_index;  // [layers] the layer's Mamba index, or −1
   int32_t kv_layers = 0;             // the attention layers: every layer but a hybrid's Mamba ones

@@ -1,11 +1,12 @@
 // A hybrid model's Mamba2 layers on the CUDA backend (issue 19): what it refuses, the mixer's
-// weights, the recurrent-state pool in the CPU reference's layout, a step's state lists staged
-// beside its words, and the state rules — copy-on-write then zeroing before the forward, the
-// DECODE step's page-boundary checkpoints after the commit — as kernels reading device lists, so
-// that a decode graph replays them (CpuBackend::apply_state_rules and
-// CpuBackend::snapshot_mamba_checkpoints are the reference).
+// weights, the recurrent-state pool in the CPU reference's layout and its host side (retraction by
+// swap), a step's state lists staged beside its words, and the state rules — copy-on-write then
+// zeroing before the forward, the DECODE step's page-boundary checkpoints after the commit — as
+// kernels reading device lists, so that a decode graph replays them (CpuBackend::apply_state_rules
+// and CpuBackend::snapshot_mamba_checkpoints are the reference).
 #include "kernels/cuda_backend_impl.h"
 
+#include "core/host_memory.h"
 #include "core/model/weights.h"
 
 #include <cuda_runtime.h>
@@ -27,10 +28,6 @@ void CudaBackend::Impl::refuse_unsupported_hybrid() const {
   LS_REQUIRE(config.verify_width == 1, "cuda backend: verify_width {}: model '{}' has Mamba2 "
              "layers; speculative decoding is not implemented for them (the state after each "
              "verify token; use verify_width 1)", config.verify_width, model.name);
-  LS_REQUIRE(config.host_pages_count == 0, "cuda backend: host_pages_count {}: model '{}' has "
-             "Mamba2 layers; retraction by swap (the working state carried with the pages) is "
-             "implemented on the CPU backend only (use host_pages_count 0: retraction by "
-             "recompute)", config.host_pages_count, model.name);
   LS_REQUIRE(config.mamba_slots_count >= 1, "cuda backend: model '{}' has {} Mamba2 layers but "
              "mamba_slots_count is 0: its requests need recurrent-state slots", model.name,
              model.mamba_layers_count());
@@ -62,7 +59,8 @@ void CudaBackend::Impl::index_layer_kinds() {
 
 // Zero states (a request's first chunk zeroes its slot anyway) and workspace (the graphs'
 // warm-ups run the mixer over rows of no tokens, whose outputs read it), every list −1
-// (padding), and the pinned buffers the lists are packed into.
+// (padding), the pinned buffers the lists are packed into, and the host states of retraction by
+// swap: one per host page, zeroed, as on the CPU reference (CpuModel::copy_host_state).
 void CudaBackend::Impl::initialise_mamba() {
   if (!hybrid()) return;
   const cudaStream_t s = stream.get();
@@ -71,6 +69,34 @@ void CudaBackend::Impl::initialise_mamba() {
   LS_CUDA(cudaMemsetAsync(mamba_staging.get(), 0xff, mamba_staging.bytes(), s));
   const MambaStagingLayout o(rows_max);
   for (auto& buffer : host_mamba_staging) buffer = PinnedArray<int32_t>(o.staged_words);
+  const uint64_t host_floats =
+      static_cast<uint64_t>(mamba_slot_floats) * static_cast<uint64_t>(config.host_pages_count);
+  require_host_memory(host_floats * sizeof(float),
+                      fmt::format("cuda backend: the pinned host recurrent states ({} host pages "
+                                  "of {} floats)", config.host_pages_count, mamba_slot_floats));
+  host_mamba_states = PinnedArray<float>(static_cast<size_t>(host_floats));
+  std::fill(host_mamba_states.get(), host_mamba_states.get() + host_mamba_states.count(), 0.0f);
+}
+
+// A cache op's recurrent state (CacheOp::state_slot >= 0): the slot's state out to the host state
+// of the op's first host page, or back from it into the slot, queued on the stream like the op's
+// page copies — behind every step enqueued before it (a step in flight finishes writing the
+// state before it is copied out) and ahead of every later one.
+void CudaBackend::Impl::enqueue_state_copy(const CacheOp& op) {
+  if (op.state_slot == -1) return;
+  LS_ASSERT(hybrid(), "cuda backend: cache op with state slot {} on a model without Mamba layers",
+            op.state_slot);
+  LS_ASSERT(op.state_slot >= 0 && op.state_slot < config.mamba_slots_count,
+            "state slot {} of {}", op.state_slot, config.mamba_slots_count);
+  LS_ASSERT(!op.host_pages.empty(), "state slot {} with no host page", op.state_slot);
+  const size_t n = static_cast<size_t>(mamba_slot_floats);
+  float* device = mamba_pool.get() + static_cast<size_t>(op.state_slot) * n;
+  float* host = host_mamba_states.get() + static_cast<size_t>(op.host_pages.front()) * n;
+  if (op.kind == CacheOpKind::kSwapOut) {
+    LS_CUDA(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, stream.get()));
+  } else {
+    LS_CUDA(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, stream.get()));
+  }
 }
 
 // Layer `layer`'s mixer tensors from the host (its linear ones in the storage type).

@@ -57,9 +57,8 @@ std::vector<std::string> sim_model_names() { return {"tiny", "tiny-hybrid"}; }
 namespace {
 
 // A hybrid world (issue 19): a working slot per batch row, checkpoint slots for the prefix cache
-// when the seed draws it; retraction by swap is not in it yet (a swap of recurrent state cannot be
-// recorded: the trace's CacheOp has no state slot), so the seed's host pages are overridden
-// (describe() says so). Speculative decoding and TP are refused by name.
+// when the seed draws it; host pages as the seed draws them (a swap carries the working state
+// with the pages, CacheOp::state_slot). Speculative decoding and TP are refused by name.
 void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   const std::vector<std::string> names = sim_model_names();
   LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
@@ -75,7 +74,6 @@ void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   // fewer than the cached page ends a run makes, so the pool runs dry and takes back the least
   // recently used.
   p.mamba_slots_count = p.prefix_cache ? 2 * p.max_batch_rows + 2 : p.max_batch_rows;
-  p.host_pages_count = 0;
 }
 
 }  // namespace
@@ -152,10 +150,9 @@ std::string SimParams::describe() const {
                     : std::string();
   const std::string hybrid =
       recurrent_state
-          ? fmt::format("\n  model {}: Mamba2 state slots {} ({} working, {} checkpoints); host "
-                        "pages 0 (swap of recurrent state is not in the hybrid world yet: a trace "
-                        "cannot record it)", model, mamba_slots_count, max_batch_rows,
-                        mamba_slots_count - max_batch_rows)
+          ? fmt::format("\n  model {}: Mamba2 state slots {} ({} working, {} checkpoints); a "
+                        "swap carries the working state with the pages", model, mamba_slots_count,
+                        max_batch_rows, mamba_slots_count - max_batch_rows)
           : std::string();
   return fmt::format(
       "seed {}\n"

@@ -1,31 +1,37 @@
 # `lockstep sim --model tiny-hybrid` (issue 19): the acceptance sweep (200 seeds, every fault site
-# on), a recorded seed that retracts by recompute replaying identically and checking clean, and
-# the refusals by name of what a hybrid world does not run.
+# on), recorded seeds that retract by recompute (8) and by swap (14: the working state carried with
+# the pages) replaying identically and checking clean, and the refusals by name of what a hybrid
+# world does not run.
 execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seeds 1..200 --faults all
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
 if(NOT status EQUAL 0 OR NOT out MATCHES "1\\.\\.200 +0 ")
   message(FATAL_ERROR "the hybrid sweep failed (${status}):\n${out}\n${err}")
 endif()
-set(trace ${WORKDIR}/cli-sim-hybrid-11.trace)
-file(REMOVE ${trace})
-execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seed 11 --faults all --record ${trace}
-                OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "checkers: all passed" OR NOT out MATCHES "twin run: same fingerprint"
-   OR NOT out MATCHES "swap of recurrent state is not in the hybrid world yet"
-   OR NOT out MATCHES "--model tiny-hybrid")
-  message(FATAL_ERROR "hybrid sim seed 11 failed (${status}):\n${out}\n${err}")
-endif()
-if(NOT out MATCHES "retractions: 0 swap, [1-9][0-9]* recompute")
-  message(FATAL_ERROR "hybrid seed 11 with every site on no longer retracts by recompute:\n${out}")
-endif()
-execute_process(COMMAND ${LOCKSTEP} replay ${trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
-  message(FATAL_ERROR "replay of the hybrid seed was not identical (${status}):\n${out}")
-endif()
-execute_process(COMMAND ${LOCKSTEP} check ${trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
-  message(FATAL_ERROR "check of the hybrid seed failed (${status}):\n${out}")
-endif()
+foreach(case "8;0 swap, [1-9][0-9]* recompute" "14;[1-9][0-9]* swap, 0 recompute")
+  list(GET case 0 seed)
+  list(GET case 1 retractions)
+  set(trace ${WORKDIR}/cli-sim-hybrid-${seed}.trace)
+  file(REMOVE ${trace})
+  execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seed ${seed} --faults all --record ${trace}
+                  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
+  if(NOT status EQUAL 0 OR NOT out MATCHES "checkers: all passed" OR NOT out MATCHES "twin run: same fingerprint"
+     OR NOT out MATCHES "a swap carries the working state with the pages"
+     OR NOT out MATCHES "--model tiny-hybrid")
+    message(FATAL_ERROR "hybrid sim seed ${seed} failed (${status}):\n${out}\n${err}")
+  endif()
+  if(NOT out MATCHES "retractions: ${retractions}")
+    message(FATAL_ERROR "hybrid seed ${seed} with every site on no longer retracts as "
+                        "'${retractions}':\n${out}")
+  endif()
+  execute_process(COMMAND ${LOCKSTEP} replay ${trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
+  if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
+    message(FATAL_ERROR "replay of hybrid seed ${seed} was not identical (${status}):\n${out}")
+  endif()
+  execute_process(COMMAND ${LOCKSTEP} check ${trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
+  if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
+    message(FATAL_ERROR "check of hybrid seed ${seed} failed (${status}):\n${out}")
+  endif()
+endforeach()
 # `trace inspect` shows each output row's working-slot digest.
 execute_process(COMMAND ${LOCKSTEP} trace inspect ${trace} --steps 0:3 --request 1000 OUTPUT_VARIABLE out
                 RESULT_VARIABLE status)

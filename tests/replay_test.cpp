@@ -245,6 +245,81 @@ TEST_F(PlantedDivergence, OneSamplingSeedIsReportedAtItsStepRequestAndField) {
   expect_divergence(planted, "tokens", copy);
 }
 
+// ---- Retraction by swap on a hybrid: the state slot of a cache op (CacheOp::state_slot) ----
+
+// Seed 14 of the hybrid world with every fault site on retracts three times by swap (its page
+// pressure and host pages), each swap copying the request's working state with its pages.
+sim::SimOverrides hybrid_with_every_fault() {
+  sim::SimOverrides o;
+  o.model = "tiny-hybrid";
+  std::vector<sim::FaultSite> all;
+  for (int i = 0; i < sim::kFaultSitesCount; ++i) all.push_back(static_cast<sim::FaultSite>(i));
+  o.faults = all;
+  return o;
+}
+constexpr uint64_t kHybridSwapSeed = 14;
+
+// The cache ops of a trace, in order.
+std::vector<CacheOp> cache_ops_of(const fs::path& path) {
+  trace::TraceReader reader = trace::TraceReader::open(path);
+  std::vector<CacheOp> ops;
+  trace::TraceRecord record;
+  while (reader.next(record)) {
+    if (const auto* in = std::get_if<trace::StepInputRecord>(&record)) {
+      ops.insert(ops.end(), in->cache_ops.begin(), in->cache_ops.end());
+    }
+  }
+  return ops;
+}
+
+// Recorded with the swaps' state slots, the run replays IDENTICAL in exact mode; the same trace
+// with the swap-ins' state slots dropped (-1: the state left behind) diverges, so replay does
+// re-apply the recorded slot.
+TEST(RecordReplay, AHybridRunThatSwapsItsStateReplaysIdentical) {
+  const fs::path path = temp_path("hybrid-swap.trace");
+  const sim::SimSummary summary = record_seed(kHybridSwapSeed, hybrid_with_every_fault(), path);
+  ASSERT_TRUE(summary.passed());
+  int32_t swap_outs = 0, swap_ins = 0;
+  for (const CacheOp& c : cache_ops_of(path)) {
+    EXPECT_GE(c.state_slot, 0) << "a hybrid's swap without its state";
+    ++(c.kind == CacheOpKind::kSwapOut ? swap_outs : swap_ins);
+  }
+  ASSERT_GT(swap_outs, 0) << "seed " << kHybridSwapSeed << " no longer swaps";
+  ASSERT_GT(swap_ins, 0);
+  const replay::ReplayReport clean = replay::replay_trace(path, {});
+  ASSERT_FALSE(clean.divergence) << clean.divergence->describe();
+  EXPECT_EQ(clean.steps_compared, clean.steps_replayed);
+  const fs::path copy = temp_path("hybrid-swap-no-state.trace");
+  int64_t first_swap_in = -1;
+  rewrite(path, copy, [&](trace::TraceRecord& r) {
+    auto* in = std::get_if<trace::StepInputRecord>(&r);
+    if (!in) return;
+    for (CacheOp& c : in->cache_ops) {
+      if (c.kind != CacheOpKind::kSwapIn) continue;
+      c.state_slot = -1;
+      if (first_swap_in < 0) first_swap_in = in->step;
+    }
+  });
+  ASSERT_GE(first_swap_in, 0);
+  const replay::ReplayReport dropped = replay::replay_trace(copy, {});
+  ASSERT_TRUE(dropped.divergence) << "a swap-in without its state replayed identically";
+  EXPECT_GE(dropped.divergence->step, first_swap_in);
+}
+
+// tests/fixtures/trace/format3-tiny-swap-no-state-slot.trace was recorded by the build before
+// CacheOp.stateSlot existed (2cbf2ac: `lockstep sim --seed 11 --faults page-pressure --requests 6
+// --no-twin --record …`): its cache ops lack the field, read -1, and it still replays IDENTICAL.
+TEST(ReplayCompatibility, ATraceFromBeforeTheStateSlotStillReplays) {
+  const fs::path fixture =
+      fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/trace/format3-tiny-swap-no-state-slot.trace";
+  const std::vector<CacheOp> ops = cache_ops_of(fixture);
+  ASSERT_GE(ops.size(), 2u) << "the fixture's swap out and back in";
+  for (const CacheOp& c : ops) EXPECT_EQ(c.state_slot, -1);
+  const replay::ReplayReport r = replay::replay_trace(fixture, {});
+  ASSERT_FALSE(r.divergence) << r.divergence->describe();
+  EXPECT_EQ(r.steps_compared, 55);
+}
+
 TEST(ReplayRefuses, WeightsWithAnotherDigestNamingBoth) {
   const fs::path path = temp_path("digest.trace");
   record_seed(4, {}, path);

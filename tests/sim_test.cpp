@@ -111,8 +111,8 @@ TEST(SimSweep, EverySiteOnAtOnce) {
 }
 
 // The world on tiny-hybrid (issue 19) with every fault site on: the recurrent-state checkers after
-// every step, prefix hits through checkpoint slots, retraction by recompute only (no swap: not in
-// the hybrid world yet).
+// every step, prefix hits through checkpoint slots, retraction by recompute and by swap (the
+// working state carried with the pages), host pages as the seed draws them.
 TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   SimOverrides overrides;
   overrides.model = "tiny-hybrid";
@@ -122,20 +122,22 @@ TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   const SweepTotals t = sweep(1, 40, overrides);
   EXPECT_EQ(t.failed, 0);
   EXPECT_GT(t.retract_recompute, 0);
-  EXPECT_EQ(t.retract_swap, 0);
+  EXPECT_GT(t.retract_swap, 0);
   EXPECT_GT(t.prefix_hits, 0);
-  int32_t with_cache = 0;
+  int32_t with_cache = 0, with_host_pages = 0;
   for (uint64_t seed = 1; seed <= 40; ++seed) {
     const SimParams p = derive_params(seed, overrides);
     EXPECT_TRUE(p.recurrent_state);
-    EXPECT_EQ(p.host_pages_count, 0);
     EXPECT_EQ(p.mamba_slots_count, p.prefix_cache ? 2 * p.max_batch_rows + 2 : p.max_batch_rows);
     with_cache += p.prefix_cache ? 1 : 0;
+    with_host_pages += p.host_pages_count > 0 ? 1 : 0;
   }
   EXPECT_GT(with_cache, 0);
   EXPECT_LT(with_cache, 40);
+  EXPECT_GT(with_host_pages, 0);
+  EXPECT_LT(with_host_pages, 40);
   const SimParams p = derive_params(1, overrides);
-  EXPECT_NE(p.describe().find("swap of recurrent state is not in the hybrid world yet"),
+  EXPECT_NE(p.describe().find("a swap carries the working state with the pages"),
             std::string::npos);
   EXPECT_NE(reproduce_command(p, overrides).find("--model tiny-hybrid"), std::string::npos);
   // The same seed on tiny draws the same world but for what the hybrid overrides.
@@ -143,6 +145,7 @@ TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   tiny.model = "tiny";
   EXPECT_EQ(derive_params(1, tiny).max_batch_rows, p.max_batch_rows);
   EXPECT_EQ(derive_params(1, tiny).requests_count, p.requests_count);
+  EXPECT_EQ(derive_params(1, tiny).host_pages_count, p.host_pages_count);
 }
 
 TEST(SimParams, AHybridRefusesWhatItCannotRunByName) {

@@ -111,6 +111,12 @@ void check_cache_op(const CacheOp& c, size_t k, const TraceHeader& h) {
                "cache_ops[{}].host_pages[{}] = {} is outside [0, host_pages_count = {})", k, i,
                c.host_pages[i], h.executor.host_pages_count);
   }
+  LS_REQUIRE(c.state_slot >= -1 && c.state_slot < h.executor.mamba_slots_count,
+             "cache_ops[{}].state_slot = {} is outside [-1, mamba_slots_count = {})", k,
+             c.state_slot, h.executor.mamba_slots_count);
+  LS_REQUIRE(c.state_slot == -1 || !c.host_pages.empty(),
+             "cache_ops[{}].state_slot = {} with no pages: the state travels with the first host "
+             "page", k, c.state_slot);
 }
 
 }  // namespace

@@ -302,6 +302,7 @@ void encode(const StepInputRecord& record, schema::StepInput::Builder out) {
                                                          : schema::CacheOpKind::SWAP_IN);
     fill_list(cache_ops[i].initDevicePages(static_cast<unsigned>(c.device_pages.size())), c.device_pages);
     fill_list(cache_ops[i].initHostPages(static_cast<unsigned>(c.host_pages.size())), c.host_pages);
+    cache_ops[i].setStateSlot(c.state_slot);
   }
   const StepFaults& f = record.faults;
   if (f.empty()) return;
@@ -330,6 +331,7 @@ void decode(schema::StepInput::Reader in, StepInputRecord& out) {
                                                                       : CacheOpKind::kSwapIn;
     copy_list(cache_ops[i].getDevicePages(), c.device_pages);
     copy_list(cache_ops[i].getHostPages(), c.host_pages);
+    c.state_slot = cache_ops[i].getStateSlot();
   }
   out.faults = StepFaults{};
   if (!in.hasFaults()) return;

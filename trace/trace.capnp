@@ -108,7 +108,9 @@
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
 #   reader ignores fields it does not know. (Issue 19's mambaStateDigests is such an addition:
 #   format 3 still; a reader from before skips them, and their header flag reads false in older
-#   files.) `formatVersion` changes only when a reader of an
+#   files. CacheOp.stateSlot is another: it reads −1 in older files, whose cache ops never
+#   carried a state; a reader from before would skip it, so a swapped hybrid's trace needs a
+#   reader that knows it to replay.) `formatVersion` changes only when a reader of an
 #   older version must refuse the file; additive changes keep it. Version 2 (checksummed
 #   framing) is refused by name since version 3 (a cheaper logits digest, DIGESTS); version 1
 #   files (no framing) are refused by name.
@@ -293,6 +295,11 @@ struct CacheOp {
   kind @0 :CacheOpKind;
   devicePages @1 :List(Int32);        # in [1, pagesCount)
   hostPages @2 :List(Int32);          # in [0, hostPagesCount), pairwise with devicePages
+  # Issue 19: −1, or (a model with Mamba layers, at least one page) the recurrent-state slot in
+  # [0, mambaSlotsCount) whose working state travels with the pages: swapOut copies it into the
+  # host state of hostPages[0], swapIn copies that host state into it. Replay re-applies the
+  # copy. Older traces lack the field and read −1 (no state copied): format 3 still.
+  stateSlot @3 :Int32 = -1;
 }
 
 struct StepFaults {

@@ -255,6 +255,7 @@ py::dict input_to_dict(trace::StepInputRecord& in) {
     o["kind"] = std::string(to_string(c.kind));
     o["device_pages"] = c.device_pages;
     o["host_pages"] = c.host_pages;
+    o["state_slot"] = c.state_slot;  // -1, or the recurrent-state slot copied with the pages
     cache_ops.append(o);
   }
   d["cache_ops"] = cache_ops;

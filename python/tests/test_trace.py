@@ -165,6 +165,20 @@ def test_open_trace_over_a_simulator_trace(lockstep_bin, tmp_path):
     assert trace.truncation is None
 
 
+def test_cache_ops_carry_the_state_slot_of_a_hybrid_swap(lockstep_bin, tmp_path):
+    # Seed 14 of the hybrid world with every fault site on retracts by swap: each cache op carries
+    # the working slot whose state travels with its pages; the tiny model's swaps carry none.
+    path = tmp_path / "hybrid.trace"
+    run_cli(lockstep_bin, "sim", "--model", "tiny-hybrid", "--seed", "14", "--faults", "all",
+            "--record", path, "--no-twin")
+    ops = [c for r in lockstep.open_trace(path) if r.kind == "step_input" for c in r.cache_ops]
+    assert {c["kind"] for c in ops} == {"swap_out", "swap_in"}
+    assert all(0 <= c["state_slot"] and c["host_pages"] for c in ops), ops
+    fixture = SOURCE_DIR / "tests/fixtures/trace/format3-tiny-swap-no-state-slot.trace"
+    old = [c for r in lockstep.open_trace(fixture) if r.kind == "step_input" for c in r.cache_ops]
+    assert old and all(c["state_slot"] == -1 for c in old), old
+
+
 def test_open_trace_reports_corruption_with_the_offset(lockstep_bin, tmp_path):
     path = tmp_path / "sim.trace"
     run_cli(lockstep_bin, "sim", "--seed", "3", "--record", path, "--no-twin")

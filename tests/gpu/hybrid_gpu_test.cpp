@@ -5,7 +5,8 @@
 // in decode graphs; and the CUDA claims for a hybrid compared bit for bit: the same run twice,
 // graphs against eager, and a request's results whatever its co-batch, pool row and slot; a
 // recorded step's state digests computed on the device against the host's digest of the slot,
-// and a hybrid trace recorded on CUDA replayed bit-identical on it.
+// a hybrid trace recorded on CUDA replayed bit-identical on it, and retraction by swap (the
+// working state copied out with the pages and back in) bit-identical to no retraction.
 #include "core/cpu_backend.h"
 #include "core/executor.h"
 #include "core/logits_digest.h"
@@ -31,6 +32,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <variant>
 
 namespace ls {
 namespace {
@@ -493,6 +495,210 @@ TEST(HybridRecord, ATraceRecordedOnCudaReplaysBitIdentical) {
                 report.divergence ? "DIVERGED" : "IDENTICAL");
   }
   fs::remove(path);
+}
+
+// ---- Retraction by swap: the working state copied out with the pages and back in -------------
+
+// A script of steps and, between them, the cache ops the scheduler would run (copy_pages).
+using ScriptItem = std::variant<ForwardOp, CacheOp>;
+
+constexpr RequestId kOther = 7;
+constexpr int32_t kBeforeSwap = 4;  // the subject's decode steps before it is swapped out
+constexpr int32_t kAfterSwap = 8;   // and after it is back
+constexpr int32_t kSwappedPages = (kPrompt + kBeforeSwap + 3) / 4;  // P 4: every page of its vcl
+
+// The subject (request 42, pool row 1, slot 0, pages 20..35) prefills its 37 tokens and decodes
+// kBeforeSwap steps; then another request prefills alone; then the subject decodes kAfterSwap
+// more steps. `swap`: in between the subject is swapped out (its pages 20.. to host pages 0..,
+// slot 0's state with them), the other request takes its slot and its first pages (its first
+// chunk zeroes the slot, its KV overwrites the pages), and the subject comes back on pool row 3,
+// slot 5 and pages 100.. — a swap-in of the host pages and the state, and a decode row resuming
+// at its vcl with its last token as input, as Scheduler::recover_by_swap plans it. Without
+// `swap` the subject stays where it is and the other request uses slot 1 and pages 60..: every
+// step has the same shapes in both scripts.
+std::vector<ScriptItem> swap_script(bool swap, int32_t last_token) {
+  std::vector<ScriptItem> items;
+  ForwardOp prefill;
+  prefill.rows.push_back(prefill_row(kSubject, 1, 0, kPrompt, kPrompt));
+  prefill.rows[0].mamba_working = 0, prefill.rows[0].refresh = {0, pages_from(20, 16)};
+  prefill.rows[0].sampling = SamplingParams{};
+  prefill.prefill_token_ids = prompt_for(kSubject, kPrompt);
+  items.emplace_back(prefill);
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(kSubject, 1));
+  decode.rows[0].mamba_working = 0;
+  for (int32_t s = 0; s < kBeforeSwap; ++s) items.emplace_back(decode);
+  const std::vector<int32_t> host_pages = pages_from(0, kSwappedPages);
+  if (swap) {
+    items.emplace_back(CacheOp{.kind = CacheOpKind::kSwapOut,
+                               .device_pages = pages_from(20, kSwappedPages),
+                               .host_pages = host_pages, .state_slot = 0});
+  }
+  ForwardOp other;
+  other.rows.push_back(prefill_row(kOther, 2, 0, 20, 20));
+  other.rows[0].mamba_working = swap ? 0 : 1;
+  other.rows[0].refresh = {0, pages_from(swap ? 20 : 60, 6)};
+  other.rows[0].sampling = SamplingParams{};
+  other.prefill_token_ids = prompt_for(kOther, 20);
+  items.emplace_back(other);
+  if (!swap) {
+    for (int32_t s = 0; s < kAfterSwap; ++s) items.emplace_back(decode);
+    return items;
+  }
+  items.emplace_back(CacheOp{.kind = CacheOpKind::kSwapIn,
+                             .device_pages = pages_from(100, kSwappedPages),
+                             .host_pages = host_pages, .state_slot = 5});
+  ForwardOp resume;
+  resume.rows.push_back(decode_row(kSubject, 3));
+  OpRow& row = resume.rows[0];
+  row.mamba_working = 5, row.refresh = {0, pages_from(100, 16)}, row.sampling = SamplingParams{};
+  row.decode_override = last_token, row.hist_token_length = kPrompt + kBeforeSwap;
+  items.emplace_back(resume);
+  ForwardOp back = decode;
+  back.rows[0].pool_row = 3, back.rows[0].mamba_working = 5;
+  for (int32_t s = 1; s < kAfterSwap; ++s) items.emplace_back(back);
+  return items;
+}
+
+// Each step's logits and tokens, and the subject's working state after each item (a step or a
+// cache op), read from its slot of the moment.
+struct SwapRun {
+  std::vector<StepTrace> steps;
+  std::vector<std::vector<float>> subject_states;
+};
+
+SwapRun run_swap_script(const std::vector<ScriptItem>& items, CudaBackendOptions options) {
+  ExecutorConfig c = rules_config();
+  c.host_pages_count = kSwappedPages + 2;
+  CudaBackend cuda(hybrid(), c, options);
+  Executor executor(c, kVocab, cuda, ExecutorOptions{.capture_logits = true});
+  SwapRun run;
+  int32_t subject_slot = 0;
+  for (const ScriptItem& item : items) {
+    if (const auto* cache_op = std::get_if<CacheOp>(&item)) {
+      executor.copy_pages(*cache_op);
+      if (cache_op->kind == CacheOpKind::kSwapIn) subject_slot = cache_op->state_slot;
+    } else {
+      const StepResult r = executor.step(std::get<ForwardOp>(item));
+      run.steps.push_back(StepTrace{r.logits, r.tokens, {}});
+    }
+    run.subject_states.push_back(cuda.read_mamba_state(subject_slot));
+  }
+  return run;
+}
+
+// The subject's logits rows and tokens of every step it is in, in order.
+std::vector<StepTrace> subject_steps(const SwapRun& run) {
+  std::vector<StepTrace> out;
+  for (size_t s = 0; s < run.steps.size(); ++s) {
+    if (s == 1 + kBeforeSwap) continue;  // the other request's step
+    out.push_back(run.steps[s]);
+  }
+  return out;
+}
+
+// On CUDA (fp32 and bf16, eager and with decode graphs): a request swapped out and back in — its
+// slot and first pages meanwhile taken and overwritten by another request — gives the tokens and
+// logits bits it gives without retraction, its state is restored bit for bit into the new slot,
+// and the request that took its slot gives the same bits too.
+TEST(HybridSwap, ASwappedRequestGivesTheBitsItGivesWithoutRetraction) {
+  LS_SKIP_WITHOUT_DEVICE();
+  for (const CudaPrecision precision : {CudaPrecision::kFp32, CudaPrecision::kBf16}) {
+    for (const bool graphs : {false, true}) {
+      SCOPED_TRACE(fmt::format("{} {}", to_string(precision), graphs ? "graphs" : "eager"));
+      const CudaBackendOptions options{.precision = precision, .graphs = graphs};
+      const SwapRun stay = run_swap_script(swap_script(false, -1), options);
+      // The decode input of the resumed row: the subject's last token before the swap.
+      const int32_t last_token = stay.steps[kBeforeSwap].tokens.at(0);
+      const SwapRun swapped = run_swap_script(swap_script(true, last_token), options);
+      const std::vector<StepTrace> a = subject_steps(stay), b = subject_steps(swapped);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t s = 0; s < a.size(); ++s) {
+        EXPECT_EQ(a[s].tokens, b[s].tokens) << "subject step " << s;
+        EXPECT_TRUE(same_bits(a[s].logits, b[s].logits)) << "subject step " << s;
+      }
+      const size_t other_step = 1 + kBeforeSwap;
+      EXPECT_EQ(stay.steps[other_step].tokens, swapped.steps[other_step].tokens);
+      EXPECT_TRUE(same_bits(stay.steps[other_step].logits, swapped.steps[other_step].logits))
+          << "the other request's first chunk did not start from a zeroed slot";
+      // swapped: items prefill, decodes, swap out, other, swap in, resume...; stay: no cache ops.
+      const size_t before_swap = static_cast<size_t>(kBeforeSwap);  // after the last decode
+      const std::vector<float>& saved = swapped.subject_states[before_swap];
+      EXPECT_TRUE(same_bits(swapped.subject_states[before_swap + 1], saved)) << "swap out";
+      EXPECT_FALSE(same_bits(swapped.subject_states[before_swap + 2], saved))
+          << "the other request did not overwrite the subject's old slot";
+      EXPECT_TRUE(same_bits(swapped.subject_states[before_swap + 3], saved))
+          << "the swap-in did not restore the state into slot 5";
+      EXPECT_TRUE(same_bits(stay.subject_states[before_swap], saved));
+      EXPECT_GT(relative_difference(saved, std::vector<float>(saved.size(), 0.0f)), 0.0);
+    }
+  }
+}
+
+// Counts the scheduler's retractions by path.
+class RetractionCounter final : public StepObserver {
+ public:
+  void on_step_input(int64_t, const ForwardOp&, const std::vector<CacheOp>& cache_ops,
+                     const StepFaults&) override {
+    for (const CacheOp& c : cache_ops) state_slots += c.state_slot >= 0 ? 1 : 0;
+  }
+  void on_step_output(int64_t, const ForwardOp&, const StepResult&, const StateSnapshot&) override {}
+  void on_scheduler_events(int64_t, const std::vector<SchedulerEvent>& events) override {
+    for (const SchedulerEvent& e : events) {
+      if (e.kind == SchedulerEvent::Kind::kRetract) {
+        ++(e.retract_path == RetractPath::kSwap ? swaps : recomputes);
+      }
+    }
+  }
+  int32_t swaps = 0, recomputes = 0, state_slots = 0;
+};
+
+// The served requests through the scheduler, with the run-ahead loop (a recording executor keeps
+// it with an observer), counting retractions.
+gpu_test::Outcomes serve_counting(Backend& backend, const SchedulerConfig& sc,
+                                  const std::vector<RequestSpec>& requests,
+                                  RetractionCounter& counter) {
+  Scheduler scheduler(sc);
+  for (const RequestSpec& r : requests) scheduler.submit(r, kVocab);
+  Executor executor(executor_config_for(sc), kVocab, backend, trace::recording_executor_options());
+  run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &counter});
+  EXPECT_EQ(scheduler.check_accounting(), "");
+  gpu_test::Outcomes out;
+  for (const auto& [id, outcome] : scheduler.outcomes()) out[id] = outcome.tokens;
+  return out;
+}
+
+// The served workload under page pressure that retracts by swap (host pages; each swap carrying
+// the working state), on CUDA fp32 with graphs and the run-ahead loop: the CPU reference's tokens
+// under the same limits are its tokens without retraction (HybridServing.* on the CPU, bit for
+// bit), and CUDA agrees with them as the acceptance asks (≥ 95%); CUDA with and without
+// retraction is printed beside it (its products see other batch shapes, so near-tie tokens may
+// flip: a figure, not a claim).
+TEST(HybridSwap, ServedWithSwapRetractionAgreesWithTheCpu) {
+  LS_SKIP_WITHOUT_DEVICE();
+  SchedulerConfig tight = served_config();
+  tight.pages_count = 48;  // 8 rows of up to 11 pages: requests are retracted and swapped back
+  tight.host_pages_count = 200;
+  const std::vector<RequestSpec> requests = served_requests();
+  RetractionCounter cpu_count, cuda_count, roomy_count;
+  CpuBackend cpu(hybrid(), executor_config_for(tight));
+  const gpu_test::Outcomes expected = serve_counting(cpu, tight, requests, cpu_count);
+  for (const auto& [id, tokens] : expected) ASSERT_EQ(tokens.size(), 32u) << id;
+  const CudaBackendOptions options{.precision = CudaPrecision::kFp32, .graphs = true};
+  CudaBackend cuda(hybrid(), executor_config_for(tight), options);
+  const gpu_test::Outcomes swapped = serve_counting(cuda, tight, requests, cuda_count);
+  EXPECT_GT(cuda_count.swaps, 0) << "no retraction by swap: the pages are not tight enough";
+  EXPECT_GT(cuda_count.state_slots, 0) << "no swap carried a state";
+  const auto agreement = gpu_test::compare(expected, swapped);
+  print_agreement("hybrid with swap retraction, CUDA fp32 graphs vs CPU", agreement);
+  EXPECT_GE(agreement.tokens_equal * 100, agreement.tokens_total * 95);
+  const SchedulerConfig roomy = served_config();
+  CudaBackend cuda_roomy(hybrid(), executor_config_for(roomy), options);
+  const gpu_test::Outcomes unretracted = serve_counting(cuda_roomy, roomy, requests, roomy_count);
+  EXPECT_EQ(roomy_count.swaps + roomy_count.recomputes, 0);
+  print_agreement("hybrid on CUDA fp32, swap retraction vs none", gpu_test::compare(unretracted, swapped));
+  std::printf("hybrid swap: %d swaps on CUDA (%d on the CPU), %d cache ops with a state\n",
+              cuda_count.swaps, cpu_count.swaps, cuda_count.state_slots);
 }
 
 // ---- What the CUDA backend refuses for a hybrid, by name -------------------------------------

@@ -151,7 +151,7 @@ TEST(ReaderRobustness, RandomByteFlipsGiveAnErrorOrAReadablePrefix) {
 class BadRecords : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto recorder = Recorder::open(file_.path(), testing::header_for(ls::testing::small_config()),
+    auto recorder = Recorder::open(file_.path(), testing::header_for(config()),
                                    {.write_footer = false});
     recorder->close();
     bytes_ = testing::read_bytes(file_.path());
@@ -162,8 +162,10 @@ class BadRecords : public ::testing::Test {
     codec::encode(record, init(message.initRoot<schema::Record>()));
     testing::append_framed(bytes_, message);
   }
-  void append_input(int64_t step, const ForwardOp& op) {
-    append(StepInputRecord{step, op}, [](schema::Record::Builder r) { return r.initStepInput(); });
+  virtual ExecutorConfig config() const { return ls::testing::small_config(); }
+  void append_input(int64_t step, const ForwardOp& op, std::vector<CacheOp> cache_ops = {}) {
+    append(StepInputRecord{step, op, std::move(cache_ops)},
+           [](schema::Record::Builder r) { return r.initStepInput(); });
   }
   void append_output(const StepOutputRecord& out) {
     append(out, [](schema::Record::Builder r) { return r.initStepOutput(); });
@@ -251,6 +253,36 @@ TEST_F(BadRecords, OutputWithoutInputAndTooManyOpenSteps) {
   append_input(1, decode_op(1));
   append_input(2, decode_op(1));
   EXPECT_THAT(error(), HasSubstr("at most 2 may be open"));
+}
+
+// Issue 19: a cache op's state slot (CacheOp.stateSlot) is checked like its pages — -1, or a slot
+// of the pool, and only on an op with pages (the state travels with the first host page).
+class BadStateSlots : public BadRecords {
+ protected:
+  ExecutorConfig config() const override {
+    ExecutorConfig c = ls::testing::small_config();
+    c.host_pages_count = 4, c.mamba_slots_count = 3;
+    return c;
+  }
+  static CacheOp swap_in(int32_t state_slot) {
+    return {.kind = CacheOpKind::kSwapIn, .device_pages = {7, 8}, .host_pages = {2, 0},
+            .state_slot = state_slot};
+  }
+};
+
+TEST_F(BadStateSlots, ASlotOutsideThePoolOrWithoutPagesIsRefusedNamingTheField) {
+  const size_t clean = bytes_.size();
+  append_input(0, decode_op(1), {swap_in(-1), swap_in(2)});
+  EXPECT_EQ(error(), "");
+  const auto refused = [&](CacheOp op, const std::string& message) {
+    bytes_.resize(clean);
+    append_input(0, decode_op(1), {swap_in(0), std::move(op)});
+    EXPECT_THAT(error(), AllOf(HasSubstr("step 0 input"), HasSubstr(message)));
+  };
+  refused(swap_in(3), "cache_ops[1].state_slot = 3 is outside [-1, mamba_slots_count = 3)");
+  refused(swap_in(-2), "cache_ops[1].state_slot = -2 is outside [-1, mamba_slots_count = 3)");
+  refused(CacheOp{.kind = CacheOpKind::kSwapOut, .state_slot = 1},
+          "cache_ops[1].state_slot = 1 with no pages: the state travels with the first host page");
 }
 
 TEST(ReaderErrors, NotATraceAndEmptyFile) {

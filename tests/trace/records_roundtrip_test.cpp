@@ -214,12 +214,13 @@ TEST(TraceRoundTrip, HeaderKeepsTheFamilyAndEveryRopeParameter) {
 }
 
 // Issue 19: a hybrid's layer table, its Mamba2 shape and the state pool's size in the header, and
-// every row's recurrent-state slots in the step input, read back as written; the reader refuses
-// a slot outside the pool, naming the row and the field.
+// every row's recurrent-state slots and the cache ops' state slots in the step input, read back as
+// written; the reader refuses a slot outside the pool, naming the row and the field.
 TEST(TraceRoundTrip, HybridHeaderAndStateSlotsReadBack) {
   TempPath file("hybrid");
   ExecutorConfig config = ls::testing::small_config();
   config.mamba_slots_count = 6;
+  config.host_pages_count = 4;
   TraceHeader header = header_for(config, {});
   ModelConfig& m = header.model;
   m.name = "bamba-like";
@@ -233,9 +234,13 @@ TEST(TraceRoundTrip, HybridHeaderAndStateSlotsReadBack) {
   op.rows[0].mamba_working = 0, op.rows[0].mamba_checkpoint_dst = 5;
   op.rows[1].mamba_working = 3, op.rows[1].mamba_cow_src = 4, op.rows[1].mamba_branching_seqlen = 9;
   op.rows[1].hist_token_length = 9, op.rows[1].decode_override = 2;
+  // A swap out carrying slot 5's state with its pages, and one without a state (-1).
+  const std::vector<CacheOp> cache_ops = {
+      {.kind = CacheOpKind::kSwapOut, .device_pages = {9, 10}, .host_pages = {3, 1}, .state_slot = 5},
+      {.kind = CacheOpKind::kSwapIn, .device_pages = {11}, .host_pages = {0}}};
   {
     auto recorder = Recorder::open(file.path(), header);
-    recorder->record_input(0, op);
+    recorder->record_input(0, op, cache_ops, StepFaults{});
     recorder->close();
   }
   TraceReader reader = TraceReader::open(file.path());
@@ -247,6 +252,8 @@ TEST(TraceRoundTrip, HybridHeaderAndStateSlotsReadBack) {
   TraceRecord record;
   ASSERT_TRUE(reader.next(record));
   EXPECT_EQ(std::get<StepInputRecord>(record).op, op);
+  EXPECT_EQ(std::get<StepInputRecord>(record).cache_ops, cache_ops);
+  EXPECT_EQ(std::get<StepInputRecord>(record).cache_ops[0].state_slot, 5);
 
   StepInputRecord bad{.step = 1, .op = op};
   bad.op.rows[1].mamba_cow_src = 6;
