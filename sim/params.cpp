@@ -59,15 +59,14 @@ namespace {
 // A hybrid world (issue 19): a working slot per batch row, checkpoint slots for the prefix cache
 // when the seed draws it; retraction by swap is not in it yet (a swap of recurrent state cannot be
 // recorded: the trace's CacheOp has no state slot), so the seed's host pages are overridden
-// (describe() says so). Speculative decoding and TP are refused by name.
+// (describe() says so). Speculative decoding runs (verify-state slots, core/limits.h); TP is
+// refused by name.
 void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   const std::vector<std::string> names = sim_model_names();
   LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
              "--model '{}': the simulator runs {}", overrides.model, fmt::join(names, ", "));
   p.model = overrides.model;
   if (!model_config_named(p.model).has_recurrent_state()) return;
-  LS_REQUIRE(!overrides.speculative, "--spec: model '{}' has Mamba2 layers; speculative decoding "
-             "is not implemented for them", p.model);
   LS_REQUIRE(overrides.tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor "
              "parallelism is not implemented for them", overrides.tp_degree, p.model);
   p.recurrent_state = true;
