@@ -15,7 +15,7 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(HybridSpecPlanted, TokensOrLogitsDifferWhenTheStateIsOneVerifyTokenLate) {
-  const std::optional<std::string> failure = counterexample(40);
+  const std::optional<std::string> failure = counterexample(100);
   ASSERT_TRUE(failure.has_value()) << "the property never failed against the planted bug";
   std::printf("caught; the shrunk counterexample:\n  %s\n", failure->c_str());
   EXPECT_TRUE(failure->find("with the drafter gives [") != std::string::npos ||

@@ -167,7 +167,7 @@ TEST(HybridSpec, TheWorkingSlotHoldsTheStateAfterTheLastAcceptedToken) {
 }
 
 TEST(HybridSpecProperty, GreedyTokensAreTheSameWithAndWithoutTheDrafter) {
-  const std::optional<std::string> failure = hybrid_spec::counterexample(40);
+  const std::optional<std::string> failure = hybrid_spec::counterexample(100);
   EXPECT_FALSE(failure.has_value()) << *failure;
 }
 

@@ -161,7 +161,9 @@ TEST(HybridSpecGpu, VerifiedRowsCommitAndCheckpointAsTheCpuDoes) {
             << "step " << s << " slot " << kWatched[w];
       }
     }
-    if (graphs) EXPECT_GT(cuda.graph_replays_count(), 0);
+    if (graphs) {
+      EXPECT_GT(cuda.graph_replays_count(), 0);
+    }
   }
 }
 
@@ -238,7 +240,9 @@ TEST_P(HybridSpecServed, GreedyTokensWithTheNgramDrafterEqualWidthOne) {
                   static_cast<long>(run.steps), static_cast<long>(reference.steps));
       EXPECT_EQ(a.equal_count, 16) << "W " << w << ": first mismatch: request " << a.first_mismatch
                                    << " at token " << a.first_mismatch_index;
-      if (graphs) EXPECT_GT(backend.graph_replays_count(), 0);
+      if (graphs) {
+        EXPECT_GT(backend.graph_replays_count(), 0);
+      }
       if (w != 4) continue;
       CpuBackend cpu(hybrid(), executor_config_for(sc), nullptr, false,
                      std::make_unique<NgramDrafter>());
