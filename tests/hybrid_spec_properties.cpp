@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 
@@ -215,12 +216,29 @@ std::string same_with_and_without_drafter(const ModelWeights& weights, const Spe
   return "";
 }
 
-std::vector<RequestSpec> SpecWorkload::requests(int32_t vocab_size) const {
+std::vector<RequestSpec> SpecWorkload::requests(int32_t vocab_size,
+                                               const std::vector<int32_t>& first_generated) const {
   std::vector<RequestSpec> out;
   for (size_t i = 0; i < prompt_lengths.size(); ++i) {
     RequestSpec r;
     r.id = static_cast<RequestId>(i + 1);
-    for (int32_t t = 0; t < prompt_lengths[i]; ++t) {
+    // A follow-up's prompt stays within the ordinary prompts' bound (L − 24).
+    const int64_t room = int64_t{kContextLength} - 24 - static_cast<int64_t>(prompt_lengths[0]) - 1;
+    const int64_t follow =
+        i == 0 || follow_up.empty()
+            ? 0
+            : std::min({int64_t{follow_up[i]}, static_cast<int64_t>(first_generated.size()), room});
+    if (follow > 0) {
+      r.prompt = out[0].prompt;
+      r.prompt.insert(r.prompt.end(), first_generated.begin(),
+                      first_generated.begin() + static_cast<ptrdiff_t>(follow));
+    }
+    const int32_t own = follow > 0 ? std::max<int32_t>(1, std::min<int32_t>(
+                                                              prompt_lengths[i],
+                                                              kContextLength - 24 -
+                                                                  static_cast<int32_t>(r.prompt.size())))
+                                   : prompt_lengths[i];
+    for (int32_t t = 0; t < own; ++t) {
       const uint64_t owner = t < shared_prefix[i] ? 1 : r.id;  // the shared prefix is request 1's
       r.prompt.push_back(static_cast<int32_t>((owner * 131 + static_cast<uint64_t>(t) * 29 + 7) %
                                               static_cast<uint64_t>(vocab_size)));
@@ -232,9 +250,9 @@ std::vector<RequestSpec> SpecWorkload::requests(int32_t vocab_size) const {
 }
 
 std::string SpecWorkload::describe() const {
-  return fmt::format("{} prompts [{}] shared [{}] new [{}]", world.describe(),
+  return fmt::format("{} prompts [{}] shared [{}] new [{}] follow-ups [{}]", world.describe(),
                      fmt::join(prompt_lengths, ", "), fmt::join(shared_prefix, ", "),
-                     fmt::join(new_tokens, ", "));
+                     fmt::join(new_tokens, ", "), fmt::join(follow_up, ", "));
 }
 
 void showValue(const SpecWorkload& w, std::ostream& os) { os << w.describe(); }
@@ -242,7 +260,7 @@ void showValue(const SpecWorkload& w, std::ostream& os) { os << w.describe(); }
 rc::Gen<SpecWorkload> gen_spec_workload() {
   return rc::gen::resize(kGenSize, rc::gen::exec([] {
     SpecWorkload w;
-    w.world.max_batch_rows = *rc::gen::inRange(2, 5);
+    w.world.max_batch_rows = *rc::gen::inRange(1, 5);
     w.world.page_size = 1 << *rc::gen::inRange(1, 4);  // 2, 4 or 8
     w.world.chunk = *rc::gen::inRange(1, 33);
     w.world.verify_width = *rc::gen::inRange(2, 7);
@@ -256,6 +274,7 @@ rc::Gen<SpecWorkload> gen_spec_workload() {
       w.prompt_lengths.push_back(length);
       w.shared_prefix.push_back(*rc::gen::inRange(0, length + 1));
       w.new_tokens.push_back(*rc::gen::inRange(1, 17));
+      w.follow_up.push_back(i > 0 && *rc::gen::inRange(0, 2) == 1 ? *rc::gen::inRange(1, 17) : 0);
     }
     return w;
   }));
@@ -263,8 +282,15 @@ rc::Gen<SpecWorkload> gen_spec_workload() {
 
 std::string tokens_same_with_and_without_drafter(const SpecWorkload& w) {
   const ModelWeights& weights = tiny_hybrid_weights();
+  const int32_t vocab = weights.config.vocab_size;
+  std::vector<int32_t> first_generated;
+  if (std::any_of(w.follow_up.begin(), w.follow_up.end(), [](int32_t f) { return f > 0; })) {
+    const SpecRun first = serve(weights, w.world, {w.requests(vocab).front()}, /*drafted=*/false);
+    if (!first.problem.empty()) return fmt::format("{}: request 1 alone: {}", w.describe(), first.problem);
+    first_generated = first.tokens.at(1);
+  }
   const std::string failure =
-      same_with_and_without_drafter(weights, w.world, w.requests(weights.config.vocab_size));
+      same_with_and_without_drafter(weights, w.world, w.requests(vocab, first_generated));
   return failure.empty() ? "" : fmt::format("{}: {}", w.describe(), failure);
 }
 

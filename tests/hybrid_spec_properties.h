@@ -72,8 +72,14 @@ struct SpecWorkload {
   std::vector<int32_t> prompt_lengths;  // one request each
   std::vector<int32_t> shared_prefix;   // [requests] leading tokens shared with request 1's prompt
   std::vector<int32_t> new_tokens;      // [requests]
+  // [requests] 0, or (requests after the first) how many of request 1's generated tokens (as W = 1
+  // generates them) follow its prompt at the start of this one, so that a hit may stop at a
+  // checkpoint request 1 took while decoding — with B = 1 it finishes first.
+  std::vector<int32_t> follow_up;
 
-  std::vector<RequestSpec> requests(int32_t vocab_size) const;
+  // Without follow-ups; `first_generated` (request 1's W = 1 tokens) supplies them.
+  std::vector<RequestSpec> requests(int32_t vocab_size,
+                                    const std::vector<int32_t>& first_generated = {}) const;
   std::string describe() const;
 };
 

@@ -93,6 +93,29 @@ TEST(HybridSpec, APrefixHitOnACheckpointOfAVerifiedRowGivesTheSameTokens) {
   EXPECT_GT(drafted.prefix_hit_tokens, 0);
 }
 
+// A prefix hit on a checkpoint a verified row snapshotted while decoding: request 1 (a 6-token
+// prompt: its prefill ends no page, so it leaves no checkpoint) decodes 20 tokens with W = 3,
+// crossing page boundaries 8 … 24 inside verify rows; request 2, served after it on the one batch
+// row, prompts with request 1's prompt and first 16 generated tokens and a suffix, so its hit can
+// only stop at a decode-time checkpoint. Its tokens and logits bits equal the W = 1 run's.
+TEST(HybridSpec, APrefixHitOnAVerifiedRowsCheckpointGivesTheSameTokens) {
+  const ModelWeights& weights = hybrid_spec::tiny_hybrid_weights();
+  const int32_t vocab = weights.config.vocab_size;
+  const RequestSpec first{.id = 1, .prompt = prompt_for(1, 6, vocab), .max_new_tokens = 20};
+  hybrid_spec::SpecWorld world{.max_batch_rows = 1, .page_size = 4, .chunk = 8, .verify_width = 3,
+                               .acceptance = 60, .prefix_cache = true};
+  const hybrid_spec::SpecRun alone = hybrid_spec::serve(weights, world, {first}, false);
+  ASSERT_EQ(alone.tokens.at(1).size(), size_t{20});
+  RequestSpec second{.id = 2, .prompt = first.prompt, .max_new_tokens = 6};
+  second.prompt.insert(second.prompt.end(), alone.tokens.at(1).begin(), alone.tokens.at(1).begin() + 16);
+  const std::vector<int32_t> suffix = prompt_for(2, 3, vocab);
+  second.prompt.insert(second.prompt.end(), suffix.begin(), suffix.end());
+  hybrid_spec::SpecRun drafted;
+  EXPECT_EQ(hybrid_spec::same_with_and_without_drafter(weights, world, {first, second}, &drafted), "");
+  EXPECT_GE(drafted.prefix_hit_tokens, 8) << "request 2 hit no checkpoint of request 1's decode";
+  EXPECT_GT(drafted.partial_rows, 0);
+}
+
 // Proposes fixed drafts for the first verify round: `drafts`, once.
 class FixedDrafter final : public Drafter {
  public:
