@@ -19,6 +19,7 @@
 #include "core/scheduler.h"
 #include "core/serving_loop.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/mamba_ops.h"
 #include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/hybrid_checkpoint.h"
@@ -72,6 +73,54 @@ std::vector<int32_t> phrase_prompt(RequestId id, int32_t length, int32_t phrase)
     prompt.push_back(static_cast<int32_t>((id * 53 + static_cast<uint64_t>(t % phrase) * 29 + 7) % kVocab));
   }
   return prompt;
+}
+
+// ---- The pool-op kernels, by hand ----------------------------------------------------------
+
+// The commit's pairs (CpuBackend::commit_verified_state): a verified row with a' = vcl − vcl_before
+// ≥ 1 copies verify-state slot base + a' − 1 into its working slot; a' = 0 (the context clamp), an
+// unverified row (base −1) and a padded row (slot −1) copy nothing.
+TEST(HybridSpecKernels, CommitPairsTakeTheStateAfterTheLastAcceptedToken) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const std::vector<int32_t> slots = {0, 3, 5, 2, -1};
+  const std::vector<int32_t> verify_base = {20, 24, -1, 32, 36};
+  const std::vector<int32_t> pool_rows = {1, 2, 3, 4, 3};
+  const std::vector<int32_t> vcl = {0, 13, 7, 9, 40};  // by pool row
+  const std::vector<int32_t> vcl_before = {10, 7, 8, 38, 8};
+  // a' = 3, 0, (unverified), 2, 1 (padded row): (22 → 0), none, none, (33 → 2), none.
+  const std::vector<int32_t> expected = {22, 0, -1, -1, -1, -1, 33, 2, -1, -1};
+  gpu_test::DeviceBuffer<int32_t> d_slots(slots), d_base(verify_base), d_rows(pool_rows),
+      d_vcl(vcl), d_before(vcl_before), d_pairs(10);
+  ASSERT_EQ(kernels::launch_mamba_verify_commit_pairs(d_slots.ptr, d_base.ptr, 5, d_rows.ptr,
+                                                      d_vcl.ptr, d_before.ptr, d_pairs.ptr, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_pairs.download(), expected);
+}
+
+// The snapshot rule with a drafter on the device (CpuBackend::snapshot_verified_row): P = 4; a
+// verified row with old 6 → new 9 crossed 8 after 2 of its tokens (src base + 1); 6 → 7 crossed
+// nothing; 7 → 8 crossed 8 after its first token (src base + 0); an unverified row keeps the rule
+// without a drafter (vcl 12 ends a page: src = its working slot).
+TEST(HybridSpecKernels, SnapshotPairsFollowTheRuleWithADrafter) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const std::vector<int32_t> pool_rows = {1, 2, 3, 4};
+  const std::vector<int32_t> vcl = {0, 9, 7, 8, 12};  // by pool row
+  const std::vector<int32_t> vcl_before = {6, 6, 7, 11};
+  const std::vector<int32_t> verify_base = {40, 44, 48, -1};
+  const std::vector<int32_t> snapshots = {0, 0, 10, 1, 1, 11, 2, 2, 12, 3, 3, 13};
+  const std::vector<int32_t> expected = {41, 10, -1, -1, 48, 12, 3, 13};
+  gpu_test::DeviceBuffer<int32_t> d_snapshots(snapshots), d_rows(pool_rows), d_vcl(vcl),
+      d_before(vcl_before), d_base(verify_base), d_pairs(8);
+  ASSERT_EQ(kernels::launch_mamba_snapshot_pairs(d_snapshots.ptr, 4, d_rows.ptr, d_vcl.ptr, 4,
+                                                 d_pairs.ptr, nullptr, d_base.ptr, d_before.ptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(d_pairs.download(), expected);
+  // Only one of verify_base and vcl_before: refused.
+  EXPECT_EQ(kernels::launch_mamba_snapshot_pairs(d_snapshots.ptr, 4, d_rows.ptr, d_vcl.ptr, 4,
+                                                 d_pairs.ptr, nullptr, d_base.ptr, nullptr),
+            cudaErrorInvalidValue);
 }
 
 // ---- Step by step against the CPU ---------------------------------------------------------
