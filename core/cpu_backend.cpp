@@ -37,6 +37,7 @@ CpuBackend::CpuBackend(const ModelWeights& weights, const ExecutorConfig& config
   slots_.assign(tokens, 0);
   token_pool_rows_.assign(tokens, 0);
   token_mamba_slots_.assign(tokens, -1);
+  token_verify_slots_.assign(tokens, -1);
   logits_.assign(static_cast<size_t>(config.logits_rows_max()) * vocab_size_, 0.0f);
   vcl_before_.assign(static_cast<size_t>(config.max_batch_rows), 0);
   history_.assign(rows * static_cast<size_t>(history_capacity_), 0);
@@ -100,6 +101,8 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
       slots_[offset + t] = slot_for(table_row, config_.page_size, start + t);
       token_pool_rows_[offset + t] = rpi;
       token_mamba_slots_[offset + t] = plan.mamba_working[row];
+      const int32_t verify_base = plan.mamba_verify_base[row];
+      token_verify_slots_[offset + t] = verify_base < 0 ? -1 : verify_base + t;
     }
   }
   for (int32_t t = 0; t < plan.tokens_count; ++t) {
@@ -112,6 +115,7 @@ void CpuBackend::fill_inputs(const StepPlan& plan) {
   std::fill(token_pool_rows_.begin() + plan.tokens_count, token_pool_rows_.end(), 0);
   std::fill(token_mamba_slots_.begin() + plan.tokens_count, token_mamba_slots_.end(),
             seams::mamba_padding_slot());
+  std::fill(token_verify_slots_.begin() + plan.tokens_count, token_verify_slots_.end(), -1);
   record_input_history(plan);
 }
 
@@ -122,11 +126,39 @@ void CpuBackend::apply_state_rules(const StepPlan& plan) {
   for (const int32_t slot : plan.mamba_zeroes) model_.zero_mamba_state(slot);
 }
 
-// A DECODE step's checkpoints: working → checkpoint where the row's new vcl ends a page.
+// A verified decode row's commit of its recurrent state (seed spec §5 "Commit", for the state):
+// the working slot takes the state after the last accepted token, a' − 1; with a' = 0 (the
+// context clamp) nothing was committed and the working slot keeps the state before the step.
+void CpuBackend::commit_verified_state(const StepPlan& plan, int32_t row, int32_t accepted) {
+  const int32_t base = plan.mamba_verify_base[static_cast<size_t>(row)];
+  if (base < 0 || accepted < 1) return;
+  model_.copy_mamba_state(base + seams::mamba_verify_state_token(accepted, plan.verify_width),
+                          plan.mamba_working[static_cast<size_t>(row)]);
+}
+
+// A DECODE step's checkpoints: working → checkpoint where the row's new vcl ends a page; a
+// verified row by the rule with a drafter.
 void CpuBackend::snapshot_mamba_checkpoints(const StepPlan& plan) {
   for (const MambaSnapshot& s : plan.mamba_snapshots) {
-    if (vcl_[plan.pool_rows[s.row]] % config_.page_size == 0) model_.copy_mamba_state(s.src, s.dst);
+    if (plan.mamba_verify_base[static_cast<size_t>(s.row)] >= 0) {
+      snapshot_verified_row(plan, s);
+    } else if (vcl_[plan.pool_rows[s.row]] % config_.page_size == 0) {
+      model_.copy_mamba_state(s.src, s.dst);
+    }
   }
+}
+
+// Seed spec §4 invariant 6 with a drafter: old = vcl_old, new = old + a', fb = (old div P + 1)·P,
+// the first page boundary past old. The step reached it iff fb ≤ new, and then the state there is
+// the one after fb − old of the row's tokens (step = fb − old − 1, which fb ≤ new ≤ old + W keeps
+// in [0, W − 1]: the seed's clamp never bites).
+void CpuBackend::snapshot_verified_row(const StepPlan& plan, const MambaSnapshot& s) {
+  const int32_t old = vcl_before_[static_cast<size_t>(s.row)];
+  const int32_t now = vcl_[plan.pool_rows[s.row]];
+  const int32_t boundary = (old / config_.page_size + 1) * config_.page_size;
+  if (boundary > now) return;
+  const int32_t token = seams::mamba_verify_state_token(boundary - old, plan.verify_width);
+  model_.copy_mamba_state(plan.mamba_verify_base[static_cast<size_t>(s.row)] + token, s.dst);
 }
 
 // Every (clamped) input id enters its row's history at its position: prefill tokens and the
@@ -162,6 +194,9 @@ void CpuBackend::forward(const StepPlan& plan) {
       .mamba_slots = model_.has_recurrent_state()
                          ? std::span<const int32_t>(token_mamba_slots_.data(), t)
                          : std::span<const int32_t>(),
+      .mamba_verify_slots = model_.has_recurrent_state() && plan.verify_width > 1
+                                ? std::span<const int32_t>(token_verify_slots_.data(), t)
+                                : std::span<const int32_t>(),
   };
   model_.forward(tokens, table_, logits_);
 }
@@ -317,6 +352,7 @@ void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
     const int32_t in_step =
         seams::accepted_committed_in_step(accepted, vcl_old, config_.context_length);
     commit_decode_row(plan, row, out, in_step);
+    commit_verified_state(plan, row, in_step);
     const int32_t reported = clamp_accepted_to_context(accepted, vcl_old, config_.context_length);
     std::fill(out.begin() + reported, out.end(), 0);
     result.accepted_lengths[row] = reported;

@@ -56,7 +56,9 @@ class CpuBackend final : public Backend {
   void record_input_history(const StepPlan& plan);
   void write_history(int32_t rpi, int32_t position, int32_t token);
   void flag_and_clamp_outputs(const StepPlan& plan, StepResult& result);
+  void commit_verified_state(const StepPlan& plan, int32_t row, int32_t accepted);
   void snapshot_mamba_checkpoints(const StepPlan& plan);
+  void snapshot_verified_row(const StepPlan& plan, const MambaSnapshot& s);
   static void clear_optional_fields(StepResult& result);
   void fill_logprobs(const StepPlan& plan, StepResult& result);
   void fill_record(const StepPlan& plan, StepResult& result) const;
@@ -81,6 +83,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> slots_;           // [step_tokens_max]
   std::vector<int32_t> token_pool_rows_; // [step_tokens_max]
   std::vector<int32_t> token_mamba_slots_; // [step_tokens_max] working slot, −1 for none
+  std::vector<int32_t> token_verify_slots_; // [step_tokens_max] verify-state slot, −1 for none
   std::vector<float> logits_;            // [logits_rows_max, V]
   std::vector<int32_t> vcl_before_;      // [max_batch_rows] vcl of each row before commit
   // The ids each pool row's owner holds, by position: every input id at its position, then the

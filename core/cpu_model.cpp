@@ -82,16 +82,15 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   init_mamba_pool(config, tp_degree);
 }
 
-// The recurrent-state pool, sized once from mamba_slots_count. Refused: what the reference does
-// not implement for Mamba layers yet — tensor parallelism, and verify widths > 1 (a rejected draft
-// would leave its update in the state; the seed keeps intermediate states per verify token).
+// The recurrent-state pool, sized once from mamba_slots_count, plus the verify-state slots of
+// speculative decoding (core/limits.h mamba_verify_slots_count: B·W when W > 1, so a rejected
+// draft never reaches the working state). Refused: tensor parallelism, which the reference does
+// not implement for Mamba layers.
 void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) {
   mamba_index_.assign(static_cast<size_t>(model_.layers_count), -1);
   if (!model_.has_recurrent_state()) return;
   LS_REQUIRE(tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor parallelism is not "
              "implemented for them", tp_degree, model_.name);
-  LS_REQUIRE(config.verify_width == 1, "verify_width {}: model '{}' has Mamba2 layers; speculative "
-             "decoding is not implemented for them (W must be 1)", config.verify_width, model_.name);
   LS_REQUIRE(config.mamba_slots_count >= 1, "model '{}' has {} Mamba2 layers but "
              "mamba_slots_count is 0: its requests need recurrent-state slots", model_.name,
              model_.mamba_layers_count());
@@ -104,11 +103,13 @@ void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) 
   mamba_slot_floats_ = mamba_layer_floats_ * next;
   // The host side: one state for every host page, so a request swapped out keeps its state with
   // its first host page (CacheOp::state_slot).
-  const uint64_t floats = static_cast<uint64_t>(mamba_slot_floats_) * config.mamba_slots_count;
+  mamba_pool_slots_ = config.mamba_slots_count + config.mamba_verify_slots_count();
+  const uint64_t floats = static_cast<uint64_t>(mamba_slot_floats_) * mamba_pool_slots_;
   const uint64_t host_floats = static_cast<uint64_t>(mamba_slot_floats_) * config.host_pages_count;
   require_host_memory((floats + host_floats) * sizeof(float),
-                      fmt::format("the CPU recurrent-state pools ({} slots, {} host states)",
-                                  config.mamba_slots_count, config.host_pages_count));
+                      fmt::format("the CPU recurrent-state pools ({} slots, {} verify-state "
+                                  "slots, {} host states)", config.mamba_slots_count,
+                                  config.mamba_verify_slots_count(), config.host_pages_count));
   mamba_states_.assign(static_cast<size_t>(floats), 0.0f);
   host_mamba_states_.assign(static_cast<size_t>(host_floats), 0.0f);
   proj_.resize(static_cast<size_t>(m.in_proj_size()));
@@ -117,8 +118,7 @@ void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) 
 }
 
 float* CpuModel::mamba_state_at(int32_t slot, int32_t layer) {
-  LS_ASSERT(slot >= 0 && slot < limits_.mamba_slots_count, "mamba slot {} of {}", slot,
-            limits_.mamba_slots_count);
+  LS_ASSERT(slot >= 0 && slot < mamba_pool_slots_, "mamba slot {} of {}", slot, mamba_pool_slots_);
   const int32_t index = mamba_index_[static_cast<size_t>(layer)];
   LS_ASSERT(index >= 0, "layer {} is not a Mamba layer", layer);
   return mamba_states_.data() + static_cast<size_t>(slot) * mamba_slot_floats_ +
@@ -132,8 +132,8 @@ void CpuModel::zero_mamba_state(int32_t slot) {
 }
 
 void CpuModel::copy_mamba_state(int32_t src, int32_t dst) {
-  LS_ASSERT(src >= 0 && src < limits_.mamba_slots_count, "mamba slot {}", src);
-  LS_ASSERT(dst >= 0 && dst < limits_.mamba_slots_count, "mamba slot {}", dst);
+  LS_ASSERT(src >= 0 && src < mamba_pool_slots_, "mamba slot {}", src);
+  LS_ASSERT(dst >= 0 && dst < mamba_pool_slots_, "mamba slot {}", dst);
   const float* from = mamba_states_.data() + static_cast<size_t>(src) * mamba_slot_floats_;
   std::copy(from, from + mamba_slot_floats_,
             mamba_states_.data() + static_cast<size_t>(dst) * mamba_slot_floats_);
@@ -397,12 +397,31 @@ void CpuModel::mamba_layer(int32_t layer, const ForwardTokens& tokens) {
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
   LS_ASSERT(tokens.mamba_slots.size() == static_cast<size_t>(count), "{} mamba slots for {} tokens",
             tokens.mamba_slots.size(), count);
+  const bool verifying = !tokens.mamba_verify_slots.empty();
+  LS_ASSERT(!verifying || tokens.mamba_verify_slots.size() == static_cast<size_t>(count),
+            "{} verify-state slots for {} tokens", tokens.mamba_verify_slots.size(), count);
   for (int32_t t = 0; t < count; ++t) {
     float* normed = normed_.data() + static_cast<size_t>(t) * h;
     rms_norm(residual_.data() + static_cast<size_t>(t) * h, w.attn_norm, h, model_.rms_eps, normed);
-    mamba_token(w, mamba_state_at(tokens.mamba_slots[t], layer), normed, partial_at(0, t, count));
+    const int32_t verify_slot = verifying ? tokens.mamba_verify_slots[t] : -1;
+    float* state = verify_slot < 0
+                       ? mamba_state_at(tokens.mamba_slots[t], layer)
+                       : verified_token_state(tokens.mamba_slots[t], verify_slot, layer);
+    mamba_token(w, state, normed, partial_at(0, t, count));
   }
   reduce_into_residual(count);
+}
+
+// A verified decode row's token j (ForwardTokens::mamba_verify_slots): its verify-state slot,
+// holding the state the token starts from — the working slot's for j = 0, else the previous
+// token's verify state — which the token then updates in place. The same single-step updates in
+// the same order as W tokens run on the working slot: only where the results land differs.
+float* CpuModel::verified_token_state(int32_t working, int32_t verify_slot, int32_t layer) {
+  const int32_t token = (verify_slot - limits_.mamba_slots_count) % limits_.verify_width;
+  const float* from = mamba_state_at(token == 0 ? working : verify_slot - 1, layer);
+  float* state = mamba_state_at(verify_slot, layer);
+  std::copy(from, from + mamba_layer_floats_, state);
+  return state;
 }
 
 // One token through in_proj, the mixer (core/mamba_mixer.h, updating `state` in place) and

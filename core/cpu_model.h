@@ -32,6 +32,11 @@ struct ForwardTokens {
   std::span<const int32_t> logits_token_index;  // [rows] tokens whose logits are wanted
   std::span<const int32_t> mamba_slots;  // [T] working state slot of each token's request, or
                                          // empty when the model has no Mamba layers
+  // [T] with speculative decoding on such a model (else empty): −1 where the token updates its
+  // working slot in place; for token j of a verified decode row, its verify-state slot
+  // (Limits::mamba_verify_slot(row, j)), which takes the state after the token — read from the
+  // working slot (j = 0) or the previous token's verify-state slot, the working slot left as is.
+  std::span<const int32_t> mamba_verify_slots;
 };
 
 class CpuModel {
@@ -49,8 +54,9 @@ class CpuModel {
 
   int64_t kv_slots_count() const { return kv_slots_count_; }
   bool has_recurrent_state() const { return model_.has_recurrent_state(); }
-  // The recurrent-state pool (core/limits.h mamba_slots_count slots): each slot holds, for every
-  // Mamba layer, the conv window then the SSM state.
+  // The recurrent-state pool (core/limits.h mamba_slots_count slots, then the
+  // mamba_verify_slots_count verify-state slots): each slot holds, for every Mamba layer, the
+  // conv window then the SSM state.
   void zero_mamba_state(int32_t slot);
   void copy_mamba_state(int32_t src, int32_t dst);
   // One slot's state, every Mamba layer's conv window and SSM state in layer order (tests).
@@ -75,6 +81,7 @@ class CpuModel {
   void mamba_layer(int32_t layer, const ForwardTokens& tokens);
   void mamba_token(const LayerWeights& w, float* state, const float* normed, float* out);
   float* mamba_state_at(int32_t slot, int32_t layer);
+  float* verified_token_state(int32_t working, int32_t verify_slot, int32_t layer);
   void copy_host_state(const CacheOp& op);
   void lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits);
   void reduce_into_residual(int32_t tokens_count);
@@ -108,7 +115,8 @@ class CpuModel {
   std::vector<int32_t> mamba_index_;  // [layers] the layer's index among the Mamba layers, or −1
   int64_t mamba_layer_floats_ = 0;    // one slot's state in one Mamba layer
   int64_t mamba_slot_floats_ = 0;     // one slot's state, all Mamba layers
-  std::vector<float> mamba_states_;   // [mamba_slots_count, mamba layers, mamba_layer_floats_]
+  int32_t mamba_pool_slots_ = 0;      // mamba_slots_count + mamba_verify_slots_count
+  std::vector<float> mamba_states_;   // [mamba_pool_slots_, mamba layers, mamba_layer_floats_]
   std::vector<float> host_mamba_states_;  // [host_pages_count, ...]: swapped-out states
   std::vector<float> proj_;           // [in_proj_size] one token's in_proj output
   MambaScratch mamba_scratch_;        // one token's conv output and step sizes

@@ -152,7 +152,8 @@ int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
   p.prefill_prefix.clear(), p.decode_overrides.clear(), p.force_single.clear();
   p.table_writes.clear(), p.table_pages.clear(), p.length_resets.clear();
   p.logits_token_index.clear();
-  p.mamba_working.clear(), p.mamba_copies.clear(), p.mamba_zeroes.clear();
+  p.mamba_working.clear(), p.mamba_verify_base.clear(), p.mamba_copies.clear();
+  p.mamba_zeroes.clear();
   p.mamba_snapshots.clear();
   int32_t offset = 0;
   int32_t slices_clamped = 0;
@@ -183,7 +184,10 @@ int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
       p.force_single.push_back(row.decode_override != -1 && w > 1 ? 1 : 0);
       for (int32_t t = 0; t < w; ++t) p.logits_token_index.push_back(offset + t);
     }
-    plan_mamba_row(row, static_cast<int32_t>(p.pool_rows.size()) - 1, op.mode(), p);
+    const int32_t row_index = static_cast<int32_t>(p.pool_rows.size()) - 1;
+    const bool verified = row.kind == RowKind::kDecode && w > 1 && row.mamba_working >= 0;
+    plan_mamba_row(row, row_index, op.mode(),
+                   verified ? config_.mamba_verify_slot(row_index, 0) : -1, p);
     offset += row.input_length;
   }
   p.tokens_count = offset;
@@ -195,8 +199,11 @@ int32_t Executor::plan_rows(const ForwardOp& op, StepPlan& p) const {
 // (cow_src −1, prefix 0: a request's first chunk), and the checkpoint candidates: decode rows of
 // DECODE steps (the seed's rule), and prefill rows, whose chunk the validator holds to end a page
 // (lockstep's: the prefix cache's checkpoints at the page-aligned chunk ends of a prompt).
-void Executor::plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode, StepPlan& p) {
+// `verify_base`: a verified decode row's verify-state slots (StepPlan::mamba_verify_base), or −1.
+void Executor::plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode,
+                              int32_t verify_base, StepPlan& p) {
   p.mamba_working.push_back(row.mamba_working);
+  p.mamba_verify_base.push_back(verify_base);
   if (row.mamba_working < 0) return;
   if (row.mamba_cow_src >= 0) p.mamba_copies.push_back({row.mamba_cow_src, row.mamba_working});
   if (seams::mamba_zeroes_working_slot(row)) {

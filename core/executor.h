@@ -117,7 +117,8 @@ class Executor {
   void validate_state_copy(const CacheOp& op) const;
   int32_t plan_step(const ForwardOp& op, StepPlan& plan) const;
   int32_t plan_rows(const ForwardOp& op, StepPlan& plan) const;
-  static void plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode, StepPlan& p);
+  static void plan_mamba_row(const OpRow& row, int32_t row_index, ForwardMode mode,
+                             int32_t verify_base, StepPlan& p);
   void plan_sampling(const ForwardOp& op, StepPlan& plan) const;
   void commit_sampling(const ForwardOp& op, const StepPlan& plan);
   void plan_poisoned_rows(const StepFaults& faults, const StepPlan& plan);

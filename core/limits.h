@@ -65,6 +65,16 @@ struct Limits {
   int32_t step_tokens_max() const { return prefill_chunk_tokens + max_batch_rows * verify_width; }
   // Logits rows one step may produce: W for every row (prefill rows need one).
   int32_t logits_rows_max() const { return max_batch_rows * verify_width; }
+  // A model with Mamba layers under speculative decoding (W > 1): the backend's private state
+  // slots past the mamba_slots_count addressable ones, W per batch row, that hold a verified
+  // decode row's state after each of its W tokens (the seed's mamba_output_indices); the commit
+  // keeps the one after the last accepted token. Batch row r's token j: verify_state_slot(r, j).
+  int32_t mamba_verify_slots_count() const {
+    return verify_width > 1 ? max_batch_rows * verify_width : 0;
+  }
+  int32_t mamba_verify_slot(int32_t batch_row, int32_t token) const {
+    return mamba_slots_count + batch_row * verify_width + token;
+  }
   // Throws ls::Error naming the first field outside its range in kLimitFields.
   void validate() const;
 

@@ -33,11 +33,11 @@ SchedulerConfig validated(const SchedulerConfig& c) {
                "checkpoint slots, but mamba_slots_count {} leaves none past the max_batch_rows "
                "B = {} working slots (a hit copies the state checkpointed at its boundary)",
                c.mamba_slots_count, c.max_batch_rows);
-    LS_REQUIRE(c.verify_width == 1 || (!c.prefix_cache && c.host_pages_count == 0),
-               "scheduler config: verify_width {} with recurrent state (Mamba layers) and {}: "
-               "speculative decoding is not implemented for them (checkpoints and swapped states "
-               "assume one token a decode step)", c.verify_width,
-               c.prefix_cache ? "prefix_cache" : "host_pages_count > 0 (retraction by swap)");
+    LS_REQUIRE(c.verify_width == 1 || c.host_pages_count == 0,
+               "scheduler config: verify_width {} with recurrent state (Mamba layers) and "
+               "host_pages_count {} > 0 (retraction by swap): speculative decoding with swapped "
+               "recurrent states is not implemented (use host_pages_count 0: retraction by "
+               "recompute)", c.verify_width, c.host_pages_count);
   }
   LS_REQUIRE(c.prefill_chunk_tokens >= c.verify_width,
              "scheduler config: prefill_chunk_tokens (the token budget) {} is below the verify "
@@ -176,9 +176,34 @@ void Scheduler::Impl::apply_row(SchedRequest& r, const OpRow& row, const StepRes
   LS_REQUIRE(accepted >= 0 && accepted <= config.verify_width,
              "apply_result: row {} (request {}) accepted {} tokens, outside [0, W = {}]", i,
              r.spec.id, accepted, config.verify_width);
+  if (config.verify_width > 1) settle_verified_checkpoint(r, row, accepted);
   r.committed_count += accepted;
   take_tokens(r, result.row_tokens(i), flagged, events);
   if (!r.finished()) rewind(r);
+}
+
+// A verified decode row's checkpoint slot (plan_checkpoint_verified) once its accepted length is
+// known: the step snapshotted the state at fb = (old div P + 1)·P, the first page boundary past
+// its old KV length, iff it reached it (seed spec §4 invariant 6 with a drafter); the slot then
+// holds that boundary's state, else nothing and it goes back.
+void Scheduler::Impl::settle_verified_checkpoint(SchedRequest& r, const OpRow& row, int32_t accepted) {
+  if (row.mamba_checkpoint_dst < 0) return;
+  auto& pending = r.pending_checkpoints;
+  const auto it = std::find_if(pending.begin(), pending.end(), [&](const auto& entry) {
+    return entry.first == row.mamba_checkpoint_dst;
+  });
+  LS_ASSERT(it != pending.end() && it->second == kBoundaryUnknown,
+            "request {}: checkpoint slot {} of a verified row is not pending", r.spec.id,
+            row.mamba_checkpoint_dst);
+  const int32_t p = config.page_size;
+  const int32_t old = r.committed_count;
+  const int32_t boundary = (old / p + 1) * p;
+  if (boundary <= old + accepted) {
+    it->second = seams::checkpoint_boundary(boundary, p);
+  } else {
+    checkpoints.give_back(it->first);
+    pending.erase(it);
+  }
 }
 
 void Scheduler::Impl::take_tokens(SchedRequest& r, const std::vector<int32_t>& tokens,

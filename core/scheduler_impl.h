@@ -11,6 +11,9 @@
 
 namespace ls {
 
+// A pending checkpoint's boundary before its verified row's result (settle gives such a slot back).
+inline constexpr int32_t kBoundaryUnknown = -1;
+
 struct SchedRequest {
   RequestSpec spec;
   int32_t max_new_tokens = 0;  // spec.max_new_tokens capped at L − prompt length
@@ -29,6 +32,8 @@ struct SchedRequest {
   int32_t kv_planned = 0;           // KV tokens once every planned step ran (W = 1 models)
   // Recurrent state with the prefix cache: checkpoint slots a planned row snapshots into, with the
   // KV length they hold the state of; attached to cached pages or given back when it ends.
+  // A verified decode row's (W > 1) boundary is kBoundaryUnknown until its result says whether
+  // the step reached one.
   std::vector<std::pair<int32_t, int32_t>> pending_checkpoints;  // (slot, boundary)
   std::vector<int32_t> host_pages;  // swap path: the KV of tokens[0, TokenSize − 1)
   RetractPath retract_path = RetractPath::kSwap;
@@ -79,6 +84,8 @@ struct Scheduler::Impl {
   int32_t keep_checkpointed_prefix(std::vector<int32_t>& matched) const;
   void plan_checkpoints(Draft& d);
   void plan_checkpoint(OpRow& row, int32_t kv_end);
+  void plan_checkpoint_verified(OpRow& row, int32_t kv_end);
+  void settle_verified_checkpoint(SchedRequest& r, const OpRow& row, int32_t accepted);
   std::vector<int32_t> allocate_pages(int32_t count);
   OpRow start_row(SchedRequest& r, RowKind kind);
   bool grow_pages(SchedRequest& r, int32_t tokens);

@@ -208,7 +208,13 @@ void Scheduler::Impl::plan_checkpoints(Draft& d) {
             d.decode_kv_ends.size(), d.decode_rows.size());
   for (OpRow& row : d.prefill_rows) plan_checkpoint(row, row.prefix_length + row.input_length);
   if (!d.prefill_rows.empty()) return;
-  for (size_t i = 0; i < d.decode_rows.size(); ++i) plan_checkpoint(d.decode_rows[i], d.decode_kv_ends[i]);
+  for (size_t i = 0; i < d.decode_rows.size(); ++i) {
+    if (config.verify_width > 1) {
+      plan_checkpoint_verified(d.decode_rows[i], d.decode_kv_ends[i]);
+    } else {
+      plan_checkpoint(d.decode_rows[i], d.decode_kv_ends[i]);
+    }
+  }
 }
 
 void Scheduler::Impl::plan_checkpoint(OpRow& row, int32_t kv_end) {
@@ -219,6 +225,20 @@ void Scheduler::Impl::plan_checkpoint(OpRow& row, int32_t kv_end) {
   row.mamba_checkpoint_dst = slot;
   requests.at(row.request_id)
       .pending_checkpoints.push_back({slot, seams::checkpoint_boundary(kv_end, p)});
+}
+
+// A verified decode row (W > 1) ends its step anywhere in (old, old + W]: it gets a slot whenever a
+// page boundary may fall in that span — some multiple of P in (C, kv_end], C the KV committed as
+// of applied results (a step in flight may have moved old past C) — and its result settles
+// whether the step reached one (settle_verified_checkpoint).
+void Scheduler::Impl::plan_checkpoint_verified(OpRow& row, int32_t kv_end) {
+  const int32_t p = config.page_size;
+  SchedRequest& r = requests.at(row.request_id);
+  if (kv_end / p <= r.committed_count / p) return;
+  const int32_t slot = checkpoints.take();
+  if (slot < 0) return;  // every slot pending: this boundary goes without
+  row.mamba_checkpoint_dst = slot;
+  r.pending_checkpoints.push_back({slot, kBoundaryUnknown});
 }
 
 // Appends the next `chunk` tokens of the request's prefill; the last chunk makes it Decoding (its

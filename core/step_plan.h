@@ -29,8 +29,10 @@ struct LengthReset {
 
 // A checkpoint candidate (a decode row of a DECODE step, or a prefill row): working slot `src` is
 // copied to `dst` after the commit iff the row's new vcl is a multiple of the page size (seed spec
-// §4 invariant 6, no drafter). The host filtered src ≥ 0, dst ≥ 0, src ≠ dst; the page test reads
-// device state, so the backend makes it.
+// §4 invariant 6, no drafter). A verified decode row (StepPlan::mamba_verify_base ≥ 0) follows the
+// rule "with a drafter" instead: with old = vcl_old, new = old + a' and fb = (old div P + 1)·P,
+// the state after verify token fb − old − 1 is copied to `dst` iff fb ≤ new. The host filtered
+// src ≥ 0, dst ≥ 0, src ≠ dst; the page test reads device state, so the backend makes it.
 struct MambaSnapshot {
   int32_t row = 0;
   int32_t src = 0;
@@ -65,6 +67,10 @@ struct StepPlan {
   // Recurrent state (models with Mamba layers), applied after rule 3 and before the forward:
   // copy-on-write into working slots, then zeroing of fresh requests' working slots.
   std::vector<int32_t> mamba_working;      // [bs] each row's working slot (−1: no state)
+  // [bs] a verified decode row's (W > 1) first verify-state slot, Limits::mamba_verify_slot(row,
+  // 0): its token j leaves its state in slot base + j, the working slot is only read, and the
+  // commit copies the state after the last accepted token into it. −1 for every other row.
+  std::vector<int32_t> mamba_verify_base;
   std::vector<MambaCopy> mamba_copies;     // cow_src → working
   std::vector<int32_t> mamba_zeroes;       // working slots to zero
   std::vector<MambaSnapshot> mamba_snapshots;  // after the commit (no decode row of a MIXED step)

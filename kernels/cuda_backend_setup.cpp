@@ -80,8 +80,8 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
     take(kW, &Impl::mamba_a_log, m * heads);
     take(kW, &Impl::mamba_d_skip, m * heads);
     take(kW, &Impl::mamba_norm, m * inner);
-    take(kS, &Impl::mamba_pool,
-         z(config.mamba_slots_count) * m * z(ms.conv_state_floats() + ms.ssm_state_floats()));
+    take(kS, &Impl::mamba_pool, z(config.mamba_slots_count + config.mamba_verify_slots_count()) *
+                                    m * z(ms.conv_state_floats() + ms.ssm_state_floats()));
     take(kS, &Impl::mamba_proj, t * in_proj);
     take(kS, &Impl::mamba_y, e * t * inner);
     take(kS, &Impl::mamba_workspace,

@@ -1,9 +1,11 @@
 // A hybrid model's Mamba2 layers on the CUDA backend (issue 19): what it refuses, the mixer's
 // weights, the recurrent-state pool in the CPU reference's layout and its host side (retraction by
-// swap), a step's state lists staged beside its words, and the state rules — copy-on-write then
-// zeroing before the forward, the DECODE step's page-boundary checkpoints after the commit — as
-// kernels reading device lists, so that a decode graph replays them (CpuBackend::apply_state_rules
-// and CpuBackend::snapshot_mamba_checkpoints are the reference).
+// swap; then, with speculative decoding, the verify-state slots: core/limits.h
+// mamba_verify_slots_count), a step's state lists staged beside its words, and the state rules —
+// copy-on-write then zeroing before the forward, after the commit the verified rows' accepted
+// state into their working slots and the DECODE step's page-boundary checkpoints — as kernels
+// reading device lists, so that a decode graph replays them (CpuBackend::apply_state_rules,
+// commit_verified_state and snapshot_mamba_checkpoints are the reference).
 #include "kernels/cuda_backend_impl.h"
 
 #include "core/host_memory.h"
@@ -25,9 +27,11 @@ void CudaBackend::Impl::refuse_unsupported_hybrid() const {
              model.name);
   LS_REQUIRE(shard.degree == 1, "cuda backend: --tp {}: model '{}' has Mamba2 layers; tensor "
              "parallelism is not implemented for them (use --tp 1)", shard.degree, model.name);
-  LS_REQUIRE(config.verify_width == 1, "cuda backend: verify_width {}: model '{}' has Mamba2 "
-             "layers; speculative decoding is not implemented for them (the state after each "
-             "verify token; use verify_width 1)", config.verify_width, model.name);
+  LS_REQUIRE(config.verify_width == 1 || config.host_pages_count == 0, "cuda backend: "
+             "verify_width {} with host_pages_count {}: model '{}' has Mamba2 layers; speculative "
+             "decoding with retraction by swap is not implemented for them (use host_pages_count "
+             "0: retraction by recompute)", config.verify_width, config.host_pages_count,
+             model.name);
   LS_REQUIRE(config.mamba_slots_count >= 1, "cuda backend: model '{}' has {} Mamba2 layers but "
              "mamba_slots_count is 0: its requests need recurrent-state slots", model.name,
              model.mamba_layers_count());
@@ -151,8 +155,9 @@ kernels::MambaStateView CudaBackend::Impl::mamba_state(int32_t mamba_layer) cons
 // tokens and its working slot, −1 for padding.
 kernels::MambaRows CudaBackend::Impl::mamba_rows() const {
   const kernels::StepInputs in = step_inputs();
-  return kernels::MambaRows{in.token_offsets, in.input_lengths,
-                            mamba_staging.get() + MambaStagingLayout(rows_max).slots, rows_grid};
+  const MambaStagingLayout o(rows_max);
+  return kernels::MambaRows{in.token_offsets, in.input_lengths, mamba_staging.get() + o.slots,
+                            rows_grid, mamba_staging.get() + o.verify_base};
 }
 
 // The plan's state lists into this parity's pinned buffer, every list padded to rows_max with −1,
@@ -170,6 +175,7 @@ void CudaBackend::Impl::stage_mamba(const StepPlan& plan, size_t parity) {
   int32_t* words = host_mamba_staging[parity].get();
   std::fill(words, words + o.staged_words, -1);
   std::copy(plan.mamba_working.begin(), plan.mamba_working.end(), words + o.slots);
+  std::copy(plan.mamba_verify_base.begin(), plan.mamba_verify_base.end(), words + o.verify_base);
   for (size_t i = 0; i < plan.mamba_copies.size(); ++i) {
     words[o.copies + 2 * i] = plan.mamba_copies[i].src;
     words[o.copies + 2 * i + 1] = plan.mamba_copies[i].dst;
@@ -198,16 +204,29 @@ void CudaBackend::Impl::enqueue_mamba_rules() {
                                            forward_stream()));
 }
 
-// After the commit: the snapshots whose row's new vcl ends a page, copied working → checkpoint.
+// After the commit (vcl advanced by a'): with speculative decoding, each verified row's state
+// after its last accepted token into its working slot; then the snapshots — working →
+// checkpoint where the row's new vcl ends a page, a verified row's state at the boundary it
+// crossed (the rule with a drafter).
 void CudaBackend::Impl::enqueue_mamba_snapshots() {
   if (!hybrid()) return;
   const MambaStagingLayout o(rows_max);
-  int32_t* pairs = mamba_staging.get() + o.pairs;
-  LS_CUDA(kernels::launch_mamba_snapshot_pairs(mamba_staging.get() + o.snapshots, rows_max,
-                                               step_inputs().pool_rows, vcl.get(),
-                                               config.page_size, pairs, forward_stream()));
-  LS_CUDA(kernels::launch_mamba_copy_slots(mamba_pool.get(), mamba_slot_floats, pairs, rows_max,
-                                           forward_stream()));
+  int32_t* words = mamba_staging.get();
+  const bool verifying = config.verify_width > 1;
+  if (verifying) {
+    LS_CUDA(kernels::launch_mamba_verify_commit_pairs(words + o.slots, words + o.verify_base,
+                                                      rows_max, step_inputs().pool_rows, vcl.get(),
+                                                      vcl_before.get(), words + o.commit_pairs,
+                                                      forward_stream()));
+    LS_CUDA(kernels::launch_mamba_copy_slots(mamba_pool.get(), mamba_slot_floats,
+                                             words + o.commit_pairs, rows_max, forward_stream()));
+  }
+  LS_CUDA(kernels::launch_mamba_snapshot_pairs(
+      words + o.snapshots, rows_max, step_inputs().pool_rows, vcl.get(), config.page_size,
+      words + o.pairs, forward_stream(), verifying ? words + o.verify_base : nullptr,
+      verifying ? vcl_before.get() : nullptr));
+  LS_CUDA(kernels::launch_mamba_copy_slots(mamba_pool.get(), mamba_slot_floats, words + o.pairs,
+                                           rows_max, forward_stream()));
 }
 
 // The state digests of state_slots [count] (device memory; −1: skipped) into digests, on the

@@ -23,8 +23,10 @@ struct MambaStagingLayout {
   size_t copies;     // [rows_max, 2] copy-on-write (src, dst), before the forward
   size_t zeroes;     // [rows_max] working slots zeroed after the copies
   size_t snapshots;  // [rows_max, 3] a DECODE step's checkpoint candidates (row, src, dst)
+  size_t verify_base;   // [rows_max] StepPlan::mamba_verify_base; −1: not a verified row
   size_t staged_words;  // the words copied from the host each step
   size_t pairs;      // [rows_max, 2] the snapshots the commit kept (device-written)
+  size_t commit_pairs;  // [rows_max, 2] verified rows' accepted state → working (device-written)
   size_t words;
 
   explicit MambaStagingLayout(int32_t rows_max) {
@@ -33,9 +35,11 @@ struct MambaStagingLayout {
     copies = slots + b;
     zeroes = copies + 2 * b;
     snapshots = zeroes + b;
-    staged_words = snapshots + 3 * b;
+    verify_base = snapshots + 3 * b;
+    staged_words = verify_base + b;
     pairs = staged_words;
-    words = pairs + 2 * b;
+    commit_pairs = pairs + 2 * b;
+    words = commit_pairs + 2 * b;
   }
 };
 

@@ -47,6 +47,7 @@ mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView stat
   const bool has_bias = params.conv_bias != nullptr;
   const float bias = has_bias ? params.conv_bias[c] : 0.0f;
   const int32_t xbc_offset = shape.inner_size();
+  const int32_t verify_base = rows.verify_base != nullptr ? rows.verify_base[row] : -1;
   for (int32_t t = first; t < end; ++t) {
     const float input = proj[int64_t{t} * shape.in_proj_size() + xbc_offset + c];
     float sum = 0.0f;
@@ -58,7 +59,15 @@ mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView stat
     }
     if (has_bias) sum += bias;
     conv_out[int64_t{t} * conv_dim + c] = ops::silu(sum);
+    if (verify_base >= 0) {  // the window after verify token t − first
+      float* after = state.conv + (verify_base + (t - first)) * state.slot_stride_floats + int64_t{c} * k;
+#pragma unroll
+      for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
+        if (i < k) after[i] = window[i];
+      }
+    }
   }
+  if (verify_base >= 0) return;  // the working slot waits for the commit
 #pragma unroll
   for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
     if (i < k) stored[i] = window[i];
@@ -165,15 +174,39 @@ mamba_zero_slots_kernel(V* pool, int64_t slot_vecs, const int32_t* slots, int32_
 
 __global__ void mamba_snapshot_pairs_kernel(const int32_t* snapshots, int32_t snapshots_grid,
                                             const int32_t* pool_rows, const int32_t* vcl,
-                                            int32_t page_size, int32_t* pairs) {
+                                            int32_t page_size, int32_t* pairs,
+                                            const int32_t* verify_base, const int32_t* vcl_before) {
   allow_successor();
   wait_for_predecessor();
   const int32_t i = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= snapshots_grid) return;
   const int32_t row = snapshots[3 * i];
-  const bool ends_page = row >= 0 && vcl[pool_rows[row]] % page_size == 0;
-  pairs[2 * i] = ends_page ? snapshots[3 * i + 1] : -1;
-  pairs[2 * i + 1] = ends_page ? snapshots[3 * i + 2] : -1;
+  const int32_t base = row >= 0 && verify_base != nullptr ? verify_base[row] : -1;
+  int32_t src = -1;
+  if (base >= 0) {  // the rule with a drafter: the first page boundary past old, if reached
+    const int32_t old = vcl_before[row];
+    const int32_t boundary = (old / page_size + 1) * page_size;
+    if (boundary <= vcl[pool_rows[row]]) src = base + boundary - old - 1;
+  } else if (row >= 0 && vcl[pool_rows[row]] % page_size == 0) {
+    src = snapshots[3 * i + 1];
+  }
+  pairs[2 * i] = src;
+  pairs[2 * i + 1] = src >= 0 ? snapshots[3 * i + 2] : -1;
+}
+
+__global__ void mamba_verify_commit_pairs_kernel(const int32_t* slots, const int32_t* verify_base,
+                                                 int32_t rows_grid, const int32_t* pool_rows,
+                                                 const int32_t* vcl, const int32_t* vcl_before,
+                                                 int32_t* pairs) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t r = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= rows_grid) return;
+  const int32_t base = verify_base[r];
+  const int32_t accepted = base >= 0 ? vcl[pool_rows[r]] - vcl_before[r] : 0;
+  const bool commit = base >= 0 && accepted >= 1 && slots[r] >= 0;
+  pairs[2 * r] = commit ? base + accepted - 1 : -1;
+  pairs[2 * r + 1] = commit ? slots[r] : -1;
 }
 
 // The state digests' first stage: block (chunk, row) adds the lane terms of its chunk of the
@@ -367,15 +400,32 @@ cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int3
 
 cudaError_t launch_mamba_snapshot_pairs(const int32_t* snapshots, int32_t snapshots_grid,
                                         const int32_t* pool_rows, const int32_t* vcl,
-                                        int32_t page_size, int32_t* pairs, LaunchStream stream) {
+                                        int32_t page_size, int32_t* pairs, LaunchStream stream,
+                                        const int32_t* verify_base, const int32_t* vcl_before) {
   if (snapshots_grid < 0 || page_size < 1) return cudaErrorInvalidValue;
+  if ((verify_base == nullptr) != (vcl_before == nullptr)) return cudaErrorInvalidValue;
   if (snapshots_grid == 0) return cudaSuccess;
   if (snapshots == nullptr || pool_rows == nullptr || vcl == nullptr || pairs == nullptr) {
     return cudaErrorInvalidValue;
   }
   const int32_t blocks = (snapshots_grid + kPoolThreads - 1) / kPoolThreads;
   return launch_kernel(mamba_snapshot_pairs_kernel, blocks, kPoolThreads, 0, stream, snapshots,
-                       snapshots_grid, pool_rows, vcl, page_size, pairs);
+                       snapshots_grid, pool_rows, vcl, page_size, pairs, verify_base, vcl_before);
+}
+
+cudaError_t launch_mamba_verify_commit_pairs(const int32_t* slots, const int32_t* verify_base,
+                                             int32_t rows_grid, const int32_t* pool_rows,
+                                             const int32_t* vcl, const int32_t* vcl_before,
+                                             int32_t* pairs, LaunchStream stream) {
+  if (rows_grid < 0 || rows_grid > kMambaPoolOpsMax) return cudaErrorInvalidValue;
+  if (rows_grid == 0) return cudaSuccess;
+  if (slots == nullptr || verify_base == nullptr || pool_rows == nullptr || vcl == nullptr ||
+      vcl_before == nullptr || pairs == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  const int32_t blocks = (rows_grid + kPoolThreads - 1) / kPoolThreads;
+  return launch_kernel(mamba_verify_commit_pairs_kernel, blocks, kPoolThreads, 0, stream, slots,
+                       verify_base, rows_grid, pool_rows, vcl, vcl_before, pairs);
 }
 
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,

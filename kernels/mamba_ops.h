@@ -78,11 +78,17 @@ struct MambaStateView {
 // tokens [token_offsets[r], token_offsets[r] + token_counts[r]) and updates slot slots[r]. A
 // padded row has slot −1 (slot 0 is a real slot): it reads and writes no state and its tokens'
 // outputs are zeros. The launch runs rows [0, rows_grid).
+// `verify_base` (speculative decoding; null: none) [rows_grid]: −1, or a verified decode row's
+// first verify-state slot (core/limits.h mamba_verify_slot): its token j then leaves the state
+// after it in slot verify_base[r] + j, and its working slot is read, never written — the commit
+// (launch_mamba_verify_commit_pairs) copies the accepted one back. The same updates in the same
+// order either way: only where the states land differs.
 struct MambaRows {
   const int32_t* token_offsets = nullptr;  // [rows_grid]
   const int32_t* token_counts = nullptr;   // [rows_grid]
   const int32_t* slots = nullptr;          // [rows_grid]
   int32_t rows_grid = 0;
+  const int32_t* verify_base = nullptr;    // [rows_grid], or null
 };
 
 // Floats of workspace a launch over `tokens_count` tokens needs: the conv output
@@ -115,9 +121,26 @@ cudaError_t launch_mamba_copy_slots(float* pool, int64_t slot_floats, const int3
 // for each snapshot (row, src, dst) of snapshots [snapshots_grid, 3] int32, pairs[i] = (src, dst)
 // when the row's new vcl ends a page, vcl[pool_rows[row]] % page_size == 0, else (−1, −1); a
 // snapshot with row −1 is padding. pairs [snapshots_grid, 2] then feeds launch_mamba_copy_slots.
+// With `verify_base` and `vcl_before` ([rows] device memory; both null: no verified rows), a
+// snapshot of a row with verify_base[row] >= 0 follows the rule with a drafter (seed spec §4
+// invariant 6; CpuBackend::snapshot_verified_row): old = vcl_before[row], new =
+// vcl[pool_rows[row]], fb = (old div P + 1)·P; pairs[i] = (verify_base[row] + fb − old − 1, dst)
+// iff fb <= new, else (−1, −1).
 cudaError_t launch_mamba_snapshot_pairs(const int32_t* snapshots, int32_t snapshots_grid,
                                         const int32_t* pool_rows, const int32_t* vcl,
-                                        int32_t page_size, int32_t* pairs, LaunchStream stream);
+                                        int32_t page_size, int32_t* pairs, LaunchStream stream,
+                                        const int32_t* verify_base = nullptr,
+                                        const int32_t* vcl_before = nullptr);
+
+// The commit of verified rows' recurrent state (CpuBackend::commit_verified_state), after the
+// token commit: for each row r of [rows_grid] with verify_base[r] >= 0 and a' = vcl[pool_rows[r]]
+// − vcl_before[r] >= 1, pairs[r] = (verify_base[r] + a' − 1, slots[r]) — the state after the last
+// accepted token into the working slot — else (−1, −1); pairs [rows_grid, 2] then feeds
+// launch_mamba_copy_slots. rows_grid <= kMambaPoolOpsMax.
+cudaError_t launch_mamba_verify_commit_pairs(const int32_t* slots, const int32_t* verify_base,
+                                             int32_t rows_grid, const int32_t* pool_rows,
+                                             const int32_t* vcl, const int32_t* vcl_before,
+                                             int32_t* pairs, LaunchStream stream);
 
 // Zeroes pool[s] for s in slots [slots_grid] int32 (<= kMambaPoolOpsMax); −1 entries are skipped.
 cudaError_t launch_mamba_zero_slots(float* pool, int64_t slot_floats, const int32_t* slots,

@@ -71,6 +71,11 @@ mamba_scan_rows_kernel(MambaShape shape, MambaLayerParams params, MambaStateView
   const float a_log = params.a_log[head];
   const float d_skip = params.d_skip[head];
   const int32_t dt_offset = inner + conv_dim + head;
+  // A verified decode row (MambaRows::verify_base): the state after each verify token into its
+  // verify slot, the working slot left for the commit. Its W tokens hold no complete block, so
+  // the whole row is in one span.
+  const int32_t verify_base =
+      rows.verify_base != nullptr ? rows.verify_base[static_cast<int32_t>(blockIdx.z)] : -1;
   for (int32_t t = begin; t < end; ++t) {
     const float* token = conv_out + int64_t{t} * conv_dim;
     const float* b = token + inner + group * n_state;
@@ -101,7 +106,20 @@ mamba_scan_rows_kernel(MambaShape shape, MambaLayerParams params, MambaStateView
       const float c_dot_h = warp_sum(partial);
       if (lane == 0) y[int64_t{t} * inner + i0 + r] = ops::mamba_output(c_dot_h, x, d_skip);
     }
+    if (verify_base >= 0) {  // the state rows after verify token t − first
+      float* after = state.ssm + (verify_base + (t - cut.first)) * state.slot_stride_floats +
+                     int64_t{i0} * n_state;
+#pragma unroll
+      for (int32_t r = 0; r < kScanRowsPerWarp; ++r) {
+#pragma unroll
+        for (int32_t j = 0; j < kLanes; ++j) {
+          const int32_t n = lane + 32 * j;
+          if (r < owned && n < n_state) after[r * n_state + n] = h[r][j];
+        }
+      }
+    }
   }
+  if (verify_base >= 0) return;  // the working slot waits for the commit
 #pragma unroll
   for (int32_t r = 0; r < kScanRowsPerWarp; ++r) {
 #pragma unroll

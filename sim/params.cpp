@@ -58,18 +58,19 @@ namespace {
 
 // A hybrid world (issue 19): a working slot per batch row, checkpoint slots for the prefix cache
 // when the seed draws it; host pages as the seed draws them (a swap carries the working state
-// with the pages, CacheOp::state_slot). Speculative decoding and TP are refused by name.
+// with the pages, CacheOp::state_slot), except with speculative decoding (verify-state slots,
+// core/limits.h), which the scheduler does not combine with swap on a hybrid: host pages 0 then
+// (describe() says so). TP is refused by name.
 void apply_hybrid_limits(const SimOverrides& overrides, SimParams& p) {
   const std::vector<std::string> names = sim_model_names();
   LS_REQUIRE(std::find(names.begin(), names.end(), overrides.model) != names.end(),
              "--model '{}': the simulator runs {}", overrides.model, fmt::join(names, ", "));
   p.model = overrides.model;
   if (!model_config_named(p.model).has_recurrent_state()) return;
-  LS_REQUIRE(!overrides.speculative, "--spec: model '{}' has Mamba2 layers; speculative decoding "
-             "is not implemented for them", p.model);
   LS_REQUIRE(overrides.tp_degree == 1, "--tp {}: model '{}' has Mamba2 layers; tensor "
              "parallelism is not implemented for them", overrides.tp_degree, p.model);
   p.recurrent_state = true;
+  if (p.verify_width > 1) p.host_pages_count = 0;  // no swap with verify-state slots (yet)
   // With the prefix cache, checkpoint slots past the B working ones (core/state_checkpoints.h):
   // fewer than the cached page ends a run makes, so the pool runs dry and takes back the least
   // recently used.
@@ -150,9 +151,12 @@ std::string SimParams::describe() const {
                     : std::string();
   const std::string hybrid =
       recurrent_state
-          ? fmt::format("\n  model {}: Mamba2 state slots {} ({} working, {} checkpoints); a "
-                        "swap carries the working state with the pages", model, mamba_slots_count,
-                        max_batch_rows, mamba_slots_count - max_batch_rows)
+          ? fmt::format("\n  model {}: Mamba2 state slots {} ({} working, {} checkpoints); {}",
+                        model, mamba_slots_count, max_batch_rows,
+                        mamba_slots_count - max_batch_rows,
+                        verify_width > 1 ? "host pages 0 (speculative decoding on a hybrid "
+                                           "retracts by recompute, not by swap)"
+                                         : "a swap carries the working state with the pages")
           : std::string();
   return fmt::format(
       "seed {}\n"

@@ -148,24 +148,55 @@ TEST(SimSweep, HybridSeedsWithEverySiteOnPass) {
   EXPECT_EQ(derive_params(1, tiny).host_pages_count, p.host_pages_count);
 }
 
-TEST(SimParams, AHybridRefusesWhatItCannotRunByName) {
+// The hybrid world with speculative decoding (issue 19): W in 2..8, the n-gram or oracle-mix
+// drafter, every fault site on; verified rows keep each verify token's state and commit the one
+// after the last accepted token, checkpoints follow the rule with a drafter. The checkers and the
+// twin run must pass, the oracle-mix seeds reproduce their W = 1 greedy references (its drafts
+// come from them), accepted lengths span partial acceptance, and prefix hits still land.
+TEST(SimSweep, HybridSeedsWithSpeculativeDecodingPass) {
   SimOverrides o;
   o.model = "tiny-hybrid";
   o.speculative = true;
+  std::vector<FaultSite> all;
+  for (int i = 0; i < kFaultSitesCount; ++i) all.push_back(static_cast<FaultSite>(i));
+  o.faults = all;
+  std::array<int64_t, 17> accepted{};
+  int64_t failed = 0, hits = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const SimParams params = derive_params(seed, o);
+    ASSERT_GE(params.verify_width, 2);
+    ASSERT_TRUE(params.recurrent_state);
+    const SeedVerdict v = run_seed(params, sim_weights(params.model), {}, /*twin=*/true);
+    if (!v.passed()) {
+      ++failed;
+      ADD_FAILURE() << reproduce_command(params, o) << ": "
+                    << (v.summary.failures.empty() ? "twin fingerprint differs"
+                                                   : v.summary.failures[0].checker + ": " +
+                                                         v.summary.failures[0].detail);
+    }
+    for (size_t a = 0; a < accepted.size(); ++a) accepted[a] += v.summary.decode_rows_by_accepted[a];
+    hits += v.summary.prefix_hit_tokens;
+  }
+  EXPECT_EQ(failed, 0);
+  EXPECT_GT(hits, 0);
+  for (size_t a = 1; a <= 3; ++a) EXPECT_GT(accepted[a], 0) << "no decode row accepted " << a;
+}
+
+TEST(SimParams, AHybridRefusesWhatItCannotRunByName) {
+  SimOverrides o;
+  o.model = "tiny-hybrid";
+  o.tp_degree = 2;
   EXPECT_THROW(
       {
         try {
           derive_params(1, o);
         } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("--spec: model 'tiny-hybrid' has Mamba2 layers"),
+          EXPECT_NE(std::string(e.what()).find("--tp 2: model 'tiny-hybrid' has Mamba2 layers"),
                     std::string::npos) << e.what();
           throw;
         }
       },
       Error);
-  o.speculative = false;
-  o.tp_degree = 2;
-  EXPECT_THROW(derive_params(1, o), Error);
   o.tp_degree = 1;
   o.model = "llama-1b";
   EXPECT_THROW(derive_params(1, o), Error);
