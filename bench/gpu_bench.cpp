@@ -1058,11 +1058,23 @@ json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& 
 // kernel each, at batches whose steps run the GEMV (the full run: batch 1 only).
 json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
                   const std::vector<int32_t>& batches) {
-  const Variant on{"fused", {.graphs = true, .fuse_decode = true, .time_steps = true}};
-  const Variant off{"unfused", {.graphs = true, .fuse_decode = false, .time_steps = true}};
+  const Variant on{"fused",
+                   {.graphs = true, .gemv_tokens_max = 8, .fuse_decode = true, .time_steps = true}};
+  const Variant off{"unfused",
+                    {.graphs = true, .gemv_tokens_max = 8, .fuse_decode = false, .time_steps = true}};
   return {{"shape", shape},
           {"fusion", compare_shape(shape, o, bandwidth, "decode GEMV fused vs unfused", on, off,
                                    batches)}};
+}
+
+// lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
+// CudaBackendOptions::gemv_tokens_max's default comes from.
+json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const Variant on{"gemv", {.graphs = true, .gemv_tokens_max = 8, .time_steps = true}};
+  const Variant off{"cublas", {.graphs = true, .gemv_tokens_max = 0, .time_steps = true}};
+  return {{"shape", shape},
+          {"gemv_vs_cublas", compare_shape(shape, o, bandwidth, "linear layers by GEMV vs cuBLAS",
+                                           on, off, {2, 4, 8})}};
 }
 
 std::string utc_now() {
@@ -1116,6 +1128,7 @@ int run(const Options& o) {
               {"eager", json::array()},
               {"overlap", json::array()},
               {"fusion", json::array()},
+              {"gemv_vs_cublas", json::array()},
               {"profile", json::array()},
               {"linear_layers_peer", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
@@ -1173,6 +1186,8 @@ int run(const Options& o) {
         out["linear_layers_peer"].push_back(linear_layers_peer(shape, rows, bandwidth));
       }
     }
+    save();
+    if (full_set(shape)) out["gemv_vs_cublas"].push_back(gemv_shape(shape, o, bandwidth));
     save();
   }
   return 0;

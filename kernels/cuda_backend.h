@@ -80,8 +80,11 @@ struct CudaBackendOptions {
   int64_t attention_workspace_bytes_max = int64_t{256} << 20;
   int64_t cublas_workspace_bytes = int64_t{32} << 20;
   // Steps of at most this many tokens (≤ 8) run their linear layers through lockstep's GEMV
-  // kernel (bf16 only); larger ones through cuBLAS. 0: always cuBLAS.
-  int32_t gemv_tokens_max = 8;
+  // kernel (bf16 only); larger ones through cuBLAS. 0: always cuBLAS. 1 by default: its time
+  // grows with every token (the fused GEMV at llama-1b batch 4 took 1.92 ms a step on the H200,
+  // batch 1 0.92 ms; cuBLAS at batch 16 1.36 ms — bench/results/2026-12-01-h200-656fb8fd3e25-*),
+  // and `lockstep_gpu_bench` compares the two at batch 2, 4 and 8 in every full run.
+  int32_t gemv_tokens_max = 1;
   // The forward's kernels (embedding, norms, GEMV, RoPE, attention, SwiGLU) launched to overlap
   // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
   // finishes); the same bits either way. Off: plain stream order (for comparison).
