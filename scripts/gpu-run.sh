@@ -426,7 +426,7 @@ run() {
 
   echo "== GPU tests"
   # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
-  run_part --new "$OUT/gpu_tests.log" 90 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='-CudaLlama1b.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*' \
       --gtest_output="json:$OUT/gpu_tests.json"
   run_part "$OUT/gpu_tests.log" 100 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='CudaLlama1b.*'
@@ -473,7 +473,7 @@ run() {
   fi
 
   echo "== benchmark"
-  run_part --new "$OUT/gpu_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json"
+  run_part --new "$OUT/gpu_bench.log" 360 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json"
   cat "$OUT/gpu_bench.log"
   spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
   echo "== decode attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
