@@ -72,7 +72,7 @@ OpRow prefill(const Piece& p) {
   OpRow row = testing::prefill_row(p.request.id, p.request.pool_row, p.begin, p.count, kPrompt);
   row.mamba_working = p.request.slot;
   row.refresh = {0, testing::pages_from(p.request.first_page, (kPrompt + kDecodeSteps + 15) / 16)};
-  if (p.begin + p.count == kPrompt) row.sampling = SamplingParams{};
+  if (p.begin == 0) row.sampling = SamplingParams{};  // a request new to its pool row names them
   return row;
 }
 

@@ -708,10 +708,12 @@ TEST(HybridRefusals, TensorParallelismSpeculationSeedsAndNoSlotsAreRefusedByName
   const ExecutorConfig c = rules_config();
   EXPECT_THAT([&] { CudaBackend b(hybrid(), c, CudaBackendOptions{.tp_degree = 2}); },
               ThrowsMessage<Error>(HasSubstr("tensor parallelism is not implemented")));
-  ExecutorConfig spec = c;
-  spec.verify_width = 2;
-  EXPECT_THAT([&] { CudaBackend b(hybrid(), spec); },
-              ThrowsMessage<Error>(HasSubstr("speculative decoding is not implemented")));
+  ExecutorConfig spec_with_swap = c;  // speculative decoding runs; with swap retraction it does not
+  spec_with_swap.verify_width = 2;
+  spec_with_swap.host_pages_count = 8;
+  EXPECT_THAT([&] { CudaBackend b(hybrid(), spec_with_swap); },
+              ThrowsMessage<Error>(HasSubstr("speculative decoding with retraction by swap is not "
+                                             "implemented")));
   ExecutorConfig no_slots = c;
   no_slots.mamba_slots_count = 0;
   EXPECT_THAT([&] { CudaBackend b(hybrid(), no_slots); },
