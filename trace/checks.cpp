@@ -22,9 +22,10 @@ void require(const std::optional<InvariantViolation>& violation) {
 }  // namespace
 
 void check_header(const TraceHeader& h) {
-  LS_REQUIRE(h.format_version == kFormatVersion,
-             "header: format_version {} is not supported (this build reads and writes version {})",
-             h.format_version, kFormatVersion);
+  LS_REQUIRE(h.format_version >= kOldestReadableFormatVersion && h.format_version <= kFormatVersion,
+             "header: format_version {} is not supported (this build reads versions {} to {} and "
+             "writes {})", h.format_version, kOldestReadableFormatVersion, kFormatVersion,
+             kFormatVersion);
   h.model.validate();
   h.executor.validate();
   LS_REQUIRE(h.model.vocab_size > 1, "header: model.vocab_size must be > 1, got {}",

@@ -153,12 +153,12 @@ void TraceReader::Impl::read_preamble() {
   }
   if (status == framing::PreambleStatus::kOk) {
     LS_REQUIRE(version != 2,
-               "format version 2 is not supported: this build reads version {} only (version 2 "
-               "records its logits digests by another definition); record the run again",
-               kFormatVersion);
-    LS_REQUIRE(version == kFormatVersion,
-               "format version {} is not supported: this build reads version {} only", version,
-               kFormatVersion);
+               "format version 2 is not supported: this build reads versions {} to {} only "
+               "(version 2 records its logits digests by another definition); record the run "
+               "again", kOldestReadableFormatVersion, kFormatVersion);
+    LS_REQUIRE(version >= kOldestReadableFormatVersion && version <= kFormatVersion,
+               "format version {} is not supported: this build reads versions {} to {} only",
+               version, kOldestReadableFormatVersion, kFormatVersion);
     return;
   }
   std::optional<uint32_t> old_version;
@@ -176,8 +176,8 @@ void TraceReader::Impl::read_preamble() {
   }
   LS_REQUIRE(old_version.has_value(), "no lockstep trace preamble (bad magic): not a lockstep trace");
   throw Error(fmt::format("format version {} (a trace without checksummed framing) is not "
-                          "supported: this build reads version {} only; record the run again",
-                          *old_version, kFormatVersion));
+                          "supported: this build reads versions {} to {} only; record the run "
+                          "again", *old_version, kOldestReadableFormatVersion, kFormatVersion));
 }
 
 void TraceReader::Impl::read_header() {

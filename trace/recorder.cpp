@@ -346,6 +346,10 @@ Recorder::Recorder(std::unique_ptr<State> state) : state_(std::move(state)) {}
 std::unique_ptr<Recorder> Recorder::open(const std::filesystem::path& path,
                                          const TraceHeader& header, RecorderOptions options) {
   check_header(header);
+  // A trace is written in this build's format only (an older version's readers would skip what
+  // it cannot hold: CacheOp.stateSlot).
+  LS_REQUIRE(header.format_version == kFormatVersion, "recorder: header format_version {}: this "
+             "build writes version {} only", header.format_version, kFormatVersion);
   LS_REQUIRE(options.max_in_flight_bytes > 0, "recorder: max_in_flight_bytes must be > 0");
   auto state = std::make_unique<State>(header, options);
   state->path = path;

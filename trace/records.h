@@ -21,7 +21,10 @@ namespace ls::trace {
 
 // 2: checksummed framing (a preamble, then frames of a header and a message; trace.capnp).
 // A reader of version 2 refuses version 1 files, naming the version.
-inline constexpr uint32_t kFormatVersion = 3;
+inline constexpr uint32_t kFormatVersion = 4;
+// The oldest version this build still reads (trace.capnp EVOLUTION: version 3 files read as 4
+// with every CacheOp.stateSlot −1).
+inline constexpr uint32_t kOldestReadableFormatVersion = 3;
 inline constexpr int32_t kTopLogitsCountMax = ls::kTopLogitsCountMax;
 // At most this many steps may be open (input written, output not yet) at once: an overlapped
 // executor records input k+1 before output k.

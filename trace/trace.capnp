@@ -107,19 +107,19 @@
 # EVOLUTION
 #   Add fields and union members with NEW ORDINALS only; never renumber, retype or remove. A
 #   reader ignores fields it does not know. (Issue 19's mambaStateDigests is such an addition:
-#   format 3 still; a reader from before skips them, and their header flag reads false in older
-#   files. CacheOp.stateSlot is another: it reads −1 in older files, whose cache ops never
-#   carried a state; a reader from before would skip it, so a swapped hybrid's trace needs a
-#   reader that knows it to replay.) `formatVersion` changes only when a reader of an
-#   older version must refuse the file; additive changes keep it. Version 2 (checksummed
-#   framing) is refused by name since version 3 (a cheaper logits digest, DIGESTS); version 1
-#   files (no framing) are refused by name.
+#   a reader from before skips them, and their header flag reads false in older files.)
+#   `formatVersion` changes only when a reader of an older version must refuse the file;
+#   additive changes keep it. Version 4 adds CacheOp.stateSlot: a version-3 reader would skip
+#   it and replay a hybrid's swap without its state, so version-3 readers must refuse version-4
+#   files; a version-4 reader reads version-3 files, whose cache ops never carried a state, with
+#   every stateSlot −1. Version 2 (checksummed framing) is refused by name since version 3 (a
+#   cheaper logits digest, DIGESTS); version 1 files (no framing) are refused by name.
 @0xd9fcced0f1a776b6;
 
 $import "/capnp/c++.capnp".namespace("ls::trace::schema");
 
 const traceMagic :UInt64 = 0x4543415254534c00;  # "\0LSTRACE" read as little-endian u64
-const formatVersion :UInt32 = 3;
+const formatVersion :UInt32 = 4;
 
 struct Record {
   union {

@@ -79,7 +79,7 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   TraceReader reader = TraceReader::open(file.path());
   const TraceHeader& h = reader.header();
   EXPECT_EQ(h.format_version, kFormatVersion);
-  EXPECT_EQ(kFormatVersion, 3u);
+  EXPECT_EQ(kFormatVersion, 4u);
   EXPECT_EQ(h.build_id, "lockstep-test 0.1.0");
   EXPECT_EQ(h.model.name, "tiny");
   EXPECT_EQ(h.model.hidden_size, 64);
