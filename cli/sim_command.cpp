@@ -344,7 +344,7 @@ std::function<int()> add_sim_command(CLI::App& app) {
     if (!cmd->parsed()) return -1;
     LS_REQUIRE(seed->count() == 0 || o->seeds.empty(), "--seed {} and --seeds {}: give one of the two",
                o->seed, o->seeds);
-    // The overrides refuse what the model cannot run (--spec, --tp on a hybrid) before a seed runs.
+    // The overrides refuse what the model cannot run (--tp on a hybrid) before a seed runs.
     sim::derive_params(o->seed, overrides_of(*o));
     const ModelWeights weights = weights_from_seed(model_config_named(o->model), kSimWeightsSeed);
     LS_REQUIRE(o->seeds.empty() || o->record.empty(), "--record takes a single --seed, not --seeds");

@@ -32,8 +32,8 @@ struct SchedulerConfig : Limits {
   // at least one needed): a prompt's chunks end on page boundaries, rows that end a page snapshot
   // the state into a checkpoint slot, and a hit stops at the deepest cached page with one, whose
   // state the hit's first chunk copies in. Retraction by swap (host_pages_count > 0) copies the
-  // working state out with the pages and back in. Both need verify_width 1 (speculative decoding
-  // on such a model is not implemented).
+  // working state out with the pages and back in. Speculative decoding (verify_width > 1) runs
+  // with the prefix cache (verify-state slots, core/limits.h), not with swap (refused by name).
   bool recurrent_state = false;
 };
 

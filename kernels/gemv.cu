@@ -11,6 +11,7 @@
 
 #include <array>
 #include <atomic>
+#include <mutex>
 
 namespace ls::kernels {
 
@@ -316,16 +317,22 @@ cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
     // a stream operation: a graph's capture may make it too). At exactly 48 KB (llama-8b, 6
     // tokens) the static part already puts it over.
     // Per device: an attribute is set in the current device's context (tensor-parallel ranks).
+    // A grant is raised under a lock (ranks sharing a GPU must not lower one another just
+    // raised); a launch within it reads one atomic and takes no lock.
     static std::array<std::atomic<size_t>, kDevicesMax> granted{};
+    static std::mutex granting;
     int device = 0;
     if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) return status;
     if (device < 0 || device >= kDevicesMax) return cudaErrorInvalidDevice;
     std::atomic<size_t>& asked = granted[static_cast<size_t>(device)];
-    if (shared > asked.load(std::memory_order_relaxed)) {
-      const cudaError_t status = cudaFuncSetAttribute(
-          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-      if (status != cudaSuccess) return status;
-      asked.store(shared, std::memory_order_relaxed);
+    if (shared > asked.load(std::memory_order_acquire)) {
+      const std::lock_guard<std::mutex> lock(granting);
+      if (shared > asked.load(std::memory_order_relaxed)) {
+        const cudaError_t status = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+        if (status != cudaSuccess) return status;
+        asked.store(shared, std::memory_order_release);
+      }
     }
     static std::atomic<uint64_t> resident_cache{0};
     const int32_t cap = resident_blocks(kernel, shared, resident_cache) * sm_count();

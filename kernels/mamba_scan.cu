@@ -72,8 +72,9 @@ mamba_scan_rows_kernel(MambaShape shape, MambaLayerParams params, MambaStateView
   const float d_skip = params.d_skip[head];
   const int32_t dt_offset = inner + conv_dim + head;
   // A verified decode row (MambaRows::verify_base): the state after each verify token into its
-  // verify slot, the working slot left for the commit. Its W tokens hold no complete block, so
-  // the whole row is in one span.
+  // verify slot, the working slot left for the commit. The sequential launch (launch_mamba_mixer)
+  // is the one that runs such rows: its conv keeps the per-token windows, the chunked launch's
+  // does not (CudaBackend::Impl::mamba_chunked is off for a step with a verified row).
   const int32_t verify_base =
       rows.verify_base != nullptr ? rows.verify_base[static_cast<int32_t>(blockIdx.z)] : -1;
   for (int32_t t = begin; t < end; ++t) {

@@ -703,7 +703,7 @@ TEST(HybridSwap, ServedWithSwapRetractionAgreesWithTheCpu) {
 
 // ---- What the CUDA backend refuses for a hybrid, by name -------------------------------------
 
-TEST(HybridRefusals, TensorParallelismSpeculationSeedsAndNoSlotsAreRefusedByName) {
+TEST(HybridRefusals, TensorParallelismSpeculationWithSwapSeedsAndNoSlotsAreRefusedByName) {
   LS_SKIP_WITHOUT_DEVICE();
   const ExecutorConfig c = rules_config();
   EXPECT_THAT([&] { CudaBackend b(hybrid(), c, CudaBackendOptions{.tp_degree = 2}); },
