@@ -8,30 +8,20 @@
 #include "core/ops/digest.h"
 #include "core/serving_loop.h"
 #include "core/step_observer.h"
+#include "proptest/rc_support.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <sstream>
 
 namespace ls::hybrid_spec {
 
 namespace {
 
-constexpr uint64_t kCiSeed = 20261920;
-constexpr int kGenSize = 100;  // RapidCheck's nominal size: inRange draws its whole range
 constexpr int32_t kContextLength = 64;
 constexpr int32_t kCheckpointSlots = 6;
 constexpr uint64_t kWeightsSeed = 3;
-
-class QuietListener final : public rc::detail::TestListener {
- public:
-  void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
-  void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
-  void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
-};
 
 // Proposes each request's reference continuation, a draft right with `acceptance` percent (a
 // hash of request, position and draft index decides) and otherwise an id that differs from it:
@@ -258,7 +248,7 @@ std::string SpecWorkload::describe() const {
 void showValue(const SpecWorkload& w, std::ostream& os) { os << w.describe(); }
 
 rc::Gen<SpecWorkload> gen_spec_workload() {
-  return rc::gen::resize(kGenSize, rc::gen::exec([] {
+  return rc::gen::resize(rc_support::kGenSize, rc::gen::exec([] {
     SpecWorkload w;
     w.world.max_batch_rows = *rc::gen::inRange(1, 5);
     w.world.page_size = 1 << *rc::gen::inRange(1, 4);  // 2, 4 or 8
@@ -295,25 +285,9 @@ std::string tokens_same_with_and_without_drafter(const SpecWorkload& w) {
 }
 
 std::optional<std::string> counterexample(int cases) {
-  rc::detail::TestParams params = rc::detail::configuration().testParams;
-  if (std::getenv("RC_PARAMS") == nullptr) params.seed = kCiSeed;
-  params.maxSuccess = cases;
-  params.maxSize = kGenSize;
-  std::string last;  // RapidCheck runs the shrunk case last
-  const auto testable = [&] {
-    const SpecWorkload w = *gen_spec_workload();
-    const std::string failure = tokens_same_with_and_without_drafter(w);
-    if (!failure.empty()) last = failure;
-    RC_ASSERT(failure.empty());
-  };
-  QuietListener quiet;
-  const std::string id = "hybrid/spec";
-  const rc::detail::TestResult result = rc::detail::checkTestable(
-      testable, rc::detail::TestMetadata{id, id}, params, quiet, rc::detail::configuration().reproduce);
-  if (result.is<rc::detail::SuccessResult>()) return std::nullopt;
-  std::ostringstream text;
-  rc::detail::printResultMessage(result, text);
-  return fmt::format("{}\n{}", last, text.str());
+  return rc_support::run_property("hybrid/spec", cases, [] {
+    return tokens_same_with_and_without_drafter(*gen_spec_workload());
+  });
 }
 
 }  // namespace ls::hybrid_spec
