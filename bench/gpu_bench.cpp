@@ -275,6 +275,12 @@ class Driver {
   RequestId first_id_ = 1;
 };
 
+// Block `block`'s order of two drivers: x then y, then y then x (ABBA), so that a drift within a
+// block (the clocks after a prefill) falls on both alike.
+std::array<Driver*, 2> abba(int32_t block, Driver* x, Driver* y) {
+  return block % 2 == 0 ? std::array<Driver*, 2>{x, y} : std::array<Driver*, 2>{y, x};
+}
+
 // Bytes one decode step must move: every linear weight and the LM head once (bf16), the norm
 // weights, Qwen2's q/k/v biases and Qwen3's q/k head norms (fp32 on the device), plus the KV of
 // every row's context (read) — the floor a memory-bound step cannot beat. A hybrid's Mamba layers
@@ -852,11 +858,7 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
     std::vector<double> off_wall, on_wall, off_idle, on_idle, block_ratios;
     for (int32_t b = 0; b < blocks; ++b) {
       double block_ms[2] = {0, 0};
-      // ABBA: the order alternates, so that a drift within a block (clocks after a prefill)
-      // falls on both alike.
-      Driver* order[2] = {&off, &on};
-      if (b % 2 == 1) std::swap(order[0], order[1]);
-      for (Driver* d : order) {
+      for (Driver* d : abba(b, &off, &on)) {
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
         const Driver::DecodeTimes t = d->decode(rows, steps, backend, true);
@@ -1011,7 +1013,7 @@ json compare_shape(const std::string& shape, const Options& o, const Bandwidth& 
     Driver off(off_executor, config, model.vocab_size);
     std::vector<double> on_wall, off_wall;
     for (int32_t b = 0; b < blocks; ++b) {
-      for (Driver* d : {&off, &on}) {
+      for (Driver* d : abba(b, &off, &on)) {
         CudaBackend& backend = d == &on ? on_backend : off_backend;
         d->prefill(rows, kContext);
         d->decode(rows, kWarmupSteps, backend, false);
