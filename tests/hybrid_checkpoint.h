@@ -8,7 +8,10 @@
 #include "core/model/weights.h"
 #include "core/ops/seeded_weights.h"
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -132,6 +135,21 @@ inline void write_hybrid_checkpoint(const std::filesystem::path& dir, uint64_t s
   w.linear("lm_head.weight", v, h);
   for (size_t i = 0; i < w.tensors.size(); ++i) w.tensors[i].values = w.storage[i];
   write_safetensors(dir / "model.safetensors", w.tensors, DType::kF32);
+}
+
+// The checkpoint of write_hybrid_checkpoint's defaults, as load_hf_directory reads it back from
+// a temporary directory: written and loaded once per process.
+inline const ModelWeights& hybrid_checkpoint_weights() {
+  static const ModelWeights weights = [] {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      fmt::format("lockstep_{}_hybrid_checkpoint", ::getpid());
+    std::filesystem::create_directories(dir);
+    write_hybrid_checkpoint(dir);
+    ModelWeights loaded = load_hf_directory(dir);
+    std::filesystem::remove_all(dir);
+    return loaded;
+  }();
+  return weights;
 }
 
 }  // namespace ls::testing

@@ -78,18 +78,7 @@ SchedulerConfig config_of(const HybridWorld& w) {
 
 }  // namespace
 
-const ModelWeights& hybrid_weights() {
-  static const ModelWeights weights = [] {
-    namespace fs = std::filesystem;
-    const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep_{}_hybrid_props", ::getpid());
-    fs::create_directories(dir);
-    testing::write_hybrid_checkpoint(dir);
-    ModelWeights loaded = load_hf_directory(dir);
-    fs::remove_all(dir);
-    return loaded;
-  }();
-  return weights;
-}
+const ModelWeights& hybrid_weights() { return testing::hybrid_checkpoint_weights(); }
 
 std::string HybridWorld::describe() const {
   return fmt::format("B {} P {} pages {} chunk {} checkpoints {} host pages {} prefix cache {} "

@@ -46,18 +46,7 @@ struct Piece {
   int32_t begin, count;
 };
 
-const ModelWeights& hybrid() {
-  static const ModelWeights weights = [] {
-    const fs::path dir =
-        fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid_chunked", ::getpid());
-    fs::create_directories(dir);
-    testing::write_hybrid_checkpoint(dir);
-    ModelWeights loaded = load_hf_directory(dir);
-    fs::remove_all(dir);
-    return loaded;
-  }();
-  return weights;
-}
+const ModelWeights& hybrid() { return testing::hybrid_checkpoint_weights(); }
 
 ExecutorConfig chunk_config() {
   ExecutorConfig c = testing::small_config();

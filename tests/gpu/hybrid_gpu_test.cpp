@@ -47,18 +47,7 @@ using testing::prompt_for;
 
 constexpr int32_t kVocab = 512;
 
-const ModelWeights& hybrid() {
-  static const ModelWeights weights = [] {
-    const fs::path dir =
-        fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid", ::getpid());
-    fs::create_directories(dir);
-    testing::write_hybrid_checkpoint(dir);
-    ModelWeights loaded = load_hf_directory(dir);
-    fs::remove_all(dir);
-    return loaded;
-  }();
-  return weights;
-}
+const ModelWeights& hybrid() { return testing::hybrid_checkpoint_weights(); }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

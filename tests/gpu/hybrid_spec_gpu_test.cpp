@@ -44,18 +44,7 @@ using testing::prefill_row;
 
 constexpr int32_t kVocab = 512;
 
-const ModelWeights& hybrid() {
-  static const ModelWeights weights = [] {
-    const fs::path dir =
-        fs::temp_directory_path() / fmt::format("lockstep_{}_gpu_hybrid_spec", ::getpid());
-    fs::create_directories(dir);
-    testing::write_hybrid_checkpoint(dir);
-    ModelWeights loaded = load_hf_directory(dir);
-    fs::remove_all(dir);
-    return loaded;
-  }();
-  return weights;
-}
+const ModelWeights& hybrid() { return testing::hybrid_checkpoint_weights(); }
 
 double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, base = 0;
