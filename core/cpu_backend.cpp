@@ -299,12 +299,24 @@ void CpuBackend::guard_logits(const StepPlan& plan, StepResult& result) {
   }
 }
 
+// The top logits guard_logits recorded for logits rows [first, first + count), or none when the
+// step does not record: a greedy row's token is their first (argmax's order), read instead of
+// scanning the row a second time.
+std::span<const TopLogit> CpuBackend::recorded_top(const StepResult& result, int32_t first,
+                                                   int32_t count) {
+  const size_t per_row = static_cast<size_t>(result.top_logits_count);
+  if (per_row == 0) return {};
+  return std::span<const TopLogit>(result.top_logits)
+      .subspan(static_cast<size_t>(first) * per_row, static_cast<size_t>(count) * per_row);
+}
+
 // Rules 6 and 8 for prefill rows: sample the last token's logits, commit vcl += input length.
 void CpuBackend::sample_prefill_rows(const StepPlan& plan, StepResult& result) {
   for (int32_t row = 0; row < plan.prefill_rows_count; ++row) {
     const int32_t rpi = plan.pool_rows[row];
     const int64_t position = int64_t{plan.prefill_prefix[row]} + plan.input_lengths[row];
-    const SampleOutcome outcome = sample_token(logits_row(row), plan.sampling[row], position, scratch_);
+    const SampleOutcome outcome = sample_token(logits_row(row), plan.sampling[row], position,
+                                               scratch_, recorded_top(result, row, 1));
     result.tokens[row] = outcome.token;
     result.accepted_lengths[row] = 1;
     vcl_[rpi] += plan.input_lengths[row];
@@ -345,6 +357,8 @@ void CpuBackend::verify_decode_rows(const StepPlan& plan, StepResult& result) {
         .sampling = plan.sampling[row],
         .first_position = int64_t{vcl_old} + 1,
         .force_single = plan.force_single[row - ne] != 0,
+        .top = recorded_top(result, first_logits, w),
+        .top_count = result.top_logits_count,
     };
     std::span<int32_t> out(result.tokens.data() + first_logits, w);
     const int32_t accepted = verifier_->verify(verify_row, out, scratch_);

@@ -48,6 +48,8 @@ class CpuBackend final : public Backend {
  private:
   void guard_logits(const StepPlan& plan, StepResult& result);
   void sample_prefill_rows(const StepPlan& plan, StepResult& result);
+  static std::span<const TopLogit> recorded_top(const StepResult& result, int32_t first,
+                                                int32_t count);
   void verify_decode_rows(const StepPlan& plan, StepResult& result);
   void commit_decode_row(const StepPlan& plan, int32_t row, std::span<const int32_t> out,
                          int32_t accepted);

@@ -198,6 +198,12 @@ std::span<const float> row_logits(const VerifyRow& row, int32_t i) {
   return row.logits.subspan(static_cast<size_t>(i) * vocab, vocab);
 }
 
+std::span<const TopLogit> row_top(const VerifyRow& row, int32_t i) {
+  if (row.top.empty()) return {};
+  const size_t count = static_cast<size_t>(row.top_count);
+  return row.top.subspan(static_cast<size_t>(i) * count, count);
+}
+
 void assert_row_shape(const VerifyRow& row, std::span<const int32_t> out_tokens) {
   const size_t width = row.inputs.size();
   LS_ASSERT(width >= 1);
@@ -215,10 +221,10 @@ void assert_row_shape(const VerifyRow& row, std::span<const int32_t> out_tokens)
 int32_t verify_greedy(const VerifyRow& row, std::span<int32_t> out_tokens) {
   const int32_t width = static_cast<int32_t>(row.inputs.size());
   int32_t i = 0;
-  out_tokens[0] = argmax_token(row_logits(row, 0));
+  out_tokens[0] = greedy_token(row_logits(row, 0), row_top(row, 0));
   while (i + 1 < width && row.inputs[i + 1] == out_tokens[i]) {
     ++i;
-    out_tokens[i] = argmax_token(row_logits(row, i));
+    out_tokens[i] = greedy_token(row_logits(row, i), row_top(row, i));
   }
   return i + 1;
 }
@@ -243,8 +249,9 @@ int32_t verify_stochastic(const VerifyRow& row, std::span<int32_t> out_tokens,
     return i;
   }
   const int32_t last = width - 1;
-  out_tokens[last] =
-      sample_token(row_logits(row, last), sampling, row.first_position + last, scratch).token;
+  out_tokens[last] = sample_token(row_logits(row, last), sampling, row.first_position + last,
+                                  scratch, row_top(row, last))
+                         .token;
   return width;
 }
 
@@ -279,9 +286,14 @@ int32_t argmax_token(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
+int32_t greedy_token(std::span<const float> logits, std::span<const TopLogit> top) {
+  return top.empty() ? argmax_token(logits) : top.front().id;
+}
+
 SampleOutcome sample_token(std::span<const float> logits, const ResolvedSampling& sampling,
-                           int64_t position, SamplingScratch& scratch) {
-  if (sampling.top_k == 1) return {argmax_token(logits), 0.0f};
+                           int64_t position, SamplingScratch& scratch,
+                           std::span<const TopLogit> top) {
+  if (sampling.top_k == 1) return {greedy_token(logits, top), 0.0f};
   const FilteredDistribution q = filter_distribution(logits, sampling, scratch);
   const int32_t token = invert_cdf(q, draw_uniform(sampling.seed, position, kDrawSample), kNoToken);
   return {token, std::log(q.weights[token] / q.kept_sum)};
@@ -291,8 +303,9 @@ int32_t StandardVerifier::verify(const VerifyRow& row, std::span<int32_t> out_to
                                  SamplingScratch& scratch) const {
   assert_row_shape(row, out_tokens);
   if (row.force_single || row.inputs.size() == 1) {
-    out_tokens[0] =
-        sample_token(row_logits(row, 0), row.sampling, row.first_position, scratch).token;
+    out_tokens[0] = sample_token(row_logits(row, 0), row.sampling, row.first_position, scratch,
+                                 row_top(row, 0))
+                        .token;
     return 1;
   }
   if (row.sampling.top_k == 1) return verify_greedy(row, out_tokens);

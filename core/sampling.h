@@ -7,6 +7,7 @@
 // generated token), which — unlike the seed's vcl offset — does not change with prompt chunking.
 #pragma once
 
+#include "core/logits_digest.h"
 #include "core/sampling_params.h"
 
 #include <array>
@@ -44,11 +45,18 @@ struct SampleOutcome {
 // smallest prefix of tokens sorted by (prob desc, id asc) whose mass reaches p), min-p (keep
 // p >= min_p · p_max), renormalise, and invert the CDF at draw_uniform(seed, position, 0).
 // Logits must be finite (the NaN guard runs first).
+// `top`: the row's top logits as a recording step computed them (append_top_logits: logit
+// descending, the lower id first on ties — argmax's order), or empty; a greedy row then takes
+// top[0] instead of scanning the row again.
 SampleOutcome sample_token(std::span<const float> logits, const ResolvedSampling& sampling,
-                           int64_t position, SamplingScratch& scratch);
+                           int64_t position, SamplingScratch& scratch,
+                           std::span<const TopLogit> top = {});
 
 // Greedy argmax with lowest-id tie-break.
 int32_t argmax_token(std::span<const float> logits);
+
+// argmax_token(logits), read off the row's recorded top logits when there are any.
+int32_t greedy_token(std::span<const float> logits, std::span<const TopLogit> top);
 
 // Verifying one decode row of width W (seed spec §5): inputs = [t0, d1 .. d_{W-1}],
 // logits = [W, V]. Writes predict[0 .. a-1] into `out_tokens` and returns a in [1, W].
@@ -59,6 +67,10 @@ struct VerifyRow {
   ResolvedSampling sampling;
   int64_t first_position = 0;        // position of the token predict[0] produces
   bool force_single = false;         // accept exactly one token (dummy draft columns)
+  // A recording step's top logits of the W rows (top_count each, as sample_token's `top`), or
+  // empty.
+  std::span<const TopLogit> top;
+  int32_t top_count = 0;
 };
 
 class Verifier {

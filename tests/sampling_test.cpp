@@ -1,6 +1,7 @@
 #include "core/sampling.h"
 
 #include "core/check.h"
+#include "core/logits_digest.h"
 #include "core/sampling_params.h"
 
 #include <gmock/gmock.h>
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -126,6 +128,37 @@ TEST(Argmax, TieGoesToLowestId) {
   const std::vector<float> logits = {1.0f, 3.0f, -2.0f, 3.0f, 3.0f};
   EXPECT_EQ(argmax_token(logits), 1);
   EXPECT_EQ(argmax_token(std::vector<float>{-1.0f}), 0);
+}
+
+// A recording step's greedy rows read their token off the row's recorded top logits
+// (greedy_token) instead of scanning it again: on rows full of ties, ±0, the guard's ±1e30 and
+// NaNs (sanitised first, as a step does), the top's first is the first maximum — by the record's
+// AVX-512 pass and its portable one.
+TEST(GreedyToken, TheRecordedTopsFirstIsTheFirstMaximum) {
+  const std::array<float, 9> values = {-0.0f, 0.0f, 1.0f, 2.0f, 2.0f, -3.0f,
+                                       std::numeric_limits<float>::quiet_NaN(),
+                                       std::numeric_limits<float>::infinity(),
+                                       -std::numeric_limits<float>::infinity()};
+  std::mt19937 gen(41);
+  int64_t not_first_id = 0;
+  for (int32_t trial = 0; trial < 600; ++trial) {
+    const size_t vocab = 1 + gen() % 300;
+    std::vector<float> row(vocab);
+    const size_t distinct = 1 + gen() % values.size();
+    for (float& x : row) x = values[gen() % distinct];
+    for (const auto record : {sanitise_and_record_row, sanitise_and_record_row_portable}) {
+      std::vector<float> sanitised = row;
+      uint64_t digest = 0;
+      std::vector<TopLogit> top;
+      record(sanitised, 1 + static_cast<int32_t>(gen() % 8), digest, top);
+      const auto first_max = std::max_element(sanitised.begin(), sanitised.end());
+      const int32_t expected = static_cast<int32_t>(first_max - sanitised.begin());
+      ASSERT_EQ(greedy_token(sanitised, top), expected) << "trial " << trial;
+      ASSERT_EQ(greedy_token(sanitised, {}), expected) << "trial " << trial;
+      not_first_id += expected != 0;
+    }
+  }
+  EXPECT_GT(not_first_id, 300);  // the rows' maxima are not all at id 0
 }
 
 TEST(SampleToken, GreedyReturnsArgmaxWithZeroLogprob) {

@@ -348,6 +348,23 @@ sim::SimSummary record(const sim::SimParams& params, const fs::path& path) {
   return summary;
 }
 
+// A recording step's greedy rows take their token from the row's recorded top logits
+// (core/sampling.h greedy_token): the served tokens are those of a run that records nothing, with
+// and without speculative decoding (greedy verification reads the top of every draft column).
+TEST(SpecTrace, RecordingLeavesEveryServedTokenAsItIs) {
+  std::vector<sim::SimParams> worlds = {sim::derive_params(3, {}), sim::derive_params(11, {})};
+  for (uint64_t from : {1, 20}) worlds.push_back(spec_seed(sim::SimDrafter::kNgram, from));
+  for (const sim::SimParams& params : worlds) {
+    const sim::SimSummary plain = sim::run_world(params, sim_weights(), {});
+    const sim::SimSummary recording = sim::run_world(
+        params, sim_weights(), {.executor_options = trace::recording_executor_options()});
+    ASSERT_TRUE(plain.passed()) << params.describe();
+    EXPECT_GT(plain.tokens_generated, 0) << params.describe();
+    EXPECT_EQ(recording.tokens_generated, plain.tokens_generated) << params.describe();
+    EXPECT_EQ(recording.fingerprint, plain.fingerprint) << params.describe();
+  }
+}
+
 TEST(SpecTrace, AnNgramRunRecordsItsDrafterAndDraftsAndReplaysIdentical) {
   for (uint64_t from : {1, 20, 40}) {
     const sim::SimParams params = spec_seed(sim::SimDrafter::kNgram, from);
