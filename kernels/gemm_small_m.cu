@@ -396,10 +396,16 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
 
 constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
 
+// The kernel's dynamic shared memory allowed, and the carveout at its maximum so that two blocks
+// of ~97 KB share an SM (the L1 keeps the rest; the kernel reads global memory through cp.async).
 template <int32_t NT>
 cudaError_t allow_shared() {
-  return cudaFuncSetAttribute(gemm_small_m_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(kSharedBytes<NT>));
+  const auto kernel = gemm_small_m_kernel<NT>;
+  const cudaError_t size = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes<NT>));
+  if (size != cudaSuccess) return size;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared);
 }
 
 // Every n-tile count's kernel allowed its shared memory (over 48 KB needs the opt-in), once per

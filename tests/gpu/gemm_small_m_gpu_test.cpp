@@ -27,7 +27,7 @@ using gpu_test::linear_ref;
 using gpu_test::random_bf16_values;
 using gpu_test::random_floats;
 using gpu_test::relative_error;
-using kernels::bf16;
+using bf16 = __nv_bfloat16;
 
 // fp32 accumulation of exact bf16 products: each sum is ~in / 16 chained MMA results plus the
 // split partials, each addition rounding by ≤ 2^-24 of the running sum, so a norm-wise error of
