@@ -15,6 +15,9 @@
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
 // without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps).
+// They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
+// 64), and time each projection's kernel both ways at 1, 16 and 64 tokens; --small-m runs only
+// that.
 //
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
 // 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
@@ -36,6 +39,7 @@
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
+//                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
@@ -43,6 +47,7 @@
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
 #include "kernels/gemm_plans.h"
+#include "kernels/gemm_small_m.h"
 #include "kernels/logits_ops.h"
 #include "kernels/tp_collectives.h"
 #include "kernels/tp_cuda_backend.h"
@@ -321,6 +326,7 @@ struct Options {
   bool recording = false;     // only the recording figures
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
+  bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -653,6 +659,117 @@ json linear_layers_peer(const std::string& shape, int32_t rows, const Bandwidth&
   cudaStreamDestroy(stream);
   return {{"shape", shape}, {"batch", rows}, {"ms", ms}, {"weight_bytes", weight_bytes},
           {"read_bandwidth_fraction", of_read}};
+}
+
+// Kernel-level figure of the small-M GEMM (kernels/gemm_small_m.h) against the pinned cuBLASLt
+// plan the backend would run, for each linear shape of the model at 1, 16 and 64 tokens: a graph
+// of back-to-back products, each over its own copy of the weights (copies enough to pass 256 MB,
+// so that no product finds its weights in the L2), the same x and y for all; lockstep's launched
+// to overlap its predecessor, as the backend launches it. GB/s of weights and the fraction of the
+// read bandwidth measured in the same run.
+json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth) {
+  const ModelConfig m = model_config_named(shape);
+  struct Projection {
+    const char* name;
+    int32_t out, in;
+    bool accumulate;
+  };
+  const Projection projections[] = {
+      {"qkv", m.q_size() + 2 * m.kv_size(), m.hidden_size, false},
+      {"o", m.hidden_size, m.q_size(), true},
+      {"gate_up", 2 * m.ffn_size, m.hidden_size, false},
+      {"down", m.hidden_size, m.ffn_size, true},
+      {"lm_head", m.vocab_size, m.hidden_size, false}};
+  cudaStream_t stream = nullptr;
+  LS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const size_t cublas_bytes = size_t{32} << 20;
+  void* cublas_workspace = nullptr;
+  LS_CUDA(cudaMalloc(&cublas_workspace, cublas_bytes));
+  kernels::GemmPlans plans(stream, cublas_workspace, cublas_bytes);
+  json rows = json::array();
+  for (const Projection& p : projections) {
+    const size_t weight_bytes = size_t{2} * static_cast<size_t>(p.out) * static_cast<size_t>(p.in);
+    const int32_t copies =
+        static_cast<int32_t>(std::max<size_t>(2, (size_t{256} << 20) / weight_bytes + 1));
+    void* weights = nullptr;
+    LS_CUDA(cudaMalloc(&weights, weight_bytes * static_cast<size_t>(copies)));
+    LS_CUDA(cudaMemset(weights, 0x3c, weight_bytes * static_cast<size_t>(copies)));  // ≈ 0.01
+    const auto copy = [&](int32_t i) {
+      return reinterpret_cast<const __nv_bfloat16*>(static_cast<const uint8_t*>(weights) +
+                                                    weight_bytes * static_cast<size_t>(i));
+    };
+    void* x = nullptr;
+    float* y = nullptr;
+    void* workspace = nullptr;
+    const size_t x_bytes = size_t{2} * kernels::kSmallMGemmTokensMax * static_cast<size_t>(p.in);
+    const size_t workspace_bytes = std::max<size_t>(
+        1, kernels::gemm_small_m_workspace_bytes(p.out, p.in, kernels::kSmallMGemmTokensMax));
+    LS_CUDA(cudaMalloc(&x, x_bytes));
+    LS_CUDA(cudaMemset(x, 0x3c, x_bytes));
+    const size_t y_bytes = sizeof(float) * kernels::kSmallMGemmTokensMax * static_cast<size_t>(p.out);
+    LS_CUDA(cudaMalloc(&y, y_bytes));
+    LS_CUDA(cudaMemset(y, 0, y_bytes));
+    LS_CUDA(cudaMalloc(&workspace, workspace_bytes));
+    LS_CUDA(cudaMemset(workspace, 0, workspace_bytes));
+    const float beta = p.accumulate ? 1.0f : 0.0f;
+    const int32_t launches = std::max(copies, 24);
+    const auto graph_ms = [&](auto&& enqueue_one) {
+      for (int32_t i = 0; i < copies; ++i) enqueue_one(copy(i));  // warm-up, eagerly
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      LS_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      for (int32_t i = 0; i < launches; ++i) enqueue_one(copy(i % copies));
+      LS_CUDA(cudaStreamEndCapture(stream, &graph));
+      LS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+      const double ms =
+          1e3 * median_seconds(stream, 10, [&](int32_t) {
+            LS_CUDA(cudaGraphLaunch(exec, stream));
+          });
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      return ms / launches;
+    };
+    for (const int32_t tokens : {1, 16, 64}) {
+      const auto* xb = static_cast<const __nv_bfloat16*>(x);
+      const double lockstep_ms = graph_ms([&](const __nv_bfloat16* w) {
+        LS_CUDA(kernels::launch_gemm_small_m_bf16(xb, w, y, tokens, p.out, p.in, beta, workspace,
+                                                  workspace_bytes,
+                                                  kernels::LaunchStream(stream, true)));
+      });
+      LS_CUBLAS(plans.prepare(tokens, p.out, p.in, p.accumulate));
+      kernels::GemmPlans::Plan* plan = plans.find(tokens, p.out, p.in, p.accumulate);
+      LS_ASSERT(plan != nullptr, "no plan for [{}, {}]", p.out, p.in);
+      const double cublas_ms = graph_ms(
+          [&](const __nv_bfloat16* w) { LS_CUBLAS(plans.run(*plan, xb, w, y, beta)); });
+      const auto gbs = [&](double ms) {
+        return static_cast<double>(weight_bytes) / (ms * 1e-3) * 1e-9;
+      };
+      std::printf("  %s %-7s [%6d, %5d] × %2d tokens: lockstep GEMM %.4f ms %.0f GB/s (%.1f%% of "
+                  "read BW), cuBLAS %.4f ms %.0f GB/s (%.1f%%), %d splits\n",
+                  shape.c_str(), p.name, p.out, p.in, tokens, lockstep_ms, gbs(lockstep_ms),
+                  gbs(lockstep_ms) * 1e9 / bandwidth.read * 100, cublas_ms, gbs(cublas_ms),
+                  gbs(cublas_ms) * 1e9 / bandwidth.read * 100,
+                  kernels::gemm_small_m_splits(p.out, p.in));
+      rows.push_back({{"shape", shape},
+                      {"projection", p.name},
+                      {"out", p.out},
+                      {"in", p.in},
+                      {"tokens", tokens},
+                      {"splits", kernels::gemm_small_m_splits(p.out, p.in)},
+                      {"weight_bytes", static_cast<int64_t>(weight_bytes)},
+                      {"ms_lockstep", lockstep_ms},
+                      {"ms_cublas", cublas_ms},
+                      {"read_bandwidth_fraction_lockstep", gbs(lockstep_ms) * 1e9 / bandwidth.read},
+                      {"read_bandwidth_fraction_cublas", gbs(cublas_ms) * 1e9 / bandwidth.read}});
+    }
+    cudaFree(weights);
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(workspace);
+  }
+  cudaFree(cublas_workspace);
+  cudaStreamDestroy(stream);
+  return rows;
 }
 
 json bench_eager(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
@@ -1079,6 +1196,20 @@ json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& ban
                                            on, off, {2, 4, 8})}};
 }
 
+// lockstep's small-M tensor-core GEMM (CudaBackendOptions::small_m_gemm_tokens_max = 64) against
+// cuBLAS for the linear layers of decode steps of 2 to 64 tokens (batch 1 runs the GEMV in both,
+// gemv_tokens_max's default): where small_m_gemm_tokens_max's default is to come from.
+json small_m_gemm_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const Variant on{"lockstep_gemm",
+                   {.graphs = true, .small_m_gemm_tokens_max = 64, .time_steps = true}};
+  const Variant off{"cublas", {.graphs = true, .small_m_gemm_tokens_max = 0, .time_steps = true}};
+  return {{"shape", shape},
+          {"small_m_gemm_vs_cublas",
+           compare_shape(shape, o, bandwidth, "linear layers by lockstep GEMM vs cuBLAS", on, off,
+                         {2, 4, 8, 16, 32, 64})},
+          {"kernels", small_m_kernel_figures(shape, bandwidth)}};
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -1102,6 +1233,14 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--recording")
       ->excludes("--hybrid")
       ->excludes("--tp");
+  app.add_flag("--small-m", o.small_m,
+               "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless --shapes): "
+               "decode batch 2 to 64 at context 1024, and each projection's kernel at 1, 16 and "
+               "64 tokens")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp")
+      ->excludes("--fusion");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1131,6 +1270,7 @@ int run(const Options& o) {
               {"overlap", json::array()},
               {"fusion", json::array()},
               {"gemv_vs_cublas", json::array()},
+              {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
               {"linear_layers_peer", json::array()}};
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
@@ -1146,6 +1286,16 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
+      save();
+    }
+    return 0;
+  }
+  if (o.small_m) {
+    out["command"] = "lockstep_gpu_bench --small-m";
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      out["small_m_gemm_vs_cublas"].push_back(small_m_gemm_shape(shape, o, bandwidth));
       save();
     }
     return 0;
@@ -1190,6 +1340,10 @@ int run(const Options& o) {
     }
     save();
     if (full_set(shape)) out["gemv_vs_cublas"].push_back(gemv_shape(shape, o, bandwidth));
+    save();
+    if (full_set(shape)) {
+      out["small_m_gemm_vs_cublas"].push_back(small_m_gemm_shape(shape, o, bandwidth));
+    }
     save();
   }
   return 0;

@@ -1,8 +1,8 @@
 // The CUDA production backend (DESIGN.md "Backends"): bf16 weights and KV on the device, fp32
-// accumulation, cuBLAS GEMMs (lockstep's GEMV for steps of a few tokens), own kernels for
-// everything else, one execution stream, every buffer allocated once at construction from the
-// ExecutorConfig's limits. An fp32 mode (weights, KV and GEMM inputs in fp32, pedantic fp32
-// cuBLAS) differs from the CPU reference only in the order of sums: the correctness oracle.
+// accumulation, cuBLAS GEMMs (lockstep's GEMV and small-M GEMM for steps of a few tokens), own
+// kernels for everything else, one execution stream, every buffer allocated once at construction
+// from the ExecutorConfig's limits. An fp32 mode (weights, KV and GEMM inputs in fp32, pedantic
+// fp32 cuBLAS) differs from the CPU reference only in the order of sums: the correctness oracle.
 //
 // This header includes no CUDA header, so cli/ can include it; everything CUDA lives in Impl.
 #pragma once
@@ -85,6 +85,12 @@ struct CudaBackendOptions {
   // batch 1 0.92 ms; cuBLAS at batch 16 1.36 ms — bench/results/2026-12-01-h200-656fb8fd3e25-*),
   // and `lockstep_gpu_bench` compares the two at batch 2, 4 and 8 in every full run.
   int32_t gemv_tokens_max = 1;
+  // Steps of more than gemv_tokens_max and at most this many tokens (≤ 64) run their linear layers
+  // through lockstep's tensor-core GEMM (kernels/gemm_small_m.h; bf16 only, refused in fp32): the
+  // weights streamed once whatever the token count, one summation order for every token count
+  // (batch invariant). 0 (the default until the H200 bench shows it faster): cuBLAS.
+  // `lockstep_gpu_bench` compares the two at batch 2 to 64 in every full run.
+  int32_t small_m_gemm_tokens_max = 0;
   // The forward's kernels (embedding, norms, GEMV, RoPE, attention, SwiGLU) launched to overlap
   // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
   // finishes); the same bits either way. Off: plain stream order (for comparison).

@@ -126,9 +126,13 @@ struct CudaBackend::Impl {
     LinearShape qkv, o, gate_up, down, lm_head;
     LinearShape in_proj, out_proj;  // a hybrid's Mamba layers ({0, 0} without them)
   };
-  LinearShapes linear_shapes() const;
-  // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV (else a plan).
+  // The shapes of a rank's model (`model` is rank_model_config of the shard): the forward runs
+  // them, plan_gemms plans them, lay_out_buffers sizes the small-M GEMM's workspace for them.
+  static LinearShapes linear_shapes_of(const ModelConfig& model, const TpRankShard& shard);
+  // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV, else on its
+  // small-M GEMM (options.small_m_gemm_tokens_max), else on a cuBLASLt plan.
   bool uses_gemv(int32_t tokens, int32_t in) const;
+  bool uses_small_m_gemm(int32_t tokens, int32_t in) const;
   void plan_gemms();
   void enqueue_forward(int32_t tokens, int32_t logits_rows);
   template <typename T>
@@ -281,6 +285,9 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]
   DeviceArray<uint8_t> cublas_workspace;
+  // The small-M GEMM's split-K counters and partials (kernels/gemm_small_m.h), for the largest of
+  // the linear shapes; zeroed once (its counters); empty when no shape splits or the GEMM is off.
+  DeviceArray<uint8_t> small_m_gemm_workspace;
   LinearShapes linears;
   // bf16 linear layers: a plan per shape and token count, all made at construction (plan_gemms).
   std::unique_ptr<kernels::GemmPlans> gemm_plans;

@@ -6,6 +6,7 @@
 #include "core/drafter.h"
 #include "core/model/rope.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_small_m.h"
 #include "kernels/layer_ops.h"
 #include "kernels/logits_ops.h"
 #include "kernels/sampling_ops.h"
@@ -30,6 +31,21 @@ enum class Account : uint8_t { kWeights, kKv, kWorkspace };
 template <typename T>
 constexpr size_t element_bytes(DeviceArray<T> Impl::*) {
   return sizeof(T);
+}
+
+// The small-M GEMM's workspace: the largest any linear shape needs at up to
+// small_m_gemm_tokens_max tokens (0 when off, in fp32, or when no shape splits K).
+size_t small_m_gemm_workspace_bytes(const ModelConfig& model, const TpRankShard& shard,
+                                    const CudaBackendOptions& options) {
+  if (options.small_m_gemm_tokens_max < 1 || options.precision != CudaPrecision::kBf16) return 0;
+  const Impl::LinearShapes s = Impl::linear_shapes_of(model, shard);
+  size_t bytes = 0;
+  for (const Impl::LinearShape& shape :
+       {s.qkv, s.o, s.gate_up, s.down, s.lm_head, s.in_proj, s.out_proj}) {
+    bytes = std::max(bytes, kernels::gemm_small_m_workspace_bytes(
+                                shape.out, shape.in, options.small_m_gemm_tokens_max));
+  }
+  return bytes;
 }
 
 // Every device buffer of a backend over (full_model, config, options) but TpRank's (which
@@ -118,6 +134,7 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
   take(kS, &Impl::final_normed, e * r * h);
   take(kS, &Impl::logits, r * v);
   take(kS, &Impl::cublas_workspace, z(options.cublas_workspace_bytes));
+  take(kS, &Impl::small_m_gemm_workspace, small_m_gemm_workspace_bytes(model, shard, options));
   take(kS, &Impl::logits_workspace,
        kernels::logits_pass_workspace_bytes(config.logits_rows_max(), model.vocab_size));
   take(kS, &Impl::argmax, r);
@@ -242,7 +259,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
     const size_t marks_max = 16 + 9 * static_cast<size_t>(layers);
     phase_marks.create(marks_max);
   }
-  linears = linear_shapes();
+  linears = linear_shapes_of(model, shard);
   plan_gemms();
   LS_CUDA(cudaStreamSynchronize(stream.get()));
 }
@@ -263,6 +280,14 @@ void CudaBackend::Impl::refuse_unsupported() const {
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
              "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
              kernels::kGemvTokensMax);
+  LS_REQUIRE(options.small_m_gemm_tokens_max >= 0 &&
+                 options.small_m_gemm_tokens_max <= kernels::kSmallMGemmTokensMax,
+             "cuda backend: small_m_gemm_tokens_max {} is outside [0, {}]",
+             options.small_m_gemm_tokens_max, kernels::kSmallMGemmTokensMax);
+  LS_REQUIRE(options.small_m_gemm_tokens_max == 0 || options.precision == CudaPrecision::kBf16,
+             "cuda backend: small_m_gemm_tokens_max {} needs bf16 precision (the small-M GEMM "
+             "has bf16 operands; fp32 runs pedantic cuBLAS)",
+             options.small_m_gemm_tokens_max);
   LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
              "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
   LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,
@@ -316,6 +341,9 @@ void CudaBackend::Impl::initialise_buffers() {
   const std::vector<int32_t> pads(input_ids.count(), kernels::kPadInputId);
   LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
+  if (small_m_gemm_workspace.bytes() > 0) {  // the split counters start at zero
+    LS_CUDA(cudaMemsetAsync(small_m_gemm_workspace.get(), 0, small_m_gemm_workspace.bytes(), s));
+  }
   initialise_mamba();
 }
 

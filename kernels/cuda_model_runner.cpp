@@ -1,9 +1,11 @@
 // The model runner: the forward's kernels for one step (embedding, every layer, final norm and LM
-// head) and its linear layers (GEMV, pinned cuBLASLt plans, or pedantic fp32 cuBLAS).
+// head) and its linear layers (GEMV, small-M GEMM, pinned cuBLASLt plans, or pedantic fp32
+// cuBLAS).
 #include "kernels/cuda_backend_impl.h"
 
 #include "kernels/decode_gemv.h"
 #include "kernels/gemm.h"
+#include "kernels/gemm_small_m.h"
 #include "kernels/layer_ops.h"
 
 #include <type_traits>
@@ -15,18 +17,21 @@ using kernels::bf16;
 // The linear layers' shapes, one place for the forward that runs them and plan_gemms that plans
 // them: at TP 1 the o and down products add into the residual stream (beta = 1); at TP > 1 they
 // write this rank's partial (row_parallel), and the LM head this rank's vocabulary rows.
-CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes() const {
+CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes_of(const ModelConfig& model,
+                                                                    const TpRankShard& shard) {
   const bool into_residual = shard.degree == 1;
+  const bool hybrid = model.mamba_layers_count() > 0;
+  const int32_t hidden = model.hidden_size, q_size = model.q_size(), kv_size = model.kv_size();
   return LinearShapes{
       .qkv = {.out = q_size + 2 * kv_size, .in = hidden, .accumulate = false},
       .o = {.out = hidden, .in = q_size, .accumulate = into_residual},
-      .gate_up = {.out = 2 * ffn, .in = hidden, .accumulate = false},
-      .down = {.out = hidden, .in = ffn, .accumulate = into_residual},
-      .lm_head = {.out = shard.degree > 1 ? shard.vocab_rows : vocab, .in = hidden,
+      .gate_up = {.out = 2 * model.ffn_size, .in = hidden, .accumulate = false},
+      .down = {.out = hidden, .in = model.ffn_size, .accumulate = into_residual},
+      .lm_head = {.out = shard.degree > 1 ? shard.vocab_rows : model.vocab_size, .in = hidden,
                   .accumulate = false},
-      .in_proj = {.out = hybrid() ? model.mamba.in_proj_size() : 0, .in = hidden,
+      .in_proj = {.out = hybrid ? model.mamba.in_proj_size() : 0, .in = hidden,
                   .accumulate = false},
-      .out_proj = {.out = hybrid() ? hidden : 0, .in = model.mamba.inner_size(),
+      .out_proj = {.out = hybrid ? hidden : 0, .in = model.mamba.inner_size(),
                    .accumulate = true},
   };
 }
@@ -35,16 +40,22 @@ bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
   return tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0;
 }
 
+bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, int32_t in) const {
+  return !uses_gemv(tokens, in) && tokens >= 1 && tokens <= options.small_m_gemm_tokens_max &&
+         in % 8 == 0;
+}
+
 // Every bf16 product a step can ask linear() for, planned at construction so that a step's
 // launches only look plans up: each layer product at every token count a step may carry (decode
 // buckets × W, and any prefill or mixed count up to step_tokens_max), the LM head at every count
-// of logits rows; the counts the GEMV runs need none. fp32 runs pedantic cuBLAS, unplanned.
+// of logits rows; the counts the GEMV or the small-M GEMM runs need none. fp32 runs pedantic
+// cuBLAS, unplanned.
 void CudaBackend::Impl::plan_gemms() {
   if (options.precision == CudaPrecision::kFp32) return;
   const LinearShape layer_shapes[] = {linears.qkv, linears.o, linears.gate_up, linears.down};
   const auto plan_all = [this](const LinearShape& shape, int32_t tokens_count) {
     for (int32_t t = 1; t <= tokens_count; ++t) {
-      if (uses_gemv(t, shape.in)) continue;
+      if (uses_gemv(t, shape.in) || uses_small_m_gemm(t, shape.in)) continue;
       LS_CUBLAS(gemm_plans->prepare(t, shape.out, shape.in, shape.accumulate));
     }
   };
@@ -67,6 +78,10 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
   } else {
     if (uses_gemv(tokens, in)) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
+    } else if (uses_small_m_gemm(tokens, in)) {
+      LS_CUDA(kernels::launch_gemm_small_m_bf16(x, w, y, tokens, out, in, beta,
+                                                small_m_gemm_workspace.get(),
+                                                small_m_gemm_workspace.bytes(), forward_stream()));
     } else if (tokens > 0) {
       kernels::GemmPlans::Plan* plan = gemm_plans->find(tokens, out, in, shape.accumulate);
       LS_ASSERT(plan != nullptr, "no GEMM plan for {} tokens × [out {}, in {}]{}: plan_gemms "

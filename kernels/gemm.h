@@ -8,7 +8,10 @@
 //   - launch_gemv_bf16: lockstep's own kernel for steps of at most kGemvTokensMax tokens (decode
 //     at small batch), where a GEMM's tiles leave most of the GPU idle and the step is a stream
 //     of the weights: one warp per output row, 16-byte streaming loads, a fixed summation order
-//     that depends only on `in` (so a token's result does not depend on the other tokens).
+//     that depends only on `in` (so a token's result does not depend on the other tokens);
+//   - launch_gemm_small_m_bf16 (gemm_small_m.h): lockstep's tensor-core kernel for steps of up to
+//     kSmallMGemmTokensMax tokens (CudaBackendOptions::small_m_gemm_tokens_max): the weights
+//     streamed once whatever the token count, a summation order fixed by (out, in) alone.
 //
 // Determinism: cuBLAS gives bit-identical results run to run for one shape on one GPU model and
 // SM count when the handle has a fixed workspace (cublasSetWorkspace) and atomics are not allowed

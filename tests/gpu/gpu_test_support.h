@@ -113,4 +113,21 @@ inline double relative_error(std::span<const float> out, std::span<const float> 
   return std::sqrt(diff) / std::sqrt(base);
 }
 
+// y = x·wᵀ + beta·y in fp64 on the host (the reference of every linear-layer path).
+inline std::vector<float> linear_ref(const std::vector<float>& x, const std::vector<float>& w,
+                                     const std::vector<float>& y0, int32_t tokens,
+                                     int32_t out_dim, int32_t in_dim, float beta) {
+  std::vector<float> ref(size_t(tokens) * out_dim);
+  for (int32_t t = 0; t < tokens; ++t) {
+    for (int32_t o = 0; o < out_dim; ++o) {
+      double s = beta * double{y0[size_t(t) * out_dim + o]};
+      for (int32_t i = 0; i < in_dim; ++i) {
+        s += double{x[size_t(t) * in_dim + i]} * w[size_t(o) * in_dim + i];
+      }
+      ref[size_t(t) * out_dim + o] = static_cast<float>(s);
+    }
+  }
+  return ref;
+}
+
 }  // namespace ls::gpu_test

@@ -22,6 +22,7 @@ namespace ls {
 namespace {
 
 using gpu_test::DeviceBuffer;
+using gpu_test::linear_ref;
 using gpu_test::random_bf16_values;
 using gpu_test::random_floats;
 using gpu_test::relative_error;
@@ -252,21 +253,6 @@ TEST_P(TokenCounts, ResidualAddIsExact) {
   ASSERT_EQ(kernels::launch_residual_add(d_a.ptr, d_b.ptr, n, nullptr), cudaSuccess);
   const std::vector<float> out = d_a.download();
   for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i], a[i] + b[i]) << i;
-}
-
-// y = x·wᵀ + beta·y in fp64 on the host (the reference of every linear-layer path).
-std::vector<float> linear_ref(const std::vector<float>& x, const std::vector<float>& w,
-                              const std::vector<float>& y0, int32_t tokens, int32_t out_dim,
-                              int32_t in_dim, float beta) {
-  std::vector<float> ref(size_t(tokens) * out_dim);
-  for (int32_t t = 0; t < tokens; ++t) {
-    for (int32_t o = 0; o < out_dim; ++o) {
-      double s = beta * double{y0[size_t(t) * out_dim + o]};
-      for (int32_t i = 0; i < in_dim; ++i) s += double{x[size_t(t) * in_dim + i]} * w[size_t(o) * in_dim + i];
-      ref[size_t(t) * out_dim + o] = static_cast<float>(s);
-    }
-  }
-  return ref;
 }
 
 // y = x·wᵀ + beta·y through cuBLASLt with pinned plans (bf16 in, fp32 accumulate), against fp64

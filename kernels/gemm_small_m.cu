@@ -1,0 +1,487 @@
+// lockstep's small-M tensor-core linear layer (kernels/gemm_small_m.h).
+//
+// Why this shape of kernel. At 1..64 tokens a linear layer reads out·in·2 bytes of weights and
+// does 2·tokens·out·in flops: at most 64 flops a byte, far under the H200's ~200 where bf16 matrix
+// work stops being memory-bound. So the design goal is a full-bandwidth stream of the weights:
+//   - "swap AB": the weights are the MMA's A operand (16 output rows × 16 k), the tokens its N side
+//     (8 per n-tile, ⌈tokens / 8⌉ n-tiles), so no weight row is padded and a token count only
+//     changes how many n-tiles a warp multiplies, never which weights are read or in what order;
+//   - a block owns kTileRows = 128 output rows and streams them through a kStages-deep cp.async
+//     pipeline of kChunk = 64-wide k chunks (16 KB of weights a stage; with two blocks an SM that
+//     is ~96 KB in flight per SM, over what the read bandwidth × latency product needs), together
+//     with the same k chunk of x (8 · n-tiles rows). cp.async writes shared memory without
+//     registers; weights carry an L2 evict-first policy (read once), x stays in L2 for the other
+//     tiles;
+//   - 8 warps: warp w takes rows 32·(w % 4) .. + 31 (two m16 tiles) of the block and the k16 steps
+//     2·(w / 4), 2·(w / 4) + 1 of each chunk (a k half). The two k halves' sums are added at the
+//     end (half 0 + half 1). Every x fragment a warp loads serves its two m-tiles, so shared-memory
+//     reads stay ~3.5 bytes a weight byte at 64 tokens;
+//   - too few tiles to fill the GPU (out / 128 small, e.g. q/k/v and o of llama-1b) split `in`
+//     into gemm_small_m_splits(out, in) K ranges, partials reduced in split order by the tile's
+//     last block (kernels/gemm_small_m.h).
+// Shared memory rows are 128 bytes (one chunk of a weight row or of a token): the eight 16-byte
+// pieces of row r are stored at piece ^ (r % 8), so the eight row addresses of an ldmatrix phase
+// (8 consecutive rows, one piece) fall in eight different bank groups, and so do cp.async's writes.
+//
+// Fragment layouts relied on (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point
+// type", .bf16; groupID g = lane / 4, threadID_in_group c = lane % 4):
+//   A (16 × 16, row-major: our weight rows × k), four .b32 registers of two bf16 each:
+//     a0: (row g, k 2c, 2c+1)  a1: (row g+8, k 2c, 2c+1)
+//     a2: (row g, k 2c+8, 2c+9)  a3: (row g+8, k 2c+8, 2c+9)
+//   B (16 × 8, "col": element (k, n) with n our token), two registers:
+//     b0: (k 2c, 2c+1; n g)  b1: (k 2c+8, 2c+9; n g)
+//   C/D (16 × 8 fp32): c0, c1: (row g; n 2c, 2c+1)  c2, c3: (row g+8; n 2c, 2c+1)
+//   ldmatrix.m8n8.x4 (.b16, no .trans): lanes 8i..8i+7 give the addresses of matrix i's 8 rows of
+//     16 bytes; register i of lane l receives row l / 4, elements 2(l % 4), 2(l % 4) + 1 of matrix
+//     i. So for A, matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
+//     k 8-15) give a0..a3; for B, stored as [token][k], (tokens 0-7 of n-tile j, k 0-7) and
+//     (k 8-15) give b0, b1 of n-tile j (an .x4 covers n-tiles j and j + 1; an .x2 a last odd one).
+// An MMA's output element depends only on its own A row, B column and C input, so a token's sums
+// do not depend on the other tokens, nor on where in the n-tile it sits.
+#include "kernels/gemm_small_m.h"
+
+#include "kernels/launch.cuh"
+
+#include <algorithm>
+#include <array>
+#include <mutex>
+
+namespace ls::kernels {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int32_t kTileRows = 128;  // output rows a block owns
+constexpr int32_t kChunk = 64;      // k a pipeline stage holds
+constexpr int32_t kStages = 4;
+constexpr int32_t kWarps = 8;
+constexpr int32_t kThreads = 32 * kWarps;
+constexpr int32_t kRowGroups = 4;                     // warps along the rows
+constexpr int32_t kWarpRows = kTileRows / kRowGroups;  // 32: two m16 tiles
+constexpr int32_t kRowBytes = kChunk * 2;              // one row of a stage
+constexpr int32_t kPieces = kRowBytes / 16;            // its 16-byte pieces
+constexpr int32_t kNTilesMax = kSmallMGemmTokensMax / 8;
+static_assert(kWarps == 2 * kRowGroups, "each row group has two k halves");
+static_assert(kChunk == 4 * 16, "a chunk is two k halves of two k16 steps");
+static_assert(kWarpRows == 2 * 16, "a warp owns two m16 tiles");
+
+// Splits: enough blocks that the weight stream fills the GPU (two blocks per SM on 132 SMs hold
+// 264; 128 already keeps ~6 MB of weights in flight, past what bandwidth × latency needs), and no
+// K range shorter than kChunksPerSplitMin chunks (the pipeline must fill). A constant, not the
+// SM count: the same shape sums in the same order on every GPU.
+constexpr int32_t kBlocksWanted = 128;
+constexpr int32_t kChunksPerSplitMin = 4;
+// A split shape has fewer than kBlocksWanted tiles (a shape with more never splits): the
+// counters take a fixed region at the workspace's start, the partials follow.
+constexpr size_t kCountersBytes = size_t{kBlocksWanted} * sizeof(int32_t);
+
+template <int32_t NT>
+constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
+template <int32_t NT>
+constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
+static_assert(2 * (kSharedBytes<kNTilesMax> + 1024) <= 228 * 1024, "two blocks fit an SM");
+
+struct Split {
+  int32_t tiles = 0, chunks = 0, splits = 1, chunks_per_split = 0;
+};
+
+Split split_of(int32_t out, int32_t in) {
+  Split s;
+  s.tiles = (out + kTileRows - 1) / kTileRows;
+  s.chunks = (in + kChunk - 1) / kChunk;
+  int32_t splits = 1;
+  while (int64_t{s.tiles} * splits < kBlocksWanted &&
+         s.chunks / (2 * splits) >= kChunksPerSplitMin) {
+    splits *= 2;
+  }
+  s.chunks_per_split = (s.chunks + splits - 1) / splits;
+  s.splits = (s.chunks + s.chunks_per_split - 1) / s.chunks_per_split;  // none left empty
+  return s;
+}
+
+int32_t n_tiles_of(int32_t tokens) { return (tokens + 7) / 8; }
+
+struct Params {
+  const bf16* x;
+  const bf16* w;
+  float* y;
+  int32_t tokens, out, in;
+  float beta;
+  int32_t chunks, chunks_per_split, splits;
+  int32_t* counters;  // [tiles] when splits > 1
+  float4* partials;   // [tiles, splits, n-tiles, kThreads] when splits > 1
+};
+
+__device__ __forceinline__ uint32_t swizzled(int32_t row, int32_t piece) {
+  return static_cast<uint32_t>(row * kRowBytes + ((piece ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy = 0;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes global → shared without registers; `valid` false writes 16 zero bytes and reads
+// nothing (src-size 0), which pads rows past `out`, tokens past `tokens` and k past `in`.
+__device__ __forceinline__ void copy_16(uint32_t shared, const void* global, bool valid) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(shared),
+               "l"(global), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void copy_16_streamed(uint32_t shared, const void* global, bool valid,
+                                                 uint64_t policy) {
+  asm volatile(
+      "cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2, %3;\n" ::"r"(shared),
+      "l"(global), "r"(valid ? 16 : 0), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void commit_copies() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Returns once at most `kPending` of the committed groups are still in flight.
+template <int32_t kPending>
+__device__ __forceinline__ void wait_copies() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(address)
+               : "memory");
+}
+
+// d = A·B + d, one m16n8k16 tile: bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Where stage `stage` (a chunk index within the block's K range) lives and what it covers.
+template <int32_t NT>
+struct Stage {
+  uint32_t weights;  // shared address of [kTileRows][kRowBytes]
+  uint32_t x;        // shared address of [8·NT][kRowBytes]
+  int32_t k0;        // first k
+};
+
+template <int32_t NT>
+__device__ __forceinline__ Stage<NT> stage_at(uint32_t shared, int32_t first_chunk, int32_t s) {
+  const uint32_t base = shared + static_cast<uint32_t>((s % kStages) * kStageBytes<NT>);
+  return {base, base + static_cast<uint32_t>(kTileRows * kRowBytes), (first_chunk + s) * kChunk};
+}
+
+// The block's weight rows of one stage: 1024 pieces, 4 a thread (row tid / 8 + 32i, piece tid % 8).
+template <int32_t NT>
+__device__ __forceinline__ void load_weights(const Params& p, int32_t row0, Stage<NT> st,
+                                             uint64_t policy) {
+  const int32_t piece = static_cast<int32_t>(threadIdx.x) % kPieces;
+  const int32_t k = st.k0 + 8 * piece;
+#pragma unroll
+  for (int32_t i = 0; i < kTileRows * kPieces / kThreads; ++i) {
+    const int32_t r = static_cast<int32_t>(threadIdx.x) / kPieces + i * (kThreads / kPieces);
+    const bool valid = row0 + r < p.out && k < p.in;
+    const bf16* src = valid ? p.w + int64_t{row0 + r} * p.in + k : p.w;
+    copy_16_streamed(st.weights + swizzled(r, piece), src, valid, policy);
+  }
+}
+
+// The same k chunk of every token row of the n-tiles (zeros past `tokens`).
+template <int32_t NT>
+__device__ __forceinline__ void load_x(const Params& p, Stage<NT> st) {
+  for (int32_t idx = static_cast<int32_t>(threadIdx.x); idx < 8 * NT * kPieces; idx += kThreads) {
+    const int32_t t = idx / kPieces, piece = idx % kPieces;
+    const int32_t k = st.k0 + 8 * piece;
+    const bool valid = t < p.tokens && k < p.in;
+    const bf16* src = valid ? p.x + int64_t{t} * p.in + k : p.x;
+    copy_16(st.x + swizzled(t, piece), src, valid);
+  }
+}
+
+// One stage's MMAs of a warp: its k half (k16 steps 2h, 2h + 1) of its two m-tiles × NT n-tiles.
+template <int32_t NT>
+__device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t half, int32_t lane,
+                                         float (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int32_t kk = 0; kk < 2; ++kk) {
+    const int32_t step = 2 * half + kk;
+    uint32_t a[2][4];
+#pragma unroll
+    for (int32_t mt = 0; mt < 2; ++mt) {
+      const int32_t row = group * kWarpRows + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+      ldmatrix_x4(a[mt], st.weights + swizzled(row, 2 * step + (lane >> 4)));
+    }
+#pragma unroll
+    for (int32_t j = 0; j + 1 < NT; j += 2) {
+      uint32_t b[4];
+      const int32_t token = (j + (lane >> 4)) * 8 + (lane & 7);
+      ldmatrix_x4(b, st.x + swizzled(token, 2 * step + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int32_t mt = 0; mt < 2; ++mt) {
+        mma(acc[mt][j], a[mt], b[0], b[1]);
+        mma(acc[mt][j + 1], a[mt], b[2], b[3]);
+      }
+    }
+    if constexpr (NT % 2 == 1) {
+      uint32_t b[2];
+      const int32_t token = (NT - 1) * 8 + (lane & 7);  // lanes 16-31: addresses unused
+      ldmatrix_x2(b, st.x + swizzled(token, 2 * step + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int32_t mt = 0; mt < 2; ++mt) mma(acc[mt][NT - 1], a[mt], b[0], b[1]);
+    }
+  }
+}
+
+// The block's K range through the pipeline. The first stages' weight loads go out before the wait
+// for the predecessor kernel (kernels/launch.h: nothing writes weights); x, which the predecessor
+// writes, after it. Group s of the cp.async groups completes stage s (the prologue's weight loads
+// ride in group 0), so stage s is ready once at most kStages − 2 groups are pending.
+template <int32_t NT>
+__device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, int32_t row0,
+                                             int32_t first_chunk, int32_t stages,
+                                             float (&acc)[2][NT][4]) {
+  const uint64_t policy = evict_first_policy();
+  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+#pragma unroll
+  for (int32_t s = 0; s < kStages - 1; ++s) {
+    if (s < stages) load_weights<NT>(p, row0, stage_at<NT>(shared, first_chunk, s), policy);
+  }
+  wait_for_predecessor();
+#pragma unroll
+  for (int32_t s = 0; s < kStages - 1; ++s) {
+    if (s < stages) load_x<NT>(p, stage_at<NT>(shared, first_chunk, s));
+    commit_copies();
+  }
+  for (int32_t s = 0; s < stages; ++s) {
+    wait_copies<kStages - 2>();
+    __syncthreads();  // stage s landed for every thread; stage s − 1's buffer is free
+    const int32_t next = s + kStages - 1;
+    if (next < stages) {
+      const Stage<NT> st = stage_at<NT>(shared, first_chunk, next);
+      load_weights<NT>(p, row0, st, policy);
+      load_x<NT>(p, st);
+    }
+    commit_copies();
+    multiply<NT>(stage_at<NT>(shared, first_chunk, s), warp % kRowGroups, warp / kRowGroups, lane,
+                 acc);
+  }
+  wait_copies<0>();
+  __syncthreads();  // the pipeline's buffers are free for the halves' exchange
+}
+
+// Half 0 + half 1 of the warp's own m-tile (m-tile h for the warp of k half h): each warp hands
+// the other half's warp the m-tile it does not keep, through shared memory.
+template <int32_t NT>
+__device__ __forceinline__ void add_halves(float* exchange, int32_t group, int32_t half,
+                                           int32_t lane, const float (&acc)[2][NT][4],
+                                           float (&sum)[NT][4]) {
+  float* mine = exchange + (group * 2 + half) * NT * 4 * 32;       // m-tile `half`, from the other
+  float* theirs = exchange + (group * 2 + 1 - half) * NT * 4 * 32;  // m-tile 1 − half, to the other
+#pragma unroll
+  for (int32_t j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int32_t e = 0; e < 4; ++e) {
+      theirs[(j * 4 + e) * 32 + lane] = half == 0 ? acc[1][j][e] : acc[0][j][e];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int32_t j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int32_t e = 0; e < 4; ++e) {
+      const float other = mine[(j * 4 + e) * 32 + lane];
+      sum[j][e] = half == 0 ? acc[0][j][e] + other : other + acc[1][j][e];
+    }
+  }
+}
+
+// y for the thread's fragment: rows row_a (c0, c1) and row_a + 8 (c2, c3), tokens 8j + 2c, + 1.
+template <int32_t NT>
+__device__ __forceinline__ void store(const Params& p, int32_t row_a, int32_t lane,
+                                      const float (&sum)[NT][4]) {
+#pragma unroll
+  for (int32_t j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int32_t e = 0; e < 4; ++e) {
+      const int32_t row = row_a + (e >= 2 ? 8 : 0);
+      const int32_t token = 8 * j + 2 * (lane % 4) + (e & 1);
+      if (row < p.out && token < p.tokens) {
+        float* y = p.y + int64_t{token} * p.out + row;
+        *y = p.beta == 0.0f ? sum[j][e] : sum[j][e] + p.beta * *y;
+      }
+    }
+  }
+}
+
+// A split's partial into the workspace; true for the tile's last block to arrive, which then holds
+// the sum of every split's partial, added in split order (its own from registers: the same bits).
+template <int32_t NT>
+__device__ __forceinline__ bool reduce_splits(const Params& p, int32_t tile, int32_t split,
+                                              float (&sum)[NT][4]) {
+  __shared__ int32_t last_arrival;
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+  float4* tile_partials = p.partials + int64_t{tile} * p.splits * NT * kThreads;
+#pragma unroll
+  for (int32_t j = 0; j < NT; ++j) {
+    tile_partials[(split * NT + j) * kThreads + tid] =
+        make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3]);
+  }
+  __threadfence();  // the partial is visible device-wide before the counter counts it
+  __syncthreads();
+  if (tid == 0) last_arrival = atomicAdd(p.counters + tile, 1) == p.splits - 1;
+  __syncthreads();
+  if (!last_arrival) return false;
+  __threadfence();  // the other blocks' partials, counted before our increment, are visible
+  float total[NT][4];
+  for (int32_t s = 0; s < p.splits; ++s) {
+#pragma unroll
+    for (int32_t j = 0; j < NT; ++j) {
+      const float4 q = s == split ? make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3])
+                                  : __ldcg(tile_partials + (s * NT + j) * kThreads + tid);
+      const float v[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int32_t e = 0; e < 4; ++e) total[j][e] = s == 0 ? v[e] : total[j][e] + v[e];
+    }
+  }
+#pragma unroll
+  for (int32_t j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int32_t e = 0; e < 4; ++e) sum[j][e] = total[j][e];
+  }
+  if (tid == 0) p.counters[tile] = 0;  // every split counted: zero for the next launch
+  return true;
+}
+
+// grid (splits, tiles): block (split, tile) computes rows 128·tile .. + 127 over K range `split`.
+template <int32_t NT>
+__global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params p) {
+  allow_successor();
+  extern __shared__ __align__(128) unsigned char shared_bytes[];
+  const uint32_t shared = static_cast<uint32_t>(__cvta_generic_to_shared(shared_bytes));
+  const int32_t split = static_cast<int32_t>(blockIdx.x), tile = static_cast<int32_t>(blockIdx.y);
+  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+  const int32_t group = warp % kRowGroups, half = warp / kRowGroups;
+  const int32_t row0 = tile * kTileRows;
+  const int32_t first_chunk = split * p.chunks_per_split;
+  const int32_t stages = min(p.chunks_per_split, p.chunks - first_chunk);
+  float acc[2][NT][4];
+#pragma unroll
+  for (int32_t mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int32_t j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int32_t e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
+    }
+  }
+  stream_range<NT>(p, shared, row0, first_chunk, stages, acc);
+  float sum[NT][4];
+  add_halves<NT>(reinterpret_cast<float*>(shared_bytes), group, half, lane, acc, sum);
+  if (p.splits > 1 && !reduce_splits<NT>(p, tile, split, sum)) return;
+  store<NT>(p, row0 + group * kWarpRows + half * 16 + lane / 4, lane, sum);
+}
+
+constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
+
+// The kernel's dynamic shared memory allowed, and the carveout at its maximum so that two blocks
+// of ~97 KB share an SM (the L1 keeps the rest; the kernel reads global memory through cp.async).
+template <int32_t NT>
+cudaError_t allow_shared() {
+  const auto kernel = gemm_small_m_kernel<NT>;
+  const cudaError_t size = cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes<NT>));
+  if (size != cudaSuccess) return size;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared);
+}
+
+// Every n-tile count's kernel allowed its shared memory (over 48 KB needs the opt-in), once per
+// device: an attribute belongs to the current device's context (tensor-parallel ranks).
+cudaError_t allow_shared_once() {
+  static std::array<std::once_flag, kDevicesMax> once;
+  static std::array<cudaError_t, kDevicesMax> status{};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (device < 0 || device >= kDevicesMax) return cudaErrorInvalidDevice;
+  const size_t d = static_cast<size_t>(device);
+  std::call_once(once[d], [&] {
+    const cudaError_t all[] = {allow_shared<1>(), allow_shared<2>(), allow_shared<3>(),
+                               allow_shared<4>(), allow_shared<5>(), allow_shared<6>(),
+                               allow_shared<7>(), allow_shared<8>()};
+    status[d] = cudaSuccess;
+    for (const cudaError_t e : all) {
+      if (e != cudaSuccess && status[d] == cudaSuccess) status[d] = e;
+    }
+  });
+  return status[d];
+}
+
+template <int32_t NT>
+cudaError_t launch_as(const Params& p, const Split& s, LaunchStream stream) {
+  return launch_kernel(gemm_small_m_kernel<NT>, dim3(s.splits, s.tiles), dim3(kThreads),
+                       kSharedBytes<NT>, stream, p);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+int32_t gemm_small_m_splits(int32_t out, int32_t in) {
+  return out < 1 || in < 1 ? 1 : split_of(out, in).splits;
+}
+
+size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max) {
+  if (out < 1 || in < 1 || tokens_max < 1) return 0;
+  const Split s = split_of(out, in);
+  if (s.splits == 1) return 0;
+  const int32_t nt = n_tiles_of(std::min(tokens_max, kSmallMGemmTokensMax));
+  return kCountersBytes +
+         size_t{static_cast<uint32_t>(s.tiles)} * s.splits * nt * kThreads * sizeof(float4);
+}
+
+cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int32_t tokens,
+                                     int32_t out, int32_t in, float beta, void* workspace,
+                                     size_t workspace_bytes, LaunchStream stream) {
+  if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
+      x == nullptr || w == nullptr || y == nullptr || !aligned16(x) || !aligned16(w) ||
+      (out + kTileRows - 1) / kTileRows > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  const Split s = split_of(out, in);
+  Params p{x, w, y, tokens, out, in, beta, s.chunks, s.chunks_per_split, s.splits, nullptr,
+           nullptr};
+  if (s.splits > 1) {
+    if (workspace == nullptr || !aligned16(workspace) ||
+        workspace_bytes < gemm_small_m_workspace_bytes(out, in, tokens)) {
+      return cudaErrorInvalidValue;
+    }
+    p.counters = static_cast<int32_t*>(workspace);
+    p.partials = reinterpret_cast<float4*>(static_cast<unsigned char*>(workspace) + kCountersBytes);
+  }
+  if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
+  switch (n_tiles_of(tokens)) {
+    case 1: return launch_as<1>(p, s, stream);
+    case 2: return launch_as<2>(p, s, stream);
+    case 3: return launch_as<3>(p, s, stream);
+    case 4: return launch_as<4>(p, s, stream);
+    case 5: return launch_as<5>(p, s, stream);
+    case 6: return launch_as<6>(p, s, stream);
+    case 7: return launch_as<7>(p, s, stream);
+    default: return launch_as<8>(p, s, stream);
+  }
+}
+
+}  // namespace ls::kernels

@@ -1,0 +1,52 @@
+// lockstep's tensor-core linear layer for steps of 1 to kSmallMGemmTokensMax tokens (decode
+// batches): y[tokens, out] (fp32) = x[tokens, in] (bf16) · w[out, in]ᵀ (bf16) + beta · y, fp32
+// accumulation, beta 0 or 1 (the residual add fused), the contract of kernels/gemm.h.
+//
+// At small M a step is a stream of the weights: the kernel reads each weight once, through a
+// multi-stage cp.async pipeline, and uses the tokens only as the MMA's narrow N side ("swap AB":
+// the weights are mma.m16n8k16's A operand, 16 output rows × 16 k; 8 tokens make an n-tile).
+// kernels/gemm_small_m.cu says how a block is laid out and which fragment layouts it relies on.
+//
+// Batch invariance: a token's outputs depend only on its own row of x. The k order of every sum —
+// the pipeline's 64-wide chunks, the two k16 steps of each chunk half, the split of `in` into K
+// ranges and their reduction in split-index order — is a function of (out, in) alone, never of
+// `tokens`; tests/gpu/gemm_small_m_gpu_test.cpp compares the bits of one row computed at several
+// token counts.
+//
+// Split K: a shape with few 128-row tiles (out / 128 small) splits `in` into a fixed number of
+// ranges (gemm_small_m_splits, from out and in only) so that enough blocks stream at once; each
+// block of a tile writes its partial sums to the workspace, and the last block of the tile to
+// arrive (a counter per tile) adds the partials in split order and writes y. The counters must be
+// zero before the first launch (cudaMemset the workspace once); every launch leaves them zero.
+#pragma once
+
+#include "kernels/launch.h"
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ls::kernels {
+
+constexpr int32_t kSmallMGemmTokensMax = 64;
+
+// The K ranges a product of shape (out, in) is split into (1: none). Depends on out and in only.
+int32_t gemm_small_m_splits(int32_t out, int32_t in);
+
+// Workspace bytes a product of shape (out, in) needs at up to `tokens_max` tokens: 0 when it
+// does not split; otherwise the tile counters and every block's partial sums.
+size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max);
+
+// Needs 1 <= tokens <= kSmallMGemmTokensMax, in % 8 == 0, x and w 16-byte aligned, and (when the
+// shape splits) `workspace_bytes` >= gemm_small_m_workspace_bytes(out, in, tokens) with zeroed
+// counters; cudaErrorInvalidValue otherwise, nothing launched. Allocates nothing; the first launch
+// on a device raises the kernels' shared-memory limit (cudaFuncSetAttribute, a host call that a
+// graph capture allows).
+cudaError_t launch_gemm_small_m_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,
+                                     int32_t tokens, int32_t out, int32_t in, float beta,
+                                     void* workspace, size_t workspace_bytes,
+                                     LaunchStream stream);
+
+}  // namespace ls::kernels

@@ -1,0 +1,240 @@
+// lockstep's small-M tensor-core GEMM (kernels/gemm_small_m.h): against fp64 dot products of the
+// same bf16 values on the host, with beta 0 and 1, on shapes that split K and shapes that do not,
+// `out` not a multiple of the 128-row tile and `in` not a multiple of the 64-wide chunk; the bits
+// of one token's row the same at every token count (batch invariance); the counters left at zero
+// (a second launch gives the same bits); refusals outside its limits; and the CUDA backend with it
+// switched on (plans, eager vs graphs, refusals of the option).
+#include "core/check.h"
+#include "kernels/cuda_backend.h"
+#include "kernels/gemm_small_m.h"
+#include "tests/gpu/backend_test_support.h"
+#include "tests/gpu/gpu_test_support.h"
+#include "tests/test_support.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+namespace ls {
+namespace {
+
+using gpu_test::DeviceBuffer;
+using gpu_test::linear_ref;
+using gpu_test::random_bf16_values;
+using gpu_test::random_floats;
+using gpu_test::relative_error;
+using bf16 = __nv_bfloat16;
+
+// fp32 accumulation of exact bf16 products: each sum is ~in / 16 chained MMA results plus the
+// split partials, each addition rounding by ≤ 2^-24 of the running sum, so a norm-wise error of
+// a few 1e-7 at these sizes (random signs); the MMA's internal alignment of its 16 products adds
+// about as much. 1e-5 is the bound of every fp32-accumulating linear-layer test here (cuBLAS, the
+// GEMV); a wrong fragment, a missing chunk or a dropped split gives errors of order 1e-2 or more.
+constexpr double kFp32 = 1e-5;
+
+struct Shape {
+  int32_t out, in;
+};
+
+// (333, 264): one split, out past 2 tiles, in = 4 chunks + 8; (67, 8200): one tile, 26 splits of
+// 5 chunks, the last of 4 (8200 = 128 · 64 + 8); (300, 4096): 3 tiles × 16 splits; (3072, 2048):
+// llama-1b's q/k/v (24 tiles × 8 splits).
+constexpr Shape kShapes[] = {{333, 264}, {67, 8200}, {300, 4096}, {3072, 2048}};
+
+// Device workspace for `shape` at up to 64 tokens, counters zeroed.
+struct Workspace {
+  explicit Workspace(Shape shape)
+      : bytes(kernels::gemm_small_m_workspace_bytes(shape.out, shape.in,
+                                                    kernels::kSmallMGemmTokensMax)),
+        buffer(std::max<size_t>(bytes, 1)) {
+    EXPECT_EQ(cudaMemset(buffer.ptr, 0, buffer.count), cudaSuccess);
+  }
+  size_t bytes;
+  DeviceBuffer<uint8_t> buffer;
+};
+
+cudaError_t run(const DeviceBuffer<bf16>& x, const DeviceBuffer<bf16>& w, DeviceBuffer<float>& y,
+                int32_t tokens, Shape shape, float beta, Workspace& ws) {
+  const cudaError_t launched = kernels::launch_gemm_small_m_bf16(
+      x.ptr, w.ptr, y.ptr, tokens, shape.out, shape.in, beta, ws.buffer.ptr, ws.bytes, nullptr);
+  if (launched != cudaSuccess) return launched;
+  return cudaDeviceSynchronize();
+}
+
+TEST(SmallMGemm, SplitsDependOnTheShapeOnly) {
+  EXPECT_EQ(kernels::gemm_small_m_splits(333, 264), 1);
+  EXPECT_EQ(kernels::gemm_small_m_splits(67, 8200), 26);
+  EXPECT_EQ(kernels::gemm_small_m_splits(300, 4096), 16);
+  EXPECT_EQ(kernels::gemm_small_m_splits(3072, 2048), 8);
+  EXPECT_EQ(kernels::gemm_small_m_splits(16384, 2048), 1);  // llama-1b gate/up: 128 tiles
+  EXPECT_EQ(kernels::gemm_small_m_workspace_bytes(333, 264, 64), 0u);
+  EXPECT_GT(kernels::gemm_small_m_workspace_bytes(67, 8200, 64),
+            kernels::gemm_small_m_workspace_bytes(67, 8200, 8));
+}
+
+class SmallMGemmTokens : public ::testing::TestWithParam<int32_t> {};
+
+// Against fp64 on the host, beta 0 and 1 (the residual add: y0 must be read once and added), and
+// run to run: a second launch over the same workspace gives the same bits, which needs the first
+// to have left its split counters at zero.
+TEST_P(SmallMGemmTokens, MatchesFp64AndRepeatsItsBits) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t tokens = GetParam();
+  for (const Shape shape : kShapes) {
+    if (shape.out * int64_t{shape.in} > 1'000'000 && tokens != 1 && tokens != 17 && tokens != 64) {
+      continue;  // the host reference of the large shape at three token counts only
+    }
+    const std::vector<float> x = random_bf16_values(size_t(tokens) * shape.in, 31, -1, 1);
+    const std::vector<float> w =
+        random_bf16_values(size_t(shape.out) * shape.in, 32, -0.1f, 0.1f);
+    const std::vector<float> y0 = random_floats(size_t(tokens) * shape.out, 33, -1, 1);
+    DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x)), d_w(gpu_test::to_bf16(w));
+    DeviceBuffer<float> d_y(y0);
+    Workspace ws(shape);
+    for (const float beta : {0.0f, 1.0f}) {
+      d_y.upload(y0);
+      ASSERT_EQ(run(d_x, d_w, d_y, tokens, shape, beta, ws), cudaSuccess);
+      const std::vector<float> y = d_y.download();
+      const std::vector<float> ref = linear_ref(x, w, y0, tokens, shape.out, shape.in, beta);
+      const double error = relative_error(y, ref);
+      EXPECT_LT(error, kFp32) << shape.out << "x" << shape.in << " beta " << beta;
+      std::printf("small-M GEMM %d tokens × [%d, %d] beta %.0f: relative error %.2e\n", tokens,
+                  shape.out, shape.in, beta, error);
+      EXPECT_GT(gpu_test::norm(ref), 0);
+      d_y.upload(y0);
+      ASSERT_EQ(run(d_x, d_w, d_y, tokens, shape, beta, ws), cudaSuccess);
+      EXPECT_EQ(d_y.download(), y) << "run to run, " << shape.out << "x" << shape.in;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DecodeBatches, SmallMGemmTokens,
+                         ::testing::Values(1, 2, 3, 8, 9, 17, 33, 64));
+
+std::vector<uint32_t> bits_of(const float* begin, size_t count) {
+  std::vector<uint32_t> bits(count);
+  std::memcpy(bits.data(), begin, count * sizeof(float));
+  return bits;
+}
+
+// One probe token's output row, computed at token counts 1, 2, 3, 8, 17 and 64 with different
+// other rows around it and at different positions (the last row, the middle one), with beta 0 and
+// 1: bit for bit the row the probe gives alone.
+TEST(SmallMGemm, ARowsBitsDoNotDependOnTheOtherTokens) {
+  LS_SKIP_WITHOUT_DEVICE();
+  for (const Shape shape : kShapes) {
+    const std::vector<float> w =
+        random_bf16_values(size_t(shape.out) * shape.in, 41, -0.1f, 0.1f);
+    const std::vector<float> probe = random_bf16_values(size_t(shape.in), 42, -1, 1);
+    const std::vector<float> probe_y0 = random_floats(size_t(shape.out), 43, -1, 1);
+    DeviceBuffer<bf16> d_w(gpu_test::to_bf16(w));
+    Workspace ws(shape);
+    for (const float beta : {0.0f, 1.0f}) {
+      std::vector<uint32_t> alone;
+      for (const int32_t tokens : {1, 2, 3, 8, 17, 64}) {
+        for (const int32_t at : {tokens - 1, (tokens - 1) / 2}) {
+          std::vector<float> x =
+              random_bf16_values(size_t(tokens) * shape.in, 100 + uint32_t(tokens), -1, 1);
+          std::vector<float> y0 =
+              random_floats(size_t(tokens) * shape.out, 200 + uint32_t(tokens), -1, 1);
+          std::copy(probe.begin(), probe.end(), x.begin() + size_t(at) * shape.in);
+          std::copy(probe_y0.begin(), probe_y0.end(), y0.begin() + size_t(at) * shape.out);
+          DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x));
+          DeviceBuffer<float> d_y(y0);
+          ASSERT_EQ(run(d_x, d_w, d_y, tokens, shape, beta, ws), cudaSuccess);
+          const std::vector<float> y = d_y.download();
+          const std::vector<uint32_t> row = bits_of(y.data() + size_t(at) * shape.out, shape.out);
+          if (alone.empty()) {
+            alone = row;
+            continue;
+          }
+          EXPECT_EQ(row, alone) << shape.out << "x" << shape.in << " beta " << beta << ": "
+                                << tokens << " tokens, probe at " << at;
+        }
+      }
+    }
+  }
+}
+
+// Outside its limits the launcher refuses rather than computing something else.
+TEST(SmallMGemm, RefusesWhatItCannotRun) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const Shape split{67, 8200};
+  DeviceBuffer<bf16> x(size_t(65) * 8200), w(size_t(67) * 8200);
+  DeviceBuffer<float> y(size_t(65) * 67);
+  Workspace ws(split);
+  const auto launch = [&](const bf16* xp, int32_t tokens, int32_t in, size_t ws_bytes) {
+    return kernels::launch_gemm_small_m_bf16(xp, w.ptr, y.ptr, tokens, split.out, in, 0.0f,
+                                             ws.buffer.ptr, ws_bytes, nullptr);
+  };
+  EXPECT_EQ(launch(x.ptr, 0, 8200, ws.bytes), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(x.ptr, kernels::kSmallMGemmTokensMax + 1, 8200, ws.bytes),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(launch(x.ptr, 4, 8196, ws.bytes), cudaErrorInvalidValue);  // in % 8 != 0
+  EXPECT_EQ(launch(x.ptr + 1, 4, 8200, ws.bytes), cudaErrorInvalidValue);  // x misaligned
+  EXPECT_EQ(launch(x.ptr, 64, 8200, kernels::gemm_small_m_workspace_bytes(67, 8200, 63) - 1),
+            cudaErrorInvalidValue);  // a split shape's workspace too small
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
+}
+
+SchedulerConfig small_scheduler() {
+  SchedulerConfig c;
+  c.max_batch_rows = 16;
+  c.prefill_chunk_tokens = 96;
+  c.page_size = 16;
+  c.pages_count = 400;
+  c.context_length = 256;
+  return c;
+}
+
+// The backend with the small-M GEMM for every step of at most 64 tokens (the GEMV off): no plan
+// for those counts (4 layer products and the LM head each), and the same tokens eager and with
+// graphs; bad values of the option are refused by name.
+TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const SchedulerConfig sc = small_scheduler();
+  const ExecutorConfig ec = executor_config_for(sc);
+  const ModelWeights& tiny = testing::tiny_weights();
+  const int32_t vocab = tiny.config.vocab_size;
+  const auto requests = gpu_test::greedy_requests(20, 90, 24, vocab, 5);
+  const auto above = [](int32_t count, int32_t limit) { return std::max(0, count - limit); };
+  const int64_t expected = 4 * int64_t{above(ec.step_tokens_max(), 64)} +
+                           above(ec.logits_rows_max(), 64);
+  gpu_test::Outcomes first;
+  for (const bool graphs : {false, true}) {
+    CudaBackend cuda(tiny, ec,
+                     CudaBackendOptions{.graphs = graphs, .gemv_tokens_max = 0,
+                                        .small_m_gemm_tokens_max = 64});
+    EXPECT_EQ(cuda.gemm_plans_count(), expected) << "graphs " << graphs;
+    const gpu_test::Outcomes outcomes = gpu_test::generate(cuda, sc, vocab, requests);
+    if (first.empty()) {
+      first = outcomes;
+    } else {
+      EXPECT_EQ(outcomes, first) << "graphs vs eager";
+    }
+  }
+  CudaBackend cublas(tiny, ec, CudaBackendOptions{.gemv_tokens_max = 0});
+  const gpu_test::Agreement agreement =
+      gpu_test::compare(first, gpu_test::generate(cublas, sc, vocab, requests));
+  std::printf("small-M GEMM vs cuBLAS (bf16): %d of %d sequences equal, %ld of %ld tokens\n",
+              agreement.equal_count, agreement.total_count,
+              static_cast<long>(agreement.tokens_equal), static_cast<long>(agreement.tokens_total));
+  using ::testing::HasSubstr;
+  using ::testing::ThrowsMessage;
+  const auto build = [&](const CudaBackendOptions& options) {
+    CudaBackend built(tiny, ec, options);
+  };
+  EXPECT_THAT([&] { build({.small_m_gemm_tokens_max = 65}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max 65 is outside [0, 64]")));
+  EXPECT_THAT([&] { build({.small_m_gemm_tokens_max = -1}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max -1 is outside [0, 64]")));
+  EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_tokens_max = 8}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max 8 needs bf16 precision")));
+}
+
+}  // namespace
+}  // namespace ls
