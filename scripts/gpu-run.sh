@@ -631,8 +631,17 @@ run_fusion() {
   return $status
 }
 
+# A command of one's own against the package (a test filter, one bench flag): `gpu-run.sh exec
+# lockstep_gpu_tests --gtest_filter=...` runs it with the package's binaries on PATH and its
+# libraries found.
+run_exec() {
+  begin_mode "$1"
+  PATH="$(realpath "$DIST")/bin:$PATH" "$@"
+}
+
 case "${1:-run}" in
   package) package ;;
+  exec) shift; run_exec "$@" ;;
   run) run ;;
   spec) run_spec ;;
   families) run_families ;;
@@ -643,5 +652,5 @@ case "${1:-run}" in
   tp) run_tp ;;
   hybrid) run_hybrid ;;
   fusion) run_fusion ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|pack-python [BUILD_DIR]]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
 esac
