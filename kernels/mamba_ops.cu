@@ -5,6 +5,7 @@
 #include "core/ops/digest.h"
 #include "core/ops/layer_math.h"
 #include "core/ops/mamba_math.h"
+#include "core/ops/verify_state.h"
 #include "kernels/launch.cuh"
 #include "kernels/mamba_conv.cuh"
 #include "kernels/mamba_rows.cuh"
@@ -170,8 +171,8 @@ __global__ void mamba_snapshot_pairs_kernel(const int32_t* snapshots, int32_t sn
   int32_t src = -1;
   if (base >= 0) {  // the rule with a drafter: the first page boundary past old, if reached
     const int32_t old = vcl_before[row];
-    const int32_t boundary = (old / page_size + 1) * page_size;
-    if (boundary <= vcl[pool_rows[row]]) src = base + boundary - old - 1;
+    const int32_t boundary = ops::next_page_boundary(old, page_size);
+    if (boundary <= vcl[pool_rows[row]]) src = base + ops::mamba_verify_state_token(boundary - old);
   } else if (row >= 0 && vcl[pool_rows[row]] % page_size == 0) {
     src = snapshots[3 * i + 1];
   }
@@ -190,7 +191,7 @@ __global__ void mamba_verify_commit_pairs_kernel(const int32_t* slots, const int
   const int32_t base = verify_base[r];
   const int32_t accepted = base >= 0 ? vcl[pool_rows[r]] - vcl_before[r] : 0;
   const bool commit = base >= 0 && accepted >= 1 && slots[r] >= 0;
-  pairs[2 * r] = commit ? base + accepted - 1 : -1;
+  pairs[2 * r] = commit ? base + ops::mamba_verify_state_token(accepted) : -1;
   pairs[2 * r + 1] = commit ? slots[r] : -1;
 }
 
