@@ -170,6 +170,7 @@ struct CudaBackend::Impl {
   kernels::MambaLayerParams mamba_params(int32_t mamba_index) const;
   kernels::MambaStateView mamba_state(int32_t mamba_index) const;
   kernels::MambaRows mamba_rows() const;
+  std::vector<int32_t> token_mamba_slots() const;
   void stage_mamba(const StepPlan& plan, size_t parity);
   void enqueue_mamba_rules();
   void enqueue_mamba_snapshots();

@@ -35,9 +35,10 @@
 #   scripts/gpu-run.sh hybrid    # on the H200: only the hybrid family (issue 19): the RoPE, Mamba
 #                                # mixer/pool, chunked scan and hybrid backend tests (CUDA vs CPU
 #                                # on a random Bamba, state rules, determinism, swap retraction,
-#                                # refusals), the HF oracle on tests/fixtures/hf/bamba, a hybrid
-#                                # recorded with the CLI on CUDA replayed there, and
-#                                # `lockstep_gpu_bench --hybrid`
+#                                # refusals, the simulator's hybrid world), the HF oracle on
+#                                # tests/fixtures/hf/bamba, a hybrid recorded with the CLI on CUDA
+#                                # replayed there, `lockstep sim --model tiny-hybrid --backend
+#                                # cuda` (4 seeds, every fault site), and `lockstep_gpu_bench --hybrid`
 #                                # (Bamba-9B's shape, batch 1 and 64, context 1024), under 10 min.
 #                                # Writes env.txt, hybrid_tests.log/json, hybrid_bench.log/json.
 #   scripts/gpu-run.sh fusion    # on the H200: only the decode GEMV's fused forms (issue 14): their
@@ -585,7 +586,7 @@ run_hybrid() {
   echo "== hybrid GPU tests"
   local tests="$OUT/hybrid_tests.log" bench="$OUT/hybrid_bench.log"
   run_part --new "$tests" 200 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:MambaChunkedScanGpu.*:HybridChunkedPrefill.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRecord.*:HybridSwap.*:HybridRefusals.*' \
+      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:MambaChunkedScanGpu.*:HybridChunkedPrefill.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRecord.*:HybridSwap.*:HybridRefusals.*:HybridSimGpu.*' \
       --gtest_output="json:$OUT/hybrid_tests.json"
   echo "== HF fixture tests/fixtures/hf/bamba" >> "$tests"
   run_part "$tests" 60 "$DIST/bin/lockstep_hf_oracle_check" tests/fixtures/hf/bamba /tmp/hf_bamba.json
@@ -594,7 +595,9 @@ run_hybrid() {
       --prompts examples/prompts.jsonl --backend cuda --record /tmp/cli_cuda_bamba.trace \
       -o /tmp/cli_cuda_bamba.jsonl &&
     run_part "$tests" 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_bamba.trace --backend cuda
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|hybrid, CUDA|chunked|vs HF|hf oracle: (PASS|FAIL)|IDENTICAL|DIVERGED|error|hybrid swap|swap retraction|^1\.\.20 ' \
+  echo "== sim on CUDA: lockstep sim --model tiny-hybrid --backend cuda --seeds 1..4 --faults all" >> "$tests"
+  run_part "$tests" 90 "$DIST/bin/lockstep" sim --model tiny-hybrid --backend cuda --seeds 1..4 --faults all
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|hybrid, CUDA|chunked|vs HF|hf oracle: (PASS|FAIL)|IDENTICAL|DIVERGED|error|hybrid swap|swap retraction|hybrid sim|^1\.\.4 ' \
       "$tests" | tail -30
   echo "== benchmark: bamba-9b decode at batch 1 and 64"
   run_part --new "$bench" 330 "$DIST/bin/lockstep_gpu_bench" "$OUT/hybrid_bench.json" --hybrid
