@@ -81,7 +81,8 @@ PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels 
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 # The start of every device mode: $OUT made, the carried binaries there (the first argument is
-# the one the mode needs), and their libraries on the loader's path.
+# the one the mode needs), their libraries on the loader's path, and $OUT/env.txt begun (the
+# commit, the date, nvidia-smi).
 begin_mode() {
   OUT="${OUT:-out/gpu-run}"
   mkdir -p "$OUT"
@@ -90,6 +91,7 @@ begin_mode() {
     exit 2
   fi
   export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
 }
 
 # One part of a mode: run_part [--new] [--show] LOG SECONDS CMD...
@@ -299,7 +301,6 @@ PY
 run_families() {
   begin_mode lockstep_hf_oracle_check
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== layer-op and backend GPU tests"
   run_part --new "$OUT/gpu_tests.log" 120 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
@@ -370,7 +371,6 @@ PY
 
 run_report() {
   begin_mode lockstep
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   local status=0
   cuda_report "$OUT/cuda_report.tar" || status=1
   echo "gpu-run report: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
@@ -402,7 +402,6 @@ PY
 run_spec() {
   begin_mode lockstep_gpu_spec_bench
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== drafter GPU tests"
   run_part --new "$OUT/spec.log" 120 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Widths/NgramKernel.*:CudaDrafterOptions.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*:CudaStateOps.*' \
@@ -418,11 +417,9 @@ run() {
   begin_mode lockstep_gpu_tests
   local status=0
   {
-    echo "commit: $(cat "$DIST/commit.txt")"; date -u
-    nvidia-smi || true
     for b in "$DIST"/bin/*; do echo "== ldd $b"; ldd "$b"; done
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 || true
-  } > "$OUT/env.txt" 2>&1
+  } >> "$OUT/env.txt" 2>&1
 
   echo "== GPU tests"
   # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
@@ -523,7 +520,6 @@ PY
 run_recording() {
   begin_mode lockstep_gpu_bench
   local status=0 log="$OUT/recording_tests.log" trace=/tmp/gpu_run_recording.trace
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   run_part --new "$log" 150 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='OddVocabularies/RecordKernel.*:Vocabularies/RecordKernelAdversarial.*:CudaRecord.*:CudaDeterminism.*'
   echo "== CLI on CUDA: generate --record, replay --backend cuda, replay teacher-forced (CPU), check" >> "$log"
@@ -557,7 +553,6 @@ run_recording() {
 run_tp() {
   begin_mode lockstep_gpu_tp_tests
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32
   echo "== TP GPU tests"
   local log="$OUT/tp_tests.log"
@@ -582,7 +577,6 @@ run_tp() {
 run_hybrid() {
   begin_mode lockstep_hf_oracle_check
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== hybrid GPU tests"
   local tests="$OUT/hybrid_tests.log" bench="$OUT/hybrid_bench.log"
   run_part --new "$tests" 200 "$DIST/bin/lockstep_gpu_tests" \
@@ -616,7 +610,6 @@ run_hybrid() {
 run_fusion() {
   begin_mode lockstep_gpu_bench
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== decode fusion, layer-op and backend GPU tests"
   run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
