@@ -255,12 +255,8 @@ TEST(TensorParallel, AnIdleStepIssuesTheBusyStepsCollectivesWithNoRowsAndChanges
 
 // --- traces ----------------------------------------------------------------------------------
 
-constexpr uint64_t kSimWeightsSeed = 0;
-
-const ModelWeights& sim_weights() {
-  static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
-  return weights;
-}
+using testing::kSimWeightsSeed;
+using testing::sim_weights;
 
 fs::path temp_path(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-tp-test-{}", ::getpid());

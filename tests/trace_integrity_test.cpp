@@ -42,10 +42,7 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 
-const ModelWeights& weights() {
-  static const ModelWeights w = weights_from_seed(model_config_named("tiny"), 0);
-  return w;
-}
+const ModelWeights& weights() { return ls::testing::sim_weights(); }
 
 fs::path temp_path(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-integrity-{}", ::getpid());
@@ -99,16 +96,12 @@ Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
   return record_serving(scheduler, backend, limits, "generate.trace");
 }
 
-const ModelWeights& hybrid_weights() {
-  static const ModelWeights w = weights_from_seed(model_config_named("tiny-hybrid"), 0);
-  return w;
-}
 
 // A simulator seed with faults, retraction and events (`lockstep sim --record`), on tiny or (with
 // overrides.model) tiny-hybrid.
 Bytes record_sim(uint64_t seed, const sim::SimOverrides& overrides = {}) {
   const sim::SimParams params = sim::derive_params(seed, overrides);
-  const ModelWeights& w = params.model == "tiny" ? weights() : hybrid_weights();
+  const ModelWeights& w = ls::testing::sim_weights(params.model);
   const fs::path path = temp_path("sim.trace");
   {
     auto recorder = trace::Recorder::open(
