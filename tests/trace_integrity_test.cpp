@@ -408,5 +408,24 @@ TEST(TraceIntegrity, ATraceOfFormatVersionTwoIsRefusedNamingItsVersion) {
   std::printf("%s\n", c.message.c_str());
 }
 
+// The fuzzer's seed corpus is in this build's format (fuzz/make_corpus.sh regenerates it when the
+// format changes), so the fuzzer starts from what a reader of today decodes in full.
+TEST(FuzzCorpus, EverySeedIsInThisBuildsFormat) {
+  int32_t seeds = 0;
+  for (const auto& entry :
+       fs::directory_iterator(fs::path(LOCKSTEP_SOURCE_DIR) / "fuzz/corpus/trace_reader")) {
+    const Bytes bytes = read_file(entry.path());
+    ASSERT_GE(bytes.size(), trace::framing::kPreambleBytes) << entry.path();
+    uint32_t version = 0;
+    EXPECT_EQ(trace::framing::read_preamble(reinterpret_cast<const unsigned char*>(bytes.data()),
+                                            version),
+              trace::framing::PreambleStatus::kOk)
+        << entry.path();
+    EXPECT_EQ(version, trace::kFormatVersion) << entry.path() << ": run fuzz/make_corpus.sh";
+    ++seeds;
+  }
+  EXPECT_EQ(seeds, 6);
+}
+
 }  // namespace
 }  // namespace ls
