@@ -87,10 +87,10 @@ sim::SimOverrides overrides_of(const SimOptions& o) {
 // drafter over the same weights. What that backend cannot run is an error naming the seed: the
 // oracle-mix drafter (it proposes the simulated run's reference continuations, a CPU-only
 // simulator part) and the stub model. Every fault site runs on it (poisoned logits, forced
-// outputs, swaps, and the scheduler's own sites). Not the hybrid world yet: its mamba-padding
-// checker reads each token's state slot (InputSnapshot::mamba_slots), which the CUDA backend's
-// read_inputs does not report (on the H200, run of 1eebcbc, every seed failed that check with no
-// slots to read), so a hybrid model is refused by name.
+// outputs, swaps, and the scheduler's own sites), on the hybrid world too (its state rules,
+// digests and swapped states on the device; read_inputs reports each token's working slot as the
+// mixer's launches read it, for the mamba-padding check; what the CUDA backend refuses for a
+// hybrid it refuses by name).
 sim::WorldOptions world_options(const SimOptions& o) {
   sim::WorldOptions world{.stub_model = o.stub_model};
   if (o.backend == "cpu") return world;
@@ -105,10 +105,6 @@ sim::WorldOptions world_options(const SimOptions& o) {
                "proposes the simulated run's reference continuations); --backend {} runs the "
                "n-gram drafter or none: add --drafter ngram, or drop --backend {} for this seed",
                p.seed, name, name);
-    LS_REQUIRE(!weights.config.has_recurrent_state(), "--model {}: model has Mamba2 layers; the "
-               "simulator's hybrid world does not run on --backend {} yet (the backend does not "
-               "report each token's state slot, which the mamba-padding check reads; the CPU "
-               "reference does: drop --backend {})", p.model, name, name);
     return make_backend(name, weights, limits, p.drafter_name(), false, p.tp_degree);
   };
   return world;
@@ -336,7 +332,7 @@ std::function<int()> add_sim_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--model", o->model,
                   fmt::format("The model the world runs, random weights from seed {}: {} (tiny-hybrid: "
-                              "Mamba2 + attention, TP 1, the CPU reference)", kSimWeightsSeed, fmt::join(sim::sim_model_names(), ", ")))
+                              "Mamba2 + attention, TP 1)", kSimWeightsSeed, fmt::join(sim::sim_model_names(), ", ")))
       ->check(CLI::IsMember(sim::sim_model_names()))
       ->capture_default_str();
   cmd->footer(kExitStatusHelp);

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/logits_digest.h"
+#include "core/ops/verify_state.h"
 #include "core/seams.h"
 
 #include <algorithm>
@@ -155,7 +156,7 @@ void CpuBackend::snapshot_mamba_checkpoints(const StepPlan& plan) {
 void CpuBackend::snapshot_verified_row(const StepPlan& plan, const MambaSnapshot& s) {
   const int32_t old = vcl_before_[static_cast<size_t>(s.row)];
   const int32_t now = vcl_[plan.pool_rows[s.row]];
-  const int32_t boundary = (old / config_.page_size + 1) * config_.page_size;
+  const int32_t boundary = ops::next_page_boundary(old, config_.page_size);
   if (boundary > now) return;
   const int32_t token = seams::mamba_verify_state_token(boundary - old, plan.verify_width);
   model_.copy_mamba_state(plan.mamba_verify_base[static_cast<size_t>(s.row)] + token, s.dst);

@@ -2,6 +2,7 @@
 #include "core/scheduler.h"
 
 #include "core/check.h"
+#include "core/ops/verify_state.h"
 #include "core/scheduler_impl.h"
 #include "core/seams.h"
 
@@ -197,7 +198,7 @@ void Scheduler::Impl::settle_verified_checkpoint(SchedRequest& r, const OpRow& r
             row.mamba_checkpoint_dst);
   const int32_t p = config.page_size;
   const int32_t old = r.committed_count;
-  const int32_t boundary = (old / p + 1) * p;
+  const int32_t boundary = ops::next_page_boundary(old, p);
   if (boundary <= old + accepted) {
     it->second = seams::checkpoint_boundary(boundary, p);
   } else {

@@ -33,7 +33,8 @@ bool mamba_zeroes_working_slot(const OpRow& row);
 // Speculative decoding on a model with Mamba layers: the verify token whose after-state is a
 // decode row's state once `tokens_in` (1 ≤ tokens_in ≤ W) of its W verify tokens are in — the
 // commit's (tokens_in = a', the last accepted) and the page-boundary snapshot's (tokens_in =
-// fb − vcl_old, seed spec §4 invariant 6 "with a drafter"): tokens_in − 1. Planted
+// fb − vcl_old, seed spec §4 invariant 6 "with a drafter"): core/ops/verify_state.h's
+// tokens_in − 1, which the CUDA kernels call directly. Planted
 // (tests/planted/late_verify_state.cpp): one token late (capped at W − 1), so the working state
 // has run one rejected draft too far.
 int32_t mamba_verify_state_token(int32_t tokens_in, int32_t verify_width);

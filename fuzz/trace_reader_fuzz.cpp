@@ -2,13 +2,14 @@
 // or an ls::Error — never a crash, a hang, an abort or unbounded memory. Each input is read twice:
 // with the checksums verified (the framing's own checks: a mutation almost never passes them),
 // and with them off, so that the decoder and the record checks behind the framing see mutated
-// messages too (a fuzzer cannot forge an XXH3 checksum). The corpus is format version 3, made
-// by `lockstep generate --record` of examples/prompts.jsonl's first line (run_1_request) and first
-// three (run_3_requests), `lockstep sim --seed 3 --spec --faults all --record` (sim-spec-faults;
-// events_no_footer is it without its last frame), and cuts of the first two at bytes 100 and 2483.
+// messages too (a fuzzer cannot forge an XXH3 checksum). The corpus is format version 4, made
+// by fuzz/make_corpus.sh with lockstep itself (it says which runs and cuts); rerun it when the
+// format changes. The format-3 traces this build still reads are tests/fixtures/trace/*.trace,
+// a second corpus directory in the run below (libFuzzer adds what it finds to the first only).
 // Build: cmake -S . -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang \
 //          -DLOCKSTEP_FUZZ=ON -DLOCKSTEP_CUDA=OFF -DLOCKSTEP_WERROR=OFF && ninja -C build-fuzz lockstep_fuzz_trace_reader
-// Run:   build-fuzz/fuzz/lockstep_fuzz_trace_reader -max_total_time=600 fuzz/corpus/trace_reader
+// Run:   build-fuzz/fuzz/lockstep_fuzz_trace_reader -max_total_time=600 fuzz/corpus/trace_reader \
+//          tests/fixtures/trace
 #include "core/check.h"
 #include "trace/reader.h"
 

@@ -235,7 +235,7 @@ StateSnapshot CudaBackend::read_state(std::span<const int32_t> pool_rows) const 
 InputSnapshot CudaBackend::read_inputs() const {
   const Impl& m = *impl_;
   LS_CUDA(cudaStreamSynchronize(m.stream.get()));
-  return {download(m.input_ids), download(m.positions), download(m.slots)};
+  return {download(m.input_ids), download(m.positions), download(m.slots), m.token_mamba_slots()};
 }
 
 CudaMemoryReport CudaBackend::memory_report() const {

@@ -174,6 +174,7 @@ struct CudaBackend::Impl {
   kernels::MambaLayerParams mamba_params(int32_t mamba_index) const;
   kernels::MambaStateView mamba_state(int32_t mamba_index) const;
   kernels::MambaRows mamba_rows() const;
+  std::vector<int32_t> token_mamba_slots() const;
   void stage_mamba(const StepPlan& plan, size_t parity);
   void enqueue_mamba_rules();
   void enqueue_mamba_snapshots();
@@ -353,10 +354,8 @@ struct CudaBackend::Impl {
   bool staged = false;
   int32_t rows_grid = 0;     // this step's row launch size (padded for decode steps)
   // This step's Mamba2 mixer: the chunked scan (a prefill or mixed step) or the sequential one (a
-  // decode step, every graph, and a step with a row verifying drafts: the chunked launch's conv
-  // does not keep per-token verify windows). A decode row has verify_width < kMambaScanChunk
-  // tokens, so no complete block: both give it the same bits; a prefill row in a step with a
-  // verified row gets the sequential scan's values (the same to rounding, not the same bits).
+  // decode step, every graph). A decode row, verified or not, has no complete block in the
+  // chunked scan (kernels/mamba_rows.cuh cut_row): both give it the same bits.
   bool mamba_chunked = false;
   int32_t graph_index_ = -1;  // this step's graph, or −1 for eager
   bool tail_in_graph = false;  // this step replays tail_graphs[graph_index_]

@@ -160,6 +160,32 @@ kernels::MambaRows CudaBackend::Impl::mamba_rows() const {
                             rows_grid, mamba_staging.get() + o.verify_base};
 }
 
+// Each token's working slot as the last staged step's mixer launches read it
+// (InputSnapshot::mamba_slots): row r < rows_grid's tokens take its staged slot — −1 for a
+// padded row — and every other token −1. Read back from the device words (the caller synchronised
+// the stream), so a slot the staging got wrong shows. Empty for a model without Mamba layers.
+std::vector<int32_t> CudaBackend::Impl::token_mamba_slots() const {
+  if (!hybrid()) return {};
+  const size_t rows = static_cast<size_t>(rows_grid);
+  const auto read = [rows](const int32_t* device) {
+    std::vector<int32_t> host(rows);
+    LS_CUDA(cudaMemcpy(host.data(), device, rows * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return host;
+  };
+  const std::vector<int32_t> offsets = read(staging.get() + layout.token_offsets);
+  const std::vector<int32_t> lengths = read(staging.get() + layout.input_lengths);
+  const std::vector<int32_t> row_slots =
+      read(mamba_staging.get() + MambaStagingLayout(rows_max).slots);
+  std::vector<int32_t> per_token(static_cast<size_t>(tokens_max), -1);
+  for (size_t r = 0; r < rows; ++r) {
+    LS_ASSERT(offsets[r] >= 0 && lengths[r] >= 0 && offsets[r] + lengths[r] <= tokens_max,
+              "staged row {}: tokens [{}, {}) of {}", r, offsets[r], offsets[r] + lengths[r],
+              tokens_max);
+    std::fill_n(per_token.begin() + offsets[r], lengths[r], row_slots[r]);
+  }
+  return per_token;
+}
+
 // The plan's state lists into this parity's pinned buffer, every list padded to rows_max with −1,
 // and one copy to the device (stage() waited for this parity's previous upload).
 void CudaBackend::Impl::stage_mamba(const StepPlan& plan, size_t parity) {

@@ -138,12 +138,9 @@ void CudaBackend::Impl::stage(const StepPlan& plan) {
   const size_t parity = static_cast<size_t>(steps_count & 1);
   LS_CUDA(cudaEventSynchronize(upload_done[parity].get()));
   rows_grid = rows_grid_for(plan);
-  // Prefill and mixed steps scan on the chunked grid, unless a row verifies drafts: its
-  // per-token verify states come from the sequential scan (kernels/mamba_scan.h), so such a
-  // step scans its prefill rows sequentially too (the same values to rounding, not the same bits).
-  mamba_chunked = plan.mode != ForwardMode::kDecode &&
-                  std::none_of(plan.mamba_verify_base.begin(), plan.mamba_verify_base.end(),
-                               [](int32_t base) { return base >= 0; });
+  // Prefill and mixed steps scan on the chunked grid (kernels/mamba_scan.h); a verified row in
+  // a mixed step gets its per-token verify states there too (it is scanned whole, sequentially).
+  mamba_chunked = plan.mode != ForwardMode::kDecode;
   choose_graph(plan);
   if (graph_index_ < 0 && steps_in_flight() > 0) {
     // An eager step is not launched ahead: its hundreds of launches queued behind a running step

@@ -173,10 +173,7 @@ __device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in,
     const float scale = ops::rms_norm_scale(total, in, norm.eps);
     const float4* xr = reinterpret_cast<const float4*>(norm.residual + int64_t{t} * in);
     for (int32_t i = static_cast<int32_t>(threadIdx.x); i < vecs; i += kGemvThreads) {
-      const float4 v = xr[i], g = __ldg(weight + i);
-      store4(normed + int64_t{t} * in + 4 * i, ops::rms_norm_element(v.x, scale, g.x),
-             ops::rms_norm_element(v.y, scale, g.y), ops::rms_norm_element(v.z, scale, g.z),
-             ops::rms_norm_element(v.w, scale, g.w));
+      store_normalised4(normed + int64_t{t} * in + 4 * i, xr[i], scale, __ldg(weight + i));
     }
   }
   __syncthreads();

@@ -64,23 +64,13 @@ rms_norm_vec_kernel(const float* x, const int32_t* row_index, int32_t n, const f
     const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kNormThreads;
     if (i < vecs) v[k] = xr[i], w[k] = __ldg(wr + i);
   }
-  float sum = 0.0f;
-#pragma unroll
-  for (int32_t k = 0; k < kNormVecMax; ++k) {
-    const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kNormThreads;
-    if (i < vecs) sum = add_squares(sum, v[k]);
-  }
+  const float sum = norm_thread_squares(v, static_cast<int32_t>(threadIdx.x), vecs);
   const float scale = ops::rms_norm_scale(block_sum(sum, scratch), n, eps);
   T* o = out + int64_t{r} * n;
 #pragma unroll
   for (int32_t k = 0; k < kNormVecMax; ++k) {
     const int32_t i = static_cast<int32_t>(threadIdx.x) + k * kNormThreads;
-    if (i < vecs) {
-      store4(o + 4 * i, ops::rms_norm_element(v[k].x, scale, w[k].x),
-             ops::rms_norm_element(v[k].y, scale, w[k].y),
-             ops::rms_norm_element(v[k].z, scale, w[k].z),
-             ops::rms_norm_element(v[k].w, scale, w[k].w));
-    }
+    if (i < vecs) store_normalised4(o + 4 * i, v[k], scale, w[k]);
   }
 }
 

@@ -5,7 +5,10 @@
 #include "core/ops/digest.h"
 #include "core/ops/layer_math.h"
 #include "core/ops/mamba_math.h"
+#include "core/ops/verify_state.h"
 #include "kernels/launch.cuh"
+#include "kernels/mamba_conv.cuh"
+#include "kernels/mamba_rows.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/storage.cuh"
 
@@ -20,9 +23,9 @@ constexpr int32_t kPoolBlocksMax = 4096;
 constexpr int32_t kRowsGridMax = 65535;  // rows are the grids' y (conv) and z (scan) dimension
 
 // The causal conv of one channel of one row: the window lives in registers while the row's
-// tokens are walked in order (each drops the oldest input, takes the token's xBC, and is dotted
-// with the taps oldest first, plus the bias, through SiLU), then goes back to the slot.
-// grid (channel blocks, rows_grid).
+// tokens are walked in order (kernels/mamba_conv.cuh conv_step), then goes back to the slot — or,
+// for a verified row, the window after each token to its verify slot. grid (channel blocks,
+// rows_grid).
 __global__ void __launch_bounds__(kConvThreads)
 mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView state, MambaRows rows,
                   const float* proj, float* conv_out) {
@@ -36,7 +39,7 @@ mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView stat
   const int32_t k = shape.conv_kernel;
   const int32_t first = rows.token_offsets[row];
   const int32_t end = first + rows.token_counts[row];
-  float* stored = state.conv + slot * state.slot_stride_floats + int64_t{c} * k;
+  float* stored = conv_window_of(state, slot, c, k);
   float window[kMambaConvKernelMax];
   float taps[kMambaConvKernelMax];
 #pragma unroll
@@ -47,31 +50,14 @@ mamba_conv_kernel(MambaShape shape, MambaLayerParams params, MambaStateView stat
   const bool has_bias = params.conv_bias != nullptr;
   const float bias = has_bias ? params.conv_bias[c] : 0.0f;
   const int32_t xbc_offset = shape.inner_size();
-  const int32_t verify_base = rows.verify_base != nullptr ? rows.verify_base[row] : -1;
+  const int32_t verify_base = verify_base_of(rows, row);
   for (int32_t t = first; t < end; ++t) {
     const float input = proj[int64_t{t} * shape.in_proj_size() + xbc_offset + c];
-    float sum = 0.0f;
-#pragma unroll
-    for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
-      if (i + 1 < k) window[i] = window[i + 1];
-      if (i + 1 == k) window[i] = input;
-      if (i < k) sum = ops::mamba_conv_accumulate(sum, window[i], taps[i]);
-    }
-    if (has_bias) sum += bias;
-    conv_out[int64_t{t} * conv_dim + c] = ops::silu(sum);
-    if (verify_base >= 0) {  // the window after verify token t − first
-      float* after = state.conv + (verify_base + (t - first)) * state.slot_stride_floats + int64_t{c} * k;
-#pragma unroll
-      for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
-        if (i < k) after[i] = window[i];
-      }
-    }
+    conv_out[int64_t{t} * conv_dim + c] = conv_step(window, taps, k, input, has_bias, bias);
+    if (verify_base >= 0) store_verify_window(state, verify_base, t - first, c, window, k);
   }
   if (verify_base >= 0) return;  // the working slot waits for the commit
-#pragma unroll
-  for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
-    if (i < k) stored[i] = window[i];
-  }
+  store_window(stored, window, k);
 }
 
 // The gated RMSNorm of one token: g = y · silu(gate) (kept in y), then g · scale · weight with
@@ -185,8 +171,8 @@ __global__ void mamba_snapshot_pairs_kernel(const int32_t* snapshots, int32_t sn
   int32_t src = -1;
   if (base >= 0) {  // the rule with a drafter: the first page boundary past old, if reached
     const int32_t old = vcl_before[row];
-    const int32_t boundary = (old / page_size + 1) * page_size;
-    if (boundary <= vcl[pool_rows[row]]) src = base + boundary - old - 1;
+    const int32_t boundary = ops::next_page_boundary(old, page_size);
+    if (boundary <= vcl[pool_rows[row]]) src = base + ops::mamba_verify_state_token(boundary - old);
   } else if (row >= 0 && vcl[pool_rows[row]] % page_size == 0) {
     src = snapshots[3 * i + 1];
   }
@@ -205,7 +191,7 @@ __global__ void mamba_verify_commit_pairs_kernel(const int32_t* slots, const int
   const int32_t base = verify_base[r];
   const int32_t accepted = base >= 0 ? vcl[pool_rows[r]] - vcl_before[r] : 0;
   const bool commit = base >= 0 && accepted >= 1 && slots[r] >= 0;
-  pairs[2 * r] = commit ? base + accepted - 1 : -1;
+  pairs[2 * r] = commit ? base + ops::mamba_verify_state_token(accepted) : -1;
   pairs[2 * r + 1] = commit ? slots[r] : -1;
 }
 

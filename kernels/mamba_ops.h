@@ -11,10 +11,9 @@
 // order. So a token's result depends only on its row's earlier tokens and state: the same bits
 // whatever else is in the batch, and a prompt prefilled whole, in chunks or token by token
 // (decode) gives the same bits. Every reduction has one fixed order for a given shape. Prefill
-// and mixed steps (unless a row verifies drafts) use kernels/mamba_scan.h's chunked scan instead
-// (SSD blocks on a grid of
+// and mixed steps use kernels/mamba_scan.h's chunked scan instead (SSD blocks on a grid of
 // absolute positions; what it keeps bit-identical is listed there); a row with no complete block
-// gets the same bits from both.
+// — a verified row among them — gets the same bits from both.
 #pragma once
 
 #include "core/ops/host_device.h"

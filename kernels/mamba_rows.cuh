@@ -1,12 +1,17 @@
 // A row of a mixer launch cut on the chunked scan's block grid (kernels/mamba_scan.h): the head
 // [first, head_end), `blocks` complete blocks of kMambaScanChunk tokens from head_end, the tail
-// up to end. Included by mamba_scan.cu and mamba_ssd.cu.
+// up to end. Included by mamba_ops.cu, mamba_scan.cu and mamba_ssd.cu.
 #pragma once
 
 #include "kernels/mamba_scan.h"
 
 namespace ls::kernels {
 namespace {
+
+// Row r's first verify-state slot, or −1: not a verified row (MambaRows::verify_base).
+__device__ __forceinline__ int32_t verify_base_of(const MambaRows& rows, int32_t row) {
+  return rows.verify_base != nullptr ? rows.verify_base[row] : -1;
+}
 
 struct MambaRowCut {
   int32_t first = 0;     // the row's first token (launch index)
@@ -23,7 +28,9 @@ struct MambaRowCut {
   __device__ int32_t block_index(int32_t k) const { return block_first(k) / kMambaScanChunk; }
 };
 
-// positions may be null only for a whole-row cut (no blocks read).
+// positions may be null only for a whole-row cut (no blocks read). A verified row is never cut:
+// the sequential scan leaves the state after each of its tokens in its verify slots (its
+// verify_width <= 16 tokens hold no complete block anyway, so it keeps the sequential bits).
 __device__ __forceinline__ MambaRowCut cut_row(const MambaRows& rows, const int32_t* positions,
                                                int32_t row, bool with_blocks) {
   MambaRowCut cut;
@@ -31,7 +38,9 @@ __device__ __forceinline__ MambaRowCut cut_row(const MambaRows& rows, const int3
   cut.end = cut.first + rows.token_counts[row];
   cut.slot = rows.slots[row];
   cut.head_end = cut.end;
-  if (!with_blocks || cut.slot < 0 || cut.end <= cut.first) return cut;
+  if (!with_blocks || cut.slot < 0 || cut.end <= cut.first || verify_base_of(rows, row) >= 0) {
+    return cut;
+  }
   int32_t offset = positions[cut.first] % kMambaScanChunk;  // C++ keeps the sign
   if (offset < 0) offset += kMambaScanChunk;
   const int32_t lead = offset == 0 ? 0 : kMambaScanChunk - offset;

@@ -3,6 +3,7 @@
 #include "core/ops/layer_math.h"
 #include "core/ops/mamba_math.h"
 #include "kernels/launch.cuh"
+#include "kernels/mamba_conv.cuh"
 #include "kernels/mamba_rows.cuh"
 #include "kernels/reduce.cuh"
 
@@ -72,11 +73,9 @@ mamba_scan_rows_kernel(MambaShape shape, MambaLayerParams params, MambaStateView
   const float d_skip = params.d_skip[head];
   const int32_t dt_offset = inner + conv_dim + head;
   // A verified decode row (MambaRows::verify_base): the state after each verify token into its
-  // verify slot, the working slot left for the commit. The sequential launch (launch_mamba_mixer)
-  // is the one that runs such rows: its conv keeps the per-token windows, the chunked launch's
-  // does not (CudaBackend::Impl::mamba_chunked is off for a step with a verified row).
-  const int32_t verify_base =
-      rows.verify_base != nullptr ? rows.verify_base[static_cast<int32_t>(blockIdx.z)] : -1;
+  // verify slot, the working slot left for the commit. The chunked launch cuts no block from
+  // such a row (cut_row), so its kHead span is the whole row, as in the sequential launch.
+  const int32_t verify_base = verify_base_of(rows, static_cast<int32_t>(blockIdx.z));
   for (int32_t t = begin; t < end; ++t) {
     const float* token = conv_out + int64_t{t} * conv_dim;
     const float* b = token + inner + group * n_state;
@@ -142,8 +141,9 @@ __device__ __forceinline__ float conv_input(const MambaShape& shape, const float
 
 // The causal conv of the chunked launch, parallel over tokens: block (channels, tile, row) walks
 // the tile's kConvTokens tokens of the row with a register window started from the inputs just
-// before the tile — each token's dot product is the sequential conv's (mamba_ops.cu), oldest tap
-// first plus the bias through SiLU, so the same bits. The slot's window is only read here;
+// before the tile — each token through the sequential conv's step (kernels/mamba_conv.cuh), so
+// the same bits; a verified row's window after each token goes to its verify slot, as the
+// sequential conv's does. The working slot's window is only read here;
 // mamba_conv_window_kernel writes it once every tile has read it.
 __global__ void __launch_bounds__(kConvThreads)
 mamba_conv_tokens_kernel(MambaShape shape, MambaLayerParams params, MambaStateView state,
@@ -160,7 +160,7 @@ mamba_conv_tokens_kernel(MambaShape shape, MambaLayerParams params, MambaStateVi
   const int32_t stop = min(count, begin + kConvTokens);
   const int32_t first = rows.token_offsets[row];
   const int32_t k = shape.conv_kernel;
-  const float* stored = state.conv + slot * state.slot_stride_floats + int64_t{c} * k;
+  const float* stored = conv_window_of(state, slot, c, k);
   float window[kMambaConvKernelMax];
   float taps[kMambaConvKernelMax];
 #pragma unroll
@@ -170,22 +170,18 @@ mamba_conv_tokens_kernel(MambaShape shape, MambaLayerParams params, MambaStateVi
   }
   const bool has_bias = params.conv_bias != nullptr;
   const float bias = has_bias ? params.conv_bias[c] : 0.0f;
+  const int32_t verify_base = verify_base_of(rows, row);
   for (int32_t j = begin; j < stop; ++j) {
     const float input = conv_input(shape, proj, stored, first, c, j);
-    float sum = 0.0f;
-#pragma unroll
-    for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
-      if (i + 1 < k) window[i] = window[i + 1];
-      if (i + 1 == k) window[i] = input;
-      if (i < k) sum = ops::mamba_conv_accumulate(sum, window[i], taps[i]);
-    }
-    if (has_bias) sum += bias;
-    conv_out[int64_t{first + j} * conv_dim + c] = ops::silu(sum);
+    conv_out[int64_t{first + j} * conv_dim + c] =
+        conv_step(window, taps, k, input, has_bias, bias);
+    if (verify_base >= 0) store_verify_window(state, verify_base, j, c, window, k);
   }
 }
 
 // The slot's window after the row: its last conv_kernel inputs (the old window's newest entries
-// when the row has fewer tokens). grid (channel blocks, rows).
+// when the row has fewer tokens); a verified row's working slot waits for the commit.
+// grid (channel blocks, rows).
 __global__ void __launch_bounds__(kConvThreads)
 mamba_conv_window_kernel(MambaShape shape, MambaStateView state, MambaRows rows,
                          const float* proj) {
@@ -195,18 +191,15 @@ mamba_conv_window_kernel(MambaShape shape, MambaStateView state, MambaRows rows,
   const int32_t row = static_cast<int32_t>(blockIdx.y);
   const int32_t slot = rows.slots[row];
   const int32_t count = rows.token_counts[row];
-  if (c >= shape.conv_dim() || slot < 0 || count == 0) return;
+  if (c >= shape.conv_dim() || slot < 0 || count == 0 || verify_base_of(rows, row) >= 0) return;
   const int32_t k = shape.conv_kernel;
-  float* stored = state.conv + slot * state.slot_stride_floats + int64_t{c} * k;
+  float* stored = conv_window_of(state, slot, c, k);
   float next[kMambaConvKernelMax];
 #pragma unroll
   for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
     if (i < k) next[i] = conv_input(shape, proj, stored, rows.token_offsets[row], c, count - k + i);
   }
-#pragma unroll
-  for (int32_t i = 0; i < kMambaConvKernelMax; ++i) {
-    if (i < k) stored[i] = next[i];
-  }
+  store_window(stored, next, k);
 }
 
 template <int32_t kLanes>

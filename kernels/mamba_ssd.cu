@@ -71,6 +71,17 @@ __device__ __forceinline__ int32_t group_of(const MambaShape& s, int32_t head) {
   return head / (s.heads_count / s.groups_count);
 }
 
+// Columns [c0, c0 + kTile) of the block's tokens' conv outputs from column `offset` into
+// tile [s, c] (kQ × kTile), zeros from column `count` on. The whole CUDA block loads it.
+__device__ __forceinline__ void load_token_tile(float* tile, const float* tokens,
+                                                int32_t conv_dim, int32_t offset, int32_t c0,
+                                                int32_t count) {
+  for (int32_t e = threadIdx.x; e < kQ * kTile; e += kThreads) {
+    const int32_t s = e / kTile, c = c0 + e % kTile;
+    tile[e] = c < count ? tokens[int64_t{s} * conv_dim + offset + c] : 0.0f;
+  }
+}
+
 // Kernel 1: the block's step sizes Δ_t (the sequential scan's, ops::mamba_step_size), log decays
 // a_t = Δ_t·A and sums S_t in ascending t, per head. grid (blocks, rows).
 __global__ void __launch_bounds__(kPrepareThreads)
@@ -182,10 +193,7 @@ ssd_block_state_kernel(MambaShape shape, MambaRows rows, const int32_t* position
     }
     for (int32_t n0 = 0; n0 < n_state; n0 += kTile) {
       __syncthreads();  // xw written; the previous bs consumed
-      for (int32_t e = threadIdx.x; e < kQ * kTile; e += kThreads) {
-        const int32_t s = e / kTile, n = n0 + e % kTile;
-        bs[e] = n < n_state ? tokens[int64_t{s} * conv_dim + b_offset + n] : 0.0f;
-      }
+      load_token_tile(bs, tokens, conv_dim, b_offset, n0, n_state);
       __syncthreads();
       float acc[4][4] = {};
       for (int32_t s = 0; s < kQ; ++s) {
@@ -295,10 +303,7 @@ ssd_output_kernel(MambaShape shape, MambaLayerParams params, MambaRows rows,
   float* hs = tile + kSlice * kPitch;
   for (int32_t p0 = 0; p0 < p_count; p0 += kTile) {
     __syncthreads();  // mask written; the previous tile's slices consumed
-    for (int32_t e = threadIdx.x; e < kQ * kTile; e += kThreads) {
-      const int32_t s = e / kTile, p = p0 + e % kTile;
-      tile[e] = p < p_count ? tokens[int64_t{s} * conv_dim + x_offset + p] : 0.0f;
-    }
+    load_token_tile(tile, tokens, conv_dim, x_offset, p0, p_count);
     __syncthreads();
     float intra[4][4] = {};
     for (int32_t s = 0; s < kQ; ++s) {

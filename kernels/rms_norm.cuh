@@ -1,8 +1,10 @@
-// The vectorised RMSNorm's sum of squares, one definition for the norm kernel
-// (kernels/layer_ops.cu) and the decode GEMV that folds the norm into its prologue
+// The vectorised RMSNorm's sum of squares and element rounding, one definition for the norm
+// kernel (kernels/layer_ops.cu) and the decode GEMV that folds the norm into its prologue
 // (kernels/gemv.cu): both must round every normalised element alike, so both sum in this order.
 // Device code only.
 #pragma once
+
+#include "core/ops/layer_math.h"
 
 #include <cuda_bf16.h>
 
@@ -30,15 +32,27 @@ __device__ __forceinline__ float add_squares(float sum, const float4& v) {
   return sum;
 }
 
-// Thread v's part of the order (before the butterflies): its float4s of row xr, vecs = n / 4.
-__device__ __forceinline__ float norm_thread_squares(const float4* xr, int32_t v, int32_t vecs) {
+// Thread v's part of the order (before the butterflies) over its float4s already in registers:
+// held[k] is float4 v + k · kNormThreads of the row, for those below vecs = n / 4.
+__device__ __forceinline__ float norm_thread_squares(const float4 (&held)[kNormVecMax], int32_t v,
+                                                    int32_t vecs) {
   float sum = 0.0f;
 #pragma unroll
   for (int32_t k = 0; k < kNormVecMax; ++k) {
-    const int32_t i = v + k * kNormThreads;
-    if (i < vecs) sum = add_squares(sum, xr[i]);
+    if (v + k * kNormThreads < vecs) sum = add_squares(sum, held[k]);
   }
   return sum;
+}
+
+// The same, loading thread v's float4s of row xr.
+__device__ __forceinline__ float norm_thread_squares(const float4* xr, int32_t v, int32_t vecs) {
+  float4 held[kNormVecMax];
+#pragma unroll
+  for (int32_t k = 0; k < kNormVecMax; ++k) {
+    const int32_t i = v + k * kNormThreads;
+    if (i < vecs) held[k] = xr[i];
+  }
+  return norm_thread_squares(held, v, vecs);
 }
 
 // Four normalised elements, rounded to the storage type (bf16: round to nearest even).
@@ -52,6 +66,14 @@ __device__ __forceinline__ void store4(__nv_bfloat16* p, float a, float b, float
 }
 __device__ __forceinline__ void store4(float* p, float a, float b, float c, float d) {
   *reinterpret_cast<float4*>(p) = make_float4(a, b, c, d);
+}
+
+// Four elements v normalised by `scale` and weighted by g (ops::rms_norm_element), stored at p.
+template <typename T>
+__device__ __forceinline__ void store_normalised4(T* p, const float4& v, float scale,
+                                                  const float4& g) {
+  store4(p, ops::rms_norm_element(v.x, scale, g.x), ops::rms_norm_element(v.y, scale, g.y),
+         ops::rms_norm_element(v.z, scale, g.z), ops::rms_norm_element(v.w, scale, g.w));
 }
 
 }  // namespace ls::kernels

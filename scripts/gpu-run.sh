@@ -35,9 +35,10 @@
 #   scripts/gpu-run.sh hybrid    # on the H200: only the hybrid family (issue 19): the RoPE, Mamba
 #                                # mixer/pool, chunked scan and hybrid backend tests (CUDA vs CPU
 #                                # on a random Bamba, state rules, determinism, swap retraction,
-#                                # refusals), the HF oracle on tests/fixtures/hf/bamba, a hybrid
-#                                # recorded with the CLI on CUDA replayed there, and
-#                                # `lockstep_gpu_bench --hybrid`
+#                                # refusals, the simulator's hybrid world), the HF oracle on
+#                                # tests/fixtures/hf/bamba, a hybrid recorded with the CLI on CUDA
+#                                # replayed there, `lockstep sim --model tiny-hybrid --backend
+#                                # cuda` (4 seeds, every fault site), and `lockstep_gpu_bench --hybrid`
 #                                # (Bamba-9B's shape, batch 1 and 64, context 1024), under 10 min.
 #                                # Writes env.txt, hybrid_tests.log/json, hybrid_bench.log/json.
 #   scripts/gpu-run.sh fusion    # on the H200: only the decode GEMV's fused forms (issue 14): their
@@ -80,7 +81,8 @@ PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels 
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 # The start of every device mode: $OUT made, the carried binaries there (the first argument is
-# the one the mode needs), and their libraries on the loader's path.
+# the one the mode needs), their libraries on the loader's path, and $OUT/env.txt begun (the
+# commit, the date, nvidia-smi).
 begin_mode() {
   OUT="${OUT:-out/gpu-run}"
   mkdir -p "$OUT"
@@ -89,6 +91,7 @@ begin_mode() {
     exit 2
   fi
   export LD_LIBRARY_PATH="$(realpath "$DIST")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
 }
 
 # One part of a mode: run_part [--new] [--show] LOG SECONDS CMD...
@@ -298,7 +301,6 @@ PY
 run_families() {
   begin_mode lockstep_hf_oracle_check
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== layer-op and backend GPU tests"
   run_part --new "$OUT/gpu_tests.log" 120 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
@@ -369,7 +371,6 @@ PY
 
 run_report() {
   begin_mode lockstep
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   local status=0
   cuda_report "$OUT/cuda_report.tar" || status=1
   echo "gpu-run report: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
@@ -401,7 +402,6 @@ PY
 run_spec() {
   begin_mode lockstep_gpu_spec_bench
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== drafter GPU tests"
   run_part --new "$OUT/spec.log" 120 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Widths/NgramKernel.*:CudaDrafterOptions.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*:CudaStateOps.*' \
@@ -417,11 +417,9 @@ run() {
   begin_mode lockstep_gpu_tests
   local status=0
   {
-    echo "commit: $(cat "$DIST/commit.txt")"; date -u
-    nvidia-smi || true
     for b in "$DIST"/bin/*; do echo "== ldd $b"; ldd "$b"; done
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 || true
-  } > "$OUT/env.txt" 2>&1
+  } >> "$OUT/env.txt" 2>&1
 
   echo "== GPU tests"
   # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
@@ -522,7 +520,6 @@ PY
 run_recording() {
   begin_mode lockstep_gpu_bench
   local status=0 log="$OUT/recording_tests.log" trace=/tmp/gpu_run_recording.trace
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   run_part --new "$log" 150 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='OddVocabularies/RecordKernel.*:Vocabularies/RecordKernelAdversarial.*:CudaRecord.*:CudaDeterminism.*'
   echo "== CLI on CUDA: generate --record, replay --backend cuda, replay teacher-forced (CPU), check" >> "$log"
@@ -556,7 +553,6 @@ run_recording() {
 run_tp() {
   begin_mode lockstep_gpu_tp_tests
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32
   echo "== TP GPU tests"
   local log="$OUT/tp_tests.log"
@@ -581,11 +577,10 @@ run_tp() {
 run_hybrid() {
   begin_mode lockstep_hf_oracle_check
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== hybrid GPU tests"
   local tests="$OUT/hybrid_tests.log" bench="$OUT/hybrid_bench.log"
   run_part --new "$tests" 200 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:MambaChunkedScanGpu.*:HybridChunkedPrefill.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRecord.*:HybridSwap.*:HybridRefusals.*' \
+      --gtest_filter='OddSizes/TokenCounts.*Rope*:MambaMixerGpu.*:MambaPoolGpu.*:MambaChunkedScanGpu.*:HybridChunkedPrefill.*:GraphsOffOn/HybridServed.*:HybridRules.*:HybridDeterminism.*:HybridMemory.*:HybridRecord.*:HybridSwap.*:HybridRefusals.*:HybridSimGpu.*' \
       --gtest_output="json:$OUT/hybrid_tests.json"
   echo "== HF fixture tests/fixtures/hf/bamba" >> "$tests"
   run_part "$tests" 60 "$DIST/bin/lockstep_hf_oracle_check" tests/fixtures/hf/bamba /tmp/hf_bamba.json
@@ -594,7 +589,9 @@ run_hybrid() {
       --prompts examples/prompts.jsonl --backend cuda --record /tmp/cli_cuda_bamba.trace \
       -o /tmp/cli_cuda_bamba.jsonl &&
     run_part "$tests" 60 "$DIST/bin/lockstep" replay /tmp/cli_cuda_bamba.trace --backend cuda
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|hybrid, CUDA|chunked|vs HF|hf oracle: (PASS|FAIL)|IDENTICAL|DIVERGED|error|hybrid swap|swap retraction|^1\.\.20 ' \
+  echo "== sim on CUDA: lockstep sim --model tiny-hybrid --backend cuda --seeds 1..4 --faults all" >> "$tests"
+  run_part "$tests" 90 "$DIST/bin/lockstep" sim --model tiny-hybrid --backend cuda --seeds 1..4 --faults all
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|hybrid, CUDA|chunked|vs HF|hf oracle: (PASS|FAIL)|IDENTICAL|DIVERGED|error|hybrid swap|swap retraction|hybrid sim|^1\.\.4 ' \
       "$tests" | tail -30
   echo "== benchmark: bamba-9b decode at batch 1 and 64"
   run_part --new "$bench" 330 "$DIST/bin/lockstep_gpu_bench" "$OUT/hybrid_bench.json" --hybrid
@@ -613,7 +610,6 @@ run_hybrid() {
 run_fusion() {
   begin_mode lockstep_gpu_bench
   local status=0
-  { echo "commit: $(cat "$DIST/commit.txt")"; date -u; nvidia-smi || true; } > "$OUT/env.txt" 2>&1
   echo "== decode fusion, layer-op and backend GPU tests"
   run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \

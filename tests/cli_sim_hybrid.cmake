@@ -3,6 +3,18 @@
 # the pages) replaying identically and checking clean, speculative decoding swept, recorded and
 # replayed, and the refusals by name of what a hybrid
 # world does not run.
+# A recorded trace replays IDENTICAL and `lockstep check` finds every invariant holding.
+function(expect_replays_and_checks trace what)
+  execute_process(COMMAND ${LOCKSTEP} replay ${trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
+  if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
+    message(FATAL_ERROR "replay of ${what} was not identical (${status}):\n${out}")
+  endif()
+  execute_process(COMMAND ${LOCKSTEP} check ${trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
+  if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
+    message(FATAL_ERROR "check of ${what} failed (${status}):\n${out}")
+  endif()
+endfunction()
+
 execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --seeds 1..200 --faults all
                 OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
 if(NOT status EQUAL 0 OR NOT out MATCHES "1\\.\\.200 +0 ")
@@ -24,14 +36,7 @@ foreach(case "8;0 swap, [1-9][0-9]* recompute" "14;[1-9][0-9]* swap, 0 recompute
     message(FATAL_ERROR "hybrid seed ${seed} with every site on no longer retracts as "
                         "'${retractions}':\n${out}")
   endif()
-  execute_process(COMMAND ${LOCKSTEP} replay ${trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
-  if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
-    message(FATAL_ERROR "replay of hybrid seed ${seed} was not identical (${status}):\n${out}")
-  endif()
-  execute_process(COMMAND ${LOCKSTEP} check ${trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
-  if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
-    message(FATAL_ERROR "check of hybrid seed ${seed} failed (${status}):\n${out}")
-  endif()
+  expect_replays_and_checks(${trace} "hybrid seed ${seed}")
 endforeach()
 # `trace inspect` shows each output row's working-slot digest.
 execute_process(COMMAND ${LOCKSTEP} trace inspect ${trace} --steps 0:3 --request 1000 OUTPUT_VARIABLE out
@@ -61,14 +66,7 @@ execute_process(COMMAND ${LOCKSTEP} sim --model tiny-hybrid --spec --drafter ngr
 if(NOT status EQUAL 0 OR NOT out MATCHES "checkers: all passed" OR NOT out MATCHES "speculative: W")
   message(FATAL_ERROR "hybrid sim --spec seed 11 failed (${status}):\n${out}\n${err}")
 endif()
-execute_process(COMMAND ${LOCKSTEP} replay ${spec_trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
-  message(FATAL_ERROR "replay of the hybrid speculative seed was not identical (${status}):\n${out}")
-endif()
-execute_process(COMMAND ${LOCKSTEP} check ${spec_trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
-  message(FATAL_ERROR "check of the hybrid speculative seed failed (${status}):\n${out}")
-endif()
+expect_replays_and_checks(${spec_trace} "the hybrid speculative seed")
 # `lockstep generate --model tiny-hybrid` (seeded weights, --mamba-slots 0 sized for the model,
 # pages of 4 so prompts cross several): recorded, replayed identically, checked clean.
 set(gen_trace ${WORKDIR}/cli-generate-hybrid.trace)
@@ -79,11 +77,4 @@ execute_process(COMMAND ${LOCKSTEP} generate --model tiny-hybrid --prompts ${PRO
 if(NOT status EQUAL 0 OR NOT out MATCHES "\"finish_reason\"")
   message(FATAL_ERROR "generate --model tiny-hybrid failed (${status}):\n${out}\n${err}")
 endif()
-execute_process(COMMAND ${LOCKSTEP} replay ${gen_trace} --quiet OUTPUT_VARIABLE out RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "IDENTICAL")
-  message(FATAL_ERROR "replay of generate --model tiny-hybrid was not identical (${status}):\n${out}")
-endif()
-execute_process(COMMAND ${LOCKSTEP} check ${gen_trace} OUTPUT_VARIABLE out RESULT_VARIABLE status)
-if(NOT status EQUAL 0 OR NOT out MATCHES "every invariant holds")
-  message(FATAL_ERROR "check of generate --model tiny-hybrid failed (${status}):\n${out}")
-endif()
+expect_replays_and_checks(${gen_trace} "generate --model tiny-hybrid")

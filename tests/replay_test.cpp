@@ -10,6 +10,7 @@
 #include "trace/trace_observer.h"
 #include "core/cpu_backend.h"
 #include "core/serving_loop.h"
+#include "tests/test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -24,14 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr uint64_t kSimWeightsSeed = 0;
-
-const ModelWeights& sim_weights(const std::string& model = "tiny") {
-  static const ModelWeights tiny = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
-  static const ModelWeights hybrid =
-      weights_from_seed(model_config_named("tiny-hybrid"), kSimWeightsSeed);
-  return model == "tiny" ? tiny : hybrid;
-}
+using testing::kSimWeightsSeed;
+using testing::sim_weights;
 
 // One directory per process: ctest runs each test case as its own process, in parallel.
 fs::path temp_path(const std::string& name) {

@@ -3,6 +3,7 @@
 #include "core/model/weights.h"
 #include "sim/checkers.h"
 #include "sim/sweep.h"
+#include "tests/test_support.h"
 
 #include <gtest/gtest.h>
 
@@ -13,11 +14,7 @@
 namespace ls::sim {
 namespace {
 
-const ModelWeights& sim_weights(const std::string& model = "tiny") {
-  static const ModelWeights tiny = weights_from_seed(model_config_named("tiny"), 0);
-  static const ModelWeights hybrid = weights_from_seed(model_config_named("tiny-hybrid"), 0);
-  return model == "tiny" ? tiny : hybrid;
-}
+using testing::sim_weights;
 
 struct SweepTotals {
   int64_t failed = 0, retract_swap = 0, retract_recompute = 0, recoveries = 0, prefix_hits = 0;

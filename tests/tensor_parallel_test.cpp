@@ -255,12 +255,8 @@ TEST(TensorParallel, AnIdleStepIssuesTheBusyStepsCollectivesWithNoRowsAndChanges
 
 // --- traces ----------------------------------------------------------------------------------
 
-constexpr uint64_t kSimWeightsSeed = 0;
-
-const ModelWeights& sim_weights() {
-  static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
-  return weights;
-}
+using testing::kSimWeightsSeed;
+using testing::sim_weights;
 
 fs::path temp_path(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-tp-test-{}", ::getpid());
@@ -325,10 +321,14 @@ TEST(TensorParallelTrace, ExactReplayRefusesADegreeOtherThanTheRecordedOne) {
   }
 }
 
+// Recorded in format 3 by the build of e2f9ad6, before the NCCL header fields (the fuzzer's seed
+// corpus of then: `lockstep generate --record` of examples/prompts.jsonl's first line).
+constexpr const char* kFormat3Trace =
+    LOCKSTEP_SOURCE_DIR "/tests/fixtures/trace/format3-tiny-run-1-request.trace";
+
 TEST(TensorParallelTrace, ATraceFromBeforeTheFieldReadsAsTp1) {
-  // Recorded by a build from before issue 18 (the fuzzer's seed corpus).
-  const trace::TraceReader reader =
-      trace::TraceReader::open(LOCKSTEP_SOURCE_DIR "/fuzz/corpus/trace_reader/run_1_request.bin");
+  const trace::TraceReader reader = trace::TraceReader::open(kFormat3Trace);
+  EXPECT_EQ(reader.header().format_version, 3u);
   EXPECT_EQ(reader.header().tp_degree, 1);
 }
 
@@ -345,8 +345,7 @@ TEST(TensorParallelTrace, TheRecorderRefusesADegreeTheRecordedModelCannotShard) 
 }
 
 TEST(TensorParallelTrace, TheNcclFieldsReadBackAndATraceFromBeforeThemHasNone) {
-  const trace::TraceReader old =
-      trace::TraceReader::open(LOCKSTEP_SOURCE_DIR "/fuzz/corpus/trace_reader/run_1_request.bin");
+  const trace::TraceReader old = trace::TraceReader::open(kFormat3Trace);
   EXPECT_EQ(old.header().nccl_version, 0);
   EXPECT_EQ(old.header().nccl_algo, "");
   EXPECT_EQ(old.header().nccl_proto, "");

@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace ls::testing {
@@ -25,6 +26,16 @@ inline ExecutorConfig small_config() {
 inline const ModelWeights& tiny_weights() {
   static const ModelWeights weights = weights_from_seed(model_config_named("tiny"), 7);
   return weights;
+}
+
+// The simulator's weights of `model` (tiny or tiny-hybrid), from the seed `lockstep sim` draws
+// them from (cli/sim_command.cpp kSimWeightsSeed).
+inline constexpr uint64_t kSimWeightsSeed = 0;
+inline const ModelWeights& sim_weights(const std::string& model = "tiny") {
+  static const ModelWeights tiny = weights_from_seed(model_config_named("tiny"), kSimWeightsSeed);
+  static const ModelWeights hybrid =
+      weights_from_seed(model_config_named("tiny-hybrid"), kSimWeightsSeed);
+  return model == "tiny" ? tiny : hybrid;
 }
 
 // A CPU backend and executor over the shared tiny weights.

@@ -42,10 +42,7 @@ namespace {
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 
-const ModelWeights& weights() {
-  static const ModelWeights w = weights_from_seed(model_config_named("tiny"), 0);
-  return w;
-}
+const ModelWeights& weights() { return ls::testing::sim_weights(); }
 
 fs::path temp_path(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / fmt::format("lockstep-integrity-{}", ::getpid());
@@ -99,16 +96,12 @@ Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
   return record_serving(scheduler, backend, limits, "generate.trace");
 }
 
-const ModelWeights& hybrid_weights() {
-  static const ModelWeights w = weights_from_seed(model_config_named("tiny-hybrid"), 0);
-  return w;
-}
 
 // A simulator seed with faults, retraction and events (`lockstep sim --record`), on tiny or (with
 // overrides.model) tiny-hybrid.
 Bytes record_sim(uint64_t seed, const sim::SimOverrides& overrides = {}) {
   const sim::SimParams params = sim::derive_params(seed, overrides);
-  const ModelWeights& w = params.model == "tiny" ? weights() : hybrid_weights();
+  const ModelWeights& w = ls::testing::sim_weights(params.model);
   const fs::path path = temp_path("sim.trace");
   {
     auto recorder = trace::Recorder::open(
@@ -413,6 +406,25 @@ TEST(TraceIntegrity, ATraceOfFormatVersionTwoIsRefusedNamingItsVersion) {
   EXPECT_NE(c.message.find("reads versions 3 to 4"), std::string::npos) << c.message;
   EXPECT_EQ(replay_bytes(bytes).exit, 2);
   std::printf("%s\n", c.message.c_str());
+}
+
+// The fuzzer's seed corpus is in this build's format (fuzz/make_corpus.sh regenerates it when the
+// format changes), so the fuzzer starts from what a reader of today decodes in full.
+TEST(FuzzCorpus, EverySeedIsInThisBuildsFormat) {
+  int32_t seeds = 0;
+  for (const auto& entry :
+       fs::directory_iterator(fs::path(LOCKSTEP_SOURCE_DIR) / "fuzz/corpus/trace_reader")) {
+    const Bytes bytes = read_file(entry.path());
+    ASSERT_GE(bytes.size(), trace::framing::kPreambleBytes) << entry.path();
+    uint32_t version = 0;
+    EXPECT_EQ(trace::framing::read_preamble(reinterpret_cast<const unsigned char*>(bytes.data()),
+                                            version),
+              trace::framing::PreambleStatus::kOk)
+        << entry.path();
+    EXPECT_EQ(version, trace::kFormatVersion) << entry.path() << ": run fuzz/make_corpus.sh";
+    ++seeds;
+  }
+  EXPECT_EQ(seeds, 6);
 }
 
 }  // namespace

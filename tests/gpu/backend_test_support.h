@@ -16,15 +16,27 @@ namespace ls::gpu_test {
 
 using Outcomes = std::map<RequestId, std::vector<int32_t>>;
 
-inline Outcomes generate(Backend& backend, const SchedulerConfig& config, int32_t vocab,
-                         const std::vector<RequestSpec>& requests) {
+// The requests served to the end: each request's tokens, the steps and the tokens generated.
+struct Served {
+  Outcomes tokens;
+  int64_t steps = 0;
+  int64_t generated = 0;
+};
+
+inline Served serve(Backend& backend, const SchedulerConfig& config, int32_t vocab,
+                    const std::vector<RequestSpec>& requests) {
   Scheduler scheduler(config);
   for (const RequestSpec& r : requests) scheduler.submit(r, vocab);
   Executor executor(executor_config_for(config), vocab, backend);
-  run_serving_loop(scheduler, executor);
-  Outcomes out;
-  for (const auto& [id, outcome] : scheduler.outcomes()) out[id] = outcome.tokens;
-  return out;
+  const ServingProgress done = run_serving_loop(scheduler, executor);
+  Served run{.steps = done.steps_count, .generated = done.tokens_generated};
+  for (const auto& [id, outcome] : scheduler.outcomes()) run.tokens[id] = outcome.tokens;
+  return run;
+}
+
+inline Outcomes generate(Backend& backend, const SchedulerConfig& config, int32_t vocab,
+                         const std::vector<RequestSpec>& requests) {
+  return serve(backend, config, vocab, requests).tokens;
 }
 
 // `count` greedy requests with prompts of varied length (1 .. length_max) spread over the vocab.

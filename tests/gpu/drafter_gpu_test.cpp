@@ -208,24 +208,6 @@ SchedulerConfig spec_scheduler(int32_t width) {
   return c;
 }
 
-struct ServedRun {
-  gpu_test::Outcomes tokens;
-  int64_t steps = 0;
-  int64_t generated = 0;
-};
-
-ServedRun serve(Backend& backend, const SchedulerConfig& sc, const std::vector<RequestSpec>& requests) {
-  Scheduler scheduler(sc);
-  for (const RequestSpec& r : requests) scheduler.submit(r, kTinyVocab);
-  Executor executor(executor_config_for(sc), kTinyVocab, backend);
-  const ServingProgress done = run_serving_loop(scheduler, executor);
-  ServedRun run;
-  run.steps = done.steps_count;
-  run.generated = done.tokens_generated;
-  for (const auto& [id, outcome] : scheduler.outcomes()) run.tokens[id] = outcome.tokens;
-  return run;
-}
-
 class CudaSpecInvariance : public ::testing::TestWithParam<bool> {};
 
 // Issue 7's acceptance on the GPU, in the fp32 mode (only the order of sums differs from the CPU
@@ -238,7 +220,7 @@ TEST_P(CudaSpecInvariance, GreedyTokensWithTheNgramDrafterEqualWidthOne) {
   const CudaBackendOptions plain{.precision = CudaPrecision::kFp32, .graphs = graphs};
   const SchedulerConfig sc1 = spec_scheduler(1);
   CudaBackend reference_backend(tiny(), executor_config_for(sc1), plain);
-  const ServedRun reference = serve(reference_backend, sc1, requests);
+  const gpu_test::Served reference = gpu_test::serve(reference_backend, sc1, kTinyVocab, requests);
   ASSERT_EQ(reference.tokens.size(), 32u);
   for (const auto& [id, tokens] : reference.tokens) ASSERT_EQ(tokens.size(), 64u) << id;
   for (const int32_t w : {2, 4, 8}) {
@@ -246,7 +228,7 @@ TEST_P(CudaSpecInvariance, GreedyTokensWithTheNgramDrafterEqualWidthOne) {
     options.drafter = "ngram";
     const SchedulerConfig sc = spec_scheduler(w);
     CudaBackend backend(tiny(), executor_config_for(sc), options);
-    const ServedRun run = serve(backend, sc, requests);
+    const gpu_test::Served run = gpu_test::serve(backend, sc, kTinyVocab, requests);
     const gpu_test::Agreement a = gpu_test::compare(reference.tokens, run.tokens);
     std::printf("spec invariance (fp32, graphs %d), W %d + ngram: %d of %d sequences equal W = 1; "
                 "%ld steps against %ld, %.3f tokens per step against %.3f\n",

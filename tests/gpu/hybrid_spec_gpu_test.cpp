@@ -234,20 +234,8 @@ std::vector<RequestSpec> served_requests() {
   return requests;
 }
 
-struct Served {
-  gpu_test::Outcomes tokens;
-  int64_t steps = 0;
-};
-
-Served serve(Backend& backend, const SchedulerConfig& sc) {
-  Scheduler scheduler(sc);
-  for (const RequestSpec& r : served_requests()) scheduler.submit(r, kVocab);
-  Executor executor(executor_config_for(sc), kVocab, backend);
-  const ServingProgress done = run_serving_loop(scheduler, executor);
-  Served s;
-  s.steps = done.steps_count;
-  for (const auto& [id, outcome] : scheduler.outcomes()) s.tokens[id] = outcome.tokens;
-  return s;
+gpu_test::Served serve(Backend& backend, const SchedulerConfig& sc) {
+  return gpu_test::serve(backend, sc, kVocab, served_requests());
 }
 
 class HybridSpecServed : public ::testing::TestWithParam<bool> {};
@@ -263,14 +251,14 @@ TEST_P(HybridSpecServed, GreedyTokensWithTheNgramDrafterEqualWidthOne) {
     SCOPED_TRACE(prefix_cache ? "prefix cache" : "no prefix cache");
     const SchedulerConfig sc1 = served_config(1, prefix_cache);
     CudaBackend reference_backend(hybrid(), executor_config_for(sc1), plain);
-    const Served reference = serve(reference_backend, sc1);
+    const gpu_test::Served reference = serve(reference_backend, sc1);
     ASSERT_EQ(reference.tokens.size(), 16u);
     for (const int32_t w : {2, 4}) {
       CudaBackendOptions options = plain;
       options.drafter = "ngram";
       const SchedulerConfig sc = served_config(w, prefix_cache);
       CudaBackend backend(hybrid(), executor_config_for(sc), options);
-      const Served run = serve(backend, sc);
+      const gpu_test::Served run = serve(backend, sc);
       const gpu_test::Agreement a = gpu_test::compare(reference.tokens, run.tokens);
       std::printf("hybrid spec (fp32, graphs %d, prefix cache %d), W %d + ngram: %d of %d "
                   "sequences equal W = 1; %ld steps against %ld\n", graphs ? 1 : 0,
@@ -284,7 +272,7 @@ TEST_P(HybridSpecServed, GreedyTokensWithTheNgramDrafterEqualWidthOne) {
       if (w != 4) continue;
       CpuBackend cpu(hybrid(), executor_config_for(sc), nullptr, false,
                      std::make_unique<NgramDrafter>());
-      const Served cpu_run = serve(cpu, sc);
+      const gpu_test::Served cpu_run = serve(cpu, sc);
       const gpu_test::Agreement c = gpu_test::compare(cpu_run.tokens, run.tokens);
       std::printf("hybrid spec W 4, CUDA fp32 vs CPU: %ld of %ld tokens equal\n",
                   static_cast<long>(c.tokens_equal), static_cast<long>(c.tokens_total));

@@ -1,7 +1,8 @@
 // The chunked (SSD) scan of the Mamba2 mixer (kernels/mamba_scan.h) against the CPU reference
 // mixer run token by token, and its bit-identity claims compared in bits: run to run, cuts on the
-// block grid, a row whatever its batch and slot, and a row with no complete block equal to the
-// sequential scan. Labelled `gpu`: run on the H200, skipped without a device.
+// block grid, a row whatever its batch and slot, a row with no complete block equal to the
+// sequential scan, and a verified row in a mixed step equal to the same row in a decode step.
+// Labelled `gpu`: run on the H200, skipped without a device.
 //
 // Tolerances. fp32 (≤ 1e-4 relative, outputs and states): the SSD form is the sequential
 // recurrence reassociated — the decays e^{Δ·A} multiplied token by token become exponentials of
@@ -21,6 +22,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
@@ -271,6 +273,100 @@ TEST(MambaChunkedScanGpu, ARowsBitsDoNotDependOnItsBatchOrSlot) {
       std::span<const float>(batched.out).subspan(size_t(105) * m.inner_size(), alone.out.size());
   EXPECT_TRUE(same_bits(x_out, alone.out)) << "seeds 361/371/381";
   EXPECT_TRUE(same_bits(slot_of(m, batched.pool, 1), slot_of(m, alone.pool, 4)));
+}
+
+// A mixed step with a verified row (speculative decoding): a verified decode row of 5 tokens
+// (working slot 0, verify slots 10–14) between two prefill rows that hold complete blocks, and a
+// plain decode row, in one chunked launch. Against the prefill rows alone in a chunked launch and
+// the two decode rows alone in a sequential launch (a decode step's): every output and every slot
+// of the pool — the prefill rows' working slots, the verify slots' windows and states, the
+// verified row's working slot left as it was — the same bits. The verify slots are also checked
+// against the CPU mixer's state after each token (fp32 sequential-scan tolerance), so the two
+// launches cannot agree on a wrong state.
+constexpr int32_t kVerifySlots = 16;
+constexpr int32_t kVerifyBase = 10;
+constexpr int32_t kVerifyTokens = 5;
+
+// The CPU reference's state after each of the verified row's tokens, in the pool layout: slot
+// kVerifyBase + j's run layer holds the state after token j; every other slot as in `pool`.
+std::vector<float> cpu_verify_states(const MambaConfig& m, const LayerWeights& w,
+                                     const std::vector<float>& pool, int32_t working,
+                                     const std::vector<float>& proj) {
+  std::vector<float> expected = pool;
+  const size_t layer = size_t(kRunLayer) * layer_floats(m);
+  std::vector<float> state(pool.begin() + ptrdiff_t(size_t(working) * slot_floats(m) + layer),
+                           pool.begin() + ptrdiff_t(size_t(working) * slot_floats(m) + layer +
+                                                    layer_floats(m)));
+  MambaScratch scratch = make_mamba_scratch(m);
+  std::vector<float> out(size_t(m.inner_size()));
+  for (int32_t j = 0; j < kVerifyTokens; ++j) {
+    mamba_mixer_token(m, w, kRmsEps, proj.data() + size_t(j) * m.in_proj_size(), state.data(),
+                      scratch, out.data());
+    std::copy(state.begin(), state.end(),
+              expected.begin() + ptrdiff_t(size_t(kVerifyBase + j) * slot_floats(m) + layer));
+  }
+  return expected;
+}
+
+template <typename T>
+void expect_verified_row_among_prefill_rows(const MambaConfig& m) {
+  const LayerWeights w = mixer_for(m, 401, true);
+  const std::vector<float> pool =
+      random_floats(size_t(kVerifySlots) * slot_floats(m), 411, -1.0f, 1.0f);
+  const std::vector<float> first_proj = random_proj(m, 150, 421);
+  const std::vector<float> verify_proj = random_proj(m, kVerifyTokens, 422);
+  const std::vector<float> decode_proj = random_proj(m, 1, 423);
+  const std::vector<float> last_proj = random_proj(m, 100, 424);
+  const auto joined = [](std::initializer_list<const std::vector<float>*> parts) {
+    std::vector<float> all;
+    for (const std::vector<float>* p : parts) all.insert(all.end(), p->begin(), p->end());
+    return all;
+  };
+  const Rows mixed_rows{.counts = {150, kVerifyTokens, 1, 100}, .slots = {2, 0, 4, 5},
+                        .verify_base = {-1, kVerifyBase, -1, -1}};
+  const std::vector<int32_t> mixed_positions = positions_of(mixed_rows, {20, 37, 12, 64});
+  const Result mixed =
+      run_gpu<T>(m, w, pool, mixed_rows,
+                 joined({&first_proj, &verify_proj, &decode_proj, &last_proj}), &mixed_positions);
+  const Rows prefill_rows{.counts = {150, 100}, .slots = {2, 5}};
+  const std::vector<int32_t> prefill_positions = positions_of(prefill_rows, {20, 64});
+  const Result prefill = run_gpu<T>(m, w, pool, prefill_rows, joined({&first_proj, &last_proj}),
+                                    &prefill_positions);
+  const Rows decode_rows{.counts = {kVerifyTokens, 1}, .slots = {0, 4},
+                         .verify_base = {kVerifyBase, -1}};
+  const Result decode = run_gpu<T>(m, w, pool, decode_rows, joined({&verify_proj, &decode_proj}));
+  const std::string what = describe(m) + ", seeds 401/411/421";
+  ASSERT_GT(gpu_test::norm(mixed.out), 0.0) << what;
+  const size_t inner = size_t(m.inner_size());
+  const std::span<const float> out(mixed.out);
+  EXPECT_TRUE(same_bits(out.subspan(0, 150 * inner),
+                        std::span<const float>(prefill.out).subspan(0, 150 * inner)))
+      << what;
+  EXPECT_TRUE(same_bits(out.subspan(150 * inner, (kVerifyTokens + 1) * inner), decode.out))
+      << what;
+  EXPECT_TRUE(same_bits(out.subspan((151 + kVerifyTokens) * inner),
+                        std::span<const float>(prefill.out).subspan(150 * inner)))
+      << what;
+  for (int32_t slot = 0; slot < kVerifySlots; ++slot) {
+    const Result& alone = slot == 2 || slot == 5 ? prefill : decode;
+    EXPECT_TRUE(same_bits(slot_of(m, mixed.pool, slot), slot_of(m, alone.pool, slot)))
+        << what << ", slot " << slot;
+  }
+  EXPECT_TRUE(same_bits(slot_of(m, mixed.pool, 0), slot_of(m, pool, 0)))
+      << what << ": the verified row's working slot was written";
+  const std::vector<float> cpu = cpu_verify_states(m, w, pool, 0, verify_proj);
+  for (int32_t slot = kVerifyBase; slot < kVerifyBase + kVerifyTokens; ++slot) {
+    EXPECT_LE(relative_error(slot_of(m, mixed.pool, slot), slot_of(m, cpu, slot)), 1e-5)
+        << what << ", verify slot " << slot;
+  }
+}
+
+TEST(MambaChunkedScanGpu, AVerifiedRowAmongPrefillRowsGetsTheDecodeStepsBits) {
+  LS_SKIP_WITHOUT_DEVICE();
+  for (const MambaConfig& m : {odd_shape(), bamba_like_shape(), wide_shape()}) {
+    expect_verified_row_among_prefill_rows<float>(m);
+  }
+  expect_verified_row_among_prefill_rows<bf16>(bamba_like_shape());
 }
 
 // Validation before any launch (no device needed): positions are required, and so is the

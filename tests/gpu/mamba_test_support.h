@@ -81,9 +81,11 @@ inline std::vector<float> random_proj(const MambaConfig& m, int32_t tokens, uint
 }
 
 // A launch's rows: row r owns counts[r] tokens from the running offset and updates slots[r].
+// verify_base (empty: no verified rows) is MambaRows::verify_base, one entry a row.
 struct Rows {
   std::vector<int32_t> counts;
   std::vector<int32_t> slots;
+  std::vector<int32_t> verify_base = {};
   std::vector<int32_t> offsets() const {
     std::vector<int32_t> o(counts.size(), 0);
     for (size_t r = 1; r < counts.size(); ++r) o[r] = o[r - 1] + counts[r - 1];
@@ -142,7 +144,10 @@ std::vector<float> launch(const MambaConfig& m, const DeviceMixer& mixer, Device
                           const Rows& rows, const std::vector<float>& proj,
                           const std::vector<int32_t>* positions = nullptr) {
   const int32_t tokens = rows.tokens();
-  DeviceBuffer<int32_t> offsets(rows.offsets()), counts(rows.counts), slots(rows.slots);
+  const bool verified = !rows.verify_base.empty();
+  EXPECT_TRUE(!verified || rows.verify_base.size() == rows.counts.size());
+  DeviceBuffer<int32_t> offsets(rows.offsets()), counts(rows.counts), slots(rows.slots),
+      verify_base(verified ? rows.verify_base : std::vector<int32_t>(rows.counts.size(), -1));
   DeviceBuffer<float> d_proj(proj);
   const kernels::MambaShape shape = shape_of(m);
   const size_t workspace_floats = positions != nullptr
@@ -155,7 +160,8 @@ std::vector<float> launch(const MambaConfig& m, const DeviceMixer& mixer, Device
                                       .slot_stride_floats = slot_floats(m)};
   const kernels::MambaRows device_rows{.token_offsets = offsets.ptr, .token_counts = counts.ptr,
                                        .slots = slots.ptr,
-                                       .rows_grid = static_cast<int32_t>(rows.counts.size())};
+                                       .rows_grid = static_cast<int32_t>(rows.counts.size()),
+                                       .verify_base = verified ? verify_base.ptr : nullptr};
   if (positions != nullptr) {
     const DeviceBuffer<int32_t> d_positions(*positions);
     EXPECT_EQ(kernels::launch_mamba_mixer_chunked<T>(shape, mixer.params(), state, device_rows,
