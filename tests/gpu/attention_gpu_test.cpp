@@ -2,7 +2,8 @@
 // position through the block table, softmax, weighted values), for prefill chunks with a cached
 // prefix (1, 7, 129, 2048 tokens, causal inside the chunk) and decode batches (1, 3, 17, 64 rows
 // of different lengths, many crossing split boundaries), plus a chunked launch through a small
-// workspace and a batch-invariance check (a row's output does not depend on its co-batch).
+// workspace, a batch-invariance check (a row's output does not depend on its co-batch) and the
+// tiled prefill's bits against the same tokens at decode.
 #include "kernels/attention.h"
 #include "tests/gpu/gpu_test_support.h"
 
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <tuple>
 
@@ -164,6 +166,59 @@ TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddBatches, DecodeBatch, ::testing::Values(1, 3, 17, 64));
+
+// Whether two outputs have the same bits (not just equal values: −0 and +0 differ, NaN fails).
+bool same_bits(const float* a, const float* b, size_t count) {
+  return std::memcmp(a, b, count * sizeof(float)) == 0;
+}
+
+// A prefill chunk is cut into tiles of consecutive tokens (one K/V read per tile); each of its
+// tokens must have the bits it has when computed alone at decode over the same cache, and the
+// bits it has in a mixed step where decode rows of other sequences sit on both sides of the chunk
+// (the chunk then starts off the tile grid). Head layouts: llama-8b's and llama-1b's (group 4,
+// head dim 128 / 64), group 1 (32 tokens a tile) and group 8 (4 tokens a tile, two KV heads).
+TEST(PrefillTiles, ChunkTokensHaveTheirDecodeBits) {
+  LS_SKIP_WITHOUT_DEVICE();
+  struct Heads {
+    int32_t qh, kvh, d;
+  };
+  for (const Heads h : {Heads{32, 8, 128}, Heads{32, 8, 64}, Heads{8, 8, 64}, Heads{16, 2, 128}}) {
+    SCOPED_TRACE(::testing::Message() << h.qh << "/" << h.kvh << " heads, head dim " << h.d);
+    const AttentionSetup s = make_setup(h.qh, h.kvh, h.d, 40, 16, 14, 400 + uint32_t(h.d + h.qh));
+    const int32_t prefix = 37, chunk = 300;  // positions 37 .. 336: splits 0, 1, 2
+    std::vector<int32_t> positions(chunk), rows(chunk, 2);
+    for (int32_t t = 0; t < chunk; ++t) positions[t] = prefix + t;
+    const size_t qs = size_t(h.qh) * h.d;
+    const std::vector<float> q = gpu_test::random_floats(size_t(chunk) * qs, 13, -1, 1);
+    const size_t ws = kernels::attention_workspace_floats(s.shape, chunk + 10);
+    const std::vector<float> tiled = run(s, q, positions, rows, ws);
+    EXPECT_LT(relative_error(tiled, reference(s, q, positions, rows)), kTolerance);
+    // Alone: the tile's first, last and middle tokens, both sides of each split boundary.
+    for (const int32_t t : {0, 1, 3, 4, 7, 8, 31, 32, 90, 91, 92, 218, 219, 220, 298, 299}) {
+      const std::vector<float> alone =
+          run(s, std::vector<float>(q.begin() + t * ptrdiff_t(qs), q.begin() + (t + 1) * ptrdiff_t(qs)),
+              {positions[t]}, {rows[t]}, ws);
+      EXPECT_TRUE(same_bits(alone.data(), tiled.data() + t * qs, qs)) << "token " << t << " alone";
+    }
+    // Mixed: 5 decode rows (pool rows 3 .., long and short), the chunk, 5 more.
+    std::vector<int32_t> mixed_positions, mixed_rows;
+    std::vector<float> mixed_q;
+    const std::vector<float> decode_q = gpu_test::random_floats(10 * qs, 17, -1, 1);
+    const auto add_decode = [&](int32_t b) {
+      mixed_positions.push_back((b * 151 + 20) % 600), mixed_rows.push_back(3 + b);
+      mixed_q.insert(mixed_q.end(), decode_q.begin() + b * ptrdiff_t(qs),
+                     decode_q.begin() + (b + 1) * ptrdiff_t(qs));
+    };
+    for (int32_t b = 0; b < 5; ++b) add_decode(b);
+    mixed_positions.insert(mixed_positions.end(), positions.begin(), positions.end());
+    mixed_rows.insert(mixed_rows.end(), rows.begin(), rows.end());
+    mixed_q.insert(mixed_q.end(), q.begin(), q.end());
+    for (int32_t b = 5; b < 10; ++b) add_decode(b);
+    const std::vector<float> mixed = run(s, mixed_q, mixed_positions, mixed_rows, ws);
+    EXPECT_TRUE(same_bits(mixed.data() + 5 * qs, tiled.data(), tiled.size())) << "mixed step";
+    EXPECT_LT(relative_error(mixed, reference(s, mixed_q, mixed_positions, mixed_rows)), kTolerance);
+  }
+}
 
 // The fp32 mode (fp32 KV and output): only the order of sums differs from the fp64 reference.
 // Tiny's head layout (4 query / 2 KV heads, head dim 16) and llama-1b's (32 / 8, 64), decode rows
