@@ -461,8 +461,15 @@ cudaError_t launch_tiles(const AttentionArgs<bf16>& args, int32_t tokens, bool* 
   int32_t resident = 0;
   const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
   if (status != cudaSuccess) return status;
-  const int32_t tile_tokens = kTileRows / (s.query_heads / s.kv_heads);
-  const int32_t groups = (tokens + tile_tokens - 1) / tile_tokens;
+  // Tokens a tile may take: as many as its rows hold, halved while the (group, KV head) units
+  // would be fewer than two a block (a decode step's tokens are each their own tile anyway, and
+  // small groups spread them evenly). Only the speed depends on it, never the bits.
+  int32_t tile_tokens = kTileRows / (s.query_heads / s.kv_heads);
+  const auto groups_of = [&](int32_t per_group) { return (tokens + per_group - 1) / per_group; };
+  while (tile_tokens > 1 && int64_t{groups_of(tile_tokens)} * s.kv_heads < 2 * int64_t{resident}) {
+    tile_tokens /= 2;
+  }
+  const int32_t groups = groups_of(tile_tokens);
   const int32_t lanes = split_lanes(s, resident, groups);
   const int64_t items = int64_t{lanes} * s.kv_heads * groups;
   if (items > INT32_MAX) return cudaErrorInvalidValue;

@@ -176,16 +176,19 @@ bool same_bits(const float* a, const float* b, size_t count) {
 // tokens must have the bits it has when computed alone at decode over the same cache, and the
 // bits it has in a mixed step where decode rows of other sequences sit on both sides of the chunk
 // (the chunk then starts off the tile grid). Head layouts: llama-8b's and llama-1b's (group 4,
-// head dim 128 / 64), group 1 (32 tokens a tile) and group 8 (4 tokens a tile, two KV heads).
+// head dim 128 / 64), group 1 and group 8 (two KV heads); each chunk is long enough that the
+// launch gives its tiles every row they hold (32 rows: 8, 32 and 4 tokens).
 TEST(PrefillTiles, ChunkTokensHaveTheirDecodeBits) {
   LS_SKIP_WITHOUT_DEVICE();
   struct Heads {
-    int32_t qh, kvh, d;
+    int32_t qh, kvh, d, chunk;
   };
-  for (const Heads h : {Heads{32, 8, 128}, Heads{32, 8, 64}, Heads{8, 8, 64}, Heads{16, 2, 128}}) {
+  for (const Heads h : {Heads{32, 8, 128, 600}, Heads{32, 8, 64, 600}, Heads{8, 8, 64, 2100},
+                        Heads{16, 2, 128, 600}}) {
     SCOPED_TRACE(::testing::Message() << h.qh << "/" << h.kvh << " heads, head dim " << h.d);
-    const AttentionSetup s = make_setup(h.qh, h.kvh, h.d, 40, 16, 14, 400 + uint32_t(h.d + h.qh));
-    const int32_t prefix = 37, chunk = 300;  // positions 37 .. 336: splits 0, 1, 2
+    const int32_t prefix = 37, chunk = h.chunk;  // positions 37 .. 636 (or 2136): 5 or 17 splits
+    const int32_t width = (prefix + chunk) / 16 + 2;
+    const AttentionSetup s = make_setup(h.qh, h.kvh, h.d, width, 16, 14, 400 + uint32_t(h.d + h.qh));
     std::vector<int32_t> positions(chunk), rows(chunk, 2);
     for (int32_t t = 0; t < chunk; ++t) positions[t] = prefix + t;
     const size_t qs = size_t(h.qh) * h.d;
@@ -194,7 +197,8 @@ TEST(PrefillTiles, ChunkTokensHaveTheirDecodeBits) {
     const std::vector<float> tiled = run(s, q, positions, rows, ws);
     EXPECT_LT(relative_error(tiled, reference(s, q, positions, rows)), kTolerance);
     // Alone: the tile's first, last and middle tokens, both sides of each split boundary.
-    for (const int32_t t : {0, 1, 3, 4, 7, 8, 31, 32, 90, 91, 92, 218, 219, 220, 298, 299}) {
+    for (const int32_t t : {0, 1, 3, 4, 7, 8, 31, 32, 90, 91, 92, 218, 219, 220, chunk - 2,
+                            chunk - 1}) {
       const std::vector<float> alone =
           run(s, std::vector<float>(q.begin() + t * ptrdiff_t(qs), q.begin() + (t + 1) * ptrdiff_t(qs)),
               {positions[t]}, {rows[t]}, ws);
