@@ -15,8 +15,8 @@
 //  * A persistent, pipelined walk. The grid is at most the resident blocks; block b takes items b,
 //    b + grid, ... (item = split lane × KV head × token group) and walks their (tile, split) steps
 //    in order through a two-stage cp.async ring: K, V and Q of step i + 1 are in flight while step
-//    i is computed, across tile and item boundaries, and the slots of step i + 2 are read from the
-//    block table meanwhile.
+//    i is computed, across tile and item boundaries, and the slots of a later step are read from
+//    the block table meanwhile.
 //  * The combine in the block. With one split lane (every split of a tile in one block), the
 //    block merges its tiles' partials itself after their last split; with several lanes the
 //    combine kernel does. Both run combined_output, so the bits do not depend on which.
@@ -70,6 +70,7 @@ __device__ __forceinline__ void copy_async_wait_newest_pending() {
 constexpr int32_t kTileRows = 32;              // MMA rows of a block: tile tokens × group
 constexpr int32_t kMTiles = kTileRows / 16;    // m16 tiles
 constexpr int32_t kStages = 2;                 // steps in the cp.async ring
+constexpr int32_t kStepRing = 4;               // step records: computed, in flight, slots, next
 constexpr int32_t kScorePitch = kAttentionSplitKeys + 8;  // floats; 8 more: no bank conflicts
 template <int32_t D>
 constexpr int32_t kRowPitch = D + 8;  // bf16 K/V rows: the eight rows of an ldmatrix in 8 banks
@@ -101,7 +102,7 @@ struct TileShared {
   TileStage<D> stages[kStages];
   float scores[kTileRows * kScorePitch];  // scores, then probabilities (zero past a row's keys)
   int64_t slots[kStages][kAttentionSplitKeys];
-  TileStep steps[kStages + 1];  // step i in steps[i % 3]: i is computed while i + 2 is described
+  TileStep steps[kStepRing];  // step i in steps[i % 4]: i is computed while i + 3 is described
   float m[kTileRows];
   float l[kTileRows];
 };
@@ -129,9 +130,10 @@ __device__ __forceinline__ int32_t pool_row_of(const AttentionArgs<bf16>& a, int
 }
 
 // Where a block's walk is: its item, the tile in it (first = −1: the item's first) and the split.
-// Every thread keeps the same cursor (uniform values, broadcast loads).
+// Every thread keeps the same cursor (uniform values, broadcast loads), but lane_keys: lane r's is
+// the count of token group_first + r of the item's token group.
 struct TileCursor {
-  int32_t item, first, tokens, splits, split, kv_head, pool_row, keys_max;
+  int32_t item, first, tokens, splits, split, kv_head, pool_row, keys_max, group_first, lane_keys;
 };
 
 // Moves the cursor to the first step at or after it: the tile at `first` of its item (or the
@@ -152,6 +154,8 @@ __device__ __forceinline__ void settle(TileCursor& c, const TileArgs& t) {
     const bool in_group = group_first + lane < group_end;
     const int32_t row = in_group ? pool_row_of(t.a, group_first + lane) : -1;
     const int32_t keys = in_group ? keys_of(t.a, group_first + lane) : 0;
+    c.group_first = group_first;
+    c.lane_keys = keys;
     while (c.first < group_end) {
       const int32_t f = c.first - group_first;
       c.pool_row = __shfl_sync(0xffffffffu, row, f);
@@ -180,10 +184,14 @@ __device__ __forceinline__ void advance(TileCursor& c, const TileArgs& t) {
   settle(c, t);
 }
 
-// Writes the step the cursor is at (thread 0 its fields, thread r token r's count); each thread
-// returns the slot of its key of it.
+// Writes the step the cursor is at (thread 0 its fields, warp 0's lane r token r's count, from
+// the cursor: no memory read); each thread returns the slot of its key of it, a block-table read
+// that the caller consumes only an iteration later.
 __device__ __forceinline__ int64_t describe(TileStep& step, const TileCursor& c, const TileArgs& t) {
   const bool valid = c.item < t.plan.items;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  const int32_t token_keys =
+      __shfl_sync(0xffffffffu, c.lane_keys, min(c.first - c.group_first + lane, 31));
   if (threadIdx.x == 0) {
     step.valid = valid;
     if (valid) {
@@ -193,9 +201,7 @@ __device__ __forceinline__ int64_t describe(TileStep& step, const TileCursor& c,
       step.last = c.split + t.plan.lanes >= c.splits;
     }
   }
-  if (valid && static_cast<int32_t>(threadIdx.x) < c.tokens) {
-    step.keys[threadIdx.x] = keys_of(t.a, c.first + static_cast<int32_t>(threadIdx.x));
-  }
+  if (valid && static_cast<int32_t>(threadIdx.x) < c.tokens) step.keys[threadIdx.x] = token_keys;
   const int32_t p = (valid ? c.split : 0) * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
   if (!valid || p >= c.keys_max) return 0;
   const AttentionShape& s = t.a.shape;
@@ -443,32 +449,37 @@ __device__ __forceinline__ void compute_step(TileShared<D>& sh, const TileStage<
   }
 }
 
+// The walk: step i is computed while step i + 1's copies are in flight, step i + 2's slots are
+// stored (read from the table an iteration earlier, so the read's latency never stalls a thread)
+// and step i + 3 is described. Rings: stages and slots by i % 2, step records by i % 4.
 template <int32_t D>
 __global__ void __launch_bounds__(kThreads, 1) attention_tile_kernel(TileArgs t) {
   extern __shared__ __align__(16) unsigned char tile_shared[];
   TileShared<D>& sh = *reinterpret_cast<TileShared<D>*>(tile_shared);
   allow_successor();
   wait_for_predecessor();
-  TileCursor cursor{static_cast<int32_t>(blockIdx.x), -1, 0, 0, 0, 0, 0, 0};
+  TileCursor cursor{static_cast<int32_t>(blockIdx.x), -1, 0, 0, 0, 0, 0, 0, 0, 0};
   settle(cursor, t);
   sh.slots[0][threadIdx.x] = describe(sh.steps[0], cursor, t);
   advance(cursor, t);
   sh.slots[1][threadIdx.x] = describe(sh.steps[1], cursor, t);
+  advance(cursor, t);
+  int64_t pending_slot = describe(sh.steps[2], cursor, t);
   __syncthreads();
   issue_step<D>(sh.stages[0], sh.steps[0], sh.slots[0], t.a);
   copy_async_commit();
   for (int32_t i = 0;; ++i) {
     __syncthreads();  // step i − 1 computed: its stage and step record are free
-    const TileStep& next = sh.steps[(i + 1) % (kStages + 1)];
-    issue_step<D>(sh.stages[(i + 1) % kStages], next, sh.slots[(i + 1) % kStages], t.a);
+    issue_step<D>(sh.stages[(i + 1) % kStages], sh.steps[(i + 1) % kStepRing],
+                  sh.slots[(i + 1) % kStages], t.a);
     copy_async_commit();
-    // Step i + 2's record and slots (its table reads overlap the wait and the compute); its
-    // slots go where step i's were, read by step i's copies before the last barrier.
+    // Step i + 2's slots go where step i's were (read by step i's copies before the barrier).
+    sh.slots[i % kStages][threadIdx.x] = pending_slot;
     advance(cursor, t);
-    sh.slots[i % kStages][threadIdx.x] = describe(sh.steps[(i + 2) % (kStages + 1)], cursor, t);
+    pending_slot = describe(sh.steps[(i + 3) % kStepRing], cursor, t);
     copy_async_wait_newest_pending();  // this thread's copies of step i landed
-    __syncthreads();                   // everyone's
-    const TileStep& step = sh.steps[i % (kStages + 1)];
+    __syncthreads();                   // everyone's, and step i + 2's slots
+    const TileStep& step = sh.steps[i % kStepRing];
     if (!step.valid) break;
     compute_step<D>(sh, sh.stages[i % kStages], step, t);
   }
