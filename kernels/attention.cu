@@ -157,22 +157,33 @@ __device__ __forceinline__ void softmax_row(float* scores, int32_t count, int32_
   if (lane == 0) *m_out = m, *l_out = l;
 }
 
-// Element i of a token's output (one query head) from its `splits` partials at part0, part0 +
-// pitch, ...: m = the splits' maximum, each split weighted by exp(m_k − m), sums in split order.
-// Every operation is spelled out (no contraction left to the compiler), so the fused combine of
-// the tile kernel and the combine kernel give the same bits.
-__device__ __forceinline__ float combined_output(const float* part0, int32_t splits, int32_t pitch,
-                                                 int32_t i) {
+// Elements i .. i + kCombineDims − 1 of a token's output (one query head) from its `splits`
+// partials at part0, part0 + pitch, ...: m = the splits' maximum, each split weighted by
+// exp(m_k − m), sums in split order (each element's operations are those of a one-element
+// combine: the dims only share m, the weights and l). Every operation is spelled out (no
+// contraction left to the compiler), so the tile kernel's own combine and the combine kernel give
+// the same bits. The loops are unrolled so that a thread's loads of several splits are in flight
+// together.
+constexpr int32_t kCombineDims = 4;  // head_dim % 8 == 0
+
+__device__ __forceinline__ void combined_outputs(const float* part0, int32_t splits, int32_t pitch,
+                                                 int32_t i, float (&out)[kCombineDims]) {
   float m = -INFINITY;
+#pragma unroll 4
   for (int32_t k = 0; k < splits; ++k) m = fmaxf(m, part0[int64_t{k} * pitch]);
-  float l = 0.0f, acc = 0.0f;
+  float l = 0.0f, acc[kCombineDims] = {};
+#pragma unroll 4
   for (int32_t k = 0; k < splits; ++k) {
     const float* part = part0 + int64_t{k} * pitch;
     const float weight = expf(__fsub_rn(part[0], m));
     l = __fadd_rn(l, __fmul_rn(part[1], weight));
-    acc = __fadd_rn(acc, __fmul_rn(part[2 + i], weight));
+#pragma unroll
+    for (int32_t j = 0; j < kCombineDims; ++j) {
+      acc[j] = __fadd_rn(acc[j], __fmul_rn(part[2 + i + j], weight));
+    }
   }
-  return __fdiv_rn(acc, l);
+#pragma unroll
+  for (int32_t j = 0; j < kCombineDims; ++j) out[j] = __fdiv_rn(acc[j], l);
 }
 
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
@@ -480,8 +491,8 @@ cudaError_t launch_tiles(const AttentionArgs<bf16>& args, int32_t tokens, bool* 
                        TileArgs{args, plan});
 }
 
-// grid: (query heads, tokens of the chunk), one thread per output element of a head: merges the
-// token's partials with combined_output.
+// grid: (query heads, tokens of the chunk), one thread per kCombineDims output elements of a
+// head: merges the token's partials with combined_outputs.
 template <typename T>
 __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   allow_successor();
@@ -496,9 +507,12 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   if (splits == 1) return;  // written directly by the split kernel
   const float* part0 = partial_at(a.workspace, local_token, head, 0, s.query_heads,
                                   splits_max(s), d);
-  for (int32_t i = threadIdx.x; i < d; i += blockDim.x) {
-    store(a.out + int64_t{token} * s.query_heads * d + head * d + i,
-          combined_output(part0, splits, d + 2, i));
+  for (int32_t i = kCombineDims * threadIdx.x; i < d; i += kCombineDims * blockDim.x) {
+    float out[kCombineDims];
+    combined_outputs(part0, splits, d + 2, i, out);
+    for (int32_t j = 0; j < kCombineDims; ++j) {
+      store(a.out + int64_t{token} * s.query_heads * d + head * d + i + j, out[j]);
+    }
   }
 }
 
@@ -546,8 +560,9 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
     if (!tensor_cores) launched = launch_cuda_core_group<T>(args, n, stream);
     if (launched != cudaSuccess) return launched;
     if (combine_after && splits_max(s) > 1) {
-      const cudaError_t status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
-                                               std::min(s.head_dim, 128), 0, stream, args);
+      const cudaError_t status =
+          launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
+                        std::min(s.head_dim / kCombineDims, 64), 0, stream, args);
       if (status != cudaSuccess) return status;
     }
   }

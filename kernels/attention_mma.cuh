@@ -3,7 +3,7 @@
 //
 // Same contract and split rule as the CUDA-core kernel in attention.cu: fixed 128-key splits by
 // absolute position, each split's partial softmax computed on its own, partials combined in split
-// order (combined_output). What this kernel adds:
+// order (combined_outputs). What this kernel adds:
 //
 //  * Tiles. A block's MMA rows are (tokens of one sequence) × (the group's query heads): up to
 //    kTileRows rows, e.g. 8 consecutive tokens × 4 heads for llama's group of 4, so one load of a
@@ -19,7 +19,7 @@
 //    the block table meanwhile.
 //  * The combine in the block. With one split lane (every split of a tile in one block), the
 //    block merges its tiles' partials itself after their last split; with several lanes the
-//    combine kernel does. Both run combined_output, so the bits do not depend on which.
+//    combine kernel does. Both run combined_outputs, so the bits do not depend on which.
 //
 // A row's arithmetic depends only on its own token: each MMA output element comes from its own
 // row of A (the rows of a tile never mix), the k-steps run in a fixed order (scores over
@@ -401,24 +401,31 @@ __device__ __forceinline__ void store_split(const TileStep& step, const Attentio
 }
 
 // After a tile's last split (one lane: every partial written by this block, visible after the
-// barrier before): each multi-split token's output from its partials.
+// barrier before): each multi-split token's output from its partials, kCombineDims elements a
+// thread.
 template <int32_t D>
 __device__ __forceinline__ void combine_tile(const TileStep& step, const AttentionArgs<bf16>& a) {
   const AttentionShape& s = a.shape;
   const int32_t group = s.query_heads / s.kv_heads;
   const int32_t total_splits = splits_max(s);
-  for (int32_t idx = threadIdx.x; idx < step.tokens * group * D; idx += kThreads) {
-    const int32_t row = idx / D;
-    const int32_t i = idx - row * D;
+  constexpr int32_t kPieces = D / kCombineDims;
+  for (int32_t idx = threadIdx.x; idx < step.tokens * group * kPieces; idx += kThreads) {
+    const int32_t row = idx / kPieces;
+    const int32_t i = (idx - row * kPieces) * kCombineDims;
     const int32_t keys = step.keys[row / group];
     if (keys <= kAttentionSplitKeys) continue;  // written directly
     const int32_t local_token = step.first + row / group;
     const int32_t head = step.kv_head * group + row % group;
     const float* part0 =
         partial_at(a.workspace, local_token, head, 0, s.query_heads, total_splits, D);
-    const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-    a.out[int64_t{a.token_begin + local_token} * s.query_heads * D + int64_t{head} * D + i] =
-        __float2bfloat16_rn(combined_output(part0, splits, D + 2, i));
+    float out[kCombineDims];
+    combined_outputs(part0, (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys, D + 2, i, out);
+    bf16* o = a.out + int64_t{a.token_begin + local_token} * s.query_heads * D +
+              int64_t{head} * D + i;
+#pragma unroll
+    for (int32_t j = 0; j < kCombineDims; j += 2) {
+      *reinterpret_cast<__nv_bfloat162*>(o + j) = __floats2bfloat162_rn(out[j], out[j + 1]);
+    }
   }
 }
 

@@ -146,11 +146,26 @@ class DecodeBatch : public ::testing::TestWithParam<int32_t> {};
 TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
   LS_SKIP_WITHOUT_DEVICE();
   const int32_t batch = GetParam();
-  const AttentionSetup s = make_setup(32, 8, 128, 50, 16, batch + 2, 200 + static_cast<uint32_t>(batch));
+  AttentionSetup s = make_setup(32, 8, 128, 50, 16, batch + 2, 200 + static_cast<uint32_t>(batch));
   std::vector<int32_t> positions(batch), rows(batch);
   for (int32_t b = 0; b < batch; ++b) {
     rows[b] = 1 + b;
     positions[b] = b == 0 ? 5000 : (b * 97 + 3) % 800;  // row 0 past the table: clamped
+  }
+  // The KV a token must not read is NaN (its row's positions past its own, and page 0, the slot
+  // of no position): any of it in a product (even times a zero weight) shows in the output.
+  const AttentionShape& a = s.shape;
+  const int64_t kv = int64_t{a.kv_heads} * a.head_dim;
+  const auto poison = [&](int64_t slot) {
+    std::fill_n(s.k.begin() + slot * kv, kv, NAN);
+    std::fill_n(s.v.begin() + slot * kv, kv, NAN);
+  };
+  for (int32_t slot = 0; slot < a.page_size; ++slot) poison(slot);
+  for (int32_t b = 0; b < batch; ++b) {
+    const int32_t* table_row = s.table.data() + size_t(static_cast<uint32_t>(rows[b])) * a.table_width;
+    for (int32_t p = std::min(positions[b], a.positions_count - 1) + 1; p < a.positions_count; ++p) {
+      poison(int64_t{table_row[p / a.page_size]} * a.page_size + p % a.page_size);
+    }
   }
   const size_t qs = size_t(32) * 128;
   const std::vector<float> q = gpu_test::random_floats(size_t(batch) * qs, 9, -1, 1);
