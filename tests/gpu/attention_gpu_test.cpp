@@ -191,15 +191,16 @@ bool same_bits(const float* a, const float* b, size_t count) {
 // tokens must have the bits it has when computed alone at decode over the same cache, and the
 // bits it has in a mixed step where decode rows of other sequences sit on both sides of the chunk
 // (the chunk then starts off the tile grid). Head layouts: llama-8b's and llama-1b's (group 4,
-// head dim 128 / 64), group 1 and group 8 (two KV heads); each chunk is long enough that the
-// launch gives its tiles every row they hold (32 rows: 8, 32 and 4 tokens).
+// head dim 128 / 64), group 1, group 8 (two KV heads) and qwen2.5-7b's group 7 (28 of the 32
+// rows); each chunk is long enough that the launch gives its tiles every token they hold (8, 32,
+// 4 and 4).
 TEST(PrefillTiles, ChunkTokensHaveTheirDecodeBits) {
   LS_SKIP_WITHOUT_DEVICE();
   struct Heads {
     int32_t qh, kvh, d, chunk;
   };
   for (const Heads h : {Heads{32, 8, 128, 600}, Heads{32, 8, 64, 600}, Heads{8, 8, 64, 2100},
-                        Heads{16, 2, 128, 600}}) {
+                        Heads{16, 2, 128, 600}, Heads{28, 4, 128, 600}}) {
     SCOPED_TRACE(::testing::Message() << h.qh << "/" << h.kvh << " heads, head dim " << h.d);
     const int32_t prefix = 37, chunk = h.chunk;  // positions 37 .. 636 (or 2136): 5 or 17 splits
     const int32_t width = (prefix + chunk) / 16 + 2;
