@@ -6,7 +6,7 @@
 #include "kernels/storage.cuh"
 
 #include <algorithm>
-#include <climits>
+#include <cstdint>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -436,8 +436,8 @@ int32_t split_lanes(const AttentionShape& s, int32_t resident, int32_t units) {
   return std::clamp(resident / (units * s.kv_heads), 1, std::min(splits_max(s), kSplitLanesMax));
 }
 
-// The CUDA-core kernel over (split lanes, kv heads, tokens). Returns whether the combine kernel
-// must follow (it always must when a token may have several splits).
+// The CUDA-core kernel over (split lanes, kv heads, tokens); the combine kernel always follows it
+// when a token may have several splits.
 template <typename T, int32_t G>
 cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
   const AttentionShape& s = args.shape;
