@@ -16,9 +16,9 @@
 //     2·(w / 4), 2·(w / 4) + 1 of each chunk (a k half). The two k halves' sums are added at the
 //     end (half 0 + half 1). Every x fragment a warp loads serves its two m-tiles, so shared-memory
 //     reads stay ~3.5 bytes a weight byte at 64 tokens;
-//   - too few tiles to fill the GPU (out / 128 small, e.g. q/k/v and o of llama-1b) split `in`
-//     into gemm_small_m_splits(out, in) K ranges, partials reduced in split order by the tile's
-//     last block (kernels/gemm_small_m.h).
+//   - too few tiles to fill both block slots of every SM (out / 128 ≤ 132, e.g. every projection
+//     of llama-1b but the LM head) split `in` into gemm_small_m_splits(out, in) K ranges, partials
+//     reduced in split order by the tile's last block (kernels/gemm_small_m.h).
 // Shared memory rows are 128 bytes (one chunk of a weight row or of a token): the eight 16-byte
 // pieces of row r are stored at piece ^ (r % 8), so the eight row addresses of an ldmatrix phase
 // (8 consecutive rows, one piece) fall in eight different bank groups, and so do cp.async's writes.
@@ -66,15 +66,19 @@ static_assert(kWarps == 2 * kRowGroups, "each row group has two k halves");
 static_assert(kChunk == 4 * 16, "a chunk is two k halves of two k16 steps");
 static_assert(kWarpRows == 2 * 16, "a warp owns two m16 tiles");
 
-// Splits: enough blocks that the weight stream fills the GPU (two blocks per SM on 132 SMs hold
-// 264; 128 already keeps ~6 MB of weights in flight, past what bandwidth × latency needs), and no
-// K range shorter than kChunksPerSplitMin chunks (the pipeline must fill). A constant, not the
-// SM count: the same shape sums in the same order on every GPU.
-constexpr int32_t kBlocksWanted = 128;
+// Splits: the largest power of two (no K range shorter than kChunksPerSplitMin chunks: the
+// pipeline must fill) that keeps tiles × splits within kBlockSlots, two blocks on each of the
+// H200's 132 SMs. Filling both slots matters most at high token counts: a block alone on its SM
+// streams at about half the rate at 64 tokens (its MMAs and its loads take turns at every stage's
+// barrier; the H200 figures of 2026-12-01: 128-block shapes at 25-41% of read bandwidth, the
+// 224-block one at 73%). A constant, not the SM count: the same shape sums in the same order on
+// every GPU.
+constexpr int32_t kBlockSlots = 264;
 constexpr int32_t kChunksPerSplitMin = 4;
-// A split shape has fewer than kBlocksWanted tiles (a shape with more never splits): the
-// counters take a fixed region at the workspace's start, the partials follow.
-constexpr size_t kCountersBytes = size_t{kBlocksWanted} * sizeof(int32_t);
+// A split shape has at most kBlockSlots / 2 tiles (a shape with more never splits): the counters
+// take a fixed region at the workspace's start (16-byte aligned), the partials follow.
+constexpr size_t kCountersBytes = size_t{kBlockSlots / 2} * sizeof(int32_t);
+static_assert(kCountersBytes % 16 == 0, "the partials start 16-byte aligned");
 
 template <int32_t NT>
 constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
@@ -91,7 +95,7 @@ Split split_of(int32_t out, int32_t in) {
   s.tiles = (out + kTileRows - 1) / kTileRows;
   s.chunks = (in + kChunk - 1) / kChunk;
   int32_t splits = 1;
-  while (int64_t{s.tiles} * splits < kBlocksWanted &&
+  while (int64_t{s.tiles} * splits * 2 <= kBlockSlots &&
          s.chunks / (2 * splits) >= kChunksPerSplitMin) {
     splits *= 2;
   }
@@ -326,6 +330,9 @@ __device__ __forceinline__ void store(const Params& p, int32_t row_a, int32_t la
   }
 }
 
+template <int32_t NT>
+constexpr int32_t kSplitsAtOnce = NT >= 8 ? 1 : 8 / NT;
+
 // A split's partial into the workspace; true for the tile's last block to arrive, which then holds
 // the sum of every split's partial, added in split order (its own from registers: the same bits).
 template <int32_t NT>
@@ -345,15 +352,32 @@ __device__ __forceinline__ bool reduce_splits(const Params& p, int32_t tile, int
   __syncthreads();
   if (!last_arrival) return false;
   __threadfence();  // the other blocks' partials, counted before our increment, are visible
+  // kSplitsAtOnce<NT> splits' loads go out before their additions (about 8 float4 in flight a
+  // thread): the tail is a few L2 round trips, not one per split. The additions stay in order.
+  constexpr int32_t kAtOnce = kSplitsAtOnce<NT>;
   float total[NT][4];
-  for (int32_t s = 0; s < p.splits; ++s) {
+  for (int32_t s0 = 0; s0 < p.splits; s0 += kAtOnce) {
+    float4 q[kAtOnce][NT];
 #pragma unroll
-    for (int32_t j = 0; j < NT; ++j) {
-      const float4 q = s == split ? make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3])
-                                  : __ldcg(tile_partials + (s * NT + j) * kThreads + tid);
-      const float v[4] = {q.x, q.y, q.z, q.w};
+    for (int32_t b = 0; b < kAtOnce; ++b) {
+      const int32_t s = s0 + b;
 #pragma unroll
-      for (int32_t e = 0; e < 4; ++e) total[j][e] = s == 0 ? v[e] : total[j][e] + v[e];
+      for (int32_t j = 0; j < NT; ++j) {
+        q[b][j] = s >= p.splits ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                  : s == split  ? make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3])
+                                : __ldcg(tile_partials + (s * NT + j) * kThreads + tid);
+      }
+    }
+#pragma unroll
+    for (int32_t b = 0; b < kAtOnce; ++b) {
+      const int32_t s = s0 + b;
+      if (s >= p.splits) break;
+#pragma unroll
+      for (int32_t j = 0; j < NT; ++j) {
+        const float v[4] = {q[b][j].x, q[b][j].y, q[b][j].z, q[b][j].w};
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e) total[j][e] = s == 0 ? v[e] : total[j][e] + v[e];
+      }
     }
   }
 #pragma unroll

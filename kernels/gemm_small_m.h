@@ -13,8 +13,9 @@
 // `tokens`; tests/gpu/gemm_small_m_gpu_test.cpp compares the bits of one row computed at several
 // token counts.
 //
-// Split K: a shape with few 128-row tiles (out / 128 small) splits `in` into a fixed number of
-// ranges (gemm_small_m_splits, from out and in only) so that enough blocks stream at once; each
+// Split K: a shape with at most 132 128-row tiles splits `in` into a fixed number of ranges
+// (gemm_small_m_splits, from out and in only: a power of two, up to two blocks for each of the
+// H200's 132 SMs, no range under 4 chunks) so that enough blocks stream at once; each
 // block of a tile writes its partial sums to the workspace, and the last block of the tile to
 // arrive (a counter per tile) adds the partials in split order and writes y. The counters must be
 // zero before the first launch (cudaMemset the workspace once); every launch leaves them zero.

@@ -70,7 +70,12 @@ TEST(SmallMGemm, SplitsDependOnTheShapeOnly) {
   EXPECT_EQ(kernels::gemm_small_m_splits(67, 8200), 26);
   EXPECT_EQ(kernels::gemm_small_m_splits(300, 4096), 16);
   EXPECT_EQ(kernels::gemm_small_m_splits(3072, 2048), 8);
-  EXPECT_EQ(kernels::gemm_small_m_splits(16384, 2048), 1);  // llama-1b gate/up: 128 tiles
+  // Up to two blocks for each of 132 SMs: llama-1b gate/up's 128 tiles split in two, llama-8b
+  // down's 32 tiles in eight; llama-8b gate/up's 224 tiles and the LM head's do not split.
+  EXPECT_EQ(kernels::gemm_small_m_splits(16384, 2048), 2);
+  EXPECT_EQ(kernels::gemm_small_m_splits(4096, 14336), 8);
+  EXPECT_EQ(kernels::gemm_small_m_splits(28672, 4096), 1);
+  EXPECT_EQ(kernels::gemm_small_m_splits(128256, 2048), 1);
   EXPECT_EQ(kernels::gemm_small_m_workspace_bytes(333, 264, 64), 0u);
   EXPECT_GT(kernels::gemm_small_m_workspace_bytes(67, 8200, 64),
             kernels::gemm_small_m_workspace_bytes(67, 8200, 8));
