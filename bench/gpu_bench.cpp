@@ -4,7 +4,10 @@
 // the device from a seed) at batch 1, 16, 64 and context 192, 1024 with CUDA graphs (and batch 1
 // eagerly), and for qwen3-0.6b and qwen2.5-7b (q/k head norms, q/k/v biases) at batch 1 and 64,
 // context 1024, each with the bytes it must move (weights + KV read) and the fraction of the measured
-// bandwidths it reached; prefill tokens/s at a 2048-token prompt; host time per step and the
+// bandwidths it reached; the bf16 matrix rate of the backend's own cuBLASLt product (a square
+// 8192³ one and llama-8b's widest prefill product) and prefill at a 2048-token prompt — tokens/s,
+// its FLOPs (linear layers, causal attention, one lm_head row) and their rate as a fraction of that
+// matrix rate — and, for the Llama shapes, that prefill's per-phase profile; host time per step and the
 // host's critical path (the device's idle time between steps, from CUDA events), with step k+1
 // submitted before step k is collected as the serving loop runs, and one step at a time; and a
 // per-phase profile of the batch-1 decode step (CUDA events between phases, inside the graph),
@@ -140,6 +143,74 @@ Bandwidth measure_bandwidth(int64_t bytes, int32_t repeats) {
   cudaFree(a);
   cudaFree(b);
   return out;
+}
+
+// The bf16 matrix rate (FLOP/s) of the backend's own product (kernels/gemm_plans.h: bf16 operands,
+// fp32 accumulation and output, the algorithm cuBLASLt's heuristic gives first) on a square
+// 8192³ product and on llama-8b's widest prefill product (2048 tokens × gate/up), seeded
+// operands (all-zero ones would draw less power): the rate a prefill's fraction is counted from is
+// the faster of the two.
+struct MatrixRate {
+  double square = 0;   // FLOP/s, [8192, 8192] · [8192, 8192]ᵀ
+  double prefill = 0;  // FLOP/s, [2048, 4096] · [28672, 4096]ᵀ
+  double best() const { return std::max(square, prefill); }
+};
+
+double gemm_rate(kernels::GemmPlans& plans, int32_t tokens, int32_t out, int32_t in,
+                 int32_t repeats) {
+  __nv_bfloat16* x = nullptr;
+  __nv_bfloat16* w = nullptr;
+  float* y = nullptr;
+  LS_CUDA(cudaMalloc(&x, sizeof(__nv_bfloat16) * size_t(tokens) * size_t(in)));
+  LS_CUDA(cudaMalloc(&w, sizeof(__nv_bfloat16) * size_t(out) * size_t(in)));
+  LS_CUDA(cudaMalloc(&y, sizeof(float) * size_t(tokens) * size_t(out)));
+  LS_CUDA(kernels::launch_seeded_bf16(x, {tokens, in, 0, in}, 7, 0, 0.0f, 1.0f, nullptr));
+  LS_CUDA(kernels::launch_seeded_bf16(w, {out, in, 0, in}, 7, 1, 0.0f, 0.05f, nullptr));
+  LS_REQUIRE(plans.prepare(tokens, out, in, false) == CUBLAS_STATUS_SUCCESS,
+             "matrix rate: no cuBLASLt plan for [{}, {}] x [{}, {}]", tokens, in, out, in);
+  kernels::GemmPlans::Plan* plan = plans.find(tokens, out, in, false);
+  const double seconds = median_seconds(nullptr, repeats, [&](int32_t) {
+    LS_REQUIRE(plans.run(*plan, x, w, y, 0.0f) == CUBLAS_STATUS_SUCCESS, "matrix rate: run failed");
+  });
+  cudaFree(x);
+  cudaFree(w);
+  cudaFree(y);
+  return 2.0 * tokens * double(out) * double(in) / seconds;
+}
+
+MatrixRate measure_matrix_rate(int32_t repeats) {
+  constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  void* workspace = nullptr;
+  LS_CUDA(cudaMalloc(&workspace, kWorkspaceBytes));
+  MatrixRate rate;
+  {
+    kernels::GemmPlans plans(nullptr, workspace, kWorkspaceBytes);
+    rate.square = gemm_rate(plans, 8192, 8192, 8192, repeats);
+    rate.prefill = gemm_rate(plans, kPrefillChunk, 28672, 4096, repeats);
+  }
+  cudaFree(workspace);
+  return rate;
+}
+
+// What one prefill of `tokens` tokens from an empty cache computes, counted as 2 FLOPs a
+// multiply-add: every layer's linear products over every token (q/k/v, o, gate/up, down), the
+// causal attention (q·kᵀ and p·v over the t + 1 keys of token t), and the lm_head for the one row
+// the step samples.
+struct PrefillFlops {
+  double linear = 0, attention = 0, lm_head = 0;
+  double total() const { return linear + attention + lm_head; }
+};
+
+PrefillFlops prefill_flops(const ModelConfig& m, int32_t tokens) {
+  const double t = tokens, hidden = m.hidden_size, hd = m.head_dim;
+  const double q_dim = hd * m.query_heads_count, kv_dim = hd * m.kv_heads_count;
+  const double per_token = hidden * (q_dim + 2 * kv_dim) + q_dim * hidden +
+                           3 * hidden * double(m.ffn_size);
+  PrefillFlops f;
+  f.linear = 2 * t * per_token * m.layers_count;
+  f.attention = 4 * hd * m.query_heads_count * (t * (t + 1) / 2) * m.layers_count;
+  f.lm_head = 2 * hidden * double(m.vocab_size);
+  return f;
 }
 
 ExecutorConfig bench_config(int32_t context_max) {
@@ -396,7 +467,8 @@ json decode_figures(Driver& driver, CudaBackend& backend, const ModelConfig& mod
           {"steps", steps}};
 }
 
-json bench_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+json bench_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                 const MatrixRate& matrix_rate) {
   const ModelConfig model = model_config_named(shape);
   const bool full = full_set(shape);
   const std::vector<int32_t> contexts = o.quick  ? std::vector<int32_t>{192}
@@ -444,7 +516,16 @@ json bench_shape(const std::string& shape, const Options& o, const Bandwidth& ba
   const double prefill_s = driver.prefill(1, kPrefillChunk);
   result["prefill_2048_tokens_per_s"] = kPrefillChunk / prefill_s;
   result["prefill_2048_ms"] = prefill_s * 1e3;
-  std::printf("  prefill 2048 tokens: %.1f ms, %.0f tokens/s\n", prefill_s * 1e3, kPrefillChunk / prefill_s);
+  const PrefillFlops flops = prefill_flops(model, kPrefillChunk);
+  const double prefill_rate = flops.total() / prefill_s;
+  result["prefill_2048_flops"] = flops.total();
+  result["prefill_2048_flop_per_s"] = prefill_rate;
+  result["prefill_2048_matrix_rate_fraction"] = prefill_rate / matrix_rate.best();
+  std::printf("  prefill 2048 tokens: %.1f ms, %.0f tokens/s, %.1f TFLOP/s (%.1f TFLOP: linear "
+              "layers %.1f, attention %.2f, lm_head row %.4f), %.1f%% of the measured matrix rate\n",
+              prefill_s * 1e3, kPrefillChunk / prefill_s, prefill_rate * 1e-12, flops.total() * 1e-12,
+              flops.linear * 1e-12, flops.attention * 1e-12, flops.lm_head * 1e-12,
+              100 * prefill_rate / matrix_rate.best());
   for (const int32_t context : contexts) {
     for (const int32_t rows : batches) {
       result["decode"].push_back(
@@ -784,6 +865,53 @@ json bench_eager(const std::string& shape, const Options& o, const Bandwidth& ba
   return out;
 }
 
+// The phase times of `t` per step, printed one a line with their share, and as JSON; `total`:
+// their sum.
+json print_phases(const CudaPhaseTimes& t, double& total) {
+  json phases = json::object();
+  total = 0;
+  if (!t.available || t.steps == 0) return phases;
+  for (size_t p = 0; p < t.ms.size(); ++p) total += t.ms[p] / static_cast<double>(t.steps);
+  for (size_t p = 0; p < t.ms.size(); ++p) {
+    const double ms = t.ms[p] / static_cast<double>(t.steps);
+    const std::string name(to_string(static_cast<CudaPhase>(p)));
+    phases[name] = ms;
+    std::printf("    %-16s %7.3f ms  %5.1f%%\n", name.c_str(), ms, total > 0 ? 100 * ms / total : 0.0);
+  }
+  std::printf("    %-16s %7.3f ms\n", "sum", total);
+  return phases;
+}
+
+// Where a 2048-token prefill (one chunk, empty cache) spends its device time: the phase marks of
+// three timed prefills after a warm-up, cuBLAS for the linear layers as production runs them.
+json prefill_profile(const std::string& shape) {
+  const ModelConfig model = model_config_named(shape);
+  ExecutorConfig config = bench_config(kPrefillChunk);
+  config.max_batch_rows = 1;
+  config.pages_count = (config.context_length + kPageSize - 1) / kPageSize + 2;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
+                      CudaBackendOptions{.graphs = true, .profile = true});
+  Executor executor(config, model.vocab_size, backend);
+  Driver driver(executor, config, model.vocab_size);
+  driver.prefill(1, kPrefillChunk);
+  backend.reset_phase_times();
+  std::vector<double> seconds;
+  for (int32_t i = 0; i < 3; ++i) seconds.push_back(driver.prefill(1, kPrefillChunk));
+  const CudaPhaseTimes t = backend.phase_times();
+  std::printf("  profile %s prefill %d tokens: %.1f ms wall (marks included)%s\n", shape.c_str(),
+              kPrefillChunk, median(seconds) * 1e3,
+              t.available ? "" : ": phase timing unavailable on this device");
+  double total = 0;
+  const json phases = print_phases(t, total);
+  return {{"shape", shape},
+          {"prefill_tokens", kPrefillChunk},
+          {"wall_ms_median_with_marks", median(seconds) * 1e3},
+          {"available", t.available},
+          {"steps", t.steps},
+          {"phase_ms_per_step", phases},
+          {"phase_ms_sum", total}};
+}
+
 // Where a batch-1 decode step's device time goes: CUDA events between phases, recorded inside the
 // graph, summed per phase over the timed steps. With lockstep's GEMV (the default for steps of at
 // most 8 tokens) and with cuBLAS for every linear layer.
@@ -806,24 +934,13 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
   // ahead).
   const std::vector<double> seconds = driver.decode(rows, steps, backend, false).wall;
   const CudaPhaseTimes t = backend.phase_times();
-  json phases = json::object();
-  double total = 0;
   std::printf("  profile %s batch %d context %d, linear layers by %s: %.3f ms/step wall (marks "
               "included)%s\n",
               shape.c_str(), rows, context, gemv && rows <= 8 ? "lockstep GEMV" : "cuBLAS",
               median(seconds) * 1e3,
               t.available ? "" : ": phase timing unavailable on this device");
-  for (size_t p = 0; p < t.ms.size() && t.available && t.steps > 0; ++p) {
-    const double ms = t.ms[p] / static_cast<double>(t.steps);
-    total += ms;
-    phases[std::string(to_string(static_cast<CudaPhase>(p)))] = ms;
-  }
-  for (size_t p = 0; p < t.ms.size() && t.available && t.steps > 0; ++p) {
-    const double ms = t.ms[p] / static_cast<double>(t.steps);
-    std::printf("    %-16s %7.3f ms  %5.1f%%\n", std::string(to_string(static_cast<CudaPhase>(p))).c_str(),
-                ms, total > 0 ? 100 * ms / total : 0.0);
-  }
-  if (t.available) std::printf("    %-16s %7.3f ms\n", "sum", total);
+  double total = 0;
+  const json phases = print_phases(t, total);
   return {{"shape", shape},
           {"linear", gemv && rows <= 8 ? "lockstep_gemv" : "cublas"},
           {"batch", rows},
@@ -1255,6 +1372,10 @@ int run(const Options& o) {
   std::printf("bandwidth: copy (read + write) %.2f TB/s, read %.2f TB/s\n", bandwidth.copy * 1e-12,
               bandwidth.read * 1e-12);
   if (o.tp_degree > 1) return run_tp(o, machine);
+  const MatrixRate matrix_rate = measure_matrix_rate(o.quick ? 5 : 20);
+  std::printf("bf16 matrix rate (cuBLASLt, fp32 accumulate and output): %.0f TFLOP/s at "
+              "[8192, 8192] x [8192, 8192], %.0f TFLOP/s at [2048, 4096] x [28672, 4096]\n",
+              matrix_rate.square * 1e-12, matrix_rate.prefill * 1e-12);
   json out = {{"date", utc_now()},
               {"gpu", machine.gpu_name},
               {"sm_count", machine.sm_count},
@@ -1265,7 +1386,10 @@ int run(const Options& o) {
               {"command", "lockstep_gpu_bench"},
               {"copy_bandwidth_bytes_per_s", bandwidth.copy},
               {"read_bandwidth_bytes_per_s", bandwidth.read},
+              {"matrix_rate_flop_per_s", {{"square_8192", matrix_rate.square},
+                                          {"prefill_2048x28672x4096", matrix_rate.prefill}}},
               {"shapes", json::array()},
+              {"prefill_profile", json::array()},
               {"eager", json::array()},
               {"overlap", json::array()},
               {"fusion", json::array()},
@@ -1325,7 +1449,8 @@ int run(const Options& o) {
     // Where batch 64 at context 1024 goes (cuBLAS linear layers; attention reads 64 · 1024 rows).
     if (!o.quick && shape == "llama-8b") out["profile"].push_back(profile_shape(shape, true, o, 64, 1024));
     save();  // keep what is done if a later one fails
-    out["shapes"].push_back(bench_shape(shape, o, bandwidth));
+    out["shapes"].push_back(bench_shape(shape, o, bandwidth, matrix_rate));
+    if (full_set(shape) && !o.quick) out["prefill_profile"].push_back(prefill_profile(shape));
     save();
     if (full_set(shape)) out["eager"].push_back(bench_eager(shape, o, bandwidth));
     save();
