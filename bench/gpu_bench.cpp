@@ -923,7 +923,7 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
   config.pages_count = rows * ((config.context_length + kPageSize - 1) / kPageSize) + 2;
   CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
                       CudaBackendOptions{.graphs = true, .gemv_tokens_max = gemv ? 8 : 0,
-                                         .profile = true});
+                                         .small_m_gemm_tokens_max = 0, .profile = true});
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   driver.prefill(rows, context);
@@ -1307,7 +1307,8 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
 // CudaBackendOptions::gemv_tokens_max's default comes from.
 json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant on{"gemv", {.graphs = true, .gemv_tokens_max = 8, .time_steps = true}};
-  const Variant off{"cublas", {.graphs = true, .gemv_tokens_max = 0, .time_steps = true}};
+  const Variant off{"cublas",
+                    {.graphs = true, .gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0, .time_steps = true}};
   return {{"shape", shape},
           {"gemv_vs_cublas", compare_shape(shape, o, bandwidth, "linear layers by GEMV vs cuBLAS",
                                            on, off, {2, 4, 8})}};

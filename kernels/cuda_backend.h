@@ -14,6 +14,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -52,6 +53,8 @@ enum class CudaPhase : uint8_t {
 };
 std::string_view to_string(CudaPhase phase);
 
+constexpr int32_t kSmallMGemmTokensDefault = 8;
+
 struct CudaPhaseTimes {
   std::array<double, static_cast<size_t>(CudaPhase::kCount)> ms{};  // summed over `steps`
   int64_t steps = 0;
@@ -86,11 +89,13 @@ struct CudaBackendOptions {
   // and `lockstep_gpu_bench` compares the two at batch 2, 4 and 8 in every full run.
   int32_t gemv_tokens_max = 1;
   // Steps of more than gemv_tokens_max and at most this many tokens (≤ 64) run their linear layers
-  // through lockstep's tensor-core GEMM (kernels/gemm_small_m.h; bf16 only, refused in fp32): the
-  // weights streamed once whatever the token count, one summation order for every token count
-  // (batch invariant). 0 (the default until the H200 bench shows it faster): cuBLAS.
-  // `lockstep_gpu_bench` compares the two at batch 2 to 64 in every full run.
-  int32_t small_m_gemm_tokens_max = 0;
+  // through lockstep's tensor-core GEMM (kernels/gemm_small_m.h; bf16 only, a non-zero value is
+  // refused in fp32): the weights streamed once whatever the token count, one summation order for
+  // every token count (batch invariant). 0: cuBLAS. Unset: kSmallMGemmTokensDefault in bf16, 0 in
+  // fp32 — the H200 bench (`lockstep_gpu_bench`, batch 2 to 64 in every full run) measured it
+  // 3–8% faster a step than cuBLAS at batch 2, 4 and 8 and slower from batch 16
+  // (bench/results/2026-12-01-h200-c41e4227d721-small-m-bench.log).
+  std::optional<int32_t> small_m_gemm_tokens_max;
   // The forward's kernels (embedding, norms, GEMV, RoPE, attention, SwiGLU) launched to overlap
   // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
   // finishes); the same bits either way. Off: plain stream order (for comparison).
@@ -126,6 +131,12 @@ struct CudaBackendOptions {
   int32_t tp_rank = 0;
   TpCollectives* tp_comm = nullptr;
 };
+
+// small_m_gemm_tokens_max as the backend runs it: the value given, else the precision's default.
+inline int32_t small_m_gemm_tokens_max_of(const CudaBackendOptions& o) {
+  return o.small_m_gemm_tokens_max.value_or(o.precision == CudaPrecision::kBf16 ? kSmallMGemmTokensDefault
+                                                                                 : 0);
+}
 
 // The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,
 // and the CPU reference replaying a trace recorded on the GPU, stay small for small models.

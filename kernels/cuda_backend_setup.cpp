@@ -37,13 +37,14 @@ constexpr size_t element_bytes(DeviceArray<T> Impl::*) {
 // small_m_gemm_tokens_max tokens (0 when off, in fp32, or when no shape splits K).
 size_t small_m_gemm_workspace_bytes(const ModelConfig& model, const TpRankShard& shard,
                                     const CudaBackendOptions& options) {
-  if (options.small_m_gemm_tokens_max < 1 || options.precision != CudaPrecision::kBf16) return 0;
+  const int32_t tokens_max = small_m_gemm_tokens_max_of(options);
+  if (tokens_max < 1 || options.precision != CudaPrecision::kBf16) return 0;
   const Impl::LinearShapes s = Impl::linear_shapes_of(model, shard);
   size_t bytes = 0;
   for (const Impl::LinearShape& shape :
        {s.qkv, s.o, s.gate_up, s.down, s.lm_head, s.in_proj, s.out_proj}) {
     bytes = std::max(bytes, kernels::gemm_small_m_workspace_bytes(
-                                shape.out, shape.in, options.small_m_gemm_tokens_max));
+                                shape.out, shape.in, tokens_max));
   }
   return bytes;
 }
@@ -280,14 +281,14 @@ void CudaBackend::Impl::refuse_unsupported() const {
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
              "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
              kernels::kGemvTokensMax);
-  LS_REQUIRE(options.small_m_gemm_tokens_max >= 0 &&
-                 options.small_m_gemm_tokens_max <= kernels::kSmallMGemmTokensMax,
-             "cuda backend: small_m_gemm_tokens_max {} is outside [0, {}]",
-             options.small_m_gemm_tokens_max, kernels::kSmallMGemmTokensMax);
-  LS_REQUIRE(options.small_m_gemm_tokens_max == 0 || options.precision == CudaPrecision::kBf16,
+  const int32_t small_m = small_m_gemm_tokens_max_of(options);
+  LS_REQUIRE(small_m >= 0 && small_m <= kernels::kSmallMGemmTokensMax,
+             "cuda backend: small_m_gemm_tokens_max {} is outside [0, {}]", small_m,
+             kernels::kSmallMGemmTokensMax);
+  LS_REQUIRE(small_m == 0 || options.precision == CudaPrecision::kBf16,
              "cuda backend: small_m_gemm_tokens_max {} needs bf16 precision (the small-M GEMM "
              "has bf16 operands; fp32 runs pedantic cuBLAS)",
-             options.small_m_gemm_tokens_max);
+             small_m);
   LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
              "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
   LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,

@@ -41,7 +41,7 @@ bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
 }
 
 bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, int32_t in) const {
-  return !uses_gemv(tokens, in) && tokens >= 1 && tokens <= options.small_m_gemm_tokens_max &&
+  return !uses_gemv(tokens, in) && tokens >= 1 && tokens <= small_m_gemm_tokens_max_of(options) &&
          in % 8 == 0;
 }
 

@@ -141,7 +141,8 @@ TEST(CudaDeterminism, RunTwiceAndGraphVersusEagerGiveIdenticalTokens) {
 // Every GEMM plan is made at construction: for tiny (every dimension a multiple of 8, so the GEMV
 // takes the counts up to gemv_tokens_max), the four layer products at each token count the GEMV
 // does not run, up to step_tokens_max, and the LM head at each such count of logits rows; a run
-// of prefill chunks and decode steps (eager, then graphs) adds none. fp32 plans none.
+// of prefill chunks and decode steps (eager, then graphs) adds none. fp32 plans none. (The small-M
+// GEMM off: with it, tests/gpu/gemm_small_m_gpu_test.cpp counts the plans.)
 TEST(CudaGemmPlans, EveryShapeIsPlannedAtConstructionAndNoStepAddsOne) {
   LS_SKIP_WITHOUT_DEVICE();
   const SchedulerConfig sc = tiny_scheduler();
@@ -155,7 +156,8 @@ TEST(CudaGemmPlans, EveryShapeIsPlannedAtConstructionAndNoStepAddsOne) {
     const int64_t expected =
         4 * int64_t{ec.step_tokens_max() - gemv} + (ec.logits_rows_max() - gemv);
     for (const bool graphs : {false, true}) {
-      CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs, .gemv_tokens_max = gemv});
+      CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs, .gemv_tokens_max = gemv,
+                                                      .small_m_gemm_tokens_max = 0});
       EXPECT_EQ(cuda.gemm_plans_count(), expected) << "gemv " << gemv << " graphs " << graphs;
       generate(cuda, sc, kTinyVocab, requests);
       EXPECT_EQ(cuda.gemm_plans_count(), expected) << "after the steps";

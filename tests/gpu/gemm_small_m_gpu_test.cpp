@@ -222,7 +222,7 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
       EXPECT_EQ(outcomes, first) << "graphs vs eager";
     }
   }
-  CudaBackend cublas(tiny, ec, CudaBackendOptions{.gemv_tokens_max = 0});
+  CudaBackend cublas(tiny, ec, CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0});
   const gpu_test::Agreement agreement =
       gpu_test::compare(first, gpu_test::generate(cublas, sc, vocab, requests));
   std::printf("small-M GEMM vs cuBLAS (bf16): %d of %d sequences equal, %ld of %ld tokens\n",
@@ -239,6 +239,10 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max -1 is outside [0, 64]")));
   EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_tokens_max = 8}); },
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max 8 needs bf16 precision")));
+  // Unset, it is the precision's default: 8 in bf16, 0 (cuBLAS) in fp32, where it is no refusal.
+  EXPECT_EQ(small_m_gemm_tokens_max_of({}), kSmallMGemmTokensDefault);
+  EXPECT_EQ(small_m_gemm_tokens_max_of({.precision = CudaPrecision::kFp32}), 0);
+  build({.precision = CudaPrecision::kFp32});
 }
 
 }  // namespace
