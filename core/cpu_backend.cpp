@@ -201,6 +201,11 @@ void CpuBackend::forward(const StepPlan& plan) {
   model_.forward(tokens, table_, logits_);
 }
 
+void CpuBackend::capture_activations(bool on) {
+  LS_REQUIRE(!on || !stub_model_, "per-layer activations: the stub model computes no layers");
+  model_.capture_activations(on ? &captured_ : nullptr);
+}
+
 void CpuBackend::stub_forward(const StepPlan& plan) {
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const int32_t t = plan.logits_token_index[r];

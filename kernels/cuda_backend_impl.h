@@ -185,6 +185,19 @@ struct CudaBackend::Impl {
                             int32_t record_k);
   void check_step_launches() const;
 
+  // cuda_activations.cpp: the per-layer capture (Backend::capture_activations); every step
+  // runs eager while it is on (choose_graph).
+  bool activation_capture = false;
+  StepActivations captured_activations;  // the last forward's
+  int32_t capture_tokens = 0;            // the step's real tokens (no padded rows)
+  int32_t capture_logits_rows = 0;
+  void begin_activation_capture(const StepPlan& plan);
+  template <typename T>
+  void capture_attention(int32_t layer, bool norm_fused, const T* k_layer, const T* v_layer);
+  void capture_layer_output(int32_t layer);
+  template <typename T>
+  void capture_head();
+
   // cuda_graphs.cpp
   void capture_graphs();
   void choose_graph(const StepPlan& plan);
