@@ -58,13 +58,16 @@ struct LocaliseSides {
   std::optional<double> tolerance;  // a cross-backend comparison's
 };
 
-LocaliseSides localise_sides(const ReplayCliOptions& o, const trace::TraceHeader& h) {
+void require_localise_flags(const ReplayCliOptions& o) {
   LS_REQUIRE(o.localise || o.localise_against.empty(),
              "--localise-against {} names the other side of --localise: add --localise",
              o.localise_against);
-  if (!o.localise) return {};
-  LS_REQUIRE(!o.isolate, "--localise with --isolate {}: localisation re-runs the divergent step "
-             "of the whole recorded batch; drop one of the two", *o.isolate);
+  LS_REQUIRE(!o.localise || !o.isolate, "--localise with --isolate {}: localisation re-runs the "
+             "divergent step of the whole recorded batch; drop one of the two", *o.isolate);
+}
+
+// With --localise (require_localise_flags passed).
+LocaliseSides localise_sides(const ReplayCliOptions& o, const trace::TraceHeader& h) {
   LocaliseSides sides;
   if (o.localise_against.empty() && h.activation_digests) {
     LS_REQUIRE(o.backend == h.backend,
@@ -185,7 +188,45 @@ replay::Localisation localise(const ReplayCliOptions& o, const replay::ReplayOpt
   return replay::localise_step(q);
 }
 
+// The localisation's sides from the flags and the trace's header, before anything runs; an exit
+// status when the flags or the trace refuse it.
+std::optional<int> prepare_localise(const ReplayCliOptions& o, LocaliseSides& sides) {
+  try {
+    require_localise_flags(o);
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
+    return kExitUnusable;
+  }
+  if (!o.localise) return std::nullopt;
+  std::optional<trace::TraceHeader> header;
+  try {
+    header = trace::TraceReader::open(o.trace).header();
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: unusable trace: {}\n", e.what());
+    return kExitUnusable;
+  }
+  try {
+    sides = localise_sides(o, *header);
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
+    return kExitUnusable;
+  }
+  return std::nullopt;
+}
+
+void print_localisation(const ReplayCliOptions& o, replay::ReplayMode mode,
+                        const std::optional<replay::Localisation>& localisation) {
+  if (localisation) {
+    fmt::print("{}", replay::describe_localisation(*localisation));
+  } else if (o.localise) {
+    fmt::print("localise: nothing to localise: no step {}\n",
+               mode == replay::ReplayMode::kExact ? "diverged (or only a refusal did)" : "disagreed");
+  }
+}
+
 int run_replay(const ReplayCliOptions& o) {
+  LocaliseSides sides;
+  if (const std::optional<int> refused = prepare_localise(o, sides)) return *refused;
   replay::ReplayOptions options;
   options.mode = o.mode == "exact" ? replay::ReplayMode::kExact : replay::ReplayMode::kTeacherForced;
   options.until_step = o.until;
@@ -201,13 +242,6 @@ int run_replay(const ReplayCliOptions& o) {
     };
   }
   replay::ReplayReport report;
-  LocaliseSides sides;
-  try {
-    sides = localise_sides(o, trace::TraceReader::open(o.trace).header());
-  } catch (const Error& e) {
-    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
-    return kExitUnusable;
-  }
   try {
     report = replay::replay_trace(o.trace, options);
   } catch (const replay::EmptySelection& e) {
@@ -233,13 +267,7 @@ int run_replay(const ReplayCliOptions& o) {
   if (report.truncation) fmt::print("note: {} (the complete prefix was replayed)\n", report.truncation->describe());
   const int status = options.mode == replay::ReplayMode::kExact ? report_exact(report, o)
                                                                 : report_teacher_forced(report);
-  if (localisation) {
-    fmt::print("{}", replay::describe_localisation(*localisation));
-  } else if (o.localise) {
-    fmt::print("localise: nothing to localise: no step {}\n",
-               options.mode == replay::ReplayMode::kExact ? "diverged (or only a refusal did)"
-                                                          : "disagreed");
-  }
+  print_localisation(o, options.mode, localisation);
   return status;
 }
 

@@ -28,6 +28,9 @@ if(NOT record_out STREQUAL record_plain_out)
   message(FATAL_ERROR "--record-activations changed the tokens:\n${record_out}\n---\n${record_plain_out}")
 endif()
 
+run(inspect ${LOCKSTEP} trace inspect ${trace} --steps 0:1)
+expect(inspect 0 "activation digests: every step")
+
 # The production build: nothing diverges, nothing to localise.
 run(same ${LOCKSTEP} replay ${trace} --localise --quiet)
 expect(same 0 "IDENTICAL.*localise: nothing to localise")
@@ -56,6 +59,12 @@ run(no_record ${LOCKSTEP} generate --prompts ${PROMPTS} --record-activations --q
 expect(no_record 2 "--record-activations records into a trace: add --record")
 run(no_record_sim ${LOCKSTEP} sim --seed 3 --record-activations)
 expect(no_record_sim 2 "--record-activations records into a trace: add --record")
+run(tp2 ${LOCKSTEP} generate --prompts ${PROMPTS} --record ${WORKDIR}/cli-localise-tp2.trace
+    --record-activations --tp 2 --quiet)
+expect(tp2 2 "not captured at tensor-parallel degree 2")
+run(hybrid ${LOCKSTEP} sim --seed 3 --model tiny-hybrid --record ${WORKDIR}/cli-localise-hybrid.trace
+    --record-activations)
+expect(hybrid 2 "has Mamba layers, which the capture does not cover")
 run(against_alone ${LOCKSTEP} replay ${trace} --localise-against cpu --quiet)
 expect(against_alone 2 "--localise-against cpu names the other side of --localise")
 run(isolate ${LOCKSTEP} replay ${trace} --localise --isolate 1 --quiet)

@@ -108,7 +108,16 @@ class CudaLocaliseCli : public ::testing::Test {
         << "lockstep and lockstep_planted_cuda must be in " << bin_dir() << " (LOCKSTEP_BIN_DIR)";
     dir = fs::temp_directory_path() / "lockstep_localise_gpu";
     fs::create_directories(dir);
-    prompts = (fs::path(LOCKSTEP_SOURCE_DIR) / "examples" / "prompts.jsonl").string();
+    // Greedy and seeded-sampling prompts of several lengths (examples/prompts.jsonl's shape), in
+    // the test so the binary needs no source tree on the GPU host.
+    prompts = (dir / "prompts.jsonl").string();
+    std::ofstream out(prompts);
+    out << "{\"id\": 1, \"prompt\": [17, 204, 33, 401, 9, 88, 150, 3], \"max_new_tokens\": 16}\n"
+           "{\"id\": 2, \"prompt\": [5, 5, 5, 5, 5, 5], \"max_new_tokens\": 12, \"temperature\": 0.8, "
+           "\"top_k\": 40, \"seed\": 7}\n"
+           "{\"id\": 3, \"prompt\": [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111], "
+           "\"max_new_tokens\": 20, \"temperature\": 1.0, \"top_p\": 0.9}\n"
+           "{\"id\": 4, \"prompt\": [42], \"max_new_tokens\": 24}\n";
   }
   std::string lockstep, planted, prompts;
   fs::path dir;
@@ -154,7 +163,9 @@ TEST_F(CudaLocaliseCli, APlantedLayerIsNamedCudaAgainstCpuTeacherForced) {
                          "--localise --localise-against cpu -q --json " + plain.string());
   ASSERT_TRUE(status == 0 || status == 1) << status;
   const nlohmann::json p = localisation_of(plain);
-  if (!p.is_null()) EXPECT_EQ(p.at("verdict"), "identical") << p.dump();
+  if (!p.is_null()) {
+    EXPECT_EQ(p.at("verdict"), "identical") << p.dump();
+  }
   std::printf("CUDA vs CPU (teacher-forced, production): %s\n", p.dump().c_str());
 }
 
