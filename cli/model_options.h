@@ -42,7 +42,7 @@ inline constexpr const char* kRecordActivationsHelp =
     "With --record: also record per-layer activation digests of every step (attention input, q, "
     "k, v, attention output, MLP output per layer; final norm and logits), which `lockstep "
     "replay --localise` compares to name the first layer and tensor where a replay departs. "
-    "Costs a host copy of every layer's tensors each step (a debugging mode); TP 1, models "
-    "without Mamba layers";
+    "Digests are computed where the tensors are (on CUDA by a kernel; the step runs eager, no "
+    "graph): a debugging mode. TP 1, models without Mamba layers";
 
 }  // namespace ls::cli

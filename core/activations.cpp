@@ -64,12 +64,25 @@ std::string ActivationTensor::name() const { return site_name(layer, kind); }
 std::string ActivationSite::name() const { return site_name(layer, kind); }
 
 ActivationTensor& StepActivations::add(int32_t layer, ActivationKind kind, int32_t rows,
-                                       int32_t width, bool stored_bf16) {
+                                       int32_t width, bool stored_bf16, ActivationCapture mode) {
   LS_ASSERT(rows >= 0 && width >= 0, "activation tensor [{}, {}]", rows, width);
+  LS_ASSERT(mode != ActivationCapture::kOff, "a tensor captured with the capture off");
   ActivationTensor& t = tensors.emplace_back();
   t.layer = layer, t.kind = kind, t.rows = rows, t.width = width, t.stored_bf16 = stored_bf16;
-  t.values.assign(static_cast<size_t>(rows) * width, 0.0f);
+  if (mode == ActivationCapture::kValues) {
+    t.values.assign(static_cast<size_t>(rows) * width, 0.0f);
+  } else {
+    t.digests.assign(static_cast<size_t>(rows), 0);
+  }
   return t;
+}
+
+void StepActivations::keep_digests_only() {
+  for (ActivationTensor& t : tensors) {
+    if (!t.digests.empty() || t.rows == 0) continue;
+    for (int32_t r = 0; r < t.rows; ++r) t.digests.push_back(activation_row_digest(t.row(r)));
+    t.values = {};
+  }
 }
 
 uint64_t activation_row_digest(std::span<const float> row) { return logits_row_digest(row); }
@@ -77,6 +90,14 @@ uint64_t activation_row_digest(std::span<const float> row) { return logits_row_d
 std::vector<uint64_t> activation_digests(const StepActivations& activations) {
   std::vector<uint64_t> out;
   for (const ActivationTensor& t : activations.tensors) {
+    if (!t.digests.empty()) {
+      LS_ASSERT(t.digests.size() == static_cast<size_t>(t.rows), "{}: {} digests for {} rows",
+                t.name(), t.digests.size(), t.rows);
+      out.insert(out.end(), t.digests.begin(), t.digests.end());
+      continue;
+    }
+    LS_ASSERT(t.values.size() == static_cast<size_t>(t.rows) * t.width, "{}: {} values for [{}, {}]",
+              t.name(), t.values.size(), t.rows, t.width);
     for (int32_t r = 0; r < t.rows; ++r) out.push_back(activation_row_digest(t.row(r)));
   }
   return out;
@@ -112,6 +133,9 @@ std::optional<ActivationDifference> first_activation_difference(const StepActiva
   for (size_t i = 0; i < actual.tensors.size(); ++i) {
     const ActivationTensor& a = actual.tensors[i];
     const ActivationTensor& b = expected.tensors[i];
+    LS_ASSERT(a.values.size() == static_cast<size_t>(a.rows) * a.width &&
+                  b.values.size() == static_cast<size_t>(b.rows) * b.width,
+              "{}: compared without its values (captured as digests)", a.name());
     LS_REQUIRE(a.layer == b.layer && a.kind == b.kind && a.rows == b.rows && a.width == b.width,
                "the two captures of the step differ in shape at tensor {}: {} [{}, {}] and {} [{}, {}]",
                i, a.name(), a.rows, a.width, b.name(), b.rows, b.width);

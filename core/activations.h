@@ -17,6 +17,10 @@
 // row; padding excluded). Values are kept as fp32: a backend that stores a tensor in bf16 widens
 // it exactly (the bf16 bits in the high half), so `values` holds the stored bits.
 //
+// A backend captures either the values (replay's localisation compares them element by element)
+// or, for a recording, only each row's digest (the CUDA backend computes them on the device,
+// kernels/activation_ops.h, and copies no tensor to the host).
+//
 // Digest of one tensor row: the logits digest (core/logits_digest.h) over the row's fp32 values
 // as kept here, V = width. One definition for every backend; two backends that store a tensor in
 // different dtypes give different digests of it, by design.
@@ -36,6 +40,12 @@ enum class ActivationKind : uint8_t {
 };
 inline constexpr int32_t kLayerActivationKinds = 6;  // kAttnIn … kMlpOut
 
+enum class ActivationCapture : uint8_t {
+  kOff,      // nothing captured (the default: costs nothing)
+  kDigests,  // each tensor row's digest only (ActivationTensor::digests)
+  kValues,   // the values (ActivationTensor::values)
+};
+
 std::string_view activation_kind_name(ActivationKind kind);
 
 struct ActivationTensor {
@@ -44,7 +54,8 @@ struct ActivationTensor {
   int32_t rows = 0;
   int32_t width = 0;
   bool stored_bf16 = false;   // the backend keeps it in bf16 (values widened exactly)
-  std::vector<float> values;  // [rows, width]
+  std::vector<float> values;  // [rows, width] (ActivationCapture::kValues), else empty
+  std::vector<uint64_t> digests;  // [rows] (ActivationCapture::kDigests), else empty
 
   std::span<const float> row(int32_t r) const {
     return std::span<const float>(values).subspan(static_cast<size_t>(r) * width,
@@ -59,15 +70,19 @@ struct StepActivations {
   std::vector<ActivationTensor> tensors;
 
   bool empty() const { return tensors.empty(); }
-  // Appends a [rows, width] tensor of zeros and returns it for the backend to fill.
+  // Appends a [rows, width] tensor of zeros and returns it for the backend to fill: its values,
+  // or (`mode` kDigests) its rows' digests.
   ActivationTensor& add(int32_t layer, ActivationKind kind, int32_t rows, int32_t width,
-                        bool stored_bf16 = false);
+                        bool stored_bf16 = false, ActivationCapture mode = ActivationCapture::kValues);
+  // kValues → kDigests: each tensor's rows digested, its values dropped.
+  void keep_digests_only();
   bool operator==(const StepActivations&) const = default;
 };
 
 // The digest of one tensor row (above).
 uint64_t activation_row_digest(std::span<const float> row);
-// Every row's digest, tensor by tensor in order: what the trace records.
+// Every row's digest, tensor by tensor in order (from the values, or the digests captured): what
+// the trace records.
 std::vector<uint64_t> activation_digests(const StepActivations& activations);
 // How many digests a step of `tokens` tokens and `logits_rows` logits rows records for a model of
 // `layers` layers (the reader checks the recorded count against it).

@@ -103,8 +103,9 @@ class Backend {
   // while on, every forward captures its step's tensors, and take_activations() hands over the
   // last forward's (called by the executor right after forward, before the next step's). Off by
   // default, costing nothing. A backend that cannot capture refuses with ls::Error naming why.
-  virtual void capture_activations(bool on) {
-    LS_REQUIRE(!on, "backend {} cannot capture per-layer activations", name());
+  virtual void capture_activations(ActivationCapture mode) {
+    LS_REQUIRE(mode == ActivationCapture::kOff, "backend {} cannot capture per-layer activations",
+               name());
   }
   virtual StepActivations take_activations() { return {}; }
 

@@ -25,9 +25,9 @@ struct ExecutorOptions {
   bool record = false;
   int32_t top_logits_count = 0;  // 0..kTopLogitsCountMax
   // Capture every step's per-layer activations (core/activations.h) into
-  // StepResult::activations: replay's localisation and --record-activations. The backend must
-  // support it (Backend::capture_activations refuses otherwise).
-  bool activations = false;
+  // StepResult::activations — their digests (--record-activations) or their values. The backend
+  // must support it (Backend::capture_activations refuses otherwise).
+  ActivationCapture activations = ActivationCapture::kOff;
 };
 
 // Faults planted into one step. Rows are op rows.

@@ -162,19 +162,19 @@ class Replayer {
     executor_.inject_next_step(std::move(faults));
     StepResult& result = result_;  // the previous step's vectors, reused
     const bool capture = options_.capture_step == in.step;
-    if (capture) backend_->capture_activations(true);
+    if (capture) backend_->capture_activations(ActivationCapture::kValues);
     try {
       executor_.step(op, result);
     } catch (const Error& e) {
       // The executor refused the op (e.g. a request new to its pool row without sampling
       // parameters); the recording must have refused it too (a stepRejected event follows).
-      if (capture) backend_->capture_activations(false);
+      if (capture) backend_->capture_activations(ActivationCapture::kOff);
       rejected_.emplace(in.step, e.what());
       return;
     }
     if (capture) {
       report_.captured = backend_->take_activations();
-      backend_->capture_activations(false);
+      backend_->capture_activations(ActivationCapture::kOff);
       report_.captured_step_ran = true;
       report_.captured_op = op;
     }

@@ -20,7 +20,8 @@ using testing::prefill_row;
 using testing::prompt_for;
 using testing::small_config;
 
-constexpr ExecutorOptions kCapture{.capture_logits = true, .activations = true};
+constexpr ExecutorOptions kCapture{.capture_logits = true,
+                                   .activations = ActivationCapture::kValues};
 
 // Request `id` prefilled on `pool_row` with `length` tokens (pages from `first_page`).
 void add_prefill(ForwardOp& op, RequestId id, int32_t pool_row, int32_t length, int32_t first_page) {
@@ -128,6 +129,22 @@ TEST(Activations, ARequestsTensorsAreBitIdenticalAloneAndInABatch) {
   }
 }
 
+// A recording's capture (kDigests) keeps each row's digest of the values a localisation captures.
+TEST(Activations, ADigestCaptureHoldsTheDigestsOfTheValues) {
+  Harness with_values(small_config(), nullptr, kCapture);
+  Harness with_digests(small_config(), nullptr, {.activations = ActivationCapture::kDigests});
+  ForwardOp op;
+  add_prefill(op, 1, 1, 6, 10);
+  const StepResult a = with_values.executor.step(op);
+  const StepResult b = with_digests.executor.step(op);
+  ASSERT_EQ(a.activations.tensors.size(), b.activations.tensors.size());
+  for (const ActivationTensor& t : b.activations.tensors) {
+    EXPECT_TRUE(t.values.empty()) << t.name();
+    EXPECT_EQ(t.digests.size(), static_cast<size_t>(t.rows)) << t.name();
+  }
+  EXPECT_EQ(activation_digests(b.activations), activation_digests(a.activations));
+}
+
 TEST(Activations, FirstDifferenceNamesTheChangedElement) {
   Harness h(small_config(), nullptr, kCapture);
   ForwardOp op;
@@ -164,14 +181,14 @@ TEST(Activations, FirstDifferenceNamesTheChangedElement) {
 TEST(Activations, BackendsThatCannotCaptureRefuseByName) {
   CpuBackend stub(testing::tiny_weights(), small_config(), nullptr, /*stub_model=*/true);
   try {
-    stub.capture_activations(true);
+    stub.capture_activations(ActivationCapture::kValues);
     FAIL() << "the stub model captured";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("stub model"), std::string::npos) << e.what();
   }
   CpuBackend tp2(testing::tiny_weights(), small_config(), nullptr, false, nullptr, 2);
   try {
-    tp2.capture_activations(true);
+    tp2.capture_activations(ActivationCapture::kDigests);
     FAIL() << "TP 2 captured";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("tensor-parallel degree 2"), std::string::npos) << e.what();

@@ -87,7 +87,8 @@ ExecutorOptions recording_executor_options(bool activations) {
                          .want_logprobs = false,
                          .record = true,
                          .top_logits_count = kTopLogitsCountMax,
-                         .activations = activations};
+                         .activations = activations ? ActivationCapture::kDigests
+                                                    : ActivationCapture::kOff};
 }
 
 std::string build_id() { return LOCKSTEP_BUILD_ID; }

@@ -6,7 +6,9 @@
 #include "core/activations.h"
 #include "core/cpu_backend.h"
 #include "core/executor.h"
+#include "kernels/activation_ops.h"
 #include "kernels/cuda_backend.h"
+#include "kernels/device_memory.h"
 #include "replay/localise.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/planted/perturb_layer_output.h"
@@ -17,8 +19,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <string>
 
 namespace ls {
@@ -31,7 +35,8 @@ using testing::prefill_row;
 using testing::prompt_for;
 using testing::small_config;
 
-constexpr ExecutorOptions kCapture{.capture_logits = true, .activations = true};
+constexpr ExecutorOptions kCapture{.capture_logits = true,
+                                   .activations = ActivationCapture::kValues};
 
 // Every tensor of `cuda` within the tolerance of `cpu`'s (and the same shapes), with non-zero
 // norms on both sides: what replay's CUDA-against-CPU localisation assumes of a correct build.
@@ -49,6 +54,101 @@ void expect_within_tolerance(const StepActivations& cuda, const StepActivations&
       first_activation_difference(cuda, cpu, replay::kCrossBackendTolerance);
   EXPECT_FALSE(d) << what << ": " << d->tensor << " row " << d->row << " element " << d->element
                   << ": cuda " << d->actual << ", cpu " << d->expected << ", max|cpu| " << d->row_scale;
+}
+
+// The device digest of rows of x (gathered through row_index when given) against
+// activation_row_digest of the same values as fp32 on the host, bit for bit.
+template <typename Storage>
+void expect_device_digests(int32_t rows, int32_t width, bool gather, uint32_t seed) {
+  const int32_t stored_rows = rows + 3;
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> value(0.0f, 2.0f);
+  std::vector<Storage> stored(static_cast<size_t>(stored_rows) * width);
+  std::vector<float> as_fp32(stored.size());
+  for (size_t i = 0; i < stored.size(); ++i) {
+    float x = value(rng);
+    if (i % 13 == 5) x = -0.0f;  // signed zero, and ties of one value, are data too
+    if constexpr (std::is_same_v<Storage, uint16_t>) {
+      stored[i] = gpu_test::to_bf16_bits(x);
+      as_fp32[i] = gpu_test::from_bf16_bits(stored[i]);
+    } else {
+      stored[i] = x;
+      as_fp32[i] = x;
+    }
+  }
+  std::vector<int64_t> index(static_cast<size_t>(rows));
+  for (int32_t r = 0; r < rows; ++r) index[static_cast<size_t>(r)] = gather ? (r * 7 + 2) % stored_rows : r;
+  DeviceArray<Storage> x(stored.size());
+  DeviceArray<int64_t> row_index(index.size());
+  DeviceArray<uint64_t> out(static_cast<size_t>(rows));
+  ASSERT_EQ(cudaMemcpy(x.get(), stored.data(), x.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(row_index.get(), index.data(), row_index.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  cudaError_t status = cudaSuccess;
+  if constexpr (std::is_same_v<Storage, uint16_t>) {
+    status = kernels::launch_activation_digests(reinterpret_cast<const __nv_bfloat16*>(x.get()),
+                                                gather ? row_index.get() : nullptr, rows, width,
+                                                out.get(), nullptr);
+  } else {
+    status = kernels::launch_activation_digests(x.get(), gather ? row_index.get() : nullptr, rows,
+                                                width, out.get(), nullptr);
+  }
+  ASSERT_EQ(status, cudaSuccess);
+  std::vector<uint64_t> device(static_cast<size_t>(rows));
+  ASSERT_EQ(cudaMemcpy(device.data(), out.get(), out.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int32_t r = 0; r < rows; ++r) {
+    const std::span<const float> row(as_fp32.data() + index[static_cast<size_t>(r)] * width,
+                                     static_cast<size_t>(width));
+    ASSERT_EQ(device[static_cast<size_t>(r)], activation_row_digest(row))
+        << (std::is_same_v<Storage, uint16_t> ? "bf16" : "fp32") << " rows " << rows << " width "
+        << width << (gather ? " gathered" : "") << " seed " << seed << ": row " << r;
+  }
+}
+
+TEST(ActivationDigestKernel, EqualsTheHostDigestOnOddShapes) {
+  LS_SKIP_WITHOUT_DEVICE();
+  uint32_t seed = 1;
+  for (const int32_t rows : {1, 3, 17}) {
+    for (const int32_t width : {1, 7, 111, 500, 4097}) {
+      for (const bool gather : {false, true}) {
+        expect_device_digests<float>(rows, width, gather, seed++);
+        expect_device_digests<uint16_t>(rows, width, gather, seed++);
+      }
+    }
+  }
+  EXPECT_EQ(kernels::launch_activation_digests<float>(nullptr, nullptr, 1, 1, nullptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
+// A recording's device digests are the digests of the values a localisation captures of the
+// same step (two backends, one capture each way; fast mode is run-to-run deterministic).
+TEST(CudaLocalise, DeviceDigestsAreTheDigestsOfTheCapturedValues) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ModelWeights& w = testing::tiny_weights();
+  CudaBackendOptions options{.graphs = true};
+  const std::unique_ptr<Backend> values_backend = make_cuda_backend(w, small_config(), options);
+  const std::unique_ptr<Backend> digests_backend = make_cuda_backend(w, small_config(), options);
+  Executor values(small_config(), w.config.vocab_size, *values_backend, kCapture);
+  Executor digests(small_config(), w.config.vocab_size, *digests_backend,
+                   {.activations = ActivationCapture::kDigests});
+  ForwardOp prefill;
+  prefill.rows.push_back(prefill_row(1, 1, 0, 9, 9));
+  prefill.rows.back().refresh = {0, pages_from(10, 4)};
+  prefill.rows.back().sampling = SamplingParams{};
+  prefill.prefill_token_ids = prompt_for(1, 9);
+  ForwardOp decode;
+  decode.rows.push_back(decode_row(1, 1));
+  int32_t step = 0;
+  for (const ForwardOp* op : {&prefill, &decode, &decode}) {
+    const StepResult a = values.step(*op);
+    const StepResult b = digests.step(*op);
+    ASSERT_EQ(a.tokens, b.tokens);
+    const std::vector<uint64_t> from_values = activation_digests(a.activations);
+    ASSERT_FALSE(from_values.empty());
+    EXPECT_TRUE(b.activations.tensors.front().values.empty()) << "a recording copied values";
+    EXPECT_EQ(activation_digests(b.activations), from_values) << "step " << step;
+    ++step;
+  }
 }
 
 TEST(CudaLocalise, CapturedTensorsAgreeWithTheCpuReference) {
