@@ -4,6 +4,7 @@
 #include "core/activations.h"
 #include "core/cpu_backend.h"
 #include "core/executor.h"
+#include "replay/localise.h"
 #include "tests/test_support.h"
 
 #include <gtest/gtest.h>
@@ -176,6 +177,32 @@ TEST(Activations, FirstDifferenceNamesTheChangedElement) {
   ASSERT_TRUE(far);
   EXPECT_EQ(far->tensor, "layer 1 q");
   EXPECT_EQ(far->element, 5);
+}
+
+// What --localise prints of an in-process comparison: the tensor, its row's op row and request,
+// the element with both values and their bits, and the tolerance when one applies.
+TEST(Activations, ALocalisationPrintsTheElementWithBothValuesAndTheTolerance) {
+  replay::Localisation l{.step = 4, .replay_backend = "cuda", .against = "a replay on cpu",
+                         .tolerance = replay::kCrossBackendTolerance, .differs = true,
+                         .tensor = "layer 1 mlp_out", .layer = 1, .kind = "mlp_out", .token_row = 2,
+                         .op_row = 1, .request_id = 1004, .row_width = 64};
+  l.difference = ActivationDifference{.tensor = "layer 1 mlp_out", .layer = 1,
+                                      .kind = ActivationKind::kMlpOut, .row = 2, .element = 5,
+                                      .actual = 1.5f, .expected = 65.5f, .row_scale = 65.5};
+  const std::string text = replay::describe_localisation(l);
+  EXPECT_NE(text.find("(tolerance: |a - b| > 0.1 x max|b| over the row)"), std::string::npos) << text;
+  EXPECT_NE(text.find("first difference: layer 1 mlp_out, row 2 (op row 1, request 1004)"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("element 5 of 64: replay 1.5 (0x3fc00000), other side 65.5 (0x42830000)"),
+            std::string::npos) << text;
+  const nlohmann::ordered_json j = replay::localisation_json(l);
+  EXPECT_EQ(j.at("element"), 5);
+  EXPECT_EQ(j.at("other_value"), 65.5);
+  EXPECT_EQ(j.at("tolerance"), 0.1);
+  l.differs = false;
+  l.difference.reset();
+  EXPECT_NE(replay::describe_localisation(l).find("IDENTICAL: every layer's tensors agree within "
+                                                  "the tolerance"), std::string::npos);
 }
 
 TEST(Activations, BackendsThatCannotCaptureRefuseByName) {

@@ -46,6 +46,9 @@ string(JSON verdict GET "${json}" localisation verdict)
 if(NOT tensor STREQUAL "layer 1 mlp_out" OR NOT verdict STREQUAL "differs")
   message(FATAL_ERROR "--json localisation: tensor '${tensor}', verdict '${verdict}'\n${json}")
 endif()
+# `lockstep report --replay-json` reads a result that carries a localisation.
+run(report ${LOCKSTEP} report ${trace} -o ${WORKDIR}/cli-localise.html --replay-json ${WORKDIR}/cli-localise.json)
+expect(report 0 "")
 run(planted_tf ${PLANTED} replay ${trace} --mode teacher-forced --localise --quiet)
 expect(planted_tf 1 "first difference: layer 1 mlp_out, row 0")
 
