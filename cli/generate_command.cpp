@@ -26,6 +26,7 @@ struct GenerateOptions {
   std::string prompts;
   std::string output = "-";
   std::string record;
+  bool record_activations = false;  // --record-activations
   bool quiet = false;
 };
 
@@ -51,6 +52,8 @@ void write_outputs(std::ostream& out, const std::vector<RequestSpec>& requests,
 }
 
 int run_generate(GenerateOptions& o) {
+  LS_REQUIRE(!o.record_activations || !o.record.empty(),
+             "--record-activations records into a trace: add --record FILE");
   prepare_backend_environment(o.model.backend, o.model.tp_degree);  // before CUDA starts
   WeightSource source;
   const ModelWeights weights = load_model(o.model, source);
@@ -64,13 +67,15 @@ int run_generate(GenerateOptions& o) {
       make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording,
                    o.model.tp_degree);
   Executor executor(limits, weights.config.vocab_size, *backend,
-                    recording ? trace::recording_executor_options() : ExecutorOptions{});
+                    recording ? trace::recording_executor_options(o.record_activations)
+                              : ExecutorOptions{});
   std::unique_ptr<trace::Recorder> recorder;
   std::unique_ptr<trace::TraceObserver> observer;
   if (recording) {
     trace::TraceHeader header = trace::make_trace_header(weights, source, limits, backend->name(),
                                                          machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
+    header.activation_digests = o.record_activations;
     header.tp_degree = o.model.tp_degree;
     describe_collectives(o.model.backend, o.model.tp_degree, header);
     header.step_clock = "steady";
@@ -132,6 +137,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--record", options->record,
                   "Record every step to this trace file (replay it with `lockstep replay`)");
+  cmd->add_flag("--record-activations", options->record_activations,
+                kRecordActivationsHelp);
   cmd->add_flag("--quiet,-q", options->quiet, "No progress or summary on stderr");
   add_model_options(*cmd, options->model);
   return [cmd, options]() { return cmd->parsed() ? run_generate(*options) : -1; };

@@ -37,4 +37,12 @@ CLI::Validator backend_validator();
 // max_position_embeddings without --context-beyond-max-positions).
 ModelWeights load_model(ModelOptions& options, WeightSource& source);
 
+// The help of --record-activations, one text for every command that records (generate, sim).
+inline constexpr const char* kRecordActivationsHelp =
+    "With --record: also record per-layer activation digests of every step (attention input, q, "
+    "k, v, attention output, MLP output per layer; final norm and logits), which `lockstep "
+    "replay --localise` compares to name the first layer and tensor where a replay departs. "
+    "Digests are computed where the tensors are (on CUDA by a kernel; the step runs eager, no "
+    "graph): a debugging mode. TP 1, models without Mamba layers";
+
 }  // namespace ls::cli

@@ -6,6 +6,7 @@
 #include "cli/exit_status.h"
 #include "core/check.h"
 #include "core/tensor_parallel.h"
+#include "replay/localise.h"
 #include "replay/replay.h"
 #include "replay/replay_json.h"
 
@@ -33,7 +34,75 @@ struct ReplayCliOptions {
   int32_t tp_degree = 0;  // 0: the recorded degree
   bool quiet = false;
   std::string json;  // the result as JSON (replay/replay_json.h)
+  bool localise = false;        // --localise
+  std::string localise_against;  // --localise-against BACKEND; "": the recorded digests or the
+                                 // recording's backend
 };
+
+// The backend replay_options gives `name` ("cpu": the replay's own CPU reference).
+std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&,
+                                       const std::string&, int32_t)>
+backend_maker(const std::string& name) {
+  if (name == "cpu") return nullptr;
+  return [name](const ModelWeights& weights, const ExecutorConfig& limits,
+                const std::string& drafter, int32_t tp_degree) {
+    return make_backend(name, weights, limits, drafter, false, tp_degree);
+  };
+}
+
+// What --localise compares the replay with, decided from the flags and the trace's header before
+// anything runs: the recorded digests (other empty) or a second replay on `other`. ls::Error
+// naming the flags when they ask for what cannot be compared.
+struct LocaliseSides {
+  std::string other;                // "" : the recorded activation digests
+  std::optional<double> tolerance;  // a cross-backend comparison's
+};
+
+void require_localise_flags(const ReplayCliOptions& o) {
+  LS_REQUIRE(o.localise || o.localise_against.empty(),
+             "--localise-against {} names the other side of --localise: add --localise",
+             o.localise_against);
+  LS_REQUIRE(!o.localise || !o.isolate, "--localise with --isolate {}: localisation re-runs the "
+             "divergent step of the whole recorded batch; drop one of the two", *o.isolate);
+}
+
+// With --localise (require_localise_flags passed).
+LocaliseSides localise_sides(const ReplayCliOptions& o, const trace::TraceHeader& h) {
+  LocaliseSides sides;
+  if (o.localise_against.empty() && h.activation_digests) {
+    LS_REQUIRE(o.backend == h.backend,
+               "--localise: the recorded activation digests are the {} backend's (its storage "
+               "dtypes), which --backend {} cannot reproduce; replay with --backend {}, or compare "
+               "with a second replay (--localise-against {}, --mode teacher-forced)",
+               h.backend, o.backend, h.backend, h.backend);
+    return sides;
+  }
+  sides.other = o.localise_against.empty() ? h.backend : o.localise_against;
+  const std::string error = backend_name_error(sides.other);
+  LS_REQUIRE(error.empty(), "--localise{}: the other side's backend {}: {}",
+             o.localise_against.empty() ? " (the trace has no activation digests: a second "
+                                          "replay on the recording's backend)"
+                                        : "-against",
+             sides.other, error);
+  if (sides.other != o.backend) {
+    LS_REQUIRE(o.mode == "teacher-forced",
+               "--localise comparing --backend {} with a replay on {} needs --mode "
+               "teacher-forced: the two agree only within a tolerance, and an exact replay of "
+               "one backend's trace on the other diverges at once", o.backend, sides.other);
+    sides.tolerance = replay::kCrossBackendTolerance;
+  }
+  return sides;
+}
+
+// The step --localise re-runs: the first divergent one (exact) or the first with a token unlike
+// the recorded one (teacher-forced); none when the replay found nothing.
+std::optional<int64_t> step_to_localise(const replay::ReplayReport& r, replay::ReplayMode mode) {
+  if (mode == replay::ReplayMode::kExact) {
+    if (!r.divergence || r.divergence->field == "rejected") return std::nullopt;
+    return r.divergence->step;
+  }
+  return r.first_disagreeing_step();
+}
 
 std::string replay_command_until(const ReplayCliOptions& o, int64_t step) {
   return fmt::format("lockstep replay {} --until {}", o.trace, step);
@@ -93,29 +162,78 @@ int report_teacher_forced(const replay::ReplayReport& r) {
   return r.identical() ? kExitOk : kExitFinding;
 }
 
-void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, const ReplayCliOptions& o) {
+void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, const ReplayCliOptions& o,
+                const std::optional<replay::Localisation>& localisation) {
   const replay::ReplayedTrace trace{o.trace, std::filesystem::file_size(o.trace)};
   const std::string until = report.divergence ? replay_command_until(o, report.divergence->step) : "";
+  nlohmann::ordered_json j = replay::replay_result_json(report, mode, trace, until);
+  if (localisation) j["localisation"] = replay::localisation_json(*localisation);
   std::ofstream out(o.json);
-  out << replay::replay_result_json(report, mode, trace, until).dump(2) << '\n';
+  out << j.dump(2) << '\n';
   out.flush();
   LS_REQUIRE(out.good(), "--json {}: cannot write", o.json);
 }
 
+replay::Localisation localise(const ReplayCliOptions& o, const replay::ReplayOptions& options,
+                              const LocaliseSides& sides, int64_t step) {
+  replay::LocaliseRequest q{.trace = o.trace, .step = step, .replay_side = options,
+                            .replay_backend = o.backend};
+  if (!sides.other.empty()) {
+    q.other_side = options;
+    q.other_side->make_backend = backend_maker(sides.other);
+    q.other_backend = sides.other;
+    q.tolerance = sides.tolerance;
+  }
+  if (!o.quiet) fmt::print(stderr, "replay: localising step {}\n", step);
+  return replay::localise_step(q);
+}
+
+// The localisation's sides from the flags and the trace's header, before anything runs; an exit
+// status when the flags or the trace refuse it.
+std::optional<int> prepare_localise(const ReplayCliOptions& o, LocaliseSides& sides) {
+  try {
+    require_localise_flags(o);
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
+    return kExitUnusable;
+  }
+  if (!o.localise) return std::nullopt;
+  std::optional<trace::TraceHeader> header;
+  try {
+    header = trace::TraceReader::open(o.trace).header();
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: unusable trace: {}\n", e.what());
+    return kExitUnusable;
+  }
+  try {
+    sides = localise_sides(o, *header);
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
+    return kExitUnusable;
+  }
+  return std::nullopt;
+}
+
+void print_localisation(const ReplayCliOptions& o, replay::ReplayMode mode,
+                        const std::optional<replay::Localisation>& localisation) {
+  if (localisation) {
+    fmt::print("{}", replay::describe_localisation(*localisation));
+  } else if (o.localise) {
+    fmt::print("localise: nothing to localise: no step {}\n",
+               mode == replay::ReplayMode::kExact ? "diverged (or only a refusal did)" : "disagreed");
+  }
+}
+
 int run_replay(const ReplayCliOptions& o) {
+  LocaliseSides sides;
+  if (const std::optional<int> refused = prepare_localise(o, sides)) return *refused;
   replay::ReplayOptions options;
   options.mode = o.mode == "exact" ? replay::ReplayMode::kExact : replay::ReplayMode::kTeacherForced;
   options.until_step = o.until;
   options.isolate = o.isolate;
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
   if (o.tp_degree > 0) options.tp_degree = o.tp_degree;
-  if (o.backend != "cpu") {
-    options.make_backend = [name = o.backend](const ModelWeights& weights,
-                                              const ExecutorConfig& limits,
-                                              const std::string& drafter, int32_t tp_degree) {
-      return make_backend(name, weights, limits, drafter, false, tp_degree);
-    };
-  }
+  options.make_backend = backend_maker(o.backend);
   const bool tty = isatty(STDERR_FILENO) != 0;
   if (!o.quiet) {
     options.on_progress = [tty](int64_t steps, uint64_t bytes, uint64_t total) {
@@ -134,11 +252,23 @@ int run_replay(const ReplayCliOptions& o) {
     return kExitUnusable;
   }
   if (!o.quiet && tty) fmt::print(stderr, "\r\033[K");
-  if (!o.json.empty()) write_json(report, options.mode, o);
+  std::optional<replay::Localisation> localisation;
+  const std::optional<int64_t> step = o.localise ? step_to_localise(report, options.mode) : std::nullopt;
+  if (step) {
+    try {
+      localisation = localise(o, options, sides, *step);
+    } catch (const Error& e) {
+      fmt::print(stderr, "lockstep replay: --localise: {}\n", e.what());
+      return kExitUnusable;
+    }
+  }
+  if (!o.json.empty()) write_json(report, options.mode, o, localisation);
   print_header(report, o);
   if (report.truncation) fmt::print("note: {} (the complete prefix was replayed)\n", report.truncation->describe());
-  return options.mode == replay::ReplayMode::kExact ? report_exact(report, o)
-                                                    : report_teacher_forced(report);
+  const int status = options.mode == replay::ReplayMode::kExact ? report_exact(report, o)
+                                                                : report_teacher_forced(report);
+  print_localisation(o, options.mode, localisation);
+  return status;
 }
 
 }  // namespace
@@ -182,6 +312,21 @@ std::function<int()> add_replay_command(CLI::App& app) {
                   "Also write the result as JSON (verdict, steps, the first divergence with the "
                   "command that replays up to it, teacher-forced agreement): what `lockstep "
                   "report --replay-json` reads");
+  cmd->add_flag("--localise", o->localise,
+                "On the first divergent step (exact) or the first step with a disagreeing token "
+                "(teacher-forced), re-run it with per-layer activations and print the first layer "
+                "and tensor (attn_in, q, k, v, attn_out, mlp_out, final_norm, logits), token row "
+                "and element where the replay departs from the other side: the trace's recorded "
+                "activation digests (generate/sim --record-activations; --backend must be the "
+                "recording's), else a second replay (--localise-against). Bits are compared on "
+                "one backend; CUDA against the CPU reference needs --mode teacher-forced and "
+                "reports the first element with |a - b| > 0.1 x max|b| over its row. Not with "
+                "--isolate; TP 1, models without Mamba layers");
+  cmd->add_option("--localise-against", o->localise_against,
+                  "With --localise: the other side is a second replay of the trace up to that "
+                  "step on this backend (default: the recorded activation digests when the trace "
+                  "has them, else a replay on the recording's backend)")
+      ->check(backend_validator());
   cmd->footer(kExitStatusHelp);
   return [cmd, o]() { return cmd->parsed() ? run_replay(*o) : -1; };
 }

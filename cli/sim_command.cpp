@@ -28,6 +28,7 @@ struct SimOptions {
   int32_t requests = 0;
   std::string faults;  // "", "none", "all" or a comma list of sites
   std::string record;
+  bool record_activations = false;  // --record-activations
   bool stub_model = false;
   bool no_twin = false;
   bool spec = false;
@@ -218,6 +219,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
         trace::make_trace_header(weights, source, sim::executor_config_for(params), o.backend,
                                  machine_info_for(o.backend));
     header.drafter = params.drafter_name();
+    header.activation_digests = o.record_activations;
     header.tp_degree = params.tp_degree;
     describe_collectives(o.backend, params.tp_degree, header);
     header.step_clock = "simulated";  // the world's clock: a recorded seed's trace is deterministic
@@ -225,7 +227,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
     recorder = trace::Recorder::open(o.record, header);
     observer = std::make_unique<sim::SimTraceObserver>(*recorder);
     world.observer = observer.get();
-    world.executor_options = trace::recording_executor_options();
+    world.executor_options = trace::recording_executor_options(o.record_activations);
   }
   const auto start = std::chrono::steady_clock::now();
   const sim::SeedVerdict v = sim::run_seed(params, weights, world, !o.no_twin);
@@ -302,6 +304,7 @@ std::function<int()> add_sim_command(CLI::App& app) {
                   "page-pressure, abort-mid-prefill, context-limit, late-result (default: the "
                   "seed switches each on with probability 1/2)");
   cmd->add_option("--record", o->record, "Record the run (single seed) to this trace file");
+  cmd->add_flag("--record-activations", o->record_activations, kRecordActivationsHelp);
   cmd->add_option("--shard", o->shard,
                   "With --seeds A..B: run shard I of N (I/N, 0 <= I < N), the seeds whose index "
                   "seed - A is I mod N; a seed's result does not depend on N");
@@ -344,6 +347,8 @@ std::function<int()> add_sim_command(CLI::App& app) {
     sim::derive_params(o->seed, overrides_of(*o));
     const ModelWeights weights = weights_from_seed(model_config_named(o->model), kSimWeightsSeed);
     LS_REQUIRE(o->seeds.empty() || o->record.empty(), "--record takes a single --seed, not --seeds");
+    LS_REQUIRE(!o->record_activations || !o->record.empty(),
+               "--record-activations records into a trace: add --record FILE");
     LS_REQUIRE(o->shard.empty() || !o->seeds.empty(), "--shard {} splits a --seeds range: add --seeds A..B",
                o->shard);
     return o->seeds.empty() ? run_single(*o, weights) : run_sweep(*o, weights);

@@ -66,6 +66,10 @@ void print_header(const trace::TraceHeader& h) {
   fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}; drafter {}\n",
              e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
              e.verify_width, e.prefill_chunk_tokens, h.drafter.empty() ? "none" : h.drafter);
+  if (h.activation_digests) {
+    fmt::print("activation digests: every step, per layer attn_in, q, k, v, attn_out, mlp_out, "
+               "then final_norm and logits (replay --localise)\n");
+  }
   if (m.has_recurrent_state()) {
     std::string kinds;
     for (const LayerKind kind : m.layer_kinds) kinds += kind == LayerKind::kMamba2 ? 'M' : 'A';

@@ -4,6 +4,7 @@
 // step's buffers, all sized once from the ExecutorConfig.
 #pragma once
 
+#include "core/activations.h"
 #include "core/cache_op.h"
 #include "core/check.h"
 #include "core/step_plan.h"
@@ -97,6 +98,16 @@ class Backend {
               slots.size());
     return {};
   }
+
+  // Per-layer activations (core/activations.h; replay's localisation, --record-activations):
+  // while on, every forward captures its step's tensors, and take_activations() hands over the
+  // last forward's (called by the executor right after forward, before the next step's). Off by
+  // default, costing nothing. A backend that cannot capture refuses with ls::Error naming why.
+  virtual void capture_activations(ActivationCapture mode) {
+    LS_REQUIRE(mode == ActivationCapture::kOff, "backend {} cannot capture per-layer activations",
+               name());
+  }
+  virtual StepActivations take_activations() { return {}; }
 
   // What the device measured of the last collected step (step stats; a backend that computes on
   // the host measures nothing and keeps the default).

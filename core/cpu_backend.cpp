@@ -202,6 +202,19 @@ void CpuBackend::forward(const StepPlan& plan) {
   model_.forward(tokens, table_, logits_);
 }
 
+void CpuBackend::capture_activations(ActivationCapture mode) {
+  const bool on = mode != ActivationCapture::kOff;
+  LS_REQUIRE(!on || !stub_model_, "per-layer activations: the stub model computes no layers");
+  model_.capture_activations(on ? &captured_ : nullptr);
+  capture_ = mode;
+}
+
+// The model captures values; a recording keeps only their digests.
+StepActivations CpuBackend::take_activations() {
+  if (capture_ == ActivationCapture::kDigests) captured_.keep_digests_only();
+  return std::exchange(captured_, {});
+}
+
 void CpuBackend::stub_forward(const StepPlan& plan) {
   for (int32_t r = 0; r < plan.logits_rows_count(); ++r) {
     const int32_t t = plan.logits_token_index[r];

@@ -8,6 +8,7 @@
 #include "core/sampling.h"
 
 #include <memory>
+#include <utility>
 
 namespace ls {
 
@@ -44,6 +45,8 @@ class CpuBackend final : public Backend {
   StateSnapshot read_state(std::span<const int32_t> pool_rows) const override;
   InputSnapshot read_inputs() const override;
   std::vector<uint64_t> read_mamba_digests(std::span<const int32_t> slots) const override;
+  void capture_activations(ActivationCapture mode) override;
+  StepActivations take_activations() override;
 
  private:
   void guard_logits(const StepPlan& plan, StepResult& result);
@@ -87,6 +90,8 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> token_mamba_slots_; // [step_tokens_max] working slot, −1 for none
   std::vector<int32_t> token_verify_slots_; // [step_tokens_max] verify-state slot, −1 for none
   std::vector<float> logits_;            // [logits_rows_max, V]
+  StepActivations captured_;             // the last forward's, while capturing
+  ActivationCapture capture_ = ActivationCapture::kOff;
   std::vector<int32_t> vcl_before_;      // [max_batch_rows] vcl of each row before commit
   // The ids each pool row's owner holds, by position: every input id at its position, then the
   // emitted tokens; what a drafter reads. Positions reach L + W − 1 (a decode row at vcl = L).

@@ -5,6 +5,7 @@
 #include "core/host_memory.h"
 #include "core/mamba_mixer.h"
 #include "core/ops/layer_math.h"
+#include "core/seams.h"
 #include "core/step_plan.h"
 #include "core/tensor_parallel.h"
 
@@ -201,6 +202,7 @@ void CpuModel::forward(const ForwardTokens& tokens, std::span<const int32_t> tab
   LS_ASSERT(logits.size() >= tokens.logits_token_index.size() * model_.vocab_size,
             "logits buffer too small");
   group_.begin_forward();
+  if (capture_) capture_->tensors.clear();
   // The embedding is replicated on every rank (a vocabulary-parallel lookup adds one non-zero row
   // to zeros: the same bits).
   for (int32_t t = 0; t < count; ++t) {
@@ -215,11 +217,53 @@ void CpuModel::forward(const ForwardTokens& tokens, std::span<const int32_t> tab
       mamba_layer(layer, tokens);
     } else {
       attention_layer_qkv(layer, tokens);
+      if (capture_) capture_qkv(layer, tokens);
       attention_layer_out(layer, tokens, table);
     }
     ffn_layer(layer, count);
+    seams::cpu_layer_output(layer, std::span<float>(residual_.data(), static_cast<size_t>(count) * h));
+    if (capture_) capture_rows(layer, ActivationKind::kMlpOut, residual_.data(), count, h);
   }
   lm_head(tokens.logits_token_index, logits);
+  if (capture_) {
+    const int32_t rows = static_cast<int32_t>(tokens.logits_token_index.size());
+    capture_rows(-1, ActivationKind::kFinalNorm, normed_.data(), rows, h);
+    capture_rows(-1, ActivationKind::kLogits, logits.data(), rows, model_.vocab_size);
+  }
+}
+
+void CpuModel::capture_activations(StepActivations* sink) {
+  LS_REQUIRE(sink == nullptr || !model_.has_recurrent_state(),
+             "per-layer activations: model '{}' has Mamba2 layers, which the capture does not "
+             "cover", model_.name);
+  LS_REQUIRE(sink == nullptr || tp_.degree() == 1,
+             "per-layer activations: not captured at tensor-parallel degree {} (TP 1 only)",
+             tp_.degree());
+  capture_ = sink;
+}
+
+void CpuModel::capture_rows(int32_t layer, ActivationKind kind, const float* rows, int32_t count,
+                            int32_t width) {
+  ActivationTensor& t = capture_->add(layer, kind, count, width);
+  std::copy(rows, rows + t.values.size(), t.values.begin());
+}
+
+// attn_in, q, k and v of every token (k and v as written at its slot); attn_out's rows are filled
+// as attention_layer_out computes them.
+void CpuModel::capture_qkv(int32_t layer, const ForwardTokens& tokens) {
+  const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
+  const int32_t kv = model_.kv_size();
+  capture_rows(layer, ActivationKind::kAttnIn, normed_.data(), count, model_.hidden_size);
+  capture_rows(layer, ActivationKind::kQ, q_.data(), count, model_.q_size());
+  for (const int32_t which : {0, 1}) {
+    ActivationTensor& t = capture_->add(layer, which == 0 ? ActivationKind::kK : ActivationKind::kV,
+                                        count, kv);
+    for (int32_t i = 0; i < count; ++i) {
+      const float* row = kv_at(tokens.slots[i], layer, which);
+      std::copy(row, row + kv, t.values.begin() + static_cast<ptrdiff_t>(i) * kv);
+    }
+  }
+  attn_capture_ = &capture_->add(layer, ActivationKind::kAttnOut, count, model_.q_size());
 }
 
 // Each rank computes the logits of its vocabulary shard for every row, in place in `logits`
@@ -319,6 +363,10 @@ void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
       const std::span<const int32_t> table_row =
           table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
       attend(layer, t, tokens.positions[t], table_row, heads, attn_out_.data());
+      if (capture_) {  // TP 1 (capture_activations): the one rank computed every head
+        std::copy(attn_out_.begin(), attn_out_.end(),
+                  attn_capture_->values.begin() + static_cast<ptrdiff_t>(t) * model_.q_size());
+      }
       matvec_partial(w.wo, attn_out_.data(), h, model_.q_size(),
                      head_elements(heads, model_.head_dim), partial_at(rank, t, count));
     }

@@ -10,6 +10,7 @@
 // its shard of every layer and the row-parallel partials meet in a fixed-order all-reduce.
 #pragma once
 
+#include "core/activations.h"
 #include "core/cache_op.h"
 #include "core/config.h"
 #include "core/mamba_mixer.h"
@@ -52,6 +53,11 @@ class CpuModel {
   void forward(const ForwardTokens& tokens, std::span<const int32_t> table,
                std::span<float> logits);
 
+  // Per-layer activations (core/activations.h): while `sink` is set, every forward replaces its
+  // contents with the step's tensors; null (the default) captures nothing. ls::Error naming the
+  // reason for a model or a degree the capture does not cover (Mamba layers, TP > 1).
+  void capture_activations(StepActivations* sink);
+
   int64_t kv_slots_count() const { return kv_slots_count_; }
   bool has_recurrent_state() const { return model_.has_recurrent_state(); }
   // The recurrent-state pool (core/limits.h mamba_slots_count slots, then the
@@ -89,6 +95,9 @@ class CpuModel {
   void attend(int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
               ShardRange heads, float* out);
   float* kv_at(int64_t slot, int32_t layer, int32_t which);
+  void capture_qkv(int32_t layer, const ForwardTokens& tokens);
+  void capture_rows(int32_t layer, ActivationKind kind, const float* rows, int32_t count,
+                    int32_t width);
 
   const ModelWeights& weights_;
   ModelConfig model_;
@@ -109,6 +118,8 @@ class CpuModel {
   std::vector<float> gate_;       // [ffn]
   std::vector<float> up_;         // [ffn]
   std::vector<float> scores_;     // [context_length + W]
+  StepActivations* capture_ = nullptr;  // borrowed; null: no capture
+  ActivationTensor* attn_capture_ = nullptr;  // the layer's attn_out while it is computed
 
   // Recurrent state: per slot, per Mamba layer, [conv_dim · conv_kernel] then
   // [heads · head_dim · state_size].

@@ -28,6 +28,7 @@ Executor::Executor(const ExecutorConfig& config, int32_t vocab_size, Backend& ba
   LS_REQUIRE(options.top_logits_count >= 0 && options.top_logits_count <= kTopLogitsCountMax,
              "executor: top_logits_count {} is outside [0, {}]", options.top_logits_count,
              kTopLogitsCountMax);
+  if (options.activations != ActivationCapture::kOff) backend.capture_activations(options.activations);
   const size_t rows = static_cast<size_t>(config.pool_rows_count());
   owner_.assign(rows, 0);
   owned_.assign(rows, 0);
@@ -57,6 +58,7 @@ void Executor::submit(const ForwardOp& op) {
   backend_.fill_inputs(plan);         // rule 3
   if (backend_.has_recurrent_state()) backend_.apply_state_rules(plan);
   backend_.forward(plan);             // rule 4
+  if (options_.activations != ActivationCapture::kOff) slot.activations = backend_.take_activations();
   if (!poisoned_logits_rows_.empty()) {
     backend_.poison_logits(poisoned_logits_rows_, faults.poison_value);
   }
@@ -78,6 +80,7 @@ void Executor::collect(StepResult& result) {
   } else {
     std::swap(result, slot.result);  // the caller's old vectors serve the slot's next step
   }
+  result.activations = std::exchange(slot.activations, {});
   ++collected_count_;
 }
 

@@ -24,6 +24,10 @@ struct ExecutorOptions {
   // logits row, the state of the step's rows) inside the step: what a recorder needs.
   bool record = false;
   int32_t top_logits_count = 0;  // 0..kTopLogitsCountMax
+  // Capture every step's per-layer activations (core/activations.h) into
+  // StepResult::activations — their digests (--record-activations) or their values. The backend
+  // must support it (Backend::capture_activations refuses otherwise).
+  ActivationCapture activations = ActivationCapture::kOff;
 };
 
 // Faults planted into one step. Rows are op rows.
@@ -112,6 +116,7 @@ class Executor {
     StepPlan plan;
     StepResult result;     // held here when the backend completed the step at submit
     bool deferred = false;  // true: the backend holds the step until collect_finish
+    StepActivations activations;  // ExecutorOptions::activations: taken right after the forward
   };
 
   void validate_state_copy(const CacheOp& op) const;

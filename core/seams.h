@@ -53,5 +53,11 @@ int32_t mamba_working_slot(const SchedRequest& request);
 // so a prefix hit resumes from the state of a page before its boundary.
 int32_t checkpoint_boundary(int32_t kv_end, int32_t page_size);
 
+// Every layer's output on the CPU reference (the residual stream after its MLP, [tokens, hidden]),
+// before anything reads it: production leaves it as it is. Planted
+// (tests/planted/perturb_layer_output.cpp, the `lockstep_planted_cpu` CLI): one element of one
+// layer changed, which `lockstep replay --localise` must name (issue 15).
+void cpu_layer_output(int32_t layer, std::span<float> residual);
+
 }  // namespace seams
 }  // namespace ls

@@ -1,6 +1,7 @@
 // What one step returns to the host (DESIGN.md "Step result").
 #pragma once
 
+#include "core/activations.h"
 #include "core/forward_op.h"
 #include "core/logits_digest.h"
 
@@ -39,6 +40,8 @@ struct StepResult {
   // A model with recurrent state: mamba_state_digest of each op row's working slot after the
   // step (checkpoint snapshots included), in op row order. Empty otherwise.
   std::vector<uint64_t> mamba_state_digests;  // [bs]
+  // ExecutorOptions::activations: the step's per-layer tensors (core/activations.h). Else empty.
+  StepActivations activations;
 
   // The tokens a row emitted this step: one for a prefill row, a' for a decode row.
   std::vector<int32_t> row_tokens(int32_t row) const;

@@ -105,6 +105,7 @@ void CudaBackend::forward(const StepPlan& plan) {
     m.launch_graph();
     return;
   }
+  if (m.activation_capture) m.begin_activation_capture(plan);
   const int32_t tokens = plan.mode == ForwardMode::kDecode ? m.rows_grid * plan.verify_width
                                                            : plan.tokens_count;
   const int32_t logits_rows = plan.mode == ForwardMode::kDecode ? tokens : plan.logits_rows_count();

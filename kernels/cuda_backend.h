@@ -218,6 +218,11 @@ class CudaBackend final : public Backend {
   InputSnapshot read_inputs() const override;
   // The digests on the device (kernels/mamba_ops.h launch_mamba_state_digests), synchronously.
   std::vector<uint64_t> read_mamba_digests(std::span<const int32_t> slots) const override;
+  // Per-layer activations (core/activations.h): their values copied to the host layer by layer,
+  // or their digests computed on the device (kernels/activation_ops.h) and copied back once; the
+  // step runs eager (no graph). ls::Error for a hybrid model. kernels/cuda_activations.cpp.
+  void capture_activations(ActivationCapture mode) override;
+  StepActivations take_activations() override;
   // One recurrent-state slot, every Mamba layer's conv window then SSM state in layer order
   // (CpuBackend::read_mamba_state's layout; tests). Synchronizes the stream.
   std::vector<float> read_mamba_state(int32_t slot) const;

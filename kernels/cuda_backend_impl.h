@@ -190,6 +190,30 @@ struct CudaBackend::Impl {
                             int32_t record_k);
   void check_step_launches() const;
 
+  // cuda_activations.cpp: the per-layer capture (Backend::capture_activations); every step
+  // runs eager while it is on (choose_graph).
+  bool activation_capture = false;       // capture_mode != kOff
+  ActivationCapture capture_mode = ActivationCapture::kOff;
+  StepActivations captured_activations;  // the last forward's (kDigests: digests filled at take)
+  int32_t capture_tokens = 0;            // the step's real tokens (no padded rows)
+  int32_t capture_logits_rows = 0;
+  // kDigests: [layers·6·tokens_max + 2·logits_rows_max] the forward's row digests in capture
+  // order, allocated when the mode is first asked for; how many the forward enqueued.
+  DeviceArray<uint64_t> activation_digests;
+  int64_t activation_digests_enqueued = 0;
+  void begin_activation_capture(const StepPlan& plan);
+  // One tensor of the capture: kValues copies its rows to the host now; kDigests enqueues their
+  // digests (rows `row_index[r]` of x when given).
+  template <typename T>
+  void capture_tensor(int32_t layer, ActivationKind kind, const T* x, const int64_t* row_index,
+                      int32_t rows, int32_t width);
+  StepActivations take_captured_activations();
+  template <typename T>
+  void capture_attention(int32_t layer, bool norm_fused, const T* k_layer, const T* v_layer);
+  void capture_layer_output(int32_t layer);
+  template <typename T>
+  void capture_head();
+
   // cuda_graphs.cpp
   void capture_graphs();
   void choose_graph(const StepPlan& plan);

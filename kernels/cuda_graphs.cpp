@@ -102,7 +102,8 @@ void CudaBackend::Impl::launch_graph() {
 // Which graph the step at rows_grid replays, if any: decode steps, when graphs were captured.
 void CudaBackend::Impl::choose_graph(const StepPlan& plan) {
   const auto bucket = std::lower_bound(buckets.begin(), buckets.end(), rows_grid) - buckets.begin();
-  const bool decode_graph = plan.mode == ForwardMode::kDecode && !graphs.empty();
+  const bool decode_graph =
+      plan.mode == ForwardMode::kDecode && !graphs.empty() && !activation_capture;
   graph_index_ = decode_graph ? static_cast<int32_t>(bucket) : -1;
   // The tail joins the graph when every row is greedy (the sampler's weights and sort are not in
   // it) and no fault poisons the logits between the forward and the guard; a recorded step's tail

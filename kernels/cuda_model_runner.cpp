@@ -7,6 +7,7 @@
 #include "kernels/gemm.h"
 #include "kernels/gemm_small_m.h"
 #include "kernels/layer_ops.h"
+#include "kernels/seams.h"
 
 #include <type_traits>
 
@@ -132,6 +133,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
                                           tokens, attention_workspace.get(),
                                           attention_workspace.count(), as<T>(attn_out), s));
   mark(CudaPhase::kAttention);
+  if (activation_capture) capture_attention<T>(i, fused != QkvFused::kNone, k_layer, v_layer);
   row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
   mark(CudaPhase::kGemmO);
   enqueue_ffn<T>(i, tokens);
@@ -263,12 +265,15 @@ void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) 
     } else {
       enqueue_layer<T>(i, tokens);
     }
+    seams::cuda_layer_output(i, residual.get(), tokens, hidden, stream.get());
+    if (activation_capture) capture_layer_output(i);
   }
   LS_CUDA(kernels::launch_rms_norm(residual.get(), step_inputs().logits_token_index, logits_rows,
                                    hidden, final_norm.get(), model.rms_eps, as<T>(final_normed),
                                    s));
   lm_head_logits<T>(logits_rows);
   mark(CudaPhase::kLmHead);
+  if (activation_capture) capture_head<T>();
 }
 
 // The o and down projections into the residual stream: fused into the GEMM (beta = 1) at TP 1;

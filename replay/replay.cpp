@@ -161,13 +161,22 @@ class Replayer {
     for (const auto& [row, id] : faults.forced_outputs) forced_rows.push_back(row);
     executor_.inject_next_step(std::move(faults));
     StepResult& result = result_;  // the previous step's vectors, reused
+    const bool capture = options_.capture_step == in.step;
+    if (capture) backend_->capture_activations(ActivationCapture::kValues);
     try {
       executor_.step(op, result);
     } catch (const Error& e) {
       // The executor refused the op (e.g. a request new to its pool row without sampling
       // parameters); the recording must have refused it too (a stepRejected event follows).
+      if (capture) backend_->capture_activations(ActivationCapture::kOff);
       rejected_.emplace(in.step, e.what());
       return;
+    }
+    if (capture) {
+      report_.captured = backend_->take_activations();
+      backend_->capture_activations(ActivationCapture::kOff);
+      report_.captured_step_ran = true;
+      report_.captured_op = op;
     }
     Executed done{in.step, op, {}, recorded_row, std::move(forced_rows)};
     // The step's own digests, top-k and state snapshot: what the recording backend computed.
@@ -250,6 +259,9 @@ class Replayer {
     const trace::StepOutputRecord recorded =
         options_.isolate ? isolated(recorded_full, done.op, done.recorded_row) : recorded_full;
     ++report_.steps_compared;
+    if (options_.capture_step == recorded.step) {
+      report_.recorded_activation_digests = recorded.activation_digests;
+    }
     remember(done, recorded);
     if (options_.mode == ReplayMode::kExact) {
       report_.divergence = first_divergence(done.op, recorded, done.output);
@@ -280,6 +292,7 @@ class Replayer {
     cut(out.future_input_digests, row, 1);
     cut(out.drafts, row * w, w);
     cut(out.mamba_state_digests, row, 1);
+    out.activation_digests.clear();  // --localise refuses --isolate: the rows' tokens interleave
     cut(out.top_logits, begin * r.top_logits_count, count * r.top_logits_count);
     out.result.mode = op.mode();
     out.result.prefill_rows_count = op.prefill_rows_count();
@@ -356,6 +369,13 @@ class Replayer {
 };
 
 }  // namespace
+
+std::optional<int64_t> ReplayReport::first_disagreeing_step() const {
+  for (const StepAgreement& a : agreement) {
+    if (a.tokens_equal != a.tokens_count) return a.step;
+  }
+  return std::nullopt;
+}
 
 int32_t replay_tp_degree(const ReplayOptions& options, const trace::TraceHeader& header) {
   return options.tp_degree.value_or(header.tp_degree);

@@ -47,6 +47,9 @@ struct ReplayOptions {
                                          const std::string& drafter, int32_t tp_degree)>
       make_backend;
   std::function<void(int64_t steps_done, uint64_t bytes_done, uint64_t bytes_total)> on_progress;
+  // Capture this step's per-layer activations (core/activations.h) into the report, the backend
+  // capturing nothing before or after it (replay/localise.h).
+  std::optional<int64_t> capture_step;
 };
 
 struct StepAgreement {
@@ -73,6 +76,15 @@ struct ReplayReport {
   int64_t top1_count = 0;
   float logit_delta_max = 0;
   bool isolate_invariance_guaranteed = true;  // false when the replay backend is not batch-invariant
+  // ReplayOptions::capture_step: whether it ran, its op as replayed, the tensors it computed and
+  // what the trace recorded of them (empty when the trace has no activation digests).
+  bool captured_step_ran = false;
+  ForwardOp captured_op;
+  StepActivations captured;
+  std::vector<uint64_t> recorded_activation_digests;
+
+  // Teacher-forced mode: the first step with a token unlike the recorded one.
+  std::optional<int64_t> first_disagreeing_step() const;
 
   bool identical() const { return !divergence && tokens_equal == tokens_count; }
 };

@@ -17,7 +17,8 @@ using Json = nlohmann::ordered_json;
 constexpr const char* kKind = "lockstep-replay";
 const std::set<std::string, std::less<>> kKeys = {
     "kind", "trace", "trace_bytes", "weights_digest", "build_id", "mode", "backend", "tp_degree", "verdict",
-    "steps_replayed", "steps_compared", "divergence", "truncation", "teacher_forced"};
+    "steps_replayed", "steps_compared", "divergence", "truncation", "teacher_forced",
+    "localisation"};
 const std::set<std::string, std::less<>> kDivergenceKeys = {"step", "request_id", "row", "field",
                                                             "expected", "actual", "replay_until"};
 const std::set<std::string, std::less<>> kAgreementKeys = {"tokens_equal", "tokens_count",
@@ -110,7 +111,9 @@ Json replay_result_json(const ReplayReport& r, ReplayMode mode, const ReplayedTr
               {"steps_compared", r.steps_compared},
               {"divergence", r.divergence ? divergence_json(*r.divergence, replay_until) : Json(nullptr)},
               {"truncation", r.truncation ? Json(r.truncation->describe()) : Json(nullptr)},
-              {"teacher_forced", exact ? Json(nullptr) : agreement_json(r)}};
+              {"teacher_forced", exact ? Json(nullptr) : agreement_json(r)},
+              // --localise (replay/localise.h localisation_json) sets it; null otherwise.
+              {"localisation", Json(nullptr)}};
 }
 
 ReplayResultSummary read_replay_result(const std::filesystem::path& path, const trace::TraceHeader& header,
@@ -137,6 +140,11 @@ ReplayResultSummary read_replay_result(const std::filesystem::path& path, const 
   f.text("trace");
   f.text("build_id");
   if (!f.at("truncation").is_null()) f.text("truncation");
+  // A report does not show the localisation; it is an object (localisation_json) or null.
+  // (Absent from results written before --localise.)
+  if (j.contains("localisation") && !j["localisation"].is_null() && !j["localisation"].is_object()) {
+    f.refuse("localisation", "expected an object or null");
+  }
   ReplayResultSummary s{.mode = f.text("mode"), .verdict = f.text("verdict"), .backend = f.text("backend"),
                         .steps_replayed = f.integer("steps_replayed"), .steps_compared = f.integer("steps_compared")};
   s.tp_degree = f.integer("tp_degree");

@@ -75,7 +75,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DIST=${DIST:-build-gpu/dist}
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep lockstep_bench_recording"
+# The localisation GPU tests (tests/gpu/localise_gpu_test.cpp) run lockstep and
+# lockstep_planted_cuda from here.
+export LOCKSTEP_BIN_DIR=${LOCKSTEP_BIN_DIR:-$(realpath -m "$DIST/bin")}
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep lockstep_planted_cuda lockstep_bench_recording"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
 PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
@@ -133,7 +136,7 @@ package() {
   cp build-gpu/tests/lockstep_gpu_tests build-gpu/tests/lockstep_gpu_tp_tests build-gpu/bench/lockstep_gpu_bench \
      build-gpu/bench/lockstep_gpu_spec_bench build-gpu/bench/lockstep_gpu_attention_bench \
      build-gpu/bench/lockstep_gpu_mamba_bench build-gpu/bench/lockstep_bench_recording \
-     build-gpu/lockstep "$DIST/bin/"
+     build-gpu/lockstep build-gpu/lockstep_planted_cuda "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi

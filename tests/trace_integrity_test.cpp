@@ -61,13 +61,15 @@ Bytes read_file(const fs::path& path) {
 // The serving loop over `scheduler` on `backend`, recorded as `generate --record` does; the
 // trace's bytes (the file is removed).
 Bytes record_serving(Scheduler& scheduler, Backend& backend, const ExecutorConfig& limits,
-                     const std::string& name) {
-  Executor executor(limits, weights().config.vocab_size, backend, trace::recording_executor_options());
+                     const std::string& name, bool activations = false) {
+  Executor executor(limits, weights().config.vocab_size, backend,
+                    trace::recording_executor_options(activations));
   const fs::path path = temp_path(name);
   {
-    auto recorder = trace::Recorder::open(
-        path, trace::make_trace_header(weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""},
-                                       limits, "cpu"));
+    trace::TraceHeader header = trace::make_trace_header(
+        weights(), WeightSource{WeightSource::Kind::kSeed, 0, ""}, limits, "cpu");
+    header.activation_digests = activations;  // generate --record-activations
+    auto recorder = trace::Recorder::open(path, header);
     trace::TraceObserver observer(*recorder);
     run_serving_loop(scheduler, executor, ServingLoopOptions{.observer = &observer});
     recorder->close();
@@ -79,7 +81,7 @@ Bytes record_serving(Scheduler& scheduler, Backend& backend, const ExecutorConfi
 
 // `lockstep generate --record` on tiny: the serving loop with the recorder on, greedy and
 // seeded-sampling requests, batch 4.
-Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
+Bytes record_generate(int32_t requests_count, int32_t max_new_tokens, bool activations = false) {
   const SchedulerConfig sc{{.max_batch_rows = 4, .context_length = 64, .page_size = 4,
                             .pages_count = 64, .verify_width = 1, .prefill_chunk_tokens = 32,
                             .host_pages_count = 0}};
@@ -93,7 +95,7 @@ Bytes record_generate(int32_t requests_count, int32_t max_new_tokens) {
     scheduler.submit(r, weights().config.vocab_size);
   }
   CpuBackend backend(weights(), limits);
-  return record_serving(scheduler, backend, limits, "generate.trace");
+  return record_serving(scheduler, backend, limits, "generate.trace", activations);
 }
 
 
@@ -204,6 +206,64 @@ TEST(TraceIntegrity, FiveThousandSeededFlipsOfASimulatorTraceAreDetected) {
   EXPECT_EQ(as_corruption, detected);  // every one is a checksum failure: exit 2
   std::printf("simulator trace of %zu bytes: %lld of %d seeded single-bit flips detected (exit 2)\n",
               trace.size(), static_cast<long long>(detected), kFlips);
+}
+
+// A trace with per-layer activation digests (--record-activations, trace.capnp ACTIVATIONS): the
+// digests are bytes under the same checks, every seeded flip is corruption (exit 2), and the trace
+// replays identical.
+TEST(TraceIntegrity, SeededFlipsOfATraceWithActivationDigestsAreDetected) {
+  const Bytes plain = record_generate(4, 4);
+  const Bytes trace = record_generate(4, 4, /*activations=*/true);
+  ASSERT_EQ(check_bytes(trace).exit, 0) << check_bytes(trace).message;
+  ASSERT_TRUE(reader_of(trace).header().activation_digests);
+  trace::TraceReader reader = reader_of(trace);
+  trace::TraceRecord record;
+  size_t digests = 0;
+  while (reader.next(record)) {
+    if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
+      ASSERT_FALSE(out->activation_digests.empty()) << "step " << out->step;
+      digests += out->activation_digests.size();
+    }
+  }
+  ASSERT_GE(trace.size(), plain.size() + 8 * digests) << "the digests are not the trace's bytes";
+  ASSERT_EQ(replay_bytes(trace).exit, 0);
+  std::mt19937_64 rng(15);
+  constexpr int kFlips = 3000;
+  for (int i = 0; i < kFlips; ++i) {
+    const size_t at = rng() % trace.size();
+    const uint8_t mask = static_cast<uint8_t>(1u << (rng() % 8));
+    const Outcome c = check_bytes(xor_at(trace, at, mask));
+    ASSERT_EQ(c.exit, 2) << "seed 15 flip " << i << ": byte " << at << " bit mask " << int{mask};
+  }
+  std::printf("trace with activation digests, %zu bytes: %d of %d seeded single-bit flips "
+              "detected (exit 2)\n", trace.size(), kFlips, kFlips);
+}
+
+// The recorder checks an output against its header as the reader will: one activation digest
+// short is refused, naming the field (tests/trace/reader_robustness_test.cpp: the reader's side).
+TEST(TraceIntegrity, TheRecorderRefusesAnOutputWithOneActivationDigestShort) {
+  const Bytes trace = record_generate(2, 2, /*activations=*/true);
+  trace::TraceReader reader = reader_of(trace);
+  const fs::path path = temp_path("short-activations.trace");
+  auto recorder = trace::Recorder::open(path, reader.header());
+  trace::TraceRecord record;
+  std::string error;
+  while (error.empty() && reader.next(record)) {
+    try {
+      if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
+        recorder->record_input(std::move(*in));
+      } else if (auto* out = std::get_if<trace::StepOutputRecord>(&record)) {
+        ASSERT_FALSE(out->activation_digests.empty());
+        out->activation_digests.pop_back();
+        recorder->record_output(std::move(*out));
+        recorder->close();  // the output is checked as it is written
+      }
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  fs::remove(path);
+  EXPECT_NE(error.find("activation_digests holds"), std::string::npos) << error;
 }
 
 // A hybrid's trace (the state slots in the inputs, the state digests in the outputs) is under the

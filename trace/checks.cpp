@@ -1,5 +1,6 @@
 #include "trace/checks.h"
 
+#include "core/activations.h"
 #include "core/check.h"
 #include "core/invariants.h"
 #include "core/tensor_parallel.h"
@@ -43,6 +44,11 @@ void check_header(const TraceHeader& h) {
   } catch (const Error& e) {
     throw Error(fmt::format("header: tp_degree: {}", e.what()));
   }
+  LS_REQUIRE(!h.activation_digests || !h.model.has_recurrent_state(),
+             "header: activation_digests is set but model '{}' has Mamba layers, which the "
+             "capture does not cover", h.model.name);
+  LS_REQUIRE(!h.activation_digests || h.tp_degree == 1,
+             "header: activation_digests is set at tp_degree {} (TP 1 only)", h.tp_degree);
   LS_REQUIRE(!h.mamba_state_digests || h.model.has_recurrent_state(),
              "header: mamba_state_digests is set but model '{}' has no Mamba layers",
              h.model.name);
@@ -217,6 +223,15 @@ void check_step_output(const StepOutputRecord& record, const OpenStep& open,
              "mamba_state_digests holds {} digests, expected {} (the header {} them)",
              record.mamba_state_digests.size(), h.mamba_state_digests ? bs : 0,
              h.mamba_state_digests ? "records" : "does not record");
+  // ACTIVATIONS: layers·6·T + 2·R digests exactly when the header records them.
+  const int64_t activations =
+      h.activation_digests ? activation_digests_count(h.model.layers_count, open.tokens_count,
+                                                      static_cast<int32_t>(outputs))
+                           : 0;
+  LS_REQUIRE(record.activation_digests.size() == static_cast<size_t>(activations),
+             "activation_digests holds {} digests, expected {} (the header {} them)",
+             record.activation_digests.size(), activations,
+             h.activation_digests ? "records" : "does not record");
   const int32_t k = digests ? std::min(h.top_logits_count, vocab) : 0;
   LS_REQUIRE(record.top_logits_count == (record.top_logits.empty() ? 0 : k),
              "top_logits_count = {} but the header records {}", record.top_logits_count, k);
@@ -303,7 +318,9 @@ void TraceSequence::on_input(const StepInputRecord& record, bool full_op_check) 
              record.step, open_count_, kOpenStepsMax);
   check_step_input(record, *header_, full_op_check);
   open_[static_cast<size_t>((open_first_ + open_count_) % kOpenStepsMax)] =
-      OpenStep{record.step, record.op.rows_count(), record.op.prefill_rows_count()};
+      OpenStep{record.step, record.op.rows_count(), record.op.prefill_rows_count(),
+               static_cast<int32_t>(record.op.prefill_token_ids.size()) +
+                   record.op.decode_rows_count() * header_->executor.verify_width};
   ++open_count_;
   last_input_step_ = record.step;
   ++inputs_count_;

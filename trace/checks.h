@@ -26,6 +26,7 @@ struct OpenStep {
   int64_t step = 0;
   int32_t rows_count = 0;
   int32_t prefill_rows_count = 0;
+  int32_t tokens_count = 0;  // the op's tokens: prefill tokens, then W per decode row
 };
 
 // Counts against the open step's op and values against the header's limits.

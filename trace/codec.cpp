@@ -189,6 +189,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
   out.setDeviceTimer(h.device_timer);
   out.setTpDegree(h.tp_degree);
   out.setMambaStateDigests(h.mamba_state_digests);
+  out.setActivationDigests(h.activation_digests);
   out.setNcclVersion(h.nccl_version);
   out.setNcclAlgo(h.nccl_algo);
   out.setNcclProto(h.nccl_proto);
@@ -277,6 +278,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
   out.device_timer = text(in.getDeviceTimer());
   out.tp_degree = in.getTpDegree();
   out.mamba_state_digests = in.getMambaStateDigests();
+  out.activation_digests = in.getActivationDigests();
   out.nccl_version = in.getNcclVersion();
   out.nccl_algo = text(in.getNcclAlgo());
   out.nccl_proto = text(in.getNcclProto());
@@ -373,6 +375,8 @@ void encode(const StepOutputRecord& record, schema::StepOutput::Builder out) {
   fill_list(out.initDrafts(static_cast<unsigned>(record.drafts.size())), record.drafts);
   fill_list(out.initMambaStateDigests(static_cast<unsigned>(record.mamba_state_digests.size())),
             record.mamba_state_digests);
+  fill_list(out.initActivationDigests(static_cast<unsigned>(record.activation_digests.size())),
+            record.activation_digests);
 }
 
 void decode(schema::StepOutput::Reader in, StepOutputRecord& out) {
@@ -399,6 +403,7 @@ void decode(schema::StepOutput::Reader in, StepOutputRecord& out) {
   }
   copy_list(in.getDrafts(), out.drafts);
   copy_list(in.getMambaStateDigests(), out.mamba_state_digests);
+  copy_list(in.getActivationDigests(), out.activation_digests);
   // The header fixes k; the reader sets it (a record does not repeat it).
   out.top_logits_count = 0;
 }

@@ -100,6 +100,7 @@ void fill_step_output(StepOutputRecord& out, int64_t step, const StepResult& res
   LS_ASSERT(result.mamba_state_digests.empty() || result.mamba_state_digests.size() == bs,
             "{} state digests for {} rows", result.mamba_state_digests.size(), bs);
   out.mamba_state_digests = result.mamba_state_digests;
+  out.activation_digests = activation_digests(result.activations);
 }
 
 StepOutputRecord make_step_output(int64_t step, const StepResult& result,

@@ -72,7 +72,7 @@ uint64_t bytes_of(const StepResult& r) {
 uint64_t bytes_of(const StepOutputRecord& o) {
   return bytes_of(o.result) + bytes_of(o.logits_digests) + bytes_of(o.valid_cache_lengths) +
          bytes_of(o.future_input_digests) + bytes_of(o.top_logits) + bytes_of(o.drafts) +
-         bytes_of(o.mamba_state_digests);
+         bytes_of(o.mamba_state_digests) + bytes_of(o.activation_digests);
 }
 
 // Appends capnp's stream framing to a byte vector.

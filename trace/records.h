@@ -71,6 +71,9 @@ struct TraceHeader {
   // Every output carries the state digest of each row's working slot (a model with Mamba layers;
   // trace.capnp DIGESTS). false in traces from before the field.
   bool mamba_state_digests = false;
+  // Every output carries per-layer activation digests (trace.capnp ACTIVATIONS). false in traces
+  // from before the field.
+  bool activation_digests = false;
   // The collectives' library at TP > 1 on CUDA (kernels/nccl_pinning.h): NCCL's version and the
   // pinned NCCL_ALGO and NCCL_PROTO. 0 and "" when no library ran them (TP 1, the CPU reference)
   // and in traces from before the fields.
@@ -105,6 +108,8 @@ struct StepOutputRecord {
                                                // input ids of each op row's pool row after the step
   std::vector<uint64_t> mamba_state_digests;   // [bs] when the header records them, else empty:
                                                // each op row's working slot after the step
+  std::vector<uint64_t> activation_digests;    // when the header records them, else empty:
+                                               // core/activations.h activation_digests
 
   bool operator==(const StepOutputRecord&) const = default;
 };

@@ -95,6 +95,23 @@
 #                          Exact replay compares them (field mamba_state_digest); the reader
 #                          checks there is one per row exactly when the header says so.
 #
+# ACTIVATIONS (header.activationDigests, `--record-activations`; core/activations.h is the
+# definition both backends compute)
+#   activationDigests      one digest per (tensor, row) of the step, in this order: for each layer
+#                          l in order, the tensors attn_in (the attention input after its norm,
+#                          [T, hidden]), q (after bias, head norm and RoPE, [T, qSize]), k and v
+#                          (as written to the KV cache, [T, kvSize]), attn_out (before the o
+#                          product, [T, qSize]), mlp_out (the residual after the layer's MLP,
+#                          [T, hidden]); then final_norm ([R, hidden]) and logits (before the NaN
+#                          guard, [R, V]); each tensor row by row. T = the step's tokens (prefill
+#                          tokens, then W per decode row), R = its logits rows. A row's digest is
+#                          the logits digest above over its values as fp32 (a bf16 tensor widened
+#                          exactly), V = the row's width. So the count is layers·6·T + 2·R, which
+#                          the reader checks (exactly when the header says so; the model must have
+#                          no Mamba layers and tpDegree must be 1). Additive: older readers skip
+#                          it and the format version stays 4. `lockstep replay --localise` compares
+#                          them to name the first tensor where a replayed step departs.
+#
 # TENSOR PARALLELISM (header.tpDegree = N > 1)
 #   The outputs were computed by N ranks with the weights split the Megatron way and the
 #   row-parallel partials (after o and after down) summed in rank order. Exact replay rebuilds
@@ -170,6 +187,8 @@ struct Header {
   # Issue 19: every stepOutput carries mambaStateDigests, one per op row (DIGESTS). Set only for a
   # model with Mamba layers; false in traces from before the field, whose outputs carry none.
   mambaStateDigests @21 :Bool;
+  # Every output carries per-layer activation digests (ACTIVATIONS; --record-activations).
+  activationDigests @22 :Bool;
 }
 
 struct ModelShape {
@@ -341,6 +360,7 @@ struct StepOutput {
   mambaStateDigests @14 :List(UInt64); # [bs] when header.mambaStateDigests, else empty: the
                                        # state digest of op row r's working slot after the step
                                        # (DIGESTS)
+  activationDigests @15 :List(UInt64); # when header.activationDigests, else empty (ACTIVATIONS)
 }
 
 enum EventKind {

@@ -80,13 +80,15 @@ void TraceObserver::record_fault(int64_t step, RequestId request, const std::str
       TraceEvent{.kind = EventKind::kFaultFired, .request_id = request, .step = step, .detail = detail});
 }
 
-ExecutorOptions recording_executor_options() {
+ExecutorOptions recording_executor_options(bool activations) {
   // The step computes what a record needs (digests, top-k, the rows' state) where the logits
   // are; nothing proportional to the vocabulary reaches the host.
   return ExecutorOptions{.capture_logits = false,
                          .want_logprobs = false,
                          .record = true,
-                         .top_logits_count = kTopLogitsCountMax};
+                         .top_logits_count = kTopLogitsCountMax,
+                         .activations = activations ? ActivationCapture::kDigests
+                                                    : ActivationCapture::kOff};
 }
 
 std::string build_id() { return LOCKSTEP_BUILD_ID; }

@@ -37,7 +37,9 @@ class TraceObserver : public StepObserver {
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,
                               const std::optional<MachineInfo>& machine = std::nullopt);
-ExecutorOptions recording_executor_options();
+// `activations`: also every step's per-layer activations, whose digests the outputs then carry
+// (TraceHeader::activation_digests, --record-activations).
+ExecutorOptions recording_executor_options(bool activations = false);
 
 // "lockstep 0.1.0 (git abc1234)", fixed at configure time.
 std::string build_id();

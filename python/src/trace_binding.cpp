@@ -239,6 +239,7 @@ py::dict header_to_dict(const trace::TraceHeader& h) {
   d["device_timer"] = h.device_timer;
   d["tp_degree"] = h.tp_degree;
   d["mamba_state_digests"] = h.mamba_state_digests;
+  d["activation_digests"] = h.activation_digests;  // --record-activations (trace.capnp ACTIVATIONS)
   d["nccl_version"] = h.nccl_version;
   d["nccl_algo"] = h.nccl_algo;
   d["nccl_proto"] = h.nccl_proto;
@@ -288,6 +289,7 @@ py::dict output_to_dict(const trace::StepOutputRecord& out) {
   d["top_logits_count"] = out.top_logits_count;
   d["drafts"] = out.drafts;
   d["mamba_state_digests"] = out.mamba_state_digests;
+  d["activation_digests"] = out.activation_digests;  // empty unless the header records them
   return d;
 }
 

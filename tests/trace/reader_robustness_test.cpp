@@ -151,8 +151,7 @@ TEST(ReaderRobustness, RandomByteFlipsGiveAnErrorOrAReadablePrefix) {
 class BadRecords : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto recorder = Recorder::open(file_.path(), testing::header_for(config()),
-                                   {.write_footer = false});
+    auto recorder = Recorder::open(file_.path(), header(), {.write_footer = false});
     recorder->close();
     bytes_ = testing::read_bytes(file_.path());
   }
@@ -163,6 +162,7 @@ class BadRecords : public ::testing::Test {
     testing::append_framed(bytes_, message);
   }
   virtual ExecutorConfig config() const { return ls::testing::small_config(); }
+  virtual TraceHeader header() const { return testing::header_for(config()); }
   void append_input(int64_t step, const ForwardOp& op, std::vector<CacheOp> cache_ops = {}) {
     append(StepInputRecord{step, op, std::move(cache_ops)},
            [](schema::Record::Builder r) { return r.initStepInput(); });
@@ -187,6 +187,40 @@ class BadRecords : public ::testing::Test {
   TempPath file_{"bad"};
   std::vector<std::byte> bytes_;
 };
+
+// A header that records activation digests (trace.capnp ACTIVATIONS): tiny has 2 layers, so a
+// one-token decode step carries 2·6·1 + 2·1 = 14.
+class BadActivationRecords : public BadRecords {
+ protected:
+  TraceHeader header() const override {
+    TraceHeader h = BadRecords::header();
+    h.activation_digests = true;
+    return h;
+  }
+};
+
+TEST_F(BadActivationRecords, TheDigestCountMustFitTheStep) {
+  append_input(0, decode_op(1));
+  StepOutputRecord out = decode_output(0);
+  out.activation_digests.assign(14, 7);
+  append_output(out);
+  EXPECT_EQ(error(), "");
+  append_input(1, decode_op(1));
+  StepOutputRecord short_one = decode_output(1);
+  short_one.activation_digests.assign(13, 7);
+  append_output(short_one);
+  EXPECT_THAT(error(), AllOf(HasSubstr("step 1 output"),
+                             HasSubstr("activation_digests holds 13 digests, expected 14")));
+}
+
+TEST_F(BadRecords, ActivationDigestsTheHeaderDoesNotRecordAreRefused) {
+  append_input(0, decode_op(1));
+  StepOutputRecord out = decode_output(0);
+  out.activation_digests.assign(14, 7);
+  append_output(out);
+  EXPECT_THAT(error(), HasSubstr("activation_digests holds 14 digests, expected 0 (the header does "
+                                 "not record them)"));
+}
 
 TEST_F(BadRecords, PoolRowOutOfRangeNamesStepRecordAndField) {
   append_input(0, decode_op(1));
