@@ -34,6 +34,18 @@ inline Served serve(Backend& backend, const SchedulerConfig& config, int32_t voc
   return run;
 }
 
+// The scheduler the backend-level tests serve `tiny` with: batch 16, chunks of 96 tokens, 400
+// pages of 16, context 256.
+inline SchedulerConfig tiny_scheduler() {
+  SchedulerConfig c;
+  c.max_batch_rows = 16;
+  c.prefill_chunk_tokens = 96;
+  c.page_size = 16;
+  c.pages_count = 400;
+  c.context_length = 256;
+  return c;
+}
+
 inline Outcomes generate(Backend& backend, const SchedulerConfig& config, int32_t vocab,
                          const std::vector<RequestSpec>& requests) {
   return serve(backend, config, vocab, requests).tokens;

@@ -25,19 +25,10 @@ using gpu_test::compare;
 using gpu_test::generate;
 using gpu_test::greedy_requests;
 using gpu_test::Outcomes;
+using gpu_test::tiny_scheduler;
 
 const ModelWeights& tiny() { return testing::tiny_weights(); }
 constexpr int32_t kTinyVocab = 512;
-
-SchedulerConfig tiny_scheduler() {
-  SchedulerConfig c;
-  c.max_batch_rows = 16;
-  c.prefill_chunk_tokens = 96;
-  c.page_size = 16;
-  c.pages_count = 400;
-  c.context_length = 256;
-  return c;
-}
 
 class TinyGreedy : public ::testing::TestWithParam<bool> {};
 

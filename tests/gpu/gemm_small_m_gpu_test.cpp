@@ -186,22 +186,13 @@ TEST(SmallMGemm, RefusesWhatItCannotRun) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
 }
 
-SchedulerConfig small_scheduler() {
-  SchedulerConfig c;
-  c.max_batch_rows = 16;
-  c.prefill_chunk_tokens = 96;
-  c.page_size = 16;
-  c.pages_count = 400;
-  c.context_length = 256;
-  return c;
-}
 
 // The backend with the small-M GEMM for every step of at most 64 tokens (the GEMV off): no plan
 // for those counts (4 layer products and the LM head each), and the same tokens eager and with
 // graphs; bad values of the option are refused by name.
 TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
   LS_SKIP_WITHOUT_DEVICE();
-  const SchedulerConfig sc = small_scheduler();
+  const SchedulerConfig sc = gpu_test::tiny_scheduler();
   const ExecutorConfig ec = executor_config_for(sc);
   const ModelWeights& tiny = testing::tiny_weights();
   const int32_t vocab = tiny.config.vocab_size;
