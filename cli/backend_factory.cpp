@@ -43,7 +43,7 @@ std::string backend_name_error(const std::string& name) {
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits, const std::string& drafter,
-                                      bool time_steps, int32_t tp_degree) {
+                                      bool time_steps, int32_t tp_degree, bool batch_invariant) {
   const std::string error = backend_name_error(name);
   LS_REQUIRE(error.empty(), "--backend {}: {}", name, error);
   if (name == "cpu") {
@@ -54,6 +54,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   prepare_backend_environment(name, tp_degree);  // in time unless CUDA already started
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
+  if (batch_invariant) options = batch_invariant_options(options);
   options.drafter = drafter;
   options.time_steps = time_steps;
   if (tp_degree > 1) {
@@ -61,7 +62,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   }
   return make_cuda_backend(weights, limits, options);
 #else
-  (void)time_steps;
+  (void)time_steps, (void)batch_invariant;
   throw Error(kNoCuda);
 #endif
 }

@@ -29,11 +29,22 @@ std::string backend_name_error(const std::string& name);
 // carry). `tp_degree`: the tensor-parallel ranks (the CPU reference simulates them in one
 // process, core/tensor_parallel.h; CUDA runs one rank per GPU over NCCL, kernels/
 // tp_cuda_backend.h, the ranks sharing devices when the host has fewer than N); ls::Error naming
-// the field when the model cannot shard at that degree.
+// the field when the model cannot shard at that degree. `batch_invariant`: CUDA in batch-invariant
+// mode (CudaBackendOptions::batch_invariant, `--determinism invariant`; it refuses by name what it
+// cannot cover); the CPU reference is batch-invariant either way.
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const ExecutorConfig& limits,
                                       const std::string& drafter = "none", bool time_steps = false,
-                                      int32_t tp_degree = 1);
+                                      int32_t tp_degree = 1, bool batch_invariant = false);
+
+// The --determinism flag's values: "default" (the backend's fastest kernels; on CUDA a token's
+// bits may depend on its batch) and "invariant" (a token's results depend on its own inputs alone).
+inline constexpr const char* kDeterminismHelp =
+    "default: the backend's fastest kernels (on CUDA a token's low bits may depend on its batch); "
+    "invariant: every result of a row depends on that row's inputs alone, whatever the batch or "
+    "the prefill chunking (CUDA: lockstep's small-M GEMM for every linear layer; bf16, TP 1, no "
+    "drafter, no Mamba layers; the CPU reference always is), recorded in a trace's header so that "
+    "replay rebuilds the mode and `replay --isolate` can reproduce one request alone";
 
 // Before the process's first CUDA call, for a run of backend `name` at `tp_degree`: a CUDA TP
 // group loads every CUDA module eagerly and takes every hardware queue (kernels/tp_cuda_backend.h,

@@ -65,7 +65,7 @@ int run_generate(GenerateOptions& o) {
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
   const std::unique_ptr<Backend> backend =
       make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording,
-                   o.model.tp_degree);
+                   o.model.tp_degree, o.model.determinism == "invariant");
   Executor executor(limits, weights.config.vocab_size, *backend,
                     recording ? trace::recording_executor_options(o.record_activations)
                               : ExecutorOptions{});
@@ -75,6 +75,8 @@ int run_generate(GenerateOptions& o) {
     trace::TraceHeader header = trace::make_trace_header(weights, source, limits, backend->name(),
                                                          machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
+    header.determinism_mode =
+        trace::determinism_mode_of(backend->name(), o.model.determinism == "invariant");
     header.activation_digests = o.record_activations;
     header.tp_degree = o.model.tp_degree;
     describe_collectives(o.model.backend, o.model.tp_degree, header);

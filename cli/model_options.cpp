@@ -65,6 +65,9 @@ void add_model_options(CLI::App& app, ModelOptions& o) {
                  "lookup over the request's tokens)")
       ->check(CLI::IsMember({std::string(kNoDrafterName), std::string("ngram")}))
       ->capture_default_str();
+  app.add_option("--determinism", o.determinism, kDeterminismHelp)
+      ->check(CLI::IsMember({std::string("default"), std::string("invariant")}))
+      ->capture_default_str();
   app.add_option("--tp", o.tp_degree,
                  "Tensor-parallel degree N: the weights split the Megatron way over N ranks "
                  "(simulated in one process on the CPU reference; on CUDA one rank per GPU over "

@@ -19,6 +19,7 @@ struct ModelOptions {
   double kv_memory_fraction = 0.9;  // cuda, --pages 0: of the memory left after weights, workspaces
   std::string drafter = "none";     // with executor.verify_width > 1: "none" or "ngram"
   int32_t tp_degree = 1;            // tensor-parallel ranks (core/tensor_parallel.h)
+  std::string determinism = "default";  // --determinism: "default" or "invariant"
   // Run a context longer than the checkpoint's max_position_embeddings (with a warning).
   bool context_beyond_max_positions = false;
 };

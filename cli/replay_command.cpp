@@ -8,6 +8,7 @@
 #include "core/tensor_parallel.h"
 #include "replay/localise.h"
 #include "replay/replay.h"
+#include "trace/trace_observer.h"
 #include "replay/replay_json.h"
 
 #include <fmt/format.h>
@@ -42,12 +43,19 @@ struct ReplayCliOptions {
 // The backend replay_options gives `name` ("cpu": the replay's own CPU reference).
 std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&,
                                        const std::string&, int32_t)>
-backend_maker(const std::string& name) {
+backend_maker(const std::string& name, bool batch_invariant) {
   if (name == "cpu") return nullptr;
-  return [name](const ModelWeights& weights, const ExecutorConfig& limits,
-                const std::string& drafter, int32_t tp_degree) {
-    return make_backend(name, weights, limits, drafter, false, tp_degree);
+  return [name, batch_invariant](const ModelWeights& weights, const ExecutorConfig& limits,
+                                 const std::string& drafter, int32_t tp_degree) {
+    return make_backend(name, weights, limits, drafter, false, tp_degree, batch_invariant);
   };
+}
+
+// Whether the trace's run promised batch invariance (TraceHeader::determinism_mode): the replay
+// then runs the same mode (CUDA: batch-invariant, whatever recorded it), and only then can
+// --isolate reproduce one request alone.
+bool recorded_batch_invariant(const trace::TraceHeader& h) {
+  return h.determinism_mode == trace::kBatchInvariantMode;
 }
 
 // What --localise compares the replay with, decided from the flags and the trace's header before
@@ -127,10 +135,6 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
                h.nccl_version / 10000, h.nccl_version / 100 % 100, h.nccl_version % 100,
                h.nccl_algo, h.nccl_proto);
   }
-  if (o.isolate && h.backend != "cpu") {
-    fmt::print("note: --isolate assumes batch invariance, which the {} backend that recorded this "
-               "trace does not guarantee\n", h.backend);
-  }
 }
 
 int report_exact(const replay::ReplayReport& r, const ReplayCliOptions& o) {
@@ -175,12 +179,12 @@ void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, con
 }
 
 replay::Localisation localise(const ReplayCliOptions& o, const replay::ReplayOptions& options,
-                              const LocaliseSides& sides, int64_t step) {
+                              const LocaliseSides& sides, int64_t step, bool batch_invariant) {
   replay::LocaliseRequest q{.trace = o.trace, .step = step, .replay_side = options,
                             .replay_backend = o.backend};
   if (!sides.other.empty()) {
     q.other_side = options;
-    q.other_side->make_backend = backend_maker(sides.other);
+    q.other_side->make_backend = backend_maker(sides.other, batch_invariant);
     q.other_backend = sides.other;
     q.tolerance = sides.tolerance;
   }
@@ -227,13 +231,28 @@ void print_localisation(const ReplayCliOptions& o, replay::ReplayMode mode,
 int run_replay(const ReplayCliOptions& o) {
   LocaliseSides sides;
   if (const std::optional<int> refused = prepare_localise(o, sides)) return *refused;
+  trace::TraceHeader header;
+  try {
+    header = trace::TraceReader::open(o.trace).header();
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: unusable trace: {}\n", e.what());
+    return kExitUnusable;
+  }
+  const bool batch_invariant = recorded_batch_invariant(header);
+  if (o.isolate && !batch_invariant) {
+    fmt::print(stderr, "lockstep replay: error: --isolate {}: the trace was recorded in "
+               "determinism mode '{}' ({}), which does not promise that a request's results are "
+               "the same alone as in its batch; record with --determinism invariant to replay one "
+               "request alone\n", *o.isolate, header.determinism_mode, header.backend);
+    return kExitUnusable;
+  }
   replay::ReplayOptions options;
   options.mode = o.mode == "exact" ? replay::ReplayMode::kExact : replay::ReplayMode::kTeacherForced;
   options.until_step = o.until;
   options.isolate = o.isolate;
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
   if (o.tp_degree > 0) options.tp_degree = o.tp_degree;
-  options.make_backend = backend_maker(o.backend);
+  options.make_backend = backend_maker(o.backend, batch_invariant);
   const bool tty = isatty(STDERR_FILENO) != 0;
   if (!o.quiet) {
     options.on_progress = [tty](int64_t steps, uint64_t bytes, uint64_t total) {
@@ -256,7 +275,7 @@ int run_replay(const ReplayCliOptions& o) {
   const std::optional<int64_t> step = o.localise ? step_to_localise(report, options.mode) : std::nullopt;
   if (step) {
     try {
-      localisation = localise(o, options, sides, *step);
+      localisation = localise(o, options, sides, *step, batch_invariant);
     } catch (const Error& e) {
       fmt::print(stderr, "lockstep replay: --localise: {}\n", e.what());
       return kExitUnusable;
@@ -287,8 +306,9 @@ std::function<int()> add_replay_command(CLI::App& app) {
   cmd->add_option("--until", o->until, "Stop after this step")
       ->check(integer_in(0, std::numeric_limits<int64_t>::max(), "the step"));
   cmd->add_option("--isolate", o->isolate,
-                  "Replay one request alone (valid where batch invariance holds: the CPU "
-                  "reference); a request in no step of the trace is an error")
+                  "Replay one request alone: for a trace whose header promises batch invariance "
+                  "(the CPU reference's, or CUDA's with --determinism invariant; any other is "
+                  "refused); a request in no step of the trace is an error")
       ->check(unsigned_64());
   cmd->add_option("--weights-dir,--model", o->weights_dir,
                   "Where the trace's model directory is on this machine (checked against the "

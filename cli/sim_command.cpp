@@ -33,6 +33,7 @@ struct SimOptions {
   bool no_twin = false;
   bool spec = false;
   std::string backend = "cpu";
+  std::string determinism = "default";  // --determinism: "default" or "invariant"
   std::string drafter;  // "": the seed's
   std::string shard;    // "I/N": the seeds of --seeds whose index in the range is I mod N
   std::string results;  // JSONL, one line per seed
@@ -99,14 +100,15 @@ sim::WorldOptions world_options(const SimOptions& o) {
              "--stub-model replaces the CPU reference's arithmetic; --backend {} has no stub "
              "model: drop one of the two",
              o.backend);
-  world.make_backend = [name = o.backend](const sim::SimParams& p, const ModelWeights& weights,
-                                          const ExecutorConfig& limits) {
+  world.make_backend = [name = o.backend, invariant = o.determinism == "invariant"](
+                           const sim::SimParams& p, const ModelWeights& weights,
+                           const ExecutorConfig& limits) {
     LS_REQUIRE(p.drafter != sim::SimDrafter::kOracleMix,
                "seed {} drew the oracle-mix drafter, which runs on the CPU reference only (it "
                "proposes the simulated run's reference continuations); --backend {} runs the "
                "n-gram drafter or none: add --drafter ngram, or drop --backend {} for this seed",
                p.seed, name, name);
-    return make_backend(name, weights, limits, p.drafter_name(), false, p.tp_degree);
+    return make_backend(name, weights, limits, p.drafter_name(), false, p.tp_degree, invariant);
   };
   return world;
 }
@@ -114,7 +116,9 @@ sim::WorldOptions world_options(const SimOptions& o) {
 std::string reproduce(const SimOptions& o, const sim::SimParams& params,
                       const sim::SimOverrides& overrides) {
   const std::string command = sim::reproduce_command(params, overrides);
-  return o.backend == "cpu" ? command : fmt::format("{} --backend {}", command, o.backend);
+  if (o.backend == "cpu") return command;
+  return fmt::format("{} --backend {}{}", command, o.backend,
+                     o.determinism == "invariant" ? " --determinism invariant" : "");
 }
 
 Shard parse_shard(const std::string& text) {
@@ -219,6 +223,7 @@ int run_single(const SimOptions& o, const ModelWeights& weights) {
         trace::make_trace_header(weights, source, sim::executor_config_for(params), o.backend,
                                  machine_info_for(o.backend));
     header.drafter = params.drafter_name();
+    header.determinism_mode = trace::determinism_mode_of(o.backend, o.determinism == "invariant");
     header.activation_digests = o.record_activations;
     header.tp_degree = params.tp_degree;
     describe_collectives(o.backend, params.tp_degree, header);
@@ -326,6 +331,9 @@ std::function<int()> add_sim_command(CLI::App& app) {
                               "oracle-mix, not --stub-model)",
                               fmt::join(backend_names(), ", ")))
       ->check(backend_validator())
+      ->capture_default_str();
+  cmd->add_option("--determinism", o->determinism, kDeterminismHelp)
+      ->check(CLI::IsMember({std::string("default"), std::string("invariant")}))
       ->capture_default_str();
   cmd->add_option("--tp", o->tp_degree,
                   "Tensor-parallel degree: the CPU reference simulates N ranks (Megatron sharding, "

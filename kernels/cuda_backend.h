@@ -96,6 +96,14 @@ struct CudaBackendOptions {
   // 3–8% faster a step than cuBLAS at batch 2, 4 and 8 and slower from batch 16
   // (bench/results/2026-12-01-h200-c41e4227d721-small-m-bench.log).
   std::optional<int32_t> small_m_gemm_tokens_max;
+  // Batch-invariant mode (issue 15, `--determinism invariant`): every linear layer of every step,
+  // decode and prefill alike, runs the small-M GEMM — whose sums' order depends on (out, in) only —
+  // over blocks of at most kSmallMGemmTokensMax tokens, so a token's results depend on its own
+  // inputs alone: not on the batch, the chunking or the step's other rows (attention's splits are
+  // fixed by position; norms, RoPE, SwiGLU and sampling are row-local). Needs bf16,
+  // gemv_tokens_max 0 and small_m_gemm_tokens_max kSmallMGemmTokensMax (batch_invariant_options
+  // sets them), TP 1, no drafter and no Mamba layers; each is refused by name otherwise.
+  bool batch_invariant = false;
   // The forward's kernels (embedding, norms, GEMV, RoPE, attention, SwiGLU) launched to overlap
   // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
   // finishes); the same bits either way. Off: plain stream order (for comparison).
@@ -131,6 +139,14 @@ struct CudaBackendOptions {
   int32_t tp_rank = 0;
   TpCollectives* tp_comm = nullptr;
 };
+
+// `o` in batch-invariant mode: batch_invariant set, the GEMV off, the small-M GEMM for every step.
+inline CudaBackendOptions batch_invariant_options(CudaBackendOptions o) {
+  o.batch_invariant = true;
+  o.gemv_tokens_max = 0;
+  o.small_m_gemm_tokens_max = 64;  // kernels::kSmallMGemmTokensMax (checked at construction)
+  return o;
+}
 
 // small_m_gemm_tokens_max as the backend runs it: the value given, else the precision's default.
 inline int32_t small_m_gemm_tokens_max_of(const CudaBackendOptions& o) {

@@ -166,6 +166,7 @@ struct CudaBackend::Impl {
   // cuda_mamba.cpp: the hybrid's Mamba2 layers; every one is a no-op for a model without them.
   bool hybrid() const { return mamba_layers > 0; }
   void refuse_unsupported_hybrid() const;
+  void refuse_what_batch_invariance_cannot_cover() const;  // cuda_backend_setup.cpp
   void index_layer_kinds();
   void initialise_mamba();
   void enqueue_state_copy(const CacheOp& op);

@@ -265,6 +265,32 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   LS_CUDA(cudaStreamSynchronize(stream.get()));
 }
 
+// Batch-invariant mode (options.batch_invariant) holds only where every product runs the small-M
+// GEMM and nothing else depends on the batch: what it does not cover is refused by name.
+void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {
+  const char* what = "cuda backend: batch_invariant (--determinism invariant)";
+  LS_REQUIRE(options.precision == CudaPrecision::kBf16, "{} runs bf16 only (the small-M GEMM)", what);
+  LS_REQUIRE(options.gemv_tokens_max == 0, "{} needs gemv_tokens_max 0, not {} (the GEMV sums in "
+             "another order than the small-M GEMM)", what, options.gemv_tokens_max);
+  LS_REQUIRE(small_m_gemm_tokens_max_of(options) == kernels::kSmallMGemmTokensMax,
+             "{} needs small_m_gemm_tokens_max {}, not {}", what, kernels::kSmallMGemmTokensMax,
+             small_m_gemm_tokens_max_of(options));
+  LS_REQUIRE(shard.degree == 1, "{} runs at TP 1 only (an all-reduce's sum is not a row's own)",
+             what);
+  LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName,
+             "{} does not cover a drafter ('{}'): speculative decoding's invariance is untested",
+             what, options.drafter);
+  LS_REQUIRE(config.verify_width == 1, "{} does not cover speculative decoding (verify_width {})",
+             what, config.verify_width);
+  LS_REQUIRE(!model.has_recurrent_state(), "{} does not cover Mamba layers (the chunked and the "
+             "sequential scans sum in different orders)", what);
+  const LinearShapes s = linear_shapes_of(model, shard);
+  for (const LinearShape& shape : {s.qkv, s.o, s.gate_up, s.down, s.lm_head}) {
+    LS_REQUIRE(shape.in % 8 == 0, "{} needs every linear layer's input a multiple of 8 (one "
+               "has {})", what, shape.in);
+  }
+}
+
 // What this backend cannot run, refused before anything is allocated.
 void CudaBackend::Impl::refuse_unsupported() const {
   model.validate();
@@ -289,6 +315,7 @@ void CudaBackend::Impl::refuse_unsupported() const {
              "cuda backend: small_m_gemm_tokens_max {} needs bf16 precision (the small-M GEMM "
              "has bf16 operands; fp32 runs pedantic cuBLAS)",
              small_m);
+  if (options.batch_invariant) refuse_what_batch_invariance_cannot_cover();
   LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
              "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
   LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,

@@ -52,7 +52,7 @@ bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, int32_t in) const {
 // of logits rows; the counts the GEMV or the small-M GEMM runs need none. fp32 runs pedantic
 // cuBLAS, unplanned.
 void CudaBackend::Impl::plan_gemms() {
-  if (options.precision == CudaPrecision::kFp32) return;
+  if (options.precision == CudaPrecision::kFp32 || options.batch_invariant) return;
   const LinearShape layer_shapes[] = {linears.qkv, linears.o, linears.gate_up, linears.down};
   const auto plan_all = [this](const LinearShape& shape, int32_t tokens_count) {
     for (int32_t t = 1; t <= tokens_count; ++t) {
@@ -79,10 +79,15 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
   } else {
     if (uses_gemv(tokens, in)) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
-    } else if (uses_small_m_gemm(tokens, in)) {
-      LS_CUDA(kernels::launch_gemm_small_m_bf16(x, w, y, tokens, out, in, beta,
-                                                small_m_gemm_workspace.get(),
-                                                small_m_gemm_workspace.bytes(), forward_stream()));
+    } else if (uses_small_m_gemm(tokens, in) || (options.batch_invariant && tokens > 0)) {
+      // Batch-invariant mode: a wider step in blocks of the kernel's most tokens, each row summed
+      // as at any other token count.
+      for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
+        const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
+        LS_CUDA(kernels::launch_gemm_small_m_bf16(
+            x + int64_t{first} * in, w, y + int64_t{first} * out, count, out, in, beta,
+            small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
+      }
     } else if (tokens > 0) {
       kernels::GemmPlans::Plan* plan = gemm_plans->find(tokens, out, in, shape.accumulate);
       LS_ASSERT(plan != nullptr, "no GEMM plan for {} tokens × [out {}, in {}]{}: plan_gemms "

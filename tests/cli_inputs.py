@@ -73,6 +73,8 @@ def check_flags(trace):
         (["generate", "--prompts", prompts, "--max-batch-rows", "5000000000"], "max_batch_rows", "5000000000"),
         (["generate", "--prompts", prompts, "--context-length", "1"], "context_length", "got 1\n"),
         (["generate", "--prompts", prompts, "--verify-width", "1.5"], "verify_width", "1.5"),
+        (["generate", "--prompts", prompts, "--determinism", "fast"], "--determinism", "fast"),
+        (["sim", "--determinism", "exact"], "--determinism", "exact"),
         (["replay", trace, "--isolate", "999999"], "--isolate", "999999"),
         (["replay", trace, "--isolate", "-1"], "--isolate", "-1"),
         (["replay", trace, "--until", "4.5"], "--until", "4.5"),

@@ -93,6 +93,10 @@ ExecutorOptions recording_executor_options(bool activations) {
 
 std::string build_id() { return LOCKSTEP_BUILD_ID; }
 
+std::string determinism_mode_of(const std::string& backend, bool batch_invariant) {
+  return backend == "cpu" || batch_invariant ? std::string(kBatchInvariantMode) : "default";
+}
+
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,
                               const std::optional<MachineInfo>& machine) {
@@ -107,7 +111,7 @@ TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& s
   // The recording step digests each row's working slot (StepResult::mamba_state_digests).
   h.mamba_state_digests = weights.config.has_recurrent_state();
   h.backend = backend;
-  h.determinism_mode = backend == "cpu" ? "batch-invariant" : "default";
+  h.determinism_mode = determinism_mode_of(backend, false);
   if (machine) h.machine = *machine;
   h.machine.cpu_name = cpu_name();
   return h;

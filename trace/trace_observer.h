@@ -44,4 +44,10 @@ ExecutorOptions recording_executor_options(bool activations = false);
 // "lockstep 0.1.0 (git abc1234)", fixed at configure time.
 std::string build_id();
 
+// TraceHeader::determinism_mode of a run on `backend`: kBatchInvariantMode for the CPU reference
+// (always) and for CUDA in batch-invariant mode, "default" otherwise — the only modes whose
+// traces `replay --isolate` may reproduce one request of are the batch-invariant ones.
+inline constexpr const char* kBatchInvariantMode = "batch-invariant";
+std::string determinism_mode_of(const std::string& backend, bool batch_invariant);
+
 }  // namespace ls::trace
