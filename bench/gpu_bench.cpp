@@ -22,6 +22,10 @@
 // 64), and time each projection's kernel both ways at 1, 16 and 64 tokens; --small-m runs only
 // that.
 //
+// With --invariant: batch-invariant mode (issue 15, --determinism invariant: the small-M GEMM for
+// every linear layer) against the default kernels instead, decode at batch 1, 16 and 64, context
+// 1024, in alternating blocks.
+//
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
 // 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
 // top-8 and the rows' state in the step; a Recorder writing every input and output record to a
@@ -43,6 +47,7 @@
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
 //                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
+//                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
@@ -398,6 +403,7 @@ struct Options {
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
+  bool invariant = false;     // only batch-invariant mode vs the default
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -1305,6 +1311,17 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
 
 // lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
 // CudaBackendOptions::gemv_tokens_max's default comes from.
+// What batch-invariant mode (issue 15, CudaBackendOptions::batch_invariant: the small-M GEMM for
+// every linear layer) costs against the default kernels, decode at batch 1, 16 and 64.
+json invariant_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const Variant on{"invariant", batch_invariant_options({.graphs = true, .time_steps = true})};
+  const Variant off{"default", {.graphs = true, .time_steps = true}};
+  return {{"shape", shape},
+          {"invariant_vs_default", compare_shape(shape, o, bandwidth,
+                                                 "batch-invariant mode vs the default kernels",
+                                                 on, off, {1, 16, 64})}};
+}
+
 json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant on{"gemv", {.graphs = true, .gemv_tokens_max = 8, .time_steps = true}};
   const Variant off{"cublas",
@@ -1359,6 +1376,14 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--hybrid")
       ->excludes("--tp")
       ->excludes("--fusion");
+  app.add_flag("--invariant", o.invariant,
+               "Only batch-invariant mode (--determinism invariant) vs the default kernels "
+               "(llama-1b and llama-8b unless --shapes): decode batch 1, 16 and 64 at context 1024")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp")
+      ->excludes("--fusion")
+      ->excludes("--small-m");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1411,6 +1436,17 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
+      save();
+    }
+    return 0;
+  }
+  if (o.invariant) {
+    out["command"] = "lockstep_gpu_bench --invariant";
+    out["invariant_vs_default"] = json::array();
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      out["invariant_vs_default"].push_back(invariant_shape(shape, o, bandwidth));
       save();
     }
     return 0;
