@@ -6,6 +6,7 @@
 #include "kernels/storage.cuh"
 
 #include <algorithm>
+#include <cstdint>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -25,7 +26,8 @@ constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's querie
 static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split finds its slot");
 static_assert(kAttentionSplitKeys == kWarps * 32, "each warp takes 32 keys of a split");
 
-int32_t splits_max(const AttentionShape& s) {
+// Splits of the longest token the table holds: the workspace's pitch between tokens' partials.
+__host__ __device__ inline int32_t splits_max(const AttentionShape& s) {
   return (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
 }
 
@@ -84,17 +86,6 @@ __device__ __forceinline__ void unpack_raw8(const Raw8<float>& raw, float* out) 
 __device__ __forceinline__ void store(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 
-// grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
-// that share one KV head (every K/V element is read once per KV head, not once per query head),
-// for the splits split_lane, split_lane + lanes, ... Lanes are laid out over key rows: `L` lanes
-// (the smallest power of two >= head_dim / 8) each take one 16-byte piece (8 elements) of a row,
-// so a warp reads 32 / L whole rows per load, coalesced. Warp w takes keys 32w .. 32w + 31 of the
-// split. Scores: each lane dots its piece with every head of the group, the L lanes' dots are
-// added by an xor butterfly; one warp per head takes the softmax pieces; values: each lane sums
-// its piece of its keys' rows, the lanes that share a piece are added by an xor butterfly, and
-// the four warps' sums are added in warp order. Every order is fixed by the token's position
-// alone, so a token's output does not depend on the batch. G: the group rounded up to a power
-// of two (the accumulators' count).
 // Copies 16 bytes global → shared without holding them in registers (sm_80+ cp.async; .cg: the
 // bytes bypass L1, they are read once).
 __device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
@@ -141,32 +132,58 @@ __device__ __forceinline__ SplitBlock split_block(const AttentionArgs<T>& a) {
   b.group = s.query_heads / s.kv_heads;
   b.keys = min(a.positions[b.token], s.positions_count - 1) + 1;
   b.splits = (b.keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  b.total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  b.total_splits = splits_max(s);
   b.table_row = a.table + int64_t{a.token_pool_rows[b.token]} * s.table_width;
   return b;
 }
 
-// A split's softmax pieces, one warp a head: each head's scores[0, count) become e = exp(score −
-// m) with m their maximum, m and Σ e go to m_s / l_s (the combine merges splits from them), and
-// scores[count, padded) are zeroed (the MMA path multiplies whole 16-key tiles).
-__device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t group, int32_t count,
-                                                     int32_t padded, int32_t warp, int32_t lane,
-                                                     float* m_s, float* l_s) {
-  for (int32_t h = warp; h < group; h += kWarps) {
-    float* sc = scores + h * kAttentionSplitKeys;
-    float m = -INFINITY;
-    for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
-    m = warp_max(m);
-    float l = 0.0f;
-    for (int32_t x = lane; x < count; x += 32) {
-      const float e = expf(sc[x] - m);
-      sc[x] = e;
-      l += e;
-    }
-    for (int32_t x = count + lane; x < padded; x += 32) sc[x] = 0.0f;
-    l = warp_sum(l);
-    if (lane == 0) m_s[h] = m, l_s[h] = l;
+// One row's softmax pieces of a split, by one warp (lane x takes keys x, x + 32, ...; then xor
+// butterflies): scores[0, count) become e = exp(score − m) with m their maximum, m and Σ e go to
+// *m_out / *l_out (the combine merges splits from them), and scores[count, padded) are zeroed
+// (the MMA paths multiply whole 16-key steps). count 0 gives m = −inf, l = 0 and zeros.
+__device__ __forceinline__ void softmax_row(float* scores, int32_t count, int32_t padded,
+                                            int32_t lane, float* m_out, float* l_out) {
+  float m = -INFINITY;
+  for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, scores[x]);
+  m = warp_max(m);
+  float l = 0.0f;
+  for (int32_t x = lane; x < count; x += 32) {
+    const float e = expf(scores[x] - m);
+    scores[x] = e;
+    l += e;
   }
+  for (int32_t x = count + lane; x < padded; x += 32) scores[x] = 0.0f;
+  l = warp_sum(l);
+  if (lane == 0) *m_out = m, *l_out = l;
+}
+
+// Elements i .. i + kCombineDims − 1 of a token's output (one query head) from its `splits`
+// partials at part0, part0 + pitch, ...: m = the splits' maximum, each split weighted by
+// exp(m_k − m), sums in split order (each element's operations are those of a one-element
+// combine: the dims only share m, the weights and l). Every operation is spelled out (no
+// contraction left to the compiler), so the tile kernel's own combine and the combine kernel give
+// the same bits. The loops are unrolled so that a thread's loads of several splits are in flight
+// together.
+constexpr int32_t kCombineDims = 4;  // head_dim % 8 == 0
+
+__device__ __forceinline__ void combined_outputs(const float* part0, int32_t splits, int32_t pitch,
+                                                 int32_t i, float (&out)[kCombineDims]) {
+  float m = -INFINITY;
+#pragma unroll 4
+  for (int32_t k = 0; k < splits; ++k) m = fmaxf(m, part0[int64_t{k} * pitch]);
+  float l = 0.0f, acc[kCombineDims] = {};
+#pragma unroll 4
+  for (int32_t k = 0; k < splits; ++k) {
+    const float* part = part0 + int64_t{k} * pitch;
+    const float weight = expf(__fsub_rn(part[0], m));
+    l = __fadd_rn(l, __fmul_rn(part[1], weight));
+#pragma unroll
+    for (int32_t j = 0; j < kCombineDims; ++j) {
+      acc[j] = __fadd_rn(acc[j], __fmul_rn(part[2 + i + j], weight));
+    }
+  }
+#pragma unroll
+  for (int32_t j = 0; j < kCombineDims; ++j) out[j] = __fdiv_rn(acc[j], l);
 }
 
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
@@ -296,7 +313,9 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     const int32_t next = split + static_cast<int32_t>(gridDim.x);
     next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
-    split_softmax_pieces(scores, group, count, count, warp, lane, m_s, l_s);
+    for (int32_t h = warp; h < group; h += kWarps) {
+      softmax_row(scores + h * kAttentionSplitKeys, count, count, lane, m_s + h, l_s + h);
+    }
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
     // Weighted values from shared memory, the same lane layout as the keys.
@@ -370,8 +389,9 @@ namespace ls::kernels {
 namespace {
 
 // How many blocks of a kernel instance fit on the GPU at once (cached per instance and shared
-// memory size): a launch picks its split lanes from it. Also lifts the instance's dynamic
-// shared-memory limit.
+// memory size): a launch sizes its grid from it. Also lifts the instance's dynamic shared-memory
+// limit and asks for the largest shared-memory carveout (the tile kernel's two blocks of
+// 113 KB per SM for head_dim 64 need it).
 struct KernelFit {
   const void* kernel = nullptr;
   size_t shared_bytes = 0;
@@ -398,53 +418,83 @@ cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* re
                                   static_cast<int>(shared_bytes));
   }
   if (status == cudaSuccess) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared);
+  }
+  if (status == cudaSuccess) {
     status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared_bytes);
   }
   if (status != cudaSuccess) return status;
-  fits.push_back({kernel, shared_bytes, std::max(1, sms * per_sm)});
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the block does not fit an SM
+  fits.push_back({kernel, shared_bytes, sms * per_sm});
   *resident = fits.back().resident_blocks;
   return cudaSuccess;
 }
 
-// Launches `kernel` over (split lanes, kv heads, tokens): enough split lanes to fill the GPU once,
-// never more lanes than splits.
-template <typename T>
-cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
-                          const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
+// Split lanes per (work unit, KV head): enough to fill the GPU once, never more than the splits.
+int32_t split_lanes(const AttentionShape& s, int32_t resident, int32_t units) {
+  return std::clamp(resident / (units * s.kv_heads), 1, std::min(splits_max(s), kSplitLanesMax));
+}
+
+// The CUDA-core kernel over (split lanes, kv heads, tokens); the combine kernel always follows it
+// when a token may have several splits.
+template <typename T, int32_t G>
+cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
   const AttentionShape& s = args.shape;
+  const size_t shared = split_shared_bytes<T>(s.head_dim, s.query_heads / s.kv_heads);
+  const auto kernel = attention_split_kernel<T, G>;
   int32_t resident = 0;
   const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
   if (status != cudaSuccess) return status;
-  const int32_t lanes = std::clamp(resident / (tokens * s.kv_heads), 1,
-                                   std::min(splits_max(s), kSplitLanesMax));
+  const int32_t lanes = split_lanes(s, resident, tokens);
   return launch_kernel(kernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
 }
 
-template <typename T, int32_t G>
-cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
-  const int32_t d = args.shape.head_dim;
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (d == 64) {
-      return launch_splits<T>(attention_mma_kernel<64, G>, mma_shared_bytes<64>(), args, tokens,
-                              stream);
-    }
-    if (d == 128) {
-      return launch_splits<T>(attention_mma_kernel<128, G>, mma_shared_bytes<128>(), args, tokens,
-                              stream);
-    }
-  }
-  const size_t shared = split_shared_bytes<T>(d, args.shape.query_heads / args.shape.kv_heads);
-  return launch_splits<T>(attention_split_kernel<T, G>, shared, args, tokens, stream);
+template <typename T>
+cudaError_t launch_cuda_core_group(const AttentionArgs<T>& args, int32_t tokens,
+                                   LaunchStream stream) {
+  const int32_t group = args.shape.query_heads / args.shape.kv_heads;
+  if (group <= 1) return launch_cuda_core<T, 1>(args, tokens, stream);
+  if (group <= 2) return launch_cuda_core<T, 2>(args, tokens, stream);
+  if (group <= 4) return launch_cuda_core<T, 4>(args, tokens, stream);
+  if (group <= 8) return launch_cuda_core<T, 8>(args, tokens, stream);
+  return launch_cuda_core<T, 16>(args, tokens, stream);
 }
 
-// grid: (query heads, tokens of the chunk). Merges a token's partials in split order: the splits'
-// maxima and weights are read in parallel into shared memory, then each thread sums its elements
-// over the splits in order (loads unrolled so they are in flight together).
+// The tile kernel: a persistent grid of at most the resident blocks over lanes × kv heads ×
+// token groups. *combine_after: whether the combine kernel must follow (several split lanes).
+template <int32_t D>
+cudaError_t launch_tiles(const AttentionArgs<bf16>& args, int32_t tokens, bool* combine_after,
+                         LaunchStream stream) {
+  const AttentionShape& s = args.shape;
+  const size_t shared = tile_shared_bytes<D>();
+  const auto kernel = attention_tile_kernel<D>;
+  int32_t resident = 0;
+  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
+  if (status != cudaSuccess) return status;
+  // Tokens a tile may take: as many as its rows hold, halved while the (group, KV head) units
+  // would be fewer than two a block (a decode step's tokens are each their own tile anyway, and
+  // small groups spread them evenly). Only the speed depends on it, never the bits.
+  int32_t tile_tokens = kTileRows / (s.query_heads / s.kv_heads);
+  const auto groups_of = [&](int32_t per_group) { return (tokens + per_group - 1) / per_group; };
+  while (tile_tokens > 1 && int64_t{groups_of(tile_tokens)} * s.kv_heads < 2 * int64_t{resident}) {
+    tile_tokens /= 2;
+  }
+  const int32_t groups = groups_of(tile_tokens);
+  const int32_t lanes = split_lanes(s, resident, groups);
+  const int64_t items = int64_t{lanes} * s.kv_heads * groups;
+  if (items > INT32_MAX) return cudaErrorInvalidValue;
+  const TilePlan plan{tokens, tile_tokens, lanes, static_cast<int32_t>(items), lanes == 1 ? 1 : 0};
+  *combine_after = lanes > 1;
+  return launch_kernel(kernel, dim3(static_cast<uint32_t>(std::min<int64_t>(items, resident))),
+                       kThreads, shared, stream,
+                       TileArgs{args, plan});
+}
+
+// grid: (query heads, tokens of the chunk), one thread per kCombineDims output elements of a
+// head: merges the token's partials with combined_outputs.
 template <typename T>
 __global__ void attention_combine_kernel(AttentionArgs<T> a) {
-  extern __shared__ float combine_shared[];  // [splits] weights, then [splits] weighted l
-  __shared__ float scratch[32];
-  __shared__ float l_total;
   allow_successor();
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
@@ -455,32 +505,14 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
   const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
   if (splits == 1) return;  // written directly by the split kernel
-  const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  const auto part = [&](int32_t k) {
-    return partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
-  };
-  float* weights = combine_shared;
-  float* weighted_l = combine_shared + total_splits;
-  float m = -INFINITY;
-  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) m = fmaxf(m, part(k)[0]);
-  m = block_max(m, scratch);  // a maximum: exact in any order
-  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) {
-    const float* p = part(k);
-    weights[k] = expf(p[0] - m);
-    weighted_l[k] = p[1] * weights[k];
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float l = 0.0f;
-    for (int32_t k = 0; k < splits; ++k) l += weighted_l[k];
-    l_total = l;
-  }
-  __syncthreads();
-  for (int32_t i = threadIdx.x; i < d; i += blockDim.x) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int32_t k = 0; k < splits; ++k) acc += part(k)[2 + i] * weights[k];
-    store(a.out + int64_t{token} * s.query_heads * d + head * d + i, acc / l_total);
+  const float* part0 = partial_at(a.workspace, local_token, head, 0, s.query_heads,
+                                  splits_max(s), d);
+  for (int32_t i = kCombineDims * threadIdx.x; i < d; i += kCombineDims * blockDim.x) {
+    float out[kCombineDims];
+    combined_outputs(part0, splits, d + 2, i, out);
+    for (int32_t j = 0; j < kCombineDims; ++j) {
+      store(a.out + int64_t{token} * s.query_heads * d + head * d + i + j, out[j]);
+    }
   }
 }
 
@@ -511,28 +543,26 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
       {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
+  const bool tensor_cores =
+      std::is_same_v<T, bf16> && (s.head_dim == 64 || s.head_dim == 128);
   for (int32_t begin = 0; begin < tokens_count; begin += chunk) {
     const int32_t n = std::min(chunk, tokens_count - begin);
     const AttentionArgs<T> args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
                                 workspace, out};
-    const int32_t group = s.query_heads / s.kv_heads;
+    bool combine_after = splits_max(s) > 1;
     cudaError_t launched = cudaSuccess;
-    if (group <= 1) {
-      launched = launch_split<T, 1>(args, n, stream);
-    } else if (group <= 2) {
-      launched = launch_split<T, 2>(args, n, stream);
-    } else if (group <= 4) {
-      launched = launch_split<T, 4>(args, n, stream);
-    } else if (group <= 8) {
-      launched = launch_split<T, 8>(args, n, stream);
-    } else {
-      launched = launch_split<T, 16>(args, n, stream);
+    if constexpr (std::is_same_v<T, bf16>) {
+      if (tensor_cores) {
+        launched = s.head_dim == 64 ? launch_tiles<64>(args, n, &combine_after, stream)
+                                    : launch_tiles<128>(args, n, &combine_after, stream);
+      }
     }
+    if (!tensor_cores) launched = launch_cuda_core_group<T>(args, n, stream);
     if (launched != cudaSuccess) return launched;
-    if (splits_max(s) > 1) {
-      const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
-      const cudaError_t status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
-                                               128, shared, stream, args);
+    if (combine_after && splits_max(s) > 1) {
+      const cudaError_t status =
+          launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
+                        std::min(s.head_dim / kCombineDims, 64), 0, stream, args);
       if (status != cudaSuccess) return status;
     }
   }

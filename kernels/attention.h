@@ -7,11 +7,14 @@
 // combined in split order. How a token is split depends only on its own position, never on the
 // batch, so the result does not depend on what else is in the step.
 //
-// Two split kernels compute a split: bf16 KV with head_dim 64 or 128 (the production models) on
-// the tensor cores (attention_mma.cuh: bf16 Q and probabilities, fp32 accumulation), everything
-// else (the fp32 mode, other head dims) on the CUDA cores with fp32 Q and probabilities. How many
-// blocks a launch spreads a token's splits over depends on the batch (to fill the GPU), never how
-// a split is computed.
+// Two kernels compute the splits: bf16 KV with head_dim 64 or 128 (the production models) on the
+// tensor cores (attention_mma.cuh: bf16 Q and probabilities, fp32 accumulation), everything else
+// (the fp32 mode, other head dims) on the CUDA cores with fp32 Q and probabilities. The tensor-
+// core kernel takes tiles of consecutive tokens of one sequence (a prefill chunk's K/V is read
+// once per tile, not once per token) and pipelines its loads across splits; a token's bits are
+// the same whether it is computed in a tile of a prefill chunk or alone at decode, and whatever
+// the batch. How many blocks a launch spreads a token's splits over depends on the batch (to
+// fill the GPU), never how a split is computed or combined.
 #pragma once
 
 #include "kernels/launch.h"

@@ -1,24 +1,32 @@
-// Decode/prefill paged attention on the tensor cores, for bf16 KV with head_dim 64 or 128: the
-// production path (llama-1b, llama-8b). Included by attention.cu only.
+// Paged attention on the tensor cores, for bf16 KV with head_dim 64 or 128 (the production
+// models: llama-1b, llama-8b), decode and prefill alike. Included by attention.cu only.
 //
-// Same contract and split rule as the CUDA-core kernel in attention.cu (fixed 128-key splits,
-// partials combined in split order by the combine kernel): what changes is how a split is
-// computed. A block takes one (token, KV head) and the splits split_lane, split_lane + lanes, ...;
-// its `group` query heads are the rows of a 16-row MMA tile (rows >= group are zero).
+// Same contract and split rule as the CUDA-core kernel in attention.cu: fixed 128-key splits by
+// absolute position, each split's partial softmax computed on its own, partials combined in split
+// order (combined_outputs). What this kernel adds:
 //
-//  * Scores S = Q·Kᵀ with mma.m16n8k16 (bf16 in, fp32 accumulate). Warp w scores keys
-//    32w .. 32w + 31 of the split. The reduction dimension (head_dim) is visited in a permuted
-//    order — the same permutation for Q and K, so the dot products are unchanged — chosen so that
-//    each thread's B fragment is one 16-byte load of a key row: thread (g, c) = (lane / 4, lane % 4)
-//    loads dims [32s + 8c, 32s + 8c + 8) of key g of an 8-key tile, and k-step 2s + r uses the
-//    words 2r, 2r + 1 of that load. Q's A fragments (fp32 → bf16) are built once per block.
-//  * Softmax per split in fp32 (one warp per head), exactly as the CUDA-core kernel.
-//  * Output O = P·V with mma.m16n8k16: P (fp32 → bf16) from shared memory, V from a shared-memory
-//    tile filled by cp.async while the keys are scored, read as B fragments with ldmatrix.trans.
-//    Warp w owns dims [w·d/4, (w + 1)·d/4) over all the split's keys, so no cross-warp sum.
+//  * Tiles. A block's MMA rows are (tokens of one sequence) × (the group's query heads): up to
+//    kTileRows rows, e.g. 8 consecutive tokens × 4 heads for llama's group of 4, so one load of a
+//    split's K/V serves every token of a prefill chunk's tile. The launch cuts the chunk's tokens
+//    into groups of tile_tokens consecutive tokens; inside a group, each run of consecutive tokens
+//    with the same pool row (the same page table, so the same keys) is one tile, so a decode step
+//    (every token its own sequence) gets one-token tiles. A token masks the keys past its own
+//    position exactly as at decode: a row's softmax covers the split's keys below its own count.
+//  * A persistent, pipelined walk. The grid is at most the resident blocks; block b takes items b,
+//    b + grid, ... (item = split lane × KV head × token group) and walks their (tile, split) steps
+//    in order through a two-stage cp.async ring: K, V and Q of step i + 1 are in flight while step
+//    i is computed, across tile and item boundaries, and the slots of a later step are read from
+//    the block table meanwhile.
+//  * The combine in the block. With one split lane (every split of a tile in one block), the
+//    block merges its tiles' partials itself after their last split; with several lanes the
+//    combine kernel does. Both run combined_outputs, so the bits do not depend on which.
 //
-// Every order (MMA, softmax, split combine) is fixed by the token's position alone, so a token's
-// output does not depend on the batch or on how many split lanes the launch uses.
+// A row's arithmetic depends only on its own token: each MMA output element comes from its own
+// row of A (the rows of a tile never mix), the k-steps run in a fixed order (scores over
+// head_dim ascending, P·V over all eight 16-key steps of the split, keys past a row's count having
+// probability 0 and value rows past the tile's keys zeroed), and a row's softmax is one warp's
+// with the same lane order whichever warp takes it. So a token computed in a prefill tile has the
+// bits of the same token computed alone at decode, whatever the batch, the tile or the lanes.
 #pragma once
 
 namespace ls::kernels {
@@ -39,7 +47,15 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four transposed 8×8 bf16 matrices from shared memory; lanes 8i .. 8i + 7 give matrix i's rows.
+// Four 8×8 bf16 matrices from shared memory; lanes 8i .. 8i + 7 give matrix i's row addresses.
+// Thread (g, c) receives row g, columns 2c, 2c + 1 of each (transposed: rows 2c, 2c + 1 of
+// column g).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -47,178 +63,331 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(address));
 }
 
-constexpr int32_t kMmaRows = 16;  // query heads of a group, padded: the MMA tile's M
-
-// Shared-memory row pitch of the value tile, in elements: 8 more than head_dim, so the eight
-// 16-byte rows an ldmatrix phase reads fall in different banks.
-template <int32_t D>
-constexpr int32_t kValuePitch = D + 8;
-
-template <int32_t D>
-constexpr size_t mma_shared_bytes() {
-  return size_t{kAttentionSplitKeys} * kValuePitch<D> * sizeof(bf16);
+__device__ __forceinline__ void copy_async_wait_newest_pending() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
 }
 
-template <int32_t D, int32_t G>
-__global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArgs<bf16> a) {
-  static_assert(D % 32 == 0 && D / kWarps % 16 == 0, "head_dim 64 or 128");
-  static_assert(G <= kMmaRows, "a group fits the MMA tile");
-  constexpr int32_t kSteps = D / 16;              // k-steps of the scores
-  constexpr int32_t kLoads = D / 32;              // 16-byte key loads per key tile
-  constexpr int32_t kWarpDims = D / kWarps;       // output dims per warp
-  constexpr int32_t kDimPairs = kWarpDims / 16;   // ldmatrix.x4 per k-step (two 8-dim tiles each)
-  constexpr int32_t kKeyTiles = 32 / 8;           // 8-key tiles per warp
-  extern __shared__ __align__(16) unsigned char mma_shared[];
-  bf16* value_rows = reinterpret_cast<bf16*>(mma_shared);  // [split keys, kValuePitch<D>]
-  __shared__ __align__(16) float scores[G * kAttentionSplitKeys];
-  __shared__ int64_t slot_s[kAttentionSplitKeys];
-  __shared__ float m_s[G];
-  __shared__ float l_s[G];
-  allow_successor();
-  wait_for_predecessor();
-  const AttentionShape& s = a.shape;
-  const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
-  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
-  const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
-                group = block.group, keys = block.keys, splits = block.splits,
-                total_splits = block.total_splits;
-  const int32_t* table_row = block.table_row;
-  const int32_t kv_size = s.kv_heads * D;
-  const int32_t q_size = s.query_heads * D;
-  const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  const int32_t warp = threadIdx.x / 32;
-  const int32_t lane = threadIdx.x % 32;
-  const int32_t g = lane / 4;  // MMA group: a row of A and C, a column (key or dim) of B
-  const int32_t c = lane % 4;  // thread in the group
-  const int64_t head_offset = int64_t{kv_head} * D;
+constexpr int32_t kTileRows = 32;              // MMA rows of a block: tile tokens × group
+constexpr int32_t kMTiles = kTileRows / 16;    // m16 tiles
+constexpr int32_t kStages = 2;                 // steps in the cp.async ring
+constexpr int32_t kStepRing = 4;               // step records: computed, in flight, slots, next
+constexpr int32_t kScorePitch = kAttentionSplitKeys + 8;  // floats; 8 more: no bank conflicts
+template <int32_t D>
+constexpr int32_t kRowPitch = D + 8;  // bf16 K/V rows: the eight rows of an ldmatrix in 8 banks
+template <int32_t D>
+constexpr int32_t kQueryPitch = D + 8;  // fp32 Q rows: a half-warp's float2 loads in 16 banks
 
-  // Q's A fragments for every k-step (rows g and g + 8; zero past the group).
-  uint32_t q_frag[kSteps][4];
-  {
-    const float* q = a.q + int64_t{token} * q_size + int64_t{kv_head} * group * D;
+// One step's inputs: the split's key and value rows and the tile's queries (fp32, as computed).
+template <int32_t D>
+struct TileStage {
+  bf16 k[kAttentionSplitKeys * kRowPitch<D>];
+  bf16 v[kAttentionSplitKeys * kRowPitch<D>];
+  float q[kTileRows * kQueryPitch<D>];
+};
+
+// One step of a block's walk, as every thread reads it from shared memory.
+struct TileStep {
+  int32_t valid;      // 0: past the block's last step
+  int32_t first;      // the tile's first token, within the launch's chunk
+  int32_t tokens;     // the tile's tokens (consecutive, one pool row)
+  int32_t kv_head;
+  int32_t split;
+  int32_t count_max;  // keys of the split loaded: the largest of the tokens' counts
+  int32_t last;       // the tile's last split: with one lane, the block combines the tile after
+  int32_t keys[kTileRows];  // each token's keys: positions 0 .. keys − 1
+};
+
+template <int32_t D>
+struct TileShared {
+  TileStage<D> stages[kStages];
+  float scores[kTileRows * kScorePitch];  // scores, then probabilities (zero past a row's keys)
+  int64_t slots[kStages][kAttentionSplitKeys];
+  TileStep steps[kStepRing];  // step i in steps[i % 4]: i is computed while i + 3 is described
+  float m[kTileRows];
+  float l[kTileRows];
+};
+
+// How a launch cuts its tokens: groups of tile_tokens consecutive tokens, `lanes` split lanes per
+// (group, KV head); items = lanes · kv_heads · groups.
+struct TilePlan {
+  int32_t tokens;
+  int32_t tile_tokens;
+  int32_t lanes;
+  int32_t items;
+  int32_t fused_combine;  // lanes == 1
+};
+
+struct TileArgs {
+  AttentionArgs<bf16> a;
+  TilePlan plan;
+};
+
+__device__ __forceinline__ int32_t keys_of(const AttentionArgs<bf16>& a, int32_t local_token) {
+  return min(a.positions[a.token_begin + local_token], a.shape.positions_count - 1) + 1;
+}
+__device__ __forceinline__ int32_t pool_row_of(const AttentionArgs<bf16>& a, int32_t local_token) {
+  return a.token_pool_rows[a.token_begin + local_token];
+}
+
+// Where a block's walk is: its item, the tile in it (first = −1: the item's first) and the split.
+// Every thread keeps the same cursor (uniform values, broadcast loads), but lane_keys: lane r's is
+// the count of token group_first + r of the item's token group.
+struct TileCursor {
+  int32_t item, first, tokens, splits, split, kv_head, pool_row, keys_max, group_first, lane_keys;
+};
+
+// Moves the cursor to the first step at or after it: the tile at `first` of its item (or the
+// next tile, or the next item's first) of which its lane has a split. A warp reads a token group's
+// pool rows and counts at once (one token a lane: tile_tokens <= 32), then finds the run of
+// tokens with the tile's pool row by a ballot.
+__device__ __forceinline__ void settle(TileCursor& c, const TileArgs& t) {
+  static_assert(kTileRows <= 32, "a token group fits a warp");
+  const TilePlan& p = t.plan;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  while (c.item < p.items) {
+    const int32_t item_lane = c.item % p.lanes;
+    const int32_t rest = c.item / p.lanes;
+    c.kv_head = rest % t.a.shape.kv_heads;
+    const int32_t group_first = rest / t.a.shape.kv_heads * p.tile_tokens;
+    const int32_t group_end = min(group_first + p.tile_tokens, p.tokens);
+    if (c.first < 0) c.first = group_first;
+    const bool in_group = group_first + lane < group_end;
+    const int32_t row = in_group ? pool_row_of(t.a, group_first + lane) : -1;
+    const int32_t keys = in_group ? keys_of(t.a, group_first + lane) : 0;
+    c.group_first = group_first;
+    c.lane_keys = keys;
+    while (c.first < group_end) {
+      const int32_t f = c.first - group_first;
+      c.pool_row = __shfl_sync(0xffffffffu, row, f);
+      // Bit j: token f + j has the tile's pool row (bit 0 always; lanes past the group never).
+      const uint32_t same = __ballot_sync(0xffffffffu, in_group && row == c.pool_row) >> f;
+      c.tokens = same == 0xffffffffu ? 32 : __ffs(static_cast<int>(~same)) - 1;
+      const bool in_tile = lane >= f && lane < f + c.tokens;
+      c.keys_max = __reduce_max_sync(0xffffffffu, in_tile ? keys : 0);
+      c.splits = (c.keys_max + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+      if (item_lane < c.splits) {
+        c.split = item_lane;
+        return;
+      }
+      c.first += c.tokens;
+    }
+    c.item += gridDim.x;
+    c.first = -1;
+  }
+}
+
+__device__ __forceinline__ void advance(TileCursor& c, const TileArgs& t) {
+  if (c.item >= t.plan.items) return;
+  c.split += t.plan.lanes;
+  if (c.split < c.splits) return;
+  c.first += c.tokens;
+  settle(c, t);
+}
+
+// Writes the step the cursor is at (thread 0 its fields, warp 0's lane r token r's count, from
+// the cursor: no memory read); each thread returns the slot of its key of it, a block-table read
+// that the caller consumes only an iteration later.
+__device__ __forceinline__ int64_t describe(TileStep& step, const TileCursor& c, const TileArgs& t) {
+  const bool valid = c.item < t.plan.items;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
+  const int32_t token_keys =
+      __shfl_sync(0xffffffffu, c.lane_keys, min(c.first - c.group_first + lane, 31));
+  if (threadIdx.x == 0) {
+    step.valid = valid;
+    if (valid) {
+      step.first = c.first, step.tokens = c.tokens, step.kv_head = c.kv_head;
+      step.split = c.split;
+      step.count_max = min(kAttentionSplitKeys, c.keys_max - c.split * kAttentionSplitKeys);
+      step.last = c.split + t.plan.lanes >= c.splits;
+    }
+  }
+  if (valid && static_cast<int32_t>(threadIdx.x) < c.tokens) step.keys[threadIdx.x] = token_keys;
+  const int32_t p = (valid ? c.split : 0) * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
+  if (!valid || p >= c.keys_max) return 0;
+  const AttentionShape& s = t.a.shape;
+  return ops::slot_in_table(t.a.table + int64_t{c.pool_row} * s.table_width, s.page_size, p);
+}
+
+// Issues the copies of a step into its stage: the split's K and V rows below count_max, zeros
+// for the value rows past them (probability 0 times a stale row could be NaN), the tile's Q rows.
+template <int32_t D>
+__device__ __forceinline__ void issue_step(TileStage<D>& stage, const TileStep& step, const int64_t* slots,
+                           const AttentionArgs<bf16>& a) {
+  if (!step.valid) return;
+  const AttentionShape& s = a.shape;
+  constexpr int32_t kPieces = D / 8;  // 16-byte pieces of a bf16 row
+  const int32_t kv_size = s.kv_heads * D;
+  const int64_t head_offset = int64_t{step.kv_head} * D;
+  for (int32_t idx = threadIdx.x; idx < step.count_max * kPieces; idx += kThreads) {
+    const int32_t x = idx / kPieces;
+    const int32_t j = idx - x * kPieces;
+    const int64_t at = slots[x] * kv_size + head_offset + 8 * j;
+    copy_async_16(stage.k + x * kRowPitch<D> + 8 * j, a.k_cache + at);
+    copy_async_16(stage.v + x * kRowPitch<D> + 8 * j, a.v_cache + at);
+  }
+  for (int32_t idx = step.count_max * kPieces + threadIdx.x; idx < kAttentionSplitKeys * kPieces;
+       idx += kThreads) {
+    const int32_t x = idx / kPieces;
+    const int32_t j = idx - x * kPieces;
+    *reinterpret_cast<uint4*>(stage.v + x * kRowPitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
+  }
+  constexpr int32_t kQuarters = D / 4;  // 16-byte pieces of an fp32 row
+  const int32_t group = s.query_heads / s.kv_heads;
+  const int32_t q_size = s.query_heads * D;
+  for (int32_t idx = threadIdx.x; idx < step.tokens * group * kQuarters; idx += kThreads) {
+    const int32_t row = idx / kQuarters;
+    const int32_t j = idx - row * kQuarters;
+    const int32_t token = a.token_begin + step.first + row / group;
+    const int32_t head = step.kv_head * group + row % group;
+    copy_async_16(stage.q + row * kQueryPitch<D> + 4 * j,
+                  a.q + int64_t{token} * q_size + int64_t{head} * D + 4 * j);
+  }
+}
+
+// Q's A fragment for rows 16·mt .., dims k0 .. k0 + 15 (fp32 → bf16).
+template <int32_t D>
+__device__ __forceinline__ void query_fragment(uint32_t (&f)[4], const float* q, int32_t mt,
+                                               int32_t k0, int32_t g, int32_t c) {
 #pragma unroll
-    for (int32_t k = 0; k < kSteps; ++k) {
-      const int32_t dim = 32 * (k / 2) + 8 * c + 4 * (k % 2);
+  for (int32_t half = 0; half < 2; ++half) {
+    const float* row = q + (16 * mt + g + 8 * half) * kQueryPitch<D> + k0 + 2 * c;
+    const float2 lo = *reinterpret_cast<const float2*>(row);
+    const float2 hi = *reinterpret_cast<const float2*>(row + 8);
+    f[half] = pack_bf16x2(lo.x, lo.y);
+    f[2 + half] = pack_bf16x2(hi.x, hi.y);
+  }
+}
+
+// Scores of the step's split: warp w takes keys 32w .. 32w + 31 (four 8-key tiles) for every
+// used m-tile; k-steps over head_dim ascending. Stored scaled, for every key (the softmax reads
+// only a row's own).
+template <int32_t D>
+__device__ __forceinline__ void score_split(const TileStage<D>& stage, float* scores, int32_t m_tiles,
+                            int32_t warp, int32_t lane) {
+  const int32_t g = lane / 4, c = lane % 4;
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  float acc[kMTiles][4][4] = {};
 #pragma unroll
-      for (int32_t half = 0; half < 2; ++half) {
-        const int32_t row = g + 8 * half;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (row < group) x = *reinterpret_cast<const float4*>(q + row * D + dim);
-        q_frag[k][half] = pack_bf16x2(x.x, x.y);
-        q_frag[k][2 + half] = pack_bf16x2(x.z, x.w);
+  for (int32_t s = 0; s < D / 32; ++s) {
+    uint32_t a[kMTiles][2][4];
+#pragma unroll
+    for (int32_t mt = 0; mt < kMTiles; ++mt) {
+      if (mt < m_tiles) {
+        query_fragment<D>(a[mt][0], stage.q, mt, 32 * s, g, c);
+        query_fragment<D>(a[mt][1], stage.q, mt, 32 * s + 16, g, c);
+      }
+    }
+#pragma unroll
+    for (int32_t t = 0; t < 4; ++t) {
+      // Matrix i: keys of the tile, dims 32s + 8i ..: b[0], b[1] are B of k-step 2s, b[2], b[3]
+      // of k-step 2s + 1.
+      uint32_t b[4];
+      ldmatrix_x4(b, stage.k + (32 * warp + 8 * t + lane % 8) * kRowPitch<D> + 32 * s +
+                         8 * (lane / 8));
+#pragma unroll
+      for (int32_t mt = 0; mt < kMTiles; ++mt) {
+        if (mt < m_tiles) {
+          mma_bf16_16816(acc[mt][t], a[mt][0], b[0], b[1]);
+          mma_bf16_16816(acc[mt][t], a[mt][1], b[2], b[3]);
+        }
       }
     }
   }
-  const auto slot_of = [&](int32_t split) -> int64_t {
-    const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
-    if (p >= keys) return 0;
-    return ops::slot_in_table(table_row, s.page_size, p);
-  };
-  int64_t next_slot = slot_of(blockIdx.x);
-  for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
-    const int32_t first = split * kAttentionSplitKeys;
-    const int32_t count = min(kAttentionSplitKeys, keys - first);
-    const int32_t padded = (count + 15) / 16 * 16;  // keys the P·V k-steps cover
-    __syncthreads();  // the previous split's slots, scores and value rows consumed
-    slot_s[threadIdx.x] = next_slot;
-    __syncthreads();
-    // Value rows → shared memory, in flight while the keys are scored; the rows past the split's
-    // keys up to the next k-step boundary are zeroed (their probabilities are zero, and 0·NaN of a
-    // stale row would not be).
-    constexpr int32_t kPieces = D / 8;
-    for (int32_t idx = threadIdx.x; idx < count * kPieces; idx += kThreads) {
-      const int32_t x = idx / kPieces;
-      const int32_t j = idx - x * kPieces;
-      copy_async_16(value_rows + x * kValuePitch<D> + 8 * j,
-                    a.v_cache + slot_s[x] * kv_size + head_offset + 8 * j);
-    }
-    copy_async_commit();
-    for (int32_t idx = count * kPieces + threadIdx.x; idx < padded * kPieces; idx += kThreads) {
-      const int32_t x = idx / kPieces;
-      const int32_t j = idx - x * kPieces;
-      *reinterpret_cast<uint4*>(value_rows + x * kValuePitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
-    }
-    // Key rows: every load of the warp's 32 keys in flight at once.
-    uint4 raw[kKeyTiles][kLoads];
+  // C: (row g, keys 2c, 2c + 1) and (row g + 8, the same keys).
 #pragma unroll
-    for (int32_t t = 0; t < kKeyTiles; ++t) {
-      const int32_t x = 32 * warp + 8 * t + g;
+  for (int32_t mt = 0; mt < kMTiles; ++mt) {
+    if (mt >= m_tiles) continue;
 #pragma unroll
-      for (int32_t l = 0; l < kLoads; ++l) {
-        raw[t][l] = x < count ? *reinterpret_cast<const uint4*>(a.k_cache + slot_s[x] * kv_size +
-                                                                head_offset + 32 * l + 8 * c)
-                              : make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int32_t t = 0; t < kKeyTiles; ++t) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int32_t k = 0; k < kSteps; ++k) {
-        const uint4& r = raw[t][k / 2];
-        mma_bf16_16816(acc, q_frag[k], k % 2 == 0 ? r.x : r.z, k % 2 == 0 ? r.y : r.w);
-      }
-      // C: (row g, keys 2c, 2c + 1) and (row g + 8, the same keys).
-      const int32_t x = 32 * warp + 8 * t + 2 * c;
+    for (int32_t t = 0; t < 4; ++t) {
 #pragma unroll
       for (int32_t half = 0; half < 2; ++half) {
-        const int32_t row = g + 8 * half;
-        if (row < group && row < G) {
-          if (x < count) scores[row * kAttentionSplitKeys + x] = acc[2 * half] * scale;
-          if (x + 1 < count) scores[row * kAttentionSplitKeys + x + 1] = acc[2 * half + 1] * scale;
+        const int32_t row = 16 * mt + g + 8 * half;
+        *reinterpret_cast<float2*>(scores + row * kScorePitch + 32 * warp + 8 * t + 2 * c) =
+            make_float2(acc[mt][t][2 * half] * scale, acc[mt][t][2 * half + 1] * scale);
+      }
+    }
+  }
+}
+
+// O = P·V over all eight 16-key steps of the split; warp w owns dims [w·D/4, (w + 1)·D/4).
+// out[mt][p][t]: C of m-tile mt, dims w·D/4 + 16p + 8t ...
+template <int32_t D>
+__device__ __forceinline__ void weigh_values(const TileStage<D>& stage, const float* scores, int32_t m_tiles,
+                             int32_t warp, int32_t lane, float (&out)[kMTiles][D / 64][2][4]) {
+  constexpr int32_t kWarpDims = D / kWarps;
+  constexpr int32_t kDimPairs = kWarpDims / 16;
+  const int32_t g = lane / 4, c = lane % 4;
+#pragma unroll
+  for (int32_t k0 = 0; k0 < kAttentionSplitKeys; k0 += 16) {
+    uint32_t p_frag[kMTiles][4];
+#pragma unroll
+    for (int32_t mt = 0; mt < kMTiles; ++mt) {
+      if (mt >= m_tiles) continue;
+#pragma unroll
+      for (int32_t half = 0; half < 2; ++half) {
+        const float* row = scores + (16 * mt + g + 8 * half) * kScorePitch + k0 + 2 * c;
+        const float2 lo = *reinterpret_cast<const float2*>(row);
+        const float2 hi = *reinterpret_cast<const float2*>(row + 8);
+        p_frag[mt][half] = pack_bf16x2(lo.x, lo.y);
+        p_frag[mt][2 + half] = pack_bf16x2(hi.x, hi.y);
+      }
+    }
+    // ldmatrix rows: lanes 8i .. 8i + 7 address matrix i = (keys k0 + 8·(i % 2) .., dims
+    // +8·(i / 2)); b[0], b[1] are B for the first 8 dims, b[2], b[3] for the next 8.
+    const int32_t key = k0 + 8 * ((lane / 8) % 2) + lane % 8;
+#pragma unroll
+    for (int32_t p = 0; p < kDimPairs; ++p) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, stage.v + key * kRowPitch<D> + warp * kWarpDims + 16 * p +
+                               8 * (lane / 16));
+#pragma unroll
+      for (int32_t mt = 0; mt < kMTiles; ++mt) {
+        if (mt < m_tiles) {
+          mma_bf16_16816(out[mt][p][0], p_frag[mt], b[0], b[1]);
+          mma_bf16_16816(out[mt][p][1], p_frag[mt], b[2], b[3]);
         }
       }
     }
-    const int32_t next = split + static_cast<int32_t>(gridDim.x);
-    next_slot = next < splits ? slot_of(next) : 0;
-    __syncthreads();
-    split_softmax_pieces(scores, group, count, padded, warp, lane, m_s, l_s);  // zero past keys
-    copy_async_wait_all();
-    __syncthreads();  // probabilities and every thread's value rows visible
-    float out[kDimPairs][2][4] = {};
-    for (int32_t k0 = 0; k0 < padded; k0 += 16) {
-      uint32_t p_frag[4];
+  }
+}
+
+// Each used row's result for the split: the token's output when it has one split, else its
+// partial (m, l, unnormalised sums).
+template <int32_t D>
+__device__ __forceinline__ void store_split(const TileStep& step, const AttentionArgs<bf16>& a, const float* m_s,
+                            const float* l_s, int32_t m_tiles, int32_t warp, int32_t lane,
+                            const float (&out)[kMTiles][D / 64][2][4]) {
+  constexpr int32_t kWarpDims = D / kWarps;
+  const AttentionShape& s = a.shape;
+  const int32_t group = s.query_heads / s.kv_heads;
+  const int32_t rows = step.tokens * group;
+  const int32_t total_splits = splits_max(s);
+  const int32_t g = lane / 4, c = lane % 4;
 #pragma unroll
-      for (int32_t half = 0; half < 2; ++half) {
-        const int32_t row = g + 8 * half;
-        float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
-        if (row < group && row < G) {
-          lo = *reinterpret_cast<const float2*>(scores + row * kAttentionSplitKeys + k0 + 2 * c);
-          hi = *reinterpret_cast<const float2*>(scores + row * kAttentionSplitKeys + k0 + 2 * c + 8);
-        }
-        p_frag[half] = pack_bf16x2(lo.x, lo.y);
-        p_frag[2 + half] = pack_bf16x2(hi.x, hi.y);
-      }
-      // ldmatrix rows: lanes 8i .. 8i + 7 address matrix i = (keys k0 + 8·(i % 2) .., dims
-      // +8·(i / 2)); r0, r1 are B for the first 8 dims, r2, r3 for the next 8.
-      const int32_t key = k0 + 8 * ((lane / 8) % 2) + lane % 8;
-#pragma unroll
-      for (int32_t p = 0; p < kDimPairs; ++p) {
-        const int32_t dim = warp * kWarpDims + 16 * p + 8 * (lane / 16);
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, value_rows + key * kValuePitch<D> + dim);
-        mma_bf16_16816(out[p][0], p_frag, b[0], b[1]);
-        mma_bf16_16816(out[p][1], p_frag, b[2], b[3]);
-      }
-    }
-    // C: (row g, dims 2c, 2c + 1) and (row g + 8, the same dims) of each 8-dim tile.
+  for (int32_t mt = 0; mt < kMTiles; ++mt) {
+    if (mt >= m_tiles) continue;
 #pragma unroll
     for (int32_t half = 0; half < 2; ++half) {
-      const int32_t row = g + 8 * half;
-      if (row >= group || row >= G) continue;
-      const int32_t head = kv_head * group + row;
-      float* part = splits == 1 ? nullptr
-                                : partial_at(a.workspace, local_token, head, split, s.query_heads,
-                                             total_splits, D);
+      const int32_t row = 16 * mt + g + 8 * half;
+      if (row >= rows) continue;
+      const int32_t keys = step.keys[row / group];
+      if (keys <= step.split * kAttentionSplitKeys) continue;  // no key of this split
+      const int32_t local_token = step.first + row / group;
+      const int32_t head = step.kv_head * group + row % group;
+      float* part = keys <= kAttentionSplitKeys
+                        ? nullptr
+                        : partial_at(a.workspace, local_token, head, step.split, s.query_heads,
+                                     total_splits, D);
       if (part != nullptr && warp == 0 && c == 0) part[0] = m_s[row], part[1] = l_s[row];
 #pragma unroll
-      for (int32_t p = 0; p < kDimPairs; ++p) {
+      for (int32_t p = 0; p < D / 64; ++p) {
 #pragma unroll
         for (int32_t t = 0; t < 2; ++t) {
           const int32_t dim = warp * kWarpDims + 16 * p + 8 * t + 2 * c;
-          const float v0 = out[p][t][2 * half], v1 = out[p][t][2 * half + 1];
+          const float v0 = out[mt][p][t][2 * half], v1 = out[mt][p][t][2 * half + 1];
           if (part == nullptr) {
-            bf16* o = a.out + int64_t{token} * q_size + int64_t{head} * D + dim;
+            bf16* o = a.out + int64_t{a.token_begin + local_token} * s.query_heads * D +
+                      int64_t{head} * D + dim;
             *reinterpret_cast<__nv_bfloat162*>(o) =
                 __floats2bfloat162_rn(v0 / l_s[row], v1 / l_s[row]);
           } else {
@@ -229,6 +398,108 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       }
     }
   }
+}
+
+// After a tile's last split (one lane: every partial written by this block, visible after the
+// barrier before): each multi-split token's output from its partials, kCombineDims elements a
+// thread.
+template <int32_t D>
+__device__ __forceinline__ void combine_tile(const TileStep& step, const AttentionArgs<bf16>& a) {
+  const AttentionShape& s = a.shape;
+  const int32_t group = s.query_heads / s.kv_heads;
+  const int32_t total_splits = splits_max(s);
+  constexpr int32_t kPieces = D / kCombineDims;
+  for (int32_t idx = threadIdx.x; idx < step.tokens * group * kPieces; idx += kThreads) {
+    const int32_t row = idx / kPieces;
+    const int32_t i = (idx - row * kPieces) * kCombineDims;
+    const int32_t keys = step.keys[row / group];
+    if (keys <= kAttentionSplitKeys) continue;  // written directly
+    const int32_t local_token = step.first + row / group;
+    const int32_t head = step.kv_head * group + row % group;
+    const float* part0 =
+        partial_at(a.workspace, local_token, head, 0, s.query_heads, total_splits, D);
+    float out[kCombineDims];
+    combined_outputs(part0, (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys, D + 2, i, out);
+    bf16* o = a.out + int64_t{a.token_begin + local_token} * s.query_heads * D +
+              int64_t{head} * D + i;
+#pragma unroll
+    for (int32_t j = 0; j < kCombineDims; j += 2) {
+      *reinterpret_cast<__nv_bfloat162*>(o + j) = __floats2bfloat162_rn(out[j], out[j + 1]);
+    }
+  }
+}
+
+template <int32_t D>
+__device__ __forceinline__ void compute_step(TileShared<D>& sh, const TileStage<D>& stage, const TileStep& step,
+                             const TileArgs& t) {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const AttentionShape& s = t.a.shape;
+  const int32_t group = s.query_heads / s.kv_heads;
+  const int32_t rows = step.tokens * group;
+  const int32_t m_tiles = (rows + 15) / 16;
+  score_split<D>(stage, sh.scores, m_tiles, warp, lane);
+  __syncthreads();  // scores visible
+  const int32_t first_key = step.split * kAttentionSplitKeys;
+  for (int32_t row = warp; row < rows; row += kWarps) {
+    const int32_t count = min(max(step.keys[row / group] - first_key, 0), kAttentionSplitKeys);
+    softmax_row(sh.scores + row * kScorePitch, count, kAttentionSplitKeys, lane, sh.m + row,
+                sh.l + row);
+  }
+  __syncthreads();  // probabilities, m and l visible
+  float out[kMTiles][D / 64][2][4] = {};
+  weigh_values<D>(stage, sh.scores, m_tiles, warp, lane, out);
+  store_split<D>(step, t.a, sh.m, sh.l, m_tiles, warp, lane, out);
+  if (t.plan.fused_combine && step.last) {
+    __syncthreads();  // every partial of the tile written
+    combine_tile<D>(step, t.a);
+  }
+}
+
+// The walk: step i is computed while step i + 1's copies are in flight, step i + 2's slots are
+// stored (read from the table an iteration earlier, so the read's latency never stalls a thread)
+// and step i + 3 is described. Rings: stages and slots by i % 2, step records by i % 4.
+template <int32_t D>
+__global__ void __launch_bounds__(kThreads, 1) attention_tile_kernel(TileArgs t) {
+  extern __shared__ __align__(16) unsigned char tile_shared[];
+  TileShared<D>& sh = *reinterpret_cast<TileShared<D>*>(tile_shared);
+  allow_successor();
+  wait_for_predecessor();
+  TileCursor cursor{static_cast<int32_t>(blockIdx.x), -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  settle(cursor, t);
+  sh.slots[0][threadIdx.x] = describe(sh.steps[0], cursor, t);
+  advance(cursor, t);
+  sh.slots[1][threadIdx.x] = describe(sh.steps[1], cursor, t);
+  advance(cursor, t);
+  int64_t pending_slot = describe(sh.steps[2], cursor, t);
+  __syncthreads();
+  issue_step<D>(sh.stages[0], sh.steps[0], sh.slots[0], t.a);
+  copy_async_commit();
+  for (int32_t i = 0;; ++i) {
+    __syncthreads();  // step i − 1 computed: its stage and step record are free
+    issue_step<D>(sh.stages[(i + 1) % kStages], sh.steps[(i + 1) % kStepRing],
+                  sh.slots[(i + 1) % kStages], t.a);
+    copy_async_commit();
+    // Step i + 2's slots go where step i's were (read by step i's copies before the barrier).
+    sh.slots[i % kStages][threadIdx.x] = pending_slot;
+    advance(cursor, t);
+    pending_slot = describe(sh.steps[(i + 3) % kStepRing], cursor, t);
+    copy_async_wait_newest_pending();  // this thread's copies of step i landed
+    __syncthreads();                   // everyone's, and step i + 2's slots
+    const TileStep& step = sh.steps[i % kStepRing];
+    if (!step.valid) break;
+    compute_step<D>(sh, sh.stages[i % kStages], step, t);
+  }
+  copy_async_wait_all();
+}
+
+// Dynamic shared memory of a tile block (opted in above 48 KB by resident_blocks): 190 KB for
+// head_dim 128 (one block an SM), 110 KB for 64 (two: 2 · (110 + 1 reserved) KB of the 228).
+template <int32_t D>
+constexpr size_t tile_shared_bytes() {
+  static_assert(sizeof(TileShared<128>) <= 227 * 1024, "a block's shared-memory limit");
+  static_assert(2 * (sizeof(TileShared<64>) + 1024) <= 228 * 1024, "two head_dim-64 blocks an SM");
+  return sizeof(TileShared<D>);
 }
 
 }  // namespace
