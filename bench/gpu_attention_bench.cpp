@@ -2,7 +2,8 @@
 // llama-8b's head layouts, timed with CUDA events over back-to-back launches. Decode at batch 1,
 // 16, 64 and contexts 1024 and 4096, with the KV bytes read and the bandwidth that is; prefill of
 // a 2048-token chunk from an empty cache and of a 512-token chunk over a 1536-token prefix, with
-// the effective TFLOP/s of the causal products.
+// the effective TFLOP/s of the causal products; a step of both (64 decode rows beside the
+// 512-token chunk).
 //
 //   lockstep_gpu_attention_bench [--iterations N]
 //
@@ -15,6 +16,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -134,6 +136,22 @@ void run_prefill(const Heads& h, int32_t prefix, int32_t chunk, int32_t iteratio
               chunk, prefix, seconds * 1e6, flops / seconds * 1e-12);
 }
 
+// A mixed step: `batch` decode rows at `context` (pool rows 2 ..) before a prefill chunk (pool
+// row 1), one launch; compare with the decode and prefill figures of its parts.
+void run_mixed(const Heads& h, int32_t batch, int32_t context, int32_t prefix, int32_t chunk,
+               int32_t iterations) {
+  Step step = prefill_step(prefix, chunk);
+  std::vector<int32_t> positions(static_cast<size_t>(batch), context), rows;
+  for (int32_t b = 0; b < batch; ++b) rows.push_back(b + 2);
+  step.positions.insert(step.positions.begin(), positions.begin(), positions.end());
+  step.pool_rows.insert(step.pool_rows.begin(), rows.begin(), rows.end());
+  step.rows = batch + 1;
+  step.context_max = std::max(step.context_max, context);
+  const double seconds = time_step(h, step, iterations);
+  std::printf("  mixed   %-9s batch %2d context %4d + chunk %4d prefix %4d: %8.1f us/launch\n",
+              h.name, batch, context, chunk, prefix, seconds * 1e6);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -150,6 +168,7 @@ int main(int argc, char** argv) {
       }
       run_prefill(h, 0, 2048, iterations);
       run_prefill(h, 1536, 512, iterations);
+      run_mixed(h, 64, 1024, 1536, 512, iterations);
     }
   });
 }

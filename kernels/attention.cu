@@ -101,6 +101,10 @@ __device__ __forceinline__ void copy_async_8_elements(float* shared, const float
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+// Waits for all but the newest committed group (a two-stage ring: the older stage has landed).
+__device__ __forceinline__ void copy_async_wait_older() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
 
 // Key-row pieces a lane has in flight at once (registers: 4 words per bf16 piece, 8 per fp32 one).
 template <typename T>
@@ -138,11 +142,10 @@ __device__ __forceinline__ SplitBlock split_block(const AttentionArgs<T>& a) {
 }
 
 // One row's softmax pieces of a split, by one warp (lane x takes keys x, x + 32, ...; then xor
-// butterflies): scores[0, count) become e = exp(score − m) with m their maximum, m and Σ e go to
-// *m_out / *l_out (the combine merges splits from them), and scores[count, padded) are zeroed
-// (the MMA paths multiply whole 16-key steps). count 0 gives m = −inf, l = 0 and zeros.
-__device__ __forceinline__ void softmax_row(float* scores, int32_t count, int32_t padded,
-                                            int32_t lane, float* m_out, float* l_out) {
+// butterflies): scores[0, count) become e = exp(score − m) with m their maximum, and m and Σ e go
+// to *m_out / *l_out (the combine merges splits from them).
+__device__ __forceinline__ void softmax_row(float* scores, int32_t count, int32_t lane,
+                                            float* m_out, float* l_out) {
   float m = -INFINITY;
   for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, scores[x]);
   m = warp_max(m);
@@ -152,38 +155,8 @@ __device__ __forceinline__ void softmax_row(float* scores, int32_t count, int32_
     scores[x] = e;
     l += e;
   }
-  for (int32_t x = count + lane; x < padded; x += 32) scores[x] = 0.0f;
   l = warp_sum(l);
   if (lane == 0) *m_out = m, *l_out = l;
-}
-
-// Elements i .. i + kCombineDims − 1 of a token's output (one query head) from its `splits`
-// partials at part0, part0 + pitch, ...: m = the splits' maximum, each split weighted by
-// exp(m_k − m), sums in split order (each element's operations are those of a one-element
-// combine: the dims only share m, the weights and l). Every operation is spelled out (no
-// contraction left to the compiler), so the tile kernel's own combine and the combine kernel give
-// the same bits. The loops are unrolled so that a thread's loads of several splits are in flight
-// together.
-constexpr int32_t kCombineDims = 4;  // head_dim % 8 == 0
-
-__device__ __forceinline__ void combined_outputs(const float* part0, int32_t splits, int32_t pitch,
-                                                 int32_t i, float (&out)[kCombineDims]) {
-  float m = -INFINITY;
-#pragma unroll 4
-  for (int32_t k = 0; k < splits; ++k) m = fmaxf(m, part0[int64_t{k} * pitch]);
-  float l = 0.0f, acc[kCombineDims] = {};
-#pragma unroll 4
-  for (int32_t k = 0; k < splits; ++k) {
-    const float* part = part0 + int64_t{k} * pitch;
-    const float weight = expf(__fsub_rn(part[0], m));
-    l = __fadd_rn(l, __fmul_rn(part[1], weight));
-#pragma unroll
-    for (int32_t j = 0; j < kCombineDims; ++j) {
-      acc[j] = __fadd_rn(acc[j], __fmul_rn(part[2 + i + j], weight));
-    }
-  }
-#pragma unroll
-  for (int32_t j = 0; j < kCombineDims; ++j) out[j] = __fdiv_rn(acc[j], l);
 }
 
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
@@ -314,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
     for (int32_t h = warp; h < group; h += kWarps) {
-      softmax_row(scores + h * kAttentionSplitKeys, count, count, lane, m_s + h, l_s + h);
+      softmax_row(scores + h * kAttentionSplitKeys, count, lane, m_s + h, l_s + h);
     }
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
@@ -384,21 +357,23 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
 }  // namespace ls::kernels
 
 #include "kernels/attention_mma.cuh"
+#include "kernels/attention_tiles.cuh"
 
 namespace ls::kernels {
 namespace {
 
 // How many blocks of a kernel instance fit on the GPU at once (cached per instance and shared
-// memory size): a launch sizes its grid from it. Also lifts the instance's dynamic shared-memory
-// limit and asks for the largest shared-memory carveout (the tile kernel's two blocks of
-// 113 KB per SM for head_dim 64 need it).
+// memory size): a launch sizes its split lanes from it. Also lifts the instance's dynamic
+// shared-memory limit and asks for the largest shared-memory carveout (four decode blocks of
+// 44 KB an SM need it); refuses a block that does not fit an SM.
 struct KernelFit {
   const void* kernel = nullptr;
   size_t shared_bytes = 0;
   int32_t resident_blocks = 0;
 };
 
-cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* resident) {
+cudaError_t resident_blocks(const void* kernel, int32_t threads, size_t shared_bytes,
+                            int32_t* resident) {
   static std::mutex mutex;
   static std::vector<KernelFit> fits;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -422,7 +397,7 @@ cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* re
                                   cudaSharedmemCarveoutMaxShared);
   }
   if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared_bytes);
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes);
   }
   if (status != cudaSuccess) return status;
   if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the block does not fit an SM
@@ -431,68 +406,70 @@ cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* re
   return cudaSuccess;
 }
 
-// Split lanes per (work unit, KV head): enough to fill the GPU once, never more than the splits.
-int32_t split_lanes(const AttentionShape& s, int32_t resident, int32_t units) {
-  return std::clamp(resident / (units * s.kv_heads), 1, std::min(splits_max(s), kSplitLanesMax));
-}
-
-// The CUDA-core kernel over (split lanes, kv heads, tokens); the combine kernel always follows it
-// when a token may have several splits.
-template <typename T, int32_t G>
-cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
+// Launches a split kernel over (split lanes, kv heads, tokens): enough lanes to fill the GPU
+// once, never more than the splits. *combine_after: whether the combine kernel must follow
+// (several lanes: the tensor-core decode kernel merges in its blocks with one).
+template <typename T>
+cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
+                          const AttentionArgs<T>& args, int32_t tokens, int32_t* lanes,
+                          LaunchStream stream) {
   const AttentionShape& s = args.shape;
-  const size_t shared = split_shared_bytes<T>(s.head_dim, s.query_heads / s.kv_heads);
-  const auto kernel = attention_split_kernel<T, G>;
   int32_t resident = 0;
-  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
+  const cudaError_t status =
+      resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared, &resident);
   if (status != cudaSuccess) return status;
-  const int32_t lanes = split_lanes(s, resident, tokens);
-  return launch_kernel(kernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
+  *lanes = std::clamp(resident / (tokens * s.kv_heads), 1, std::min(splits_max(s), kSplitLanesMax));
+  return launch_kernel(kernel, dim3(*lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
 }
 
 template <typename T>
-cudaError_t launch_cuda_core_group(const AttentionArgs<T>& args, int32_t tokens,
-                                   LaunchStream stream) {
-  const int32_t group = args.shape.query_heads / args.shape.kv_heads;
-  if (group <= 1) return launch_cuda_core<T, 1>(args, tokens, stream);
-  if (group <= 2) return launch_cuda_core<T, 2>(args, tokens, stream);
-  if (group <= 4) return launch_cuda_core<T, 4>(args, tokens, stream);
-  if (group <= 8) return launch_cuda_core<T, 8>(args, tokens, stream);
-  return launch_cuda_core<T, 16>(args, tokens, stream);
+cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
+  const AttentionShape& s = args.shape;
+  const int32_t group = s.query_heads / s.kv_heads;
+  const size_t shared = split_shared_bytes<T>(s.head_dim, group);
+  int32_t lanes = 0;
+  if (group <= 1) return launch_splits<T>(attention_split_kernel<T, 1>, shared, args, tokens, &lanes, stream);
+  if (group <= 2) return launch_splits<T>(attention_split_kernel<T, 2>, shared, args, tokens, &lanes, stream);
+  if (group <= 4) return launch_splits<T>(attention_split_kernel<T, 4>, shared, args, tokens, &lanes, stream);
+  if (group <= 8) return launch_splits<T>(attention_split_kernel<T, 8>, shared, args, tokens, &lanes, stream);
+  return launch_splits<T>(attention_split_kernel<T, 16>, shared, args, tokens, &lanes, stream);
 }
 
-// The tile kernel: a persistent grid of at most the resident blocks over lanes × kv heads ×
-// token groups. *combine_after: whether the combine kernel must follow (several split lanes).
+// Launches of at least this many tokens take the tile kernel (a prefill chunk, maybe with decode
+// rows beside it); shorter ones the decode kernel, per token. Only the speed depends on it: both
+// give a token the same bits. (A tile block takes its group's runs in turn, so many one-token
+// runs in a group — decode rows — are slow there.)
+constexpr int32_t kTileLaunchTokensMin = 256;
+
+// The tensor-core kernels; *combine_after as for launch_splits.
 template <int32_t D>
-cudaError_t launch_tiles(const AttentionArgs<bf16>& args, int32_t tokens, bool* combine_after,
-                         LaunchStream stream) {
+cudaError_t launch_tensor_cores(const AttentionArgs<bf16>& args, int32_t tokens,
+                                bool* combine_after, LaunchStream stream) {
   const AttentionShape& s = args.shape;
-  const size_t shared = tile_shared_bytes<D>();
+  if (tokens < kTileLaunchTokensMin) {
+    int32_t lanes = 0;
+    const cudaError_t status = launch_splits<bf16>(attention_decode_kernel<D>,
+                                                   decode_shared_bytes<D>(), args, tokens, &lanes,
+                                                   stream);
+    *combine_after = lanes > 1;
+    return status;
+  }
+  *combine_after = false;
   const auto kernel = attention_tile_kernel<D>;
   int32_t resident = 0;
-  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
+  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), kTileThreads,
+                                             tile_shared_bytes<D>(), &resident);
   if (status != cudaSuccess) return status;
-  // Tokens a tile may take: as many as its rows hold, halved while the (group, KV head) units
-  // would be fewer than two a block (a decode step's tokens are each their own tile anyway, and
-  // small groups spread them evenly). Only the speed depends on it, never the bits.
-  int32_t tile_tokens = kTileRows / (s.query_heads / s.kv_heads);
-  const auto groups_of = [&](int32_t per_group) { return (tokens + per_group - 1) / per_group; };
-  while (tile_tokens > 1 && int64_t{groups_of(tile_tokens)} * s.kv_heads < 2 * int64_t{resident}) {
-    tile_tokens /= 2;
-  }
-  const int32_t groups = groups_of(tile_tokens);
-  const int32_t lanes = split_lanes(s, resident, groups);
-  const int64_t items = int64_t{lanes} * s.kv_heads * groups;
-  if (items > INT32_MAX) return cudaErrorInvalidValue;
-  const TilePlan plan{tokens, tile_tokens, lanes, static_cast<int32_t>(items), lanes == 1 ? 1 : 0};
-  *combine_after = lanes > 1;
-  return launch_kernel(kernel, dim3(static_cast<uint32_t>(std::min<int64_t>(items, resident))),
-                       kThreads, shared, stream,
-                       TileArgs{args, plan});
+  const int32_t tile_tokens = kTileRows / (s.query_heads / s.kv_heads);
+  const int32_t groups = (tokens + tile_tokens - 1) / tile_tokens;
+  return launch_kernel(kernel, dim3(groups, s.kv_heads), kTileThreads, tile_shared_bytes<D>(),
+                       stream, TileArgs{args, tokens, tile_tokens});
 }
 
 // grid: (query heads, tokens of the chunk), one thread per kCombineDims output elements of a
-// head: merges the token's partials with combined_outputs.
+// head: merges the token's partials in split order (merge_weights, merged), then o / l.
+constexpr int32_t kCombineDims = 4;  // head_dim % 8 == 0
+
 template <typename T>
 __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   allow_successor();
@@ -508,14 +485,21 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   const float* part0 = partial_at(a.workspace, local_token, head, 0, s.query_heads,
                                   splits_max(s), d);
   for (int32_t i = kCombineDims * threadIdx.x; i < d; i += kCombineDims * blockDim.x) {
-    float out[kCombineDims];
-    combined_outputs(part0, splits, d + 2, i, out);
+    float m = -INFINITY, l = 0.0f, acc[kCombineDims] = {};
+#pragma unroll 4
+    for (int32_t k = 0; k < splits; ++k) {
+      const float* part = part0 + int64_t{k} * (d + 2);
+      const MergeWeights w = merge_weights(m, part[0]);
+      l = merged(l, part[1], w);
+      m = w.m;
+#pragma unroll
+      for (int32_t j = 0; j < kCombineDims; ++j) acc[j] = merged(acc[j], part[2 + i + j], w);
+    }
     for (int32_t j = 0; j < kCombineDims; ++j) {
-      store(a.out + int64_t{token} * s.query_heads * d + head * d + i + j, out[j]);
+      store(a.out + int64_t{token} * s.query_heads * d + head * d + i + j, __fdiv_rn(acc[j], l));
     }
   }
 }
-
 }  // namespace
 
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
@@ -553,11 +537,11 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
     cudaError_t launched = cudaSuccess;
     if constexpr (std::is_same_v<T, bf16>) {
       if (tensor_cores) {
-        launched = s.head_dim == 64 ? launch_tiles<64>(args, n, &combine_after, stream)
-                                    : launch_tiles<128>(args, n, &combine_after, stream);
+        launched = s.head_dim == 64 ? launch_tensor_cores<64>(args, n, &combine_after, stream)
+                                    : launch_tensor_cores<128>(args, n, &combine_after, stream);
       }
     }
-    if (!tensor_cores) launched = launch_cuda_core_group<T>(args, n, stream);
+    if (!tensor_cores) launched = launch_cuda_core<T>(args, n, stream);
     if (launched != cudaSuccess) return launched;
     if (combine_after && splits_max(s) > 1) {
       const cudaError_t status =

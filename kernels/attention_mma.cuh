@@ -1,32 +1,29 @@
 // Paged attention on the tensor cores, for bf16 KV with head_dim 64 or 128 (the production
-// models: llama-1b, llama-8b), decode and prefill alike. Included by attention.cu only.
+// models: llama-1b, llama-8b): the arithmetic of one (row, split) that both tensor-core kernels
+// share, and the decode kernel. Included by attention.cu only; the prefill kernel that reuses
+// this arithmetic is attention_tiles.cuh.
 //
-// Same contract and split rule as the CUDA-core kernel in attention.cu: fixed 128-key splits by
-// absolute position, each split's partial softmax computed on its own, partials combined in split
-// order (combined_outputs). What this kernel adds:
+// A row is one (token, query head). Its output is fixed by this arithmetic alone, whichever
+// kernel, block, warp or tile computes it:
 //
-//  * Tiles. A block's MMA rows are (tokens of one sequence) × (the group's query heads): up to
-//    kTileRows rows, e.g. 8 consecutive tokens × 4 heads for llama's group of 4, so one load of a
-//    split's K/V serves every token of a prefill chunk's tile. The launch cuts the chunk's tokens
-//    into groups of tile_tokens consecutive tokens; inside a group, each run of consecutive tokens
-//    with the same pool row (the same page table, so the same keys) is one tile, so a decode step
-//    (every token its own sequence) gets one-token tiles. A token masks the keys past its own
-//    position exactly as at decode: a row's softmax covers the split's keys below its own count.
-//  * A persistent, pipelined walk. The grid is at most the resident blocks; block b takes items b,
-//    b + grid, ... (item = split lane × KV head × token group) and walks their (tile, split) steps
-//    in order through a two-stage cp.async ring: K, V and Q of step i + 1 are in flight while step
-//    i is computed, across tile and item boundaries, and the slots of a later step are read from
-//    the block table meanwhile.
-//  * The combine in the block. With one split lane (every split of a tile in one block), the
-//    block merges its tiles' partials itself after their last split; with several lanes the
-//    combine kernel does. Both run combined_outputs, so the bits do not depend on which.
+//  * Scores S = Q·Kᵀ of a split with mma.m16n8k16 (bf16 Q and K, fp32 accumulate): k-steps in
+//    ascending order over a permuted head_dim — the same permutation for Q and K, so each dot
+//    product is unchanged — in which thread (g, c) of an 8-key tile takes the 16 bytes at dims
+//    [32s + 8c, 32s + 8c + 8) of key g's row for k-steps 2s (words 0, 1) and 2s + 1 (words 2, 3):
+//    one 16-byte load per two k-steps, from global memory (decode) or shared memory (prefill).
+//  * The split's softmax in fp32 on the MMA's C layout (split_softmax): the scores are scaled,
+//    masked past the row's keys, m is their maximum, the probabilities e = exp(s − m), and
+//    l = Σ e summed by each thread over its 32 keys in a fixed order, then over its quad by two
+//    xor shuffles (the same sum in all four threads of the quad).
+//  * P·V with mma.m16n8k16 over all eight 16-key steps of the split in ascending order (P bf16,
+//    V by ldmatrix.trans; keys past the split's loaded rows have probability 0 and zeroed rows).
+//  * Splits merged in ascending order into a running (m, l, o) by merge_weights / merged, then
+//    o / l: in registers when one block computes every split of the row, by the combine kernel
+//    from the per-split partials otherwise — the same operations either way.
 //
-// A row's arithmetic depends only on its own token: each MMA output element comes from its own
-// row of A (the rows of a tile never mix), the k-steps run in a fixed order (scores over
-// head_dim ascending, P·V over all eight 16-key steps of the split, keys past a row's count having
-// probability 0 and value rows past the tile's keys zeroed), and a row's softmax is one warp's
-// with the same lane order whichever warp takes it. So a token computed in a prefill tile has the
-// bits of the same token computed alone at decode, whatever the batch, the tile or the lanes.
+// Each MMA output element depends only on its own row of A and column of B, so neither the rows a
+// tile holds nor the warp that takes them change a row's bits: a token of a prefill tile has the
+// bits it has alone at decode, and a decode row the bits it has in any batch.
 #pragma once
 
 namespace ls::kernels {
@@ -47,15 +44,7 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Four 8×8 bf16 matrices from shared memory; lanes 8i .. 8i + 7 give matrix i's row addresses.
-// Thread (g, c) receives row g, columns 2c, 2c + 1 of each (transposed: rows 2c, 2c + 1 of
-// column g).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
+// Four transposed 8×8 bf16 matrices from shared memory; lanes 8i .. 8i + 7 give matrix i's rows.
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
   const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(row));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -63,443 +52,323 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(address));
 }
 
-__device__ __forceinline__ void copy_async_wait_newest_pending() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
-}
+constexpr int32_t kMmaRows = 16;                            // rows of an m16 tile
+constexpr int32_t kKeyTiles = kAttentionSplitKeys / 8;      // n8 tiles of a split's scores
+constexpr int32_t kKeySteps = kAttentionSplitKeys / 16;     // k16 steps of P·V
+constexpr int32_t kScorePitch = kAttentionSplitKeys + 8;    // floats: float2 rows in distinct banks
 
-constexpr int32_t kTileRows = 32;              // MMA rows of a block: tile tokens × group
-constexpr int32_t kMTiles = kTileRows / 16;    // m16 tiles
-constexpr int32_t kStages = 2;                 // steps in the cp.async ring
-constexpr int32_t kStepRing = 4;               // step records: computed, in flight, slots, next
-constexpr int32_t kScorePitch = kAttentionSplitKeys + 8;  // floats; 8 more: no bank conflicts
+// Shared-memory row pitch of value rows, in elements: 8 more than head_dim, so the eight 16-byte
+// rows an ldmatrix phase reads fall in different banks.
 template <int32_t D>
-constexpr int32_t kRowPitch = D + 8;  // bf16 K/V rows: the eight rows of an ldmatrix in 8 banks
-template <int32_t D>
-constexpr int32_t kQueryPitch = D + 8;  // fp32 Q rows: a half-warp's float2 loads in 16 banks
+constexpr int32_t kValuePitch = D + 8;
 
-// One step's inputs: the split's key and value rows and the tile's queries (fp32, as computed).
-template <int32_t D>
-struct TileStage {
-  bf16 k[kAttentionSplitKeys * kRowPitch<D>];
-  bf16 v[kAttentionSplitKeys * kRowPitch<D>];
-  float q[kTileRows * kQueryPitch<D>];
-};
-
-// One step of a block's walk, as every thread reads it from shared memory.
-struct TileStep {
-  int32_t valid;      // 0: past the block's last step
-  int32_t first;      // the tile's first token, within the launch's chunk
-  int32_t tokens;     // the tile's tokens (consecutive, one pool row)
-  int32_t kv_head;
-  int32_t split;
-  int32_t count_max;  // keys of the split loaded: the largest of the tokens' counts
-  int32_t last;       // the tile's last split: with one lane, the block combines the tile after
-  int32_t keys[kTileRows];  // each token's keys: positions 0 .. keys − 1
-};
-
-template <int32_t D>
-struct TileShared {
-  TileStage<D> stages[kStages];
-  float scores[kTileRows * kScorePitch];  // scores, then probabilities (zero past a row's keys)
-  int64_t slots[kStages][kAttentionSplitKeys];
-  TileStep steps[kStepRing];  // step i in steps[i % 4]: i is computed while i + 3 is described
-  float m[kTileRows];
-  float l[kTileRows];
-};
-
-// How a launch cuts its tokens: groups of tile_tokens consecutive tokens, `lanes` split lanes per
-// (group, KV head); items = lanes · kv_heads · groups.
-struct TilePlan {
-  int32_t tokens;
-  int32_t tile_tokens;
-  int32_t lanes;
-  int32_t items;
-  int32_t fused_combine;  // lanes == 1
-};
-
-struct TileArgs {
-  AttentionArgs<bf16> a;
-  TilePlan plan;
-};
-
-__device__ __forceinline__ int32_t keys_of(const AttentionArgs<bf16>& a, int32_t local_token) {
-  return min(a.positions[a.token_begin + local_token], a.shape.positions_count - 1) + 1;
-}
-__device__ __forceinline__ int32_t pool_row_of(const AttentionArgs<bf16>& a, int32_t local_token) {
-  return a.token_pool_rows[a.token_begin + local_token];
+// A fragments of Q for k-steps 2s and 2s + 1 from the 16-byte pieces of rows g and g + 8 at dims
+// 32s + 8c (the permuted order: see the top of the file).
+__device__ __forceinline__ void query_fragments(const uint4& row_g, const uint4& row_g8,
+                                                uint32_t (&even)[4], uint32_t (&odd)[4]) {
+  even[0] = row_g.x, even[1] = row_g8.x, even[2] = row_g.y, even[3] = row_g8.y;
+  odd[0] = row_g.z, odd[1] = row_g8.z, odd[2] = row_g.w, odd[3] = row_g8.w;
 }
 
-// Where a block's walk is: its item, the tile in it (first = −1: the item's first) and the split.
-// Every thread keeps the same cursor (uniform values, broadcast loads), but lane_keys: lane r's is
-// the count of token group_first + r of the item's token group.
-struct TileCursor {
-  int32_t item, first, tokens, splits, split, kv_head, pool_row, keys_max, group_first, lane_keys;
-};
-
-// Moves the cursor to the first step at or after it: the tile at `first` of its item (or the
-// next tile, or the next item's first) of which its lane has a split. A warp reads a token group's
-// pool rows and counts at once (one token a lane: tile_tokens <= 32), then finds the run of
-// tokens with the tile's pool row by a ballot.
-__device__ __forceinline__ void settle(TileCursor& c, const TileArgs& t) {
-  static_assert(kTileRows <= 32, "a token group fits a warp");
-  const TilePlan& p = t.plan;
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  while (c.item < p.items) {
-    const int32_t item_lane = c.item % p.lanes;
-    const int32_t rest = c.item / p.lanes;
-    c.kv_head = rest % t.a.shape.kv_heads;
-    const int32_t group_first = rest / t.a.shape.kv_heads * p.tile_tokens;
-    const int32_t group_end = min(group_first + p.tile_tokens, p.tokens);
-    if (c.first < 0) c.first = group_first;
-    const bool in_group = group_first + lane < group_end;
-    const int32_t row = in_group ? pool_row_of(t.a, group_first + lane) : -1;
-    const int32_t keys = in_group ? keys_of(t.a, group_first + lane) : 0;
-    c.group_first = group_first;
-    c.lane_keys = keys;
-    while (c.first < group_end) {
-      const int32_t f = c.first - group_first;
-      c.pool_row = __shfl_sync(0xffffffffu, row, f);
-      // Bit j: token f + j has the tile's pool row (bit 0 always; lanes past the group never).
-      const uint32_t same = __ballot_sync(0xffffffffu, in_group && row == c.pool_row) >> f;
-      c.tokens = same == 0xffffffffu ? 32 : __ffs(static_cast<int>(~same)) - 1;
-      const bool in_tile = lane >= f && lane < f + c.tokens;
-      c.keys_max = __reduce_max_sync(0xffffffffu, in_tile ? keys : 0);
-      c.splits = (c.keys_max + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-      if (item_lane < c.splits) {
-        c.split = item_lane;
-        return;
-      }
-      c.first += c.tokens;
-    }
-    c.item += gridDim.x;
-    c.first = -1;
-  }
+// k-steps 2s, 2s + 1 of an 8-key score tile, from key g's 16-byte piece at dims 32s + 8c.
+__device__ __forceinline__ void score_step_pair(float (&acc)[4], const uint32_t (&even)[4],
+                                                const uint32_t (&odd)[4], const uint4& key) {
+  mma_bf16_16816(acc, even, key.x, key.y);
+  mma_bf16_16816(acc, odd, key.z, key.w);
 }
 
-__device__ __forceinline__ void advance(TileCursor& c, const TileArgs& t) {
-  if (c.item >= t.plan.items) return;
-  c.split += t.plan.lanes;
-  if (c.split < c.splits) return;
-  c.first += c.tokens;
-  settle(c, t);
-}
-
-// Writes the step the cursor is at (thread 0 its fields, warp 0's lane r token r's count, from
-// the cursor: no memory read); each thread returns the slot of its key of it, a block-table read
-// that the caller consumes only an iteration later.
-__device__ __forceinline__ int64_t describe(TileStep& step, const TileCursor& c, const TileArgs& t) {
-  const bool valid = c.item < t.plan.items;
-  const int32_t lane = static_cast<int32_t>(threadIdx.x % 32);
-  const int32_t token_keys =
-      __shfl_sync(0xffffffffu, c.lane_keys, min(c.first - c.group_first + lane, 31));
-  if (threadIdx.x == 0) {
-    step.valid = valid;
-    if (valid) {
-      step.first = c.first, step.tokens = c.tokens, step.kv_head = c.kv_head;
-      step.split = c.split;
-      step.count_max = min(kAttentionSplitKeys, c.keys_max - c.split * kAttentionSplitKeys);
-      step.last = c.split + t.plan.lanes >= c.splits;
+// The split's softmax of row g + 8h (h = 0, 1: columns 2h, 2h + 1 of the C layout of the split's
+// 16 score tiles, s[t][2h + j]: key 8t + 2c + j): scores scaled, keys >= count masked
+// (probability 0; count <= 0: m = −inf, l = 0), m and l the same in the quad's four threads.
+// Every operation is spelled out (no contraction left to the compiler).
+__device__ __forceinline__ void split_softmax(float (&s)[kKeyTiles][4], int32_t h, int32_t count,
+                                              float scale, int32_t c, float& m, float& l) {
+  float row_max = -INFINITY;
+#pragma unroll
+  for (int32_t t = 0; t < kKeyTiles; ++t) {
+#pragma unroll
+    for (int32_t j = 0; j < 2; ++j) {
+      const float x = __fmul_rn(s[t][2 * h + j], scale);
+      s[t][2 * h + j] = x;
+      if (8 * t + 2 * c + j < count) row_max = fmaxf(row_max, x);
     }
   }
-  if (valid && static_cast<int32_t>(threadIdx.x) < c.tokens) step.keys[threadIdx.x] = token_keys;
-  const int32_t p = (valid ? c.split : 0) * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
-  if (!valid || p >= c.keys_max) return 0;
-  const AttentionShape& s = t.a.shape;
-  return ops::slot_in_table(t.a.table + int64_t{c.pool_row} * s.table_width, s.page_size, p);
+  row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+  row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+  float sum = 0.0f;
+#pragma unroll
+  for (int32_t t = 0; t < kKeyTiles; ++t) {
+#pragma unroll
+    for (int32_t j = 0; j < 2; ++j) {
+      const bool live = 8 * t + 2 * c + j < count;
+      const float e = live ? expf(__fsub_rn(s[t][2 * h + j], row_max)) : 0.0f;
+      s[t][2 * h + j] = e;
+      sum = __fadd_rn(sum, e);
+    }
+  }
+  sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+  sum = __fadd_rn(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+  m = row_max;
+  l = sum;
 }
 
-// Issues the copies of a step into its stage: the split's K and V rows below count_max, zeros
-// for the value rows past them (probability 0 times a stale row could be NaN), the tile's Q rows.
-template <int32_t D>
-__device__ __forceinline__ void issue_step(TileStage<D>& stage, const TileStep& step, const int64_t* slots,
-                           const AttentionArgs<bf16>& a) {
-  if (!step.valid) return;
-  const AttentionShape& s = a.shape;
-  constexpr int32_t kPieces = D / 8;  // 16-byte pieces of a bf16 row
-  const int32_t kv_size = s.kv_heads * D;
-  const int64_t head_offset = int64_t{step.kv_head} * D;
-  for (int32_t idx = threadIdx.x; idx < step.count_max * kPieces; idx += kThreads) {
-    const int32_t x = idx / kPieces;
-    const int32_t j = idx - x * kPieces;
-    const int64_t at = slots[x] * kv_size + head_offset + 8 * j;
-    copy_async_16(stage.k + x * kRowPitch<D> + 8 * j, a.k_cache + at);
-    copy_async_16(stage.v + x * kRowPitch<D> + 8 * j, a.v_cache + at);
-  }
-  for (int32_t idx = step.count_max * kPieces + threadIdx.x; idx < kAttentionSplitKeys * kPieces;
-       idx += kThreads) {
-    const int32_t x = idx / kPieces;
-    const int32_t j = idx - x * kPieces;
-    *reinterpret_cast<uint4*>(stage.v + x * kRowPitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
-  }
-  constexpr int32_t kQuarters = D / 4;  // 16-byte pieces of an fp32 row
-  const int32_t group = s.query_heads / s.kv_heads;
-  const int32_t q_size = s.query_heads * D;
-  for (int32_t idx = threadIdx.x; idx < step.tokens * group * kQuarters; idx += kThreads) {
-    const int32_t row = idx / kQuarters;
-    const int32_t j = idx - row * kQuarters;
-    const int32_t token = a.token_begin + step.first + row / group;
-    const int32_t head = step.kv_head * group + row % group;
-    copy_async_16(stage.q + row * kQueryPitch<D> + 4 * j,
-                  a.q + int64_t{token} * q_size + int64_t{head} * D + 4 * j);
-  }
+// P's A fragment for keys 16k .. 16k + 15 from the probabilities in C layout.
+__device__ __forceinline__ void probability_fragment(uint32_t (&p)[4],
+                                                     const float (&s)[kKeyTiles][4], int32_t k) {
+  p[0] = pack_bf16x2(s[2 * k][0], s[2 * k][1]);
+  p[1] = pack_bf16x2(s[2 * k][2], s[2 * k][3]);
+  p[2] = pack_bf16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
+  p[3] = pack_bf16x2(s[2 * k + 1][2], s[2 * k + 1][3]);
 }
 
-// Q's A fragment for rows 16·mt .., dims k0 .. k0 + 15 (fp32 → bf16).
-template <int32_t D>
-__device__ __forceinline__ void query_fragment(uint32_t (&f)[4], const float* q, int32_t mt,
-                                               int32_t k0, int32_t g, int32_t c) {
+// The same fragment from probabilities in shared memory (rows of kScorePitch floats).
+__device__ __forceinline__ void probability_fragment(uint32_t (&p)[4], const float* rows,
+                                                     int32_t k, int32_t g, int32_t c) {
 #pragma unroll
   for (int32_t half = 0; half < 2; ++half) {
-    const float* row = q + (16 * mt + g + 8 * half) * kQueryPitch<D> + k0 + 2 * c;
+    const float* row = rows + (g + 8 * half) * kScorePitch + 16 * k + 2 * c;
     const float2 lo = *reinterpret_cast<const float2*>(row);
     const float2 hi = *reinterpret_cast<const float2*>(row + 8);
-    f[half] = pack_bf16x2(lo.x, lo.y);
-    f[2 + half] = pack_bf16x2(hi.x, hi.y);
+    p[half] = pack_bf16x2(lo.x, lo.y);
+    p[2 + half] = pack_bf16x2(hi.x, hi.y);
   }
 }
 
-// Scores of the step's split: warp w takes keys 32w .. 32w + 31 (four 8-key tiles) for every
-// used m-tile; k-steps over head_dim ascending. Stored scaled, for every key (the softmax reads
-// only a row's own).
+// Two 8-dim tiles of P·V (dims dim0 .. dim0 + 15) for one 16-key step: V's B fragments by
+// ldmatrix.trans from the value rows, lanes 8i .. 8i + 7 addressing matrix i = (keys
+// 16k + 8·(i % 2) .., dims dim0 + 8·(i / 2)).
 template <int32_t D>
-__device__ __forceinline__ void score_split(const TileStage<D>& stage, float* scores, int32_t m_tiles,
-                            int32_t warp, int32_t lane) {
-  const int32_t g = lane / 4, c = lane % 4;
-  const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  float acc[kMTiles][4][4] = {};
-#pragma unroll
-  for (int32_t s = 0; s < D / 32; ++s) {
-    uint32_t a[kMTiles][2][4];
-#pragma unroll
-    for (int32_t mt = 0; mt < kMTiles; ++mt) {
-      if (mt < m_tiles) {
-        query_fragment<D>(a[mt][0], stage.q, mt, 32 * s, g, c);
-        query_fragment<D>(a[mt][1], stage.q, mt, 32 * s + 16, g, c);
-      }
-    }
-#pragma unroll
-    for (int32_t t = 0; t < 4; ++t) {
-      // Matrix i: keys of the tile, dims 32s + 8i ..: b[0], b[1] are B of k-step 2s, b[2], b[3]
-      // of k-step 2s + 1.
-      uint32_t b[4];
-      ldmatrix_x4(b, stage.k + (32 * warp + 8 * t + lane % 8) * kRowPitch<D> + 32 * s +
-                         8 * (lane / 8));
-#pragma unroll
-      for (int32_t mt = 0; mt < kMTiles; ++mt) {
-        if (mt < m_tiles) {
-          mma_bf16_16816(acc[mt][t], a[mt][0], b[0], b[1]);
-          mma_bf16_16816(acc[mt][t], a[mt][1], b[2], b[3]);
-        }
-      }
-    }
-  }
-  // C: (row g, keys 2c, 2c + 1) and (row g + 8, the same keys).
-#pragma unroll
-  for (int32_t mt = 0; mt < kMTiles; ++mt) {
-    if (mt >= m_tiles) continue;
-#pragma unroll
-    for (int32_t t = 0; t < 4; ++t) {
-#pragma unroll
-      for (int32_t half = 0; half < 2; ++half) {
-        const int32_t row = 16 * mt + g + 8 * half;
-        *reinterpret_cast<float2*>(scores + row * kScorePitch + 32 * warp + 8 * t + 2 * c) =
-            make_float2(acc[mt][t][2 * half] * scale, acc[mt][t][2 * half + 1] * scale);
-      }
-    }
-  }
+__device__ __forceinline__ void weigh_step(float (&lo)[4], float (&hi)[4], const uint32_t (&p)[4],
+                                           const bf16* value_rows, int32_t k, int32_t dim0,
+                                           int32_t lane) {
+  const int32_t key = 16 * k + 8 * ((lane / 8) % 2) + lane % 8;
+  uint32_t b[4];
+  ldmatrix_x4_trans(b, value_rows + key * kValuePitch<D> + dim0 + 8 * (lane / 16));
+  mma_bf16_16816(lo, p, b[0], b[1]);
+  mma_bf16_16816(hi, p, b[2], b[3]);
 }
 
-// O = P·V over all eight 16-key steps of the split; warp w owns dims [w·D/4, (w + 1)·D/4).
-// out[mt][p][t]: C of m-tile mt, dims w·D/4 + 16p + 8t ...
-template <int32_t D>
-__device__ __forceinline__ void weigh_values(const TileStage<D>& stage, const float* scores, int32_t m_tiles,
-                             int32_t warp, int32_t lane, float (&out)[kMTiles][D / 64][2][4]) {
-  constexpr int32_t kWarpDims = D / kWarps;
-  constexpr int32_t kDimPairs = kWarpDims / 16;
-  const int32_t g = lane / 4, c = lane % 4;
-#pragma unroll
-  for (int32_t k0 = 0; k0 < kAttentionSplitKeys; k0 += 16) {
-    uint32_t p_frag[kMTiles][4];
-#pragma unroll
-    for (int32_t mt = 0; mt < kMTiles; ++mt) {
-      if (mt >= m_tiles) continue;
-#pragma unroll
-      for (int32_t half = 0; half < 2; ++half) {
-        const float* row = scores + (16 * mt + g + 8 * half) * kScorePitch + k0 + 2 * c;
-        const float2 lo = *reinterpret_cast<const float2*>(row);
-        const float2 hi = *reinterpret_cast<const float2*>(row + 8);
-        p_frag[mt][half] = pack_bf16x2(lo.x, lo.y);
-        p_frag[mt][2 + half] = pack_bf16x2(hi.x, hi.y);
-      }
-    }
-    // ldmatrix rows: lanes 8i .. 8i + 7 address matrix i = (keys k0 + 8·(i % 2) .., dims
-    // +8·(i / 2)); b[0], b[1] are B for the first 8 dims, b[2], b[3] for the next 8.
-    const int32_t key = k0 + 8 * ((lane / 8) % 2) + lane % 8;
-#pragma unroll
-    for (int32_t p = 0; p < kDimPairs; ++p) {
-      uint32_t b[4];
-      ldmatrix_x4_trans(b, stage.v + key * kRowPitch<D> + warp * kWarpDims + 16 * p +
-                               8 * (lane / 16));
-#pragma unroll
-      for (int32_t mt = 0; mt < kMTiles; ++mt) {
-        if (mt < m_tiles) {
-          mma_bf16_16816(out[mt][p][0], p_frag[mt], b[0], b[1]);
-          mma_bf16_16816(out[mt][p][1], p_frag[mt], b[2], b[3]);
-        }
-      }
-    }
-  }
+// A row's output so far (over its splits merged in order) with a split's (m, l, o) merged in:
+// w = merge_weights(m, split_m); l = merged(l, split_l, w); o = merged(o, split_o, w); m = w.m.
+// The first split (m = −inf, l = o = 0) comes out exactly as computed. Spelled out, so the
+// combine kernel and the blocks that merge in registers give the same bits.
+struct MergeWeights {
+  float m, old_weight, split_weight;
+};
+__device__ __forceinline__ MergeWeights merge_weights(float m, float split_m) {
+  const float merged_m = fmaxf(m, split_m);
+  return {merged_m, expf(__fsub_rn(m, merged_m)), expf(__fsub_rn(split_m, merged_m))};
+}
+__device__ __forceinline__ float merged(float x, float split_x, const MergeWeights& w) {
+  return __fadd_rn(__fmul_rn(x, w.old_weight), __fmul_rn(split_x, w.split_weight));
 }
 
-// Each used row's result for the split: the token's output when it has one split, else its
-// partial (m, l, unnormalised sums).
+// Dynamic shared memory of the decode kernel: one split's value rows (fp32 scores, slots, m and
+// l are static): 34 KB + 9 KB for head_dim 128, so four blocks fit an SM.
 template <int32_t D>
-__device__ __forceinline__ void store_split(const TileStep& step, const AttentionArgs<bf16>& a, const float* m_s,
-                            const float* l_s, int32_t m_tiles, int32_t warp, int32_t lane,
-                            const float (&out)[kMTiles][D / 64][2][4]) {
-  constexpr int32_t kWarpDims = D / kWarps;
+constexpr size_t decode_shared_bytes() {
+  return size_t{kAttentionSplitKeys} * kValuePitch<D> * sizeof(bf16);
+}
+
+// Decode and short launches. grid: (split lanes, kv heads, tokens), like the CUDA-core kernel: a
+// block takes one token's group of query heads (rows g < group of one m16 tile; the rest are
+// computed and dropped) and the splits lane, lane + lanes, ... Per split, the value rows are
+// copied to shared memory by cp.async while each warp loads its 32 keys' rows straight into
+// registers (every load in flight at once) and scores them; the scores go through shared memory
+// to warp 0, which runs split_softmax for the tile's 16 rows; every warp then takes D / 4 dims of
+// P·V. With one lane, or a token of one split, the block merges the splits in registers and
+// writes the output; otherwise it writes each split's partial (m, l, o) and the combine kernel
+// merges them.
+template <int32_t D>
+__global__ void __launch_bounds__(kThreads, 4) attention_decode_kernel(AttentionArgs<bf16> a) {
+  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
+  constexpr int32_t kSteps = D / 16;              // k-steps of the scores
+  constexpr int32_t kLoads = D / 32;              // 16-byte key loads per key
+  constexpr int32_t kWarpDims = D / kWarps;       // output dims per warp
+  constexpr int32_t kDimPairs = kWarpDims / 16;   // ldmatrix.x4 per k-step (two 8-dim tiles each)
+  constexpr int32_t kWarpKeyTiles = 32 / 8;       // 8-key tiles per warp
+  constexpr int32_t kPieces = D / 8;              // 16-byte pieces of a row
+  extern __shared__ __align__(16) unsigned char decode_shared[];
+  bf16* value_rows = reinterpret_cast<bf16*>(decode_shared);  // [split keys, kValuePitch<D>]
+  __shared__ __align__(16) float scores[kMmaRows * kScorePitch];
+  __shared__ int64_t slot_s[kAttentionSplitKeys];
+  __shared__ float m_s[kMmaRows];
+  __shared__ float l_s[kMmaRows];
+  allow_successor();
+  wait_for_predecessor();
   const AttentionShape& s = a.shape;
-  const int32_t group = s.query_heads / s.kv_heads;
-  const int32_t rows = step.tokens * group;
-  const int32_t total_splits = splits_max(s);
-  const int32_t g = lane / 4, c = lane % 4;
+  const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
+  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
+  const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
+                group = block.group, keys = block.keys, splits = block.splits,
+                total_splits = block.total_splits;
+  const int32_t* table_row = block.table_row;
+  const bool merge_here = gridDim.x == 1 || splits == 1;  // every split of the token in this block
+  const int32_t kv_size = s.kv_heads * D;
+  const int32_t q_size = s.query_heads * D;
+  const float scale = 1.0f / sqrtf(static_cast<float>(D));
+  const int32_t warp = threadIdx.x / 32;
+  const int32_t lane = threadIdx.x % 32;
+  const int32_t g = lane / 4;  // MMA group: a row of A and C, a column (key or dim) of B
+  const int32_t c = lane % 4;  // thread in the group
+  const int64_t head_offset = int64_t{kv_head} * D;
+
+  // Q's A fragments for every k-step (rows g and g + 8; zero past the group).
+  uint32_t q_frag[kSteps][4];
+  {
+    const float* q = a.q + int64_t{token} * q_size + int64_t{kv_head} * group * D;
 #pragma unroll
-  for (int32_t mt = 0; mt < kMTiles; ++mt) {
-    if (mt >= m_tiles) continue;
+    for (int32_t k = 0; k < kSteps; ++k) {
+      const int32_t dim = 32 * (k / 2) + 8 * c + 4 * (k % 2);
+#pragma unroll
+      for (int32_t half = 0; half < 2; ++half) {
+        const int32_t row = g + 8 * half;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (row < group) x = *reinterpret_cast<const float4*>(q + row * D + dim);
+        q_frag[k][half] = pack_bf16x2(x.x, x.y);
+        q_frag[k][2 + half] = pack_bf16x2(x.z, x.w);
+      }
+    }
+  }
+  const auto slot_of = [&](int32_t split) -> int64_t {
+    const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
+    if (p >= keys) return 0;
+    return ops::slot_in_table(table_row, s.page_size, p);
+  };
+  float run_m[2] = {-INFINITY, -INFINITY}, run_l[2] = {0.0f, 0.0f};
+  float run[kDimPairs][2][4] = {};
+  int64_t next_slot = slot_of(blockIdx.x);
+  for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
+    const int32_t first = split * kAttentionSplitKeys;
+    const int32_t count = min(kAttentionSplitKeys, keys - first);
+    __syncthreads();  // the previous split's slots, scores and value rows consumed
+    slot_s[threadIdx.x] = next_slot;
+    __syncthreads();
+    // Value rows → shared memory, in flight while the keys are scored; the rows past the split's
+    // keys are zeroed (their probabilities are zero, and 0·NaN of a stale row would not be).
+    for (int32_t idx = threadIdx.x; idx < count * kPieces; idx += kThreads) {
+      const int32_t x = idx / kPieces;
+      const int32_t j = idx - x * kPieces;
+      copy_async_16(value_rows + x * kValuePitch<D> + 8 * j,
+                    a.v_cache + slot_s[x] * kv_size + head_offset + 8 * j);
+    }
+    copy_async_commit();
+    for (int32_t idx = count * kPieces + threadIdx.x; idx < kAttentionSplitKeys * kPieces;
+         idx += kThreads) {
+      const int32_t x = idx / kPieces;
+      const int32_t j = idx - x * kPieces;
+      *reinterpret_cast<uint4*>(value_rows + x * kValuePitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
+    }
+    // Key rows: every load of the warp's 32 keys in flight at once (zero past the split's keys).
+    uint4 raw[kWarpKeyTiles][kLoads];
+#pragma unroll
+    for (int32_t t = 0; t < kWarpKeyTiles; ++t) {
+      const int32_t x = 32 * warp + 8 * t + g;
+#pragma unroll
+      for (int32_t l = 0; l < kLoads; ++l) {
+        raw[t][l] = x < count ? *reinterpret_cast<const uint4*>(a.k_cache + slot_s[x] * kv_size +
+                                                                head_offset + 32 * l + 8 * c)
+                              : make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int32_t t = 0; t < kWarpKeyTiles; ++t) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int32_t l = 0; l < kLoads; ++l) {
+        score_step_pair(acc, q_frag[2 * l], q_frag[2 * l + 1], raw[t][l]);
+      }
+      const int32_t x = 32 * warp + 8 * t + 2 * c;  // C: rows g, g + 8; keys x, x + 1
+      *reinterpret_cast<float2*>(scores + g * kScorePitch + x) = make_float2(acc[0], acc[1]);
+      *reinterpret_cast<float2*>(scores + (g + 8) * kScorePitch + x) = make_float2(acc[2], acc[3]);
+    }
+    const int32_t next = split + static_cast<int32_t>(gridDim.x);
+    next_slot = next < splits ? slot_of(next) : 0;
+    __syncthreads();  // every warp's scores
+    if (warp == 0) {
+#pragma unroll
+      for (int32_t half = 0; half < 2; ++half) {  // rows g + 8·half, one at a time (registers)
+        if (8 * half >= group) break;
+        float* rows = scores + (g + 8 * half) * kScorePitch + 2 * c;
+        float sc[kKeyTiles][4];  // columns 2·half, 2·half + 1 used
+#pragma unroll
+        for (int32_t t = 0; t < kKeyTiles; ++t) {
+          const float2 v = *reinterpret_cast<const float2*>(rows + 8 * t);
+          sc[t][2 * half] = v.x, sc[t][2 * half + 1] = v.y;
+        }
+        float m, l;
+        split_softmax(sc, half, g + 8 * half < group ? count : 0, scale, c, m, l);
+#pragma unroll
+        for (int32_t t = 0; t < kKeyTiles; ++t) {
+          *reinterpret_cast<float2*>(rows + 8 * t) = make_float2(sc[t][2 * half], sc[t][2 * half + 1]);
+        }
+        if (c == 0) m_s[g + 8 * half] = m, l_s[g + 8 * half] = l;
+      }
+    }
+    copy_async_wait_all();
+    __syncthreads();  // probabilities, m, l and every thread's value rows visible
+    float out[kDimPairs][2][4] = {};
+#pragma unroll
+    for (int32_t k = 0; k < kKeySteps; ++k) {
+      uint32_t p_frag[4];
+      probability_fragment(p_frag, scores, k, g, c);
+#pragma unroll
+      for (int32_t p = 0; p < kDimPairs; ++p) {
+        weigh_step<D>(out[p][0], out[p][1], p_frag, value_rows, k, warp * kWarpDims + 16 * p, lane);
+      }
+    }
+    // C: (row g, dims 2c, 2c + 1) and (row g + 8, the same dims) of each 8-dim tile.
 #pragma unroll
     for (int32_t half = 0; half < 2; ++half) {
-      const int32_t row = 16 * mt + g + 8 * half;
-      if (row >= rows) continue;
-      const int32_t keys = step.keys[row / group];
-      if (keys <= step.split * kAttentionSplitKeys) continue;  // no key of this split
-      const int32_t local_token = step.first + row / group;
-      const int32_t head = step.kv_head * group + row % group;
-      float* part = keys <= kAttentionSplitKeys
-                        ? nullptr
-                        : partial_at(a.workspace, local_token, head, step.split, s.query_heads,
-                                     total_splits, D);
-      if (part != nullptr && warp == 0 && c == 0) part[0] = m_s[row], part[1] = l_s[row];
+      const int32_t row = g + 8 * half;
+      if (row >= group) continue;
+      const int32_t head = kv_head * group + row;
+      if (merge_here) {
+        const MergeWeights w = merge_weights(run_m[half], m_s[row]);
+        run_l[half] = merged(run_l[half], l_s[row], w);
+        run_m[half] = w.m;
 #pragma unroll
-      for (int32_t p = 0; p < D / 64; ++p) {
+        for (int32_t p = 0; p < kDimPairs; ++p) {
+#pragma unroll
+          for (int32_t t = 0; t < 2; ++t) {
+#pragma unroll
+            for (int32_t j = 0; j < 2; ++j) {
+              run[p][t][2 * half + j] = merged(run[p][t][2 * half + j], out[p][t][2 * half + j], w);
+            }
+          }
+        }
+        continue;
+      }
+      float* part = partial_at(a.workspace, local_token, head, split, s.query_heads, total_splits, D);
+      if (warp == 0 && c == 0) part[0] = m_s[row], part[1] = l_s[row];
+#pragma unroll
+      for (int32_t p = 0; p < kDimPairs; ++p) {
 #pragma unroll
         for (int32_t t = 0; t < 2; ++t) {
           const int32_t dim = warp * kWarpDims + 16 * p + 8 * t + 2 * c;
-          const float v0 = out[mt][p][t][2 * half], v1 = out[mt][p][t][2 * half + 1];
-          if (part == nullptr) {
-            bf16* o = a.out + int64_t{a.token_begin + local_token} * s.query_heads * D +
-                      int64_t{head} * D + dim;
-            *reinterpret_cast<__nv_bfloat162*>(o) =
-                __floats2bfloat162_rn(v0 / l_s[row], v1 / l_s[row]);
-          } else {
-            part[2 + dim] = v0;
-            part[2 + dim + 1] = v1;
-          }
+          *reinterpret_cast<float2*>(part + 2 + dim) =
+              make_float2(out[p][t][2 * half], out[p][t][2 * half + 1]);
         }
       }
     }
   }
-}
-
-// After a tile's last split (one lane: every partial written by this block, visible after the
-// barrier before): each multi-split token's output from its partials, kCombineDims elements a
-// thread.
-template <int32_t D>
-__device__ __forceinline__ void combine_tile(const TileStep& step, const AttentionArgs<bf16>& a) {
-  const AttentionShape& s = a.shape;
-  const int32_t group = s.query_heads / s.kv_heads;
-  const int32_t total_splits = splits_max(s);
-  constexpr int32_t kPieces = D / kCombineDims;
-  for (int32_t idx = threadIdx.x; idx < step.tokens * group * kPieces; idx += kThreads) {
-    const int32_t row = idx / kPieces;
-    const int32_t i = (idx - row * kPieces) * kCombineDims;
-    const int32_t keys = step.keys[row / group];
-    if (keys <= kAttentionSplitKeys) continue;  // written directly
-    const int32_t local_token = step.first + row / group;
-    const int32_t head = step.kv_head * group + row % group;
-    const float* part0 =
-        partial_at(a.workspace, local_token, head, 0, s.query_heads, total_splits, D);
-    float out[kCombineDims];
-    combined_outputs(part0, (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys, D + 2, i, out);
-    bf16* o = a.out + int64_t{a.token_begin + local_token} * s.query_heads * D +
-              int64_t{head} * D + i;
+  if (!merge_here) return;
 #pragma unroll
-    for (int32_t j = 0; j < kCombineDims; j += 2) {
-      *reinterpret_cast<__nv_bfloat162*>(o + j) = __floats2bfloat162_rn(out[j], out[j + 1]);
+  for (int32_t half = 0; half < 2; ++half) {
+    const int32_t row = g + 8 * half;
+    if (row >= group) continue;
+    bf16* o = a.out + int64_t{token} * q_size + int64_t{kv_head * group + row} * D;
+#pragma unroll
+    for (int32_t p = 0; p < kDimPairs; ++p) {
+#pragma unroll
+      for (int32_t t = 0; t < 2; ++t) {
+        const int32_t dim = warp * kWarpDims + 16 * p + 8 * t + 2 * c;
+        *reinterpret_cast<__nv_bfloat162*>(o + dim) =
+            __floats2bfloat162_rn(__fdiv_rn(run[p][t][2 * half], run_l[half]),
+                                  __fdiv_rn(run[p][t][2 * half + 1], run_l[half]));
+      }
     }
   }
-}
-
-template <int32_t D>
-__device__ __forceinline__ void compute_step(TileShared<D>& sh, const TileStage<D>& stage, const TileStep& step,
-                             const TileArgs& t) {
-  static_assert(D == 64 || D == 128, "head_dim 64 or 128");
-  const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const AttentionShape& s = t.a.shape;
-  const int32_t group = s.query_heads / s.kv_heads;
-  const int32_t rows = step.tokens * group;
-  const int32_t m_tiles = (rows + 15) / 16;
-  score_split<D>(stage, sh.scores, m_tiles, warp, lane);
-  __syncthreads();  // scores visible
-  const int32_t first_key = step.split * kAttentionSplitKeys;
-  for (int32_t row = warp; row < rows; row += kWarps) {
-    const int32_t count = min(max(step.keys[row / group] - first_key, 0), kAttentionSplitKeys);
-    softmax_row(sh.scores + row * kScorePitch, count, kAttentionSplitKeys, lane, sh.m + row,
-                sh.l + row);
-  }
-  __syncthreads();  // probabilities, m and l visible
-  float out[kMTiles][D / 64][2][4] = {};
-  weigh_values<D>(stage, sh.scores, m_tiles, warp, lane, out);
-  store_split<D>(step, t.a, sh.m, sh.l, m_tiles, warp, lane, out);
-  if (t.plan.fused_combine && step.last) {
-    __syncthreads();  // every partial of the tile written
-    combine_tile<D>(step, t.a);
-  }
-}
-
-// The walk: step i is computed while step i + 1's copies are in flight, step i + 2's slots are
-// stored (read from the table an iteration earlier, so the read's latency never stalls a thread)
-// and step i + 3 is described. Rings: stages and slots by i % 2, step records by i % 4.
-template <int32_t D>
-__global__ void __launch_bounds__(kThreads, 1) attention_tile_kernel(TileArgs t) {
-  extern __shared__ __align__(16) unsigned char tile_shared[];
-  TileShared<D>& sh = *reinterpret_cast<TileShared<D>*>(tile_shared);
-  allow_successor();
-  wait_for_predecessor();
-  TileCursor cursor{static_cast<int32_t>(blockIdx.x), -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  settle(cursor, t);
-  sh.slots[0][threadIdx.x] = describe(sh.steps[0], cursor, t);
-  advance(cursor, t);
-  sh.slots[1][threadIdx.x] = describe(sh.steps[1], cursor, t);
-  advance(cursor, t);
-  int64_t pending_slot = describe(sh.steps[2], cursor, t);
-  __syncthreads();
-  issue_step<D>(sh.stages[0], sh.steps[0], sh.slots[0], t.a);
-  copy_async_commit();
-  for (int32_t i = 0;; ++i) {
-    __syncthreads();  // step i − 1 computed: its stage and step record are free
-    issue_step<D>(sh.stages[(i + 1) % kStages], sh.steps[(i + 1) % kStepRing],
-                  sh.slots[(i + 1) % kStages], t.a);
-    copy_async_commit();
-    // Step i + 2's slots go where step i's were (read by step i's copies before the barrier).
-    sh.slots[i % kStages][threadIdx.x] = pending_slot;
-    advance(cursor, t);
-    pending_slot = describe(sh.steps[(i + 3) % kStepRing], cursor, t);
-    copy_async_wait_newest_pending();  // this thread's copies of step i landed
-    __syncthreads();                   // everyone's, and step i + 2's slots
-    const TileStep& step = sh.steps[i % kStepRing];
-    if (!step.valid) break;
-    compute_step<D>(sh, sh.stages[i % kStages], step, t);
-  }
-  copy_async_wait_all();
-}
-
-// Dynamic shared memory of a tile block (opted in above 48 KB by resident_blocks): 190 KB for
-// head_dim 128 (one block an SM), 110 KB for 64 (two: 2 · (110 + 1 reserved) KB of the 228).
-template <int32_t D>
-constexpr size_t tile_shared_bytes() {
-  static_assert(sizeof(TileShared<128>) <= 227 * 1024, "a block's shared-memory limit");
-  static_assert(2 * (sizeof(TileShared<64>) + 1024) <= 228 * 1024, "two head_dim-64 blocks an SM");
-  return sizeof(TileShared<D>);
 }
 
 }  // namespace

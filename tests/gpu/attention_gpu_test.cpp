@@ -191,9 +191,9 @@ bool same_bits(const float* a, const float* b, size_t count) {
 // tokens must have the bits it has when computed alone at decode over the same cache, and the
 // bits it has in a mixed step where decode rows of other sequences sit on both sides of the chunk
 // (the chunk then starts off the tile grid). Head layouts: llama-8b's and llama-1b's (group 4,
-// head dim 128 / 64), group 1, group 8 (two KV heads) and qwen2.5-7b's group 7 (28 of the 32
-// rows); each chunk is long enough that the launch gives its tiles every token they hold (8, 32,
-// 4 and 4).
+// head dim 128 / 64), group 1, group 8 (two KV heads) and qwen2.5-7b's group 7 (126 of a tile's
+// 128 rows); each chunk is long enough to take the tile kernel (its tiles of 32, 32, 128, 16 and 18
+// tokens), a token alone takes the decode kernel.
 TEST(PrefillTiles, ChunkTokensHaveTheirDecodeBits) {
   LS_SKIP_WITHOUT_DEVICE();
   struct Heads {
