@@ -210,7 +210,9 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_tile_kernel(TileArg
   const AttentionShape& s = a.shape;
   const int32_t group = s.query_heads / s.kv_heads;
   const int32_t kv_head = static_cast<int32_t>(blockIdx.y);
-  const int32_t group_first = static_cast<int32_t>(blockIdx.x) * t.tile_tokens;
+  // The last groups first: a chunk's later tokens have the most keys (the longest blocks start in
+  // the first wave, not in the tail).
+  const int32_t group_first = static_cast<int32_t>(gridDim.x - 1 - blockIdx.x) * t.tile_tokens;
   const int32_t group_end = min(group_first + t.tile_tokens, t.tokens);
   const int32_t row0 = kMmaRows * static_cast<int32_t>(threadIdx.x / 32) +
                        static_cast<int32_t>(threadIdx.x % 32) / 4;
