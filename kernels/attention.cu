@@ -437,8 +437,8 @@ cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, Launc
 
 // Launches of at least this many tokens take the tile kernel (a prefill chunk, maybe with decode
 // rows beside it); shorter ones the decode kernel, per token. Only the speed depends on it: both
-// give a token the same bits. (A tile block takes its group's runs in turn, so many one-token
-// runs in a group — decode rows — are slow there.)
+// give a token the same bits. (Decode rows beside a chunk are one-token tiles there: parallel, but
+// without the decode kernel's split lanes.)
 constexpr int32_t kTileLaunchTokensMin = 256;
 
 // The tensor-core kernels; *combine_after as for launch_splits.
@@ -457,13 +457,17 @@ cudaError_t launch_tensor_cores(const AttentionArgs<bf16>& args, int32_t tokens,
   *combine_after = false;
   const auto kernel = attention_tile_kernel<D>;
   int32_t resident = 0;
-  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), kTileThreads,
-                                             tile_shared_bytes<D>(), &resident);
+  cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), kTileThreads,
+                                       tile_shared_bytes<D>(), &resident);
   if (status != cudaSuccess) return status;
-  const int32_t tile_tokens = kTileRows / (s.query_heads / s.kv_heads);
-  const int32_t groups = (tokens + tile_tokens - 1) / tile_tokens;
-  return launch_kernel(kernel, dim3(groups, s.kv_heads), kTileThreads, tile_shared_bytes<D>(),
-                       stream, TileArgs{args, tokens, tile_tokens});
+  // The tile list in the workspace (tokens + 2 ints: far less than the partials it has room for).
+  const TileArgs tiles{args, tokens, kTileRows / (s.query_heads / s.kv_heads),
+                       reinterpret_cast<int32_t*>(args.workspace)};
+  status = launch_kernel(attention_tile_list_kernel, dim3(1), kTileListThreads, 0, stream, tiles);
+  if (status != cudaSuccess) return status;
+  const int64_t items_max = int64_t{tokens} * s.kv_heads;  // a tile has at least one token
+  return launch_kernel(kernel, dim3(static_cast<uint32_t>(std::min<int64_t>(resident, items_max))),
+                       kTileThreads, tile_shared_bytes<D>(), stream, tiles);
 }
 
 // grid: (query heads, tokens of the chunk), one thread per kCombineDims output elements of a

@@ -3,15 +3,18 @@
 // token. Included by attention.cu only, after attention_mma.cuh, whose per-(row, split)
 // arithmetic it runs unchanged: a token's bits are those it has alone in the decode kernel.
 //
-// grid: (token groups, kv heads). A launch cuts its tokens into groups of tile_tokens consecutive
-// tokens (kTileRows / group of them: 32 for llama's group of 4); inside a group, each run of
-// consecutive tokens with the same pool row (the same page table, so the same keys) is a tile,
-// taken in turn. A tile's rows are its tokens × the KV head's query heads, 16 a warp (one m16
-// tile, the flash-attention layout: a warp holds its rows' scores, probabilities and outputs in
-// registers); the eight warps share each split's K and V, which a two-stage cp.async ring brings
-// into shared memory while the previous split is computed. A row masks the keys past its own
-// position exactly as at decode. The block takes every split of its tile in order and merges
-// them in registers, so a prefill launch writes no partials and needs no combine.
+// Tiles: the launch's tokens cut at every multiple of tile_tokens (kTileRows / group: 32 for
+// llama's group of 4) and wherever the pool row changes (a run of one sequence: the same page
+// table, so the same keys). attention_tile_list_kernel writes the tiles' first tokens into the
+// workspace; then a grid of at most the resident blocks takes the work items (tile, KV head) from
+// an atomic counter, the tiles with the most keys first, so a decode row beside a prefill chunk
+// is a tile of its own, as parallel as the chunk's. A tile's rows are its tokens × the KV head's
+// query heads, 16 a warp (one m16 tile, the flash-attention layout: a warp holds its rows'
+// scores, probabilities and outputs in registers); the eight warps share each split's K and V,
+// which a two-stage cp.async ring brings into shared memory while the previous split is
+// computed. A row masks the keys past its own position exactly as at decode. The block takes
+// every split of its tile in order and merges them in registers, so a prefill launch writes no
+// partials and needs no combine. Which block takes a tile never changes its bits.
 #pragma once
 
 namespace ls::kernels {
@@ -33,8 +36,8 @@ struct TileShared {
   bf16 v[kTileStages][kAttentionSplitKeys * kValuePitch<D>];
   bf16 q[kTileRows * kKeyPitch<D>];  // the tile's rows, bf16 as the decode kernel rounds them
   int32_t keys[kTileRows];           // each token's keys: positions 0 .. keys − 1
-  int32_t tokens;                    // the tile's
-  int32_t keys_max;                  // the largest of its tokens' keys
+  int32_t keys_max;                  // the largest of the tile's
+  int32_t item;                      // the block's work item
 };
 
 // Dynamic shared memory of a tile block (opted in above 48 KB): 189 KB for head_dim 128, 109 KB
@@ -49,8 +52,10 @@ constexpr size_t tile_shared_bytes() {
 struct TileArgs {
   AttentionArgs<bf16> a;
   int32_t tokens;       // of the launch's chunk
-  int32_t tile_tokens;  // tokens of a group
+  int32_t tile_tokens;  // the most a tile takes
+  int32_t* list;        // in the workspace: [0] tiles, [1] the next work item, [2 + i] tile i's first
 };
+constexpr int32_t kTileListHeader = 2;
 
 __device__ __forceinline__ int32_t keys_of(const AttentionArgs<bf16>& a, int32_t local_token) {
   return min(a.positions[a.token_begin + local_token], a.shape.positions_count - 1) + 1;
@@ -59,18 +64,43 @@ __device__ __forceinline__ int32_t pool_row_of(const AttentionArgs<bf16>& a, int
   return a.token_pool_rows[a.token_begin + local_token];
 }
 
-// Finds the tile at `first` (the run of its pool row, up to group_end), stores its tokens' keys,
-// and loads its rows' queries (bf16) for the KV head; returns its tokens. Syncs the block.
-template <int32_t D>
-__device__ int32_t load_tile(TileShared<D>& sh, const AttentionArgs<bf16>& a, int32_t first,
-                             int32_t group_end, int32_t kv_head) {
+// One block: the tiles' first tokens in order (a tile starts at a multiple of tile_tokens and
+// where the pool row changes), their count, and the work counter reset to 0.
+constexpr int32_t kTileListThreads = 1024;
+
+__global__ void __launch_bounds__(kTileListThreads) attention_tile_list_kernel(TileArgs t) {
+  __shared__ int32_t warp_starts[kTileListThreads / 32];
+  __shared__ int32_t listed;
+  allow_successor();
+  wait_for_predecessor();  // the previous launch's kernels are done with the workspace
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
-  if (tid == 0) sh.tokens = group_end - first, sh.keys_max = 0;
+  const int32_t warp = tid / 32, lane = tid % 32;
+  if (tid == 0) listed = 0;
+  for (int32_t begin = 0; begin < t.tokens; begin += kTileListThreads) {
+    const int32_t token = begin + tid;
+    const bool start = token < t.tokens && (token % t.tile_tokens == 0 ||
+                                            pool_row_of(t.a, token) != pool_row_of(t.a, token - 1));
+    const uint32_t starts = __ballot_sync(0xffffffffu, start);
+    if (lane == 0) warp_starts[warp] = __popc(starts);
+    __syncthreads();  // the warps' counts, and `listed` of the previous round
+    int32_t index = listed + __popc(starts & ((1u << lane) - 1u));
+    for (int32_t w = 0; w < warp; ++w) index += warp_starts[w];
+    if (start) t.list[kTileListHeader + index] = token;
+    __syncthreads();  // every thread has read `listed` and the counts
+    if (tid == kTileListThreads - 1) listed = index + (start ? 1 : 0);
+  }
   __syncthreads();
-  const int32_t row = pool_row_of(a, first);
-  if (tid < group_end - first && pool_row_of(a, first + tid) != row) atomicMin(&sh.tokens, tid);
+  if (tid == 0) t.list[0] = listed, t.list[1] = 0;
+}
+
+// Stores the tile's tokens' keys (and their maximum) and loads its rows' queries (bf16) for the
+// KV head. Syncs the block.
+template <int32_t D>
+__device__ void load_tile(TileShared<D>& sh, const AttentionArgs<bf16>& a, int32_t first,
+                          int32_t tokens, int32_t kv_head) {
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+  if (tid == 0) sh.keys_max = 0;
   __syncthreads();
-  const int32_t tokens = sh.tokens;
   if (tid < tokens) {
     const int32_t keys = keys_of(a, first + tid);
     sh.keys[tid] = keys;
@@ -91,7 +121,6 @@ __device__ int32_t load_tile(TileShared<D>& sh, const AttentionArgs<bf16>& a, in
                    pack_bf16x2(hi.z, hi.w));
   }
   __syncthreads();
-  return tokens;
 }
 
 // Issues the copies of a split's K and V rows below the tile's keys into a stage, and zeroes the
@@ -209,15 +238,20 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_tile_kernel(TileArg
   const AttentionArgs<bf16>& a = t.a;
   const AttentionShape& s = a.shape;
   const int32_t group = s.query_heads / s.kv_heads;
-  const int32_t kv_head = static_cast<int32_t>(blockIdx.y);
-  // The last groups first: a chunk's later tokens have the most keys (the longest blocks start in
-  // the first wave, not in the tail).
-  const int32_t group_first = static_cast<int32_t>(gridDim.x - 1 - blockIdx.x) * t.tile_tokens;
-  const int32_t group_end = min(group_first + t.tile_tokens, t.tokens);
   const int32_t row0 = kMmaRows * static_cast<int32_t>(threadIdx.x / 32) +
                        static_cast<int32_t>(threadIdx.x % 32) / 4;
-  for (int32_t first = group_first; first < group_end;) {
-    const int32_t tokens = load_tile<D>(sh, a, first, group_end, kv_head);
+  const int32_t tiles = t.list[0];
+  for (;;) {
+    if (threadIdx.x == 0) sh.item = atomicAdd(t.list + 1, 1);
+    __syncthreads();
+    const int32_t item = sh.item;  // rewritten only after this item's barriers
+    if (item >= tiles * s.kv_heads) break;
+    const int32_t tile = tiles - 1 - item / s.kv_heads;  // a chunk's later tokens have more keys
+    const int32_t kv_head = item % s.kv_heads;
+    const int32_t first = t.list[kTileListHeader + tile];
+    const int32_t tokens =
+        (tile + 1 < tiles ? t.list[kTileListHeader + tile + 1] : t.tokens) - first;
+    load_tile<D>(sh, a, first, tokens, kv_head);
     const int32_t rows = tokens * group;
     const int32_t keys_max = sh.keys_max;
     const int32_t splits = (keys_max + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
@@ -245,7 +279,6 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_tile_kernel(TileArg
       __syncthreads();  // the stage is free for split + 2's copies
     }
     if (has_rows) store_tile<D>(a, first, rows, kv_head, run_l, run);
-    first += tokens;
   }
 }
 
