@@ -427,12 +427,13 @@ cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, Launc
   const AttentionShape& s = args.shape;
   const int32_t group = s.query_heads / s.kv_heads;
   const size_t shared = split_shared_bytes<T>(s.head_dim, group);
+  const auto kernel = group <= 1   ? attention_split_kernel<T, 1>
+                      : group <= 2 ? attention_split_kernel<T, 2>
+                      : group <= 4 ? attention_split_kernel<T, 4>
+                      : group <= 8 ? attention_split_kernel<T, 8>
+                                   : attention_split_kernel<T, 16>;
   int32_t lanes = 0;
-  if (group <= 1) return launch_splits<T>(attention_split_kernel<T, 1>, shared, args, tokens, &lanes, stream);
-  if (group <= 2) return launch_splits<T>(attention_split_kernel<T, 2>, shared, args, tokens, &lanes, stream);
-  if (group <= 4) return launch_splits<T>(attention_split_kernel<T, 4>, shared, args, tokens, &lanes, stream);
-  if (group <= 8) return launch_splits<T>(attention_split_kernel<T, 8>, shared, args, tokens, &lanes, stream);
-  return launch_splits<T>(attention_split_kernel<T, 16>, shared, args, tokens, &lanes, stream);
+  return launch_splits<T>(kernel, shared, args, tokens, &lanes, stream);
 }
 
 // Launches of at least this many tokens take the tile kernel (a prefill chunk, maybe with decode

@@ -300,7 +300,8 @@ __global__ void __launch_bounds__(kThreads, 4) attention_decode_kernel(Attention
         split_softmax(sc, half, g + 8 * half < group ? count : 0, scale, c, m, l);
 #pragma unroll
         for (int32_t t = 0; t < kKeyTiles; ++t) {
-          *reinterpret_cast<float2*>(rows + 8 * t) = make_float2(sc[t][2 * half], sc[t][2 * half + 1]);
+          *reinterpret_cast<float2*>(rows + 8 * t) =
+              make_float2(sc[t][2 * half], sc[t][2 * half + 1]);
         }
         if (c == 0) m_s[g + 8 * half] = m, l_s[g + 8 * half] = l;
       }
@@ -339,7 +340,8 @@ __global__ void __launch_bounds__(kThreads, 4) attention_decode_kernel(Attention
         }
         continue;
       }
-      float* part = partial_at(a.workspace, local_token, head, split, s.query_heads, total_splits, D);
+      float* part =
+          partial_at(a.workspace, local_token, head, split, s.query_heads, total_splits, D);
       if (warp == 0 && c == 0) part[0] = m_s[row], part[1] = l_s[row];
 #pragma unroll
       for (int32_t p = 0; p < kDimPairs; ++p) {

@@ -53,7 +53,7 @@ struct TileArgs {
   AttentionArgs<bf16> a;
   int32_t tokens;       // of the launch's chunk
   int32_t tile_tokens;  // the most a tile takes
-  int32_t* list;        // in the workspace: [0] tiles, [1] the next work item, [2 + i] tile i's first
+  int32_t* list;  // in the workspace: [0] tiles, [1] the next work item, [2 + i] tile i's first
 };
 constexpr int32_t kTileListHeader = 2;
 
@@ -200,7 +200,9 @@ __device__ __forceinline__ void compute_split(const TileShared<D>& sh, int32_t s
 #pragma unroll
     for (int32_t n = 0; n < D / 8; ++n) {
 #pragma unroll
-      for (int32_t j = 0; j < 2; ++j) run[n][2 * h + j] = merged(run[n][2 * h + j], out[n][2 * h + j], w);
+      for (int32_t j = 0; j < 2; ++j) {
+        run[n][2 * h + j] = merged(run[n][2 * h + j], out[n][2 * h + j], w);
+      }
     }
   }
 }
