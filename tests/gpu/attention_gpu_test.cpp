@@ -132,9 +132,13 @@ TEST_P(PrefillChunk, CausalWithACachedPrefix) {
   const std::vector<float> out = run(s, q, positions, rows, ws);
   EXPECT_LT(relative_error(out, ref), kTolerance) << "chunk " << chunk;
   EXPECT_GT(gpu_test::norm(ref), 0);
-  // A workspace for 5 tokens: the launch is cut into chunks, with the same bits.
-  const size_t small = kernels::attention_workspace_floats(s.shape, 5);
-  EXPECT_EQ(run(s, q, positions, rows, small), out) << "chunked launch";
+  // A workspace for 5 tokens: the launch is cut into chunks, with the same bits (chunks of the
+  // decode kernel). For 300: the 2048-token chunk's launches of 300 take the tile kernel one
+  // after the other (its tile list in the same workspace), the last 248 the decode kernel.
+  for (const int32_t tokens : {5, 300}) {
+    const size_t small = kernels::attention_workspace_floats(s.shape, tokens);
+    EXPECT_EQ(run(s, q, positions, rows, small), out) << "chunked launch, " << tokens;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(OddSizes, PrefillChunk, ::testing::Values(1, 7, 129, 2048));
