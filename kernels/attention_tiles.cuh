@@ -7,8 +7,8 @@
 // llama's group of 4) and wherever the pool row changes (a run of one sequence: the same page
 // table, so the same keys). attention_tile_list_kernel writes the tiles' first tokens into the
 // workspace; then a grid of at most the resident blocks takes the work items (tile, KV head) from
-// an atomic counter, the tiles with the most keys first, so a decode row beside a prefill chunk
-// is a tile of its own, as parallel as the chunk's. A tile's rows are its tokens × the KV head's
+// an atomic counter, the launch's last tiles first (a chunk's later tokens have the most keys),
+// so a decode row beside a prefill chunk is a tile of its own, as parallel as the chunk's. A tile's rows are its tokens × the KV head's
 // query heads, 16 a warp (one m16 tile, the flash-attention layout: a warp holds its rows'
 // scores, probabilities and outputs in registers); the eight warps share each split's K and V,
 // which a two-stage cp.async ring brings into shared memory while the previous split is
