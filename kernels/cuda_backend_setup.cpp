@@ -304,6 +304,7 @@ void CudaBackend::Impl::refuse_unsupported() const {
              options.drafter);
   LS_REQUIRE(int64_t{logits_rows_max} * vocab < (int64_t{1} << 31),
              "cuda backend: logits rows ({}) × vocab ({}) exceed 2^31", logits_rows_max, vocab);
+  if (options.batch_invariant) refuse_what_batch_invariance_cannot_cover();  // its names first
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
              "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
              kernels::kGemvTokensMax);
@@ -315,7 +316,6 @@ void CudaBackend::Impl::refuse_unsupported() const {
              "cuda backend: small_m_gemm_tokens_max {} needs bf16 precision (the small-M GEMM "
              "has bf16 operands; fp32 runs pedantic cuBLAS)",
              small_m);
-  if (options.batch_invariant) refuse_what_batch_invariance_cannot_cover();
   LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
              "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
   LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,

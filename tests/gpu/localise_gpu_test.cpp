@@ -188,9 +188,18 @@ fs::path bin_dir() {
   return env ? fs::path(env) : fs::path(LOCKSTEP_BUILD_DIR);
 }
 
+// The command's exit status; its output is printed when it is neither 0 nor 1 (a refusal, a
+// crash), so that a failing run says why.
 int run(const std::string& command) {
-  const int status = std::system((command + " > /dev/null 2>&1").c_str());
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const std::string log = (fs::temp_directory_path() / "lockstep_localise_gpu_run.log").string();
+  const int status = std::system((command + " > " + log + " 2>&1").c_str());
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code != 0 && code != 1) {
+    std::ifstream in(log);
+    std::printf("%s exited %d:\n%s\n", command.c_str(), code,
+                std::string(std::istreambuf_iterator<char>(in), {}).c_str());
+  }
+  return code;
 }
 
 nlohmann::json localisation_of(const fs::path& json) {
