@@ -26,22 +26,14 @@
 // bits it has alone at decode, and a decode row the bits it has in any batch.
 #pragma once
 
+#include "kernels/mma.cuh"
+
 namespace ls::kernels {
 namespace {
 
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);  // .x = lo (low half)
   return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-// D = A·B + D for one m16n8k16 tile (A row-major 16×16, B column-major 16×8, fp32 accumulate).
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // Four transposed 8×8 bf16 matrices from shared memory; lanes 8i .. 8i + 7 give matrix i's rows.

@@ -41,6 +41,7 @@
 #include "kernels/gemm_small_m.h"
 
 #include "kernels/launch.cuh"
+#include "kernels/mma.cuh"
 
 #include <algorithm>
 #include <array>
@@ -163,16 +164,6 @@ __device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) 
                : "memory");
 }
 
-// d = A·B + d, one m16n8k16 tile: bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Where stage `stage` (a chunk index within the block's K range) lives and what it covers.
 template <int32_t NT>
 struct Stage {
@@ -234,8 +225,8 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t ha
       ldmatrix_x4(b, st.x + swizzled(token, 2 * step + ((lane >> 3) & 1)));
 #pragma unroll
       for (int32_t mt = 0; mt < 2; ++mt) {
-        mma(acc[mt][j], a[mt], b[0], b[1]);
-        mma(acc[mt][j + 1], a[mt], b[2], b[3]);
+        mma_bf16_16816(acc[mt][j], a[mt], b[0], b[1]);
+        mma_bf16_16816(acc[mt][j + 1], a[mt], b[2], b[3]);
       }
     }
     if constexpr (NT % 2 == 1) {
@@ -243,7 +234,7 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t ha
       const int32_t token = (NT - 1) * 8 + (lane & 7);  // lanes 16-31: addresses unused
       ldmatrix_x2(b, st.x + swizzled(token, 2 * step + ((lane >> 3) & 1)));
 #pragma unroll
-      for (int32_t mt = 0; mt < 2; ++mt) mma(acc[mt][NT - 1], a[mt], b[0], b[1]);
+      for (int32_t mt = 0; mt < 2; ++mt) mma_bf16_16816(acc[mt][NT - 1], a[mt], b[0], b[1]);
     }
   }
 }
