@@ -115,7 +115,12 @@ class Replayer {
     trace::TraceRecord record;
     while (!report_.divergence && reader_.next(record)) {
       if (auto* in = std::get_if<trace::StepInputRecord>(&record)) {
-        if (options_.until_step && in->step > *options_.until_step) break;
+        if (options_.until_step && in->step > *options_.until_step) {
+          // A run-ahead recording writes input k+1 before output k: the last step's output may
+          // still come.
+          if (executed_.empty()) break;
+          continue;
+        }
         // A run-ahead recording writes input k+1 before output k: step k+1 runs once step k's
         // output is compared, so that teacher forcing feeds it step k's recorded tokens.
         if (!executed_.empty()) {
