@@ -6,7 +6,6 @@
 #include "kernels/storage.cuh"
 
 #include <algorithm>
-#include <cstdint>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -26,8 +25,7 @@ constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's querie
 static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split finds its slot");
 static_assert(kAttentionSplitKeys == kWarps * 32, "each warp takes 32 keys of a split");
 
-// Splits of the longest token the table holds: the workspace's pitch between tokens' partials.
-__host__ __device__ inline int32_t splits_max(const AttentionShape& s) {
+int32_t splits_max(const AttentionShape& s) {
   return (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
 }
 
@@ -86,6 +84,17 @@ __device__ __forceinline__ void unpack_raw8(const Raw8<float>& raw, float* out) 
 __device__ __forceinline__ void store(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 
+// grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
+// that share one KV head (every K/V element is read once per KV head, not once per query head),
+// for the splits split_lane, split_lane + lanes, ... Lanes are laid out over key rows: `L` lanes
+// (the smallest power of two >= head_dim / 8) each take one 16-byte piece (8 elements) of a row,
+// so a warp reads 32 / L whole rows per load, coalesced. Warp w takes keys 32w .. 32w + 31 of the
+// split. Scores: each lane dots its piece with every head of the group, the L lanes' dots are
+// added by an xor butterfly; one warp per head takes the softmax pieces; values: each lane sums
+// its piece of its keys' rows, the lanes that share a piece are added by an xor butterfly, and
+// the four warps' sums are added in warp order. Every order is fixed by the token's position
+// alone, so a token's output does not depend on the batch. G: the group rounded up to a power
+// of two (the accumulators' count).
 // Copies 16 bytes global → shared without holding them in registers (sm_80+ cp.async; .cg: the
 // bytes bypass L1, they are read once).
 __device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
@@ -101,10 +110,6 @@ __device__ __forceinline__ void copy_async_8_elements(float* shared, const float
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-// Waits for all but the newest committed group (a two-stage ring: the older stage has landed).
-__device__ __forceinline__ void copy_async_wait_older() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
-}
 
 // Key-row pieces a lane has in flight at once (registers: 4 words per bf16 piece, 8 per fp32 one).
 template <typename T>
@@ -136,27 +141,32 @@ __device__ __forceinline__ SplitBlock split_block(const AttentionArgs<T>& a) {
   b.group = s.query_heads / s.kv_heads;
   b.keys = min(a.positions[b.token], s.positions_count - 1) + 1;
   b.splits = (b.keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
-  b.total_splits = splits_max(s);
+  b.total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
   b.table_row = a.table + int64_t{a.token_pool_rows[b.token]} * s.table_width;
   return b;
 }
 
-// One row's softmax pieces of a split, by one warp (lane x takes keys x, x + 32, ...; then xor
-// butterflies): scores[0, count) become e = exp(score − m) with m their maximum, and m and Σ e go
-// to *m_out / *l_out (the combine merges splits from them).
-__device__ __forceinline__ void softmax_row(float* scores, int32_t count, int32_t lane,
-                                            float* m_out, float* l_out) {
-  float m = -INFINITY;
-  for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, scores[x]);
-  m = warp_max(m);
-  float l = 0.0f;
-  for (int32_t x = lane; x < count; x += 32) {
-    const float e = expf(scores[x] - m);
-    scores[x] = e;
-    l += e;
+// A split's softmax pieces, one warp a head: each head's scores[0, count) become e = exp(score −
+// m) with m their maximum, m and Σ e go to m_s / l_s (the combine merges splits from them), and
+// scores[count, padded) are zeroed (the MMA path multiplies whole 16-key tiles).
+__device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t group, int32_t count,
+                                                     int32_t padded, int32_t warp, int32_t lane,
+                                                     float* m_s, float* l_s) {
+  for (int32_t h = warp; h < group; h += kWarps) {
+    float* sc = scores + h * kAttentionSplitKeys;
+    float m = -INFINITY;
+    for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
+    m = warp_max(m);
+    float l = 0.0f;
+    for (int32_t x = lane; x < count; x += 32) {
+      const float e = expf(sc[x] - m);
+      sc[x] = e;
+      l += e;
+    }
+    for (int32_t x = count + lane; x < padded; x += 32) sc[x] = 0.0f;
+    l = warp_sum(l);
+    if (lane == 0) m_s[h] = m, l_s[h] = l;
   }
-  l = warp_sum(l);
-  if (lane == 0) *m_out = m, *l_out = l;
 }
 
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
@@ -286,9 +296,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     const int32_t next = split + static_cast<int32_t>(gridDim.x);
     next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
-    for (int32_t h = warp; h < group; h += kWarps) {
-      softmax_row(scores + h * kAttentionSplitKeys, count, lane, m_s + h, l_s + h);
-    }
+    split_softmax_pieces(scores, group, count, count, warp, lane, m_s, l_s);
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
     // Weighted values from shared memory, the same lane layout as the keys.
@@ -357,23 +365,20 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
 }  // namespace ls::kernels
 
 #include "kernels/attention_mma.cuh"
-#include "kernels/attention_tiles.cuh"
 
 namespace ls::kernels {
 namespace {
 
 // How many blocks of a kernel instance fit on the GPU at once (cached per instance and shared
-// memory size): a launch sizes its split lanes from it. Also lifts the instance's dynamic
-// shared-memory limit and asks for the largest shared-memory carveout (four decode blocks of
-// 44 KB an SM need it); refuses a block that does not fit an SM.
+// memory size): a launch picks its split lanes from it. Also lifts the instance's dynamic
+// shared-memory limit.
 struct KernelFit {
   const void* kernel = nullptr;
   size_t shared_bytes = 0;
   int32_t resident_blocks = 0;
 };
 
-cudaError_t resident_blocks(const void* kernel, int32_t threads, size_t shared_bytes,
-                            int32_t* resident) {
+cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* resident) {
   static std::mutex mutex;
   static std::vector<KernelFit> fits;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -393,90 +398,53 @@ cudaError_t resident_blocks(const void* kernel, int32_t threads, size_t shared_b
                                   static_cast<int>(shared_bytes));
   }
   if (status == cudaSuccess) {
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared);
-  }
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes);
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared_bytes);
   }
   if (status != cudaSuccess) return status;
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the block does not fit an SM
-  fits.push_back({kernel, shared_bytes, sms * per_sm});
+  fits.push_back({kernel, shared_bytes, std::max(1, sms * per_sm)});
   *resident = fits.back().resident_blocks;
   return cudaSuccess;
 }
 
-// Launches a split kernel over (split lanes, kv heads, tokens): enough lanes to fill the GPU
-// once, never more than the splits. *combine_after: whether the combine kernel must follow
-// (several lanes: the tensor-core decode kernel merges in its blocks with one).
+// Launches `kernel` over (split lanes, kv heads, tokens): enough split lanes to fill the GPU once,
+// never more lanes than splits.
 template <typename T>
 cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
-                          const AttentionArgs<T>& args, int32_t tokens, int32_t* lanes,
-                          LaunchStream stream) {
+                          const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
   const AttentionShape& s = args.shape;
   int32_t resident = 0;
-  const cudaError_t status =
-      resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared, &resident);
+  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
   if (status != cudaSuccess) return status;
-  *lanes = std::clamp(resident / (tokens * s.kv_heads), 1, std::min(splits_max(s), kSplitLanesMax));
-  return launch_kernel(kernel, dim3(*lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
+  const int32_t lanes = std::clamp(resident / (tokens * s.kv_heads), 1,
+                                   std::min(splits_max(s), kSplitLanesMax));
+  return launch_kernel(kernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
 }
 
-template <typename T>
-cudaError_t launch_cuda_core(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
-  const AttentionShape& s = args.shape;
-  const int32_t group = s.query_heads / s.kv_heads;
-  const size_t shared = split_shared_bytes<T>(s.head_dim, group);
-  const auto kernel = group <= 1   ? attention_split_kernel<T, 1>
-                      : group <= 2 ? attention_split_kernel<T, 2>
-                      : group <= 4 ? attention_split_kernel<T, 4>
-                      : group <= 8 ? attention_split_kernel<T, 8>
-                                   : attention_split_kernel<T, 16>;
-  int32_t lanes = 0;
-  return launch_splits<T>(kernel, shared, args, tokens, &lanes, stream);
-}
-
-// Launches of at least this many tokens take the tile kernel (a prefill chunk, maybe with decode
-// rows beside it); shorter ones the decode kernel, per token. Only the speed depends on it: both
-// give a token the same bits. (Decode rows beside a chunk are one-token tiles there: parallel, but
-// without the decode kernel's split lanes.)
-constexpr int32_t kTileLaunchTokensMin = 256;
-
-// The tensor-core kernels; *combine_after as for launch_splits.
-template <int32_t D>
-cudaError_t launch_tensor_cores(const AttentionArgs<bf16>& args, int32_t tokens,
-                                bool* combine_after, LaunchStream stream) {
-  const AttentionShape& s = args.shape;
-  if (tokens < kTileLaunchTokensMin) {
-    int32_t lanes = 0;
-    const cudaError_t status = launch_splits<bf16>(attention_decode_kernel<D>,
-                                                   decode_shared_bytes<D>(), args, tokens, &lanes,
-                                                   stream);
-    *combine_after = lanes > 1;
-    return status;
+template <typename T, int32_t G>
+cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
+  const int32_t d = args.shape.head_dim;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d == 64) {
+      return launch_splits<T>(attention_mma_kernel<64, G>, mma_shared_bytes<64>(), args, tokens,
+                              stream);
+    }
+    if (d == 128) {
+      return launch_splits<T>(attention_mma_kernel<128, G>, mma_shared_bytes<128>(), args, tokens,
+                              stream);
+    }
   }
-  *combine_after = false;
-  const auto kernel = attention_tile_kernel<D>;
-  int32_t resident = 0;
-  cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), kTileThreads,
-                                       tile_shared_bytes<D>(), &resident);
-  if (status != cudaSuccess) return status;
-  // The tile list in the workspace (tokens + 2 ints: far less than the partials it has room for).
-  const TileArgs tiles{args, tokens, kTileRows / (s.query_heads / s.kv_heads),
-                       reinterpret_cast<int32_t*>(args.workspace)};
-  status = launch_kernel(attention_tile_list_kernel, dim3(1), kTileListThreads, 0, stream, tiles);
-  if (status != cudaSuccess) return status;
-  const int64_t items_max = int64_t{tokens} * s.kv_heads;  // a tile has at least one token
-  return launch_kernel(kernel, dim3(static_cast<uint32_t>(std::min<int64_t>(resident, items_max))),
-                       kTileThreads, tile_shared_bytes<D>(), stream, tiles);
+  const size_t shared = split_shared_bytes<T>(d, args.shape.query_heads / args.shape.kv_heads);
+  return launch_splits<T>(attention_split_kernel<T, G>, shared, args, tokens, stream);
 }
 
-// grid: (query heads, tokens of the chunk), one thread per kCombineDims output elements of a
-// head: merges the token's partials in split order (merge_weights, merged), then o / l.
-constexpr int32_t kCombineDims = 4;  // head_dim % 8 == 0
-
+// grid: (query heads, tokens of the chunk). Merges a token's partials in split order: the splits'
+// maxima and weights are read in parallel into shared memory, then each thread sums its elements
+// over the splits in order (loads unrolled so they are in flight together).
 template <typename T>
 __global__ void attention_combine_kernel(AttentionArgs<T> a) {
+  extern __shared__ float combine_shared[];  // [splits] weights, then [splits] weighted l
+  __shared__ float scratch[32];
+  __shared__ float l_total;
   allow_successor();
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
@@ -487,24 +455,35 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
   const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
   if (splits == 1) return;  // written directly by the split kernel
-  const float* part0 = partial_at(a.workspace, local_token, head, 0, s.query_heads,
-                                  splits_max(s), d);
-  for (int32_t i = kCombineDims * threadIdx.x; i < d; i += kCombineDims * blockDim.x) {
-    float m = -INFINITY, l = 0.0f, acc[kCombineDims] = {};
-#pragma unroll 4
-    for (int32_t k = 0; k < splits; ++k) {
-      const float* part = part0 + int64_t{k} * (d + 2);
-      const MergeWeights w = merge_weights(m, part[0]);
-      l = merged(l, part[1], w);
-      m = w.m;
-#pragma unroll
-      for (int32_t j = 0; j < kCombineDims; ++j) acc[j] = merged(acc[j], part[2 + i + j], w);
-    }
-    for (int32_t j = 0; j < kCombineDims; ++j) {
-      store(a.out + int64_t{token} * s.query_heads * d + head * d + i + j, __fdiv_rn(acc[j], l));
-    }
+  const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  const auto part = [&](int32_t k) {
+    return partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
+  };
+  float* weights = combine_shared;
+  float* weighted_l = combine_shared + total_splits;
+  float m = -INFINITY;
+  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) m = fmaxf(m, part(k)[0]);
+  m = block_max(m, scratch);  // a maximum: exact in any order
+  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) {
+    const float* p = part(k);
+    weights[k] = expf(p[0] - m);
+    weighted_l[k] = p[1] * weights[k];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float l = 0.0f;
+    for (int32_t k = 0; k < splits; ++k) l += weighted_l[k];
+    l_total = l;
+  }
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int32_t k = 0; k < splits; ++k) acc += part(k)[2 + i] * weights[k];
+    store(a.out + int64_t{token} * s.query_heads * d + head * d + i, acc / l_total);
   }
 }
+
 }  // namespace
 
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
@@ -532,26 +511,28 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
       {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
-  const bool tensor_cores =
-      std::is_same_v<T, bf16> && (s.head_dim == 64 || s.head_dim == 128);
   for (int32_t begin = 0; begin < tokens_count; begin += chunk) {
     const int32_t n = std::min(chunk, tokens_count - begin);
     const AttentionArgs<T> args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
                                 workspace, out};
-    bool combine_after = splits_max(s) > 1;
+    const int32_t group = s.query_heads / s.kv_heads;
     cudaError_t launched = cudaSuccess;
-    if constexpr (std::is_same_v<T, bf16>) {
-      if (tensor_cores) {
-        launched = s.head_dim == 64 ? launch_tensor_cores<64>(args, n, &combine_after, stream)
-                                    : launch_tensor_cores<128>(args, n, &combine_after, stream);
-      }
+    if (group <= 1) {
+      launched = launch_split<T, 1>(args, n, stream);
+    } else if (group <= 2) {
+      launched = launch_split<T, 2>(args, n, stream);
+    } else if (group <= 4) {
+      launched = launch_split<T, 4>(args, n, stream);
+    } else if (group <= 8) {
+      launched = launch_split<T, 8>(args, n, stream);
+    } else {
+      launched = launch_split<T, 16>(args, n, stream);
     }
-    if (!tensor_cores) launched = launch_cuda_core<T>(args, n, stream);
     if (launched != cudaSuccess) return launched;
-    if (combine_after && splits_max(s) > 1) {
-      const cudaError_t status =
-          launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
-                        std::min(s.head_dim / kCombineDims, 64), 0, stream, args);
+    if (splits_max(s) > 1) {
+      const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
+      const cudaError_t status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
+                                               128, shared, stream, args);
       if (status != cudaSuccess) return status;
     }
   }

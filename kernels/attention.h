@@ -7,15 +7,11 @@
 // combined in split order. How a token is split depends only on its own position, never on the
 // batch, so the result does not depend on what else is in the step.
 //
-// bf16 KV with head_dim 64 or 128 (the production models) runs on the tensor cores (bf16 Q and
-// probabilities, fp32 accumulation; attention_mma.cuh), everything else (the fp32 mode, other
-// head dims) on the CUDA cores with fp32 Q and probabilities. Two tensor-core kernels share one
-// per-(row, split) arithmetic: a decode kernel (a block per token, KV head and split lane; short
-// launches) and a tile kernel for launches of many tokens (attention_tiles.cuh: tiles of
-// consecutive tokens of one sequence, so a prefill chunk's K/V is read once per tile, every
-// split merged in the block). A token's bits are the same whichever kernel computes it, and
-// whatever the batch: how many blocks a launch spreads a token's splits over depends on the
-// batch (to fill the GPU), never how a split is computed or merged.
+// Two split kernels compute a split: bf16 KV with head_dim 64 or 128 (the production models) on
+// the tensor cores (attention_mma.cuh: bf16 Q and probabilities, fp32 accumulation), everything
+// else (the fp32 mode, other head dims) on the CUDA cores with fp32 Q and probabilities. How many
+// blocks a launch spreads a token's splits over depends on the batch (to fill the GPU), never how
+// a split is computed.
 #pragma once
 
 #include "kernels/launch.h"
