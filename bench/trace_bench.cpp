@@ -37,7 +37,7 @@ TraceHeader bench_header() {
   h.executor.pages_count = 1 << 16;
   h.executor.prefill_chunk_tokens = 8192;
   h.backend = "cuda";
-  h.determinism_mode = "invariant";
+  h.determinism_mode = "batch-invariant";
   return h;
 }
 

@@ -44,6 +44,10 @@ void check_header(const TraceHeader& h) {
   } catch (const Error& e) {
     throw Error(fmt::format("header: tp_degree: {}", e.what()));
   }
+  LS_REQUIRE(h.determinism_mode.empty() || h.determinism_mode == "batch-invariant" ||
+                 h.determinism_mode == "default" || h.determinism_mode == "foreign",
+             "header: determinism_mode '{}' is not one of batch-invariant, default, foreign",
+             h.determinism_mode);
   LS_REQUIRE(!h.activation_digests || !h.model.has_recurrent_state(),
              "header: activation_digests is set but model '{}' has Mamba layers, which the "
              "capture does not cover", h.model.name);

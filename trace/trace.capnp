@@ -162,7 +162,11 @@ struct Header {
   topLogitsCount @8 :Int32;  # (id, logit) pairs recorded per logits row, 0..8
 
   backend @9 :Text;
-  determinismMode @10 :Text;
+  determinismMode @10 :Text; # "batch-invariant" (a row's results depend on its own inputs alone:
+                             # the CPU reference, CUDA with --determinism invariant; replay
+                             # --isolate needs it), "default" (no such promise), "foreign" (an
+                             # engine's own executor, python/), or empty (no promise); any other
+                             # value is refused
   machine @11 :Machine;
   indexStride @12 :Int32;    # the footer indexes step input records 0, stride, 2·stride, …
   drafter @13 :Text;         # "none" (or empty: a trace from before drafters), "ngram", …

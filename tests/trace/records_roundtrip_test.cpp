@@ -283,6 +283,20 @@ uint64_t spec_logits_digest(const std::vector<float>& row) {
   return k;
 }
 
+// The header's determinism mode takes effect (replay rebuilds it; --isolate needs
+// "batch-invariant"), so a value the format does not define is refused, not read as "no promise".
+TEST(TraceRoundTrip, AnUnknownDeterminismModeIsRefused) {
+  TraceHeader h = header_for(ls::testing::small_config());
+  for (const char* mode : {"batch-invariant", "default", "foreign", ""}) {
+    h.determinism_mode = mode;
+    EXPECT_NO_THROW(check_header(h)) << mode;
+  }
+  h.determinism_mode = "invariant";
+  EXPECT_THAT([&] { check_header(h); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
+                  "determinism_mode 'invariant' is not one of batch-invariant, default, foreign")));
+}
+
 TEST(TraceDigests, LogitsDigestIsTheFormatsDefinitionAndFuturesAreXxh3) {
   const std::vector<float> row = {0.5f, -2.0f, 3.25f};
   EXPECT_EQ(logits_row_digest(row), spec_logits_digest(row));
