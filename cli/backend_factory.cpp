@@ -77,10 +77,12 @@ void prepare_backend_environment(const std::string& name, int32_t tp_degree) {
 
 std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
                                             const ExecutorConfig& limits, double fraction,
-                                            const std::string& drafter, int32_t tp_degree) {
+                                            const std::string& drafter, int32_t tp_degree,
+                                            bool batch_invariant) {
   if (name != "cuda") return std::nullopt;
 #ifdef LOCKSTEP_HAVE_CUDA
   CudaBackendOptions options{.graphs = true};
+  if (batch_invariant) options = batch_invariant_options(options);
   options.kv_memory_fraction = fraction;
   options.drafter = drafter;
   if (tp_degree > 1) {
@@ -88,7 +90,7 @@ std::optional<int32_t> kv_pages_from_memory(const std::string& name, const Model
   }
   return cuda_kv_sizing(model, limits, options).pages_count;
 #else
-  (void)model, (void)limits, (void)fraction, (void)drafter, (void)tp_degree;
+  (void)model, (void)limits, (void)fraction, (void)drafter, (void)tp_degree, (void)batch_invariant;
   throw Error(kNoCuda);
 #endif
 }

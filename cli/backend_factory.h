@@ -55,10 +55,11 @@ void prepare_backend_environment(const std::string& name, int32_t tp_degree);
 // for backend `name` with drafter `drafter` (whose token history is a workspace); nullopt for a
 // backend whose memory is not sized this way (the CPU).
 // At `tp_degree` > 1 each rank's pages hold its kv heads, sized on the devices the ranks use.
+// `batch_invariant`: the workspaces of batch-invariant mode (make_backend's).
 std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
                                             const ExecutorConfig& limits, double fraction,
                                             const std::string& drafter = "none",
-                                            int32_t tp_degree = 1);
+                                            int32_t tp_degree = 1, bool batch_invariant = false);
 
 // What a trace header records about the device that backend `name` runs on (GPU name, SM count,
 // driver, CUDA and cuBLAS versions); nullopt for the CPU.

@@ -131,7 +131,7 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
     c.pages_count = o.pages_count;
   } else if (const std::optional<int32_t> sized =
                  kv_pages_from_memory(o.backend, weights.config, c, o.kv_memory_fraction,
-                                      o.drafter, o.tp_degree)) {
+                                      o.drafter, o.tp_degree, o.determinism == "invariant")) {
     c.pages_count = *sized;
   } else {
     c.pages_count = c.max_batch_rows * pages_per_row + 1;

@@ -6,6 +6,7 @@
 #include "core/check.h"
 #include "kernels/cuda_backend.h"
 #include "tests/gpu/backend_test_support.h"
+#include "tests/gpu/cli_support.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/test_support.h"
 
@@ -25,10 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path bin_dir() {
-  const char* env = std::getenv("LOCKSTEP_BIN_DIR");
-  return env ? fs::path(env) : fs::path(LOCKSTEP_BUILD_DIR);
-}
+using gpu_test::cli_bin_dir;
 
 // The command's exit status, its output kept in `log`.
 int run(const std::string& command, const fs::path& log) {
@@ -45,8 +43,8 @@ class CudaBatchInvariant : public ::testing::Test {
  protected:
   void SetUp() override {
     LS_SKIP_WITHOUT_DEVICE();
-    lockstep = (bin_dir() / "lockstep").string();
-    ASSERT_TRUE(fs::exists(lockstep)) << "lockstep must be in " << bin_dir() << " (LOCKSTEP_BIN_DIR)";
+    lockstep = (cli_bin_dir() / "lockstep").string();
+    ASSERT_TRUE(fs::exists(lockstep)) << "lockstep must be in " << cli_bin_dir() << " (LOCKSTEP_BIN_DIR)";
     dir = fs::temp_directory_path() / "lockstep_invariant_gpu";
     fs::create_directories(dir);
     log = dir / "log.txt";
@@ -94,6 +92,27 @@ TEST_F(CudaBatchInvariant, AThousandRequestsRecordedTogetherReplayAloneBitForBit
                       std::to_string(request), log), 0)
         << "request " << request << ":\n" << text_of(log);
     EXPECT_THAT(text_of(log), ::testing::HasSubstr("IDENTICAL")) << "request " << request;
+  }
+}
+
+// The same 300 requests served at batch 64 with 96-token prefill chunks, at batch 5 with 13-token
+// chunks, and at batch 64 with 512-token chunks and no page pressure: every request's tokens
+// (greedy and sampled) are the same — co-batch, chunking, pool row and retraction change nothing.
+TEST_F(CudaBatchInvariant, BatchSizeChunkingAndPagePressureLeaveEveryRequestsTokens) {
+  const std::string prompts = write_prompts(300);
+  const std::vector<std::string> shapes = {
+      "--max-batch-rows 64 --prefill-chunk-tokens 96 --pages 48",
+      "--max-batch-rows 5 --prefill-chunk-tokens 13 --pages 80",
+      "--max-batch-rows 64 --prefill-chunk-tokens 512 --pages 0"};
+  std::vector<std::string> outputs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const fs::path out = dir / ("outputs-" + std::to_string(i) + ".jsonl");
+    ASSERT_EQ(run(lockstep + " generate --backend cuda --determinism invariant --context-length 256 " +
+                      shapes[i] + " --prompts " + prompts + " -o " + out.string() + " -q", log), 0)
+        << shapes[i] << ":\n" << text_of(log);
+    outputs.push_back(text_of(out));
+    ASSERT_FALSE(outputs.back().empty()) << shapes[i];
+    EXPECT_EQ(outputs.back(), outputs.front()) << shapes[i] << " against " << shapes[0];
   }
 }
 

@@ -10,6 +10,7 @@
 #include "kernels/cuda_backend.h"
 #include "kernels/device_memory.h"
 #include "replay/localise.h"
+#include "tests/gpu/cli_support.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/planted/perturb_layer_output.h"
 #include "tests/test_support.h"
@@ -182,11 +183,7 @@ TEST(CudaLocalise, CapturedTensorsAgreeWithTheCpuReference) {
   }
 }
 
-// The directory of the lockstep CLIs: LOCKSTEP_BIN_DIR, else the build's.
-fs::path bin_dir() {
-  const char* env = std::getenv("LOCKSTEP_BIN_DIR");
-  return env ? fs::path(env) : fs::path(LOCKSTEP_BUILD_DIR);
-}
+using gpu_test::cli_bin_dir;
 
 // The command's exit status; its output is printed when it is neither 0 nor 1 (a refusal, a
 // crash), so that a failing run says why.
@@ -211,10 +208,10 @@ class CudaLocaliseCli : public ::testing::Test {
  protected:
   void SetUp() override {
     LS_SKIP_WITHOUT_DEVICE();
-    lockstep = (bin_dir() / "lockstep").string();
-    planted = (bin_dir() / "lockstep_planted_cuda").string();
+    lockstep = (cli_bin_dir() / "lockstep").string();
+    planted = (cli_bin_dir() / "lockstep_planted_cuda").string();
     ASSERT_TRUE(fs::exists(lockstep) && fs::exists(planted))
-        << "lockstep and lockstep_planted_cuda must be in " << bin_dir() << " (LOCKSTEP_BIN_DIR)";
+        << "lockstep and lockstep_planted_cuda must be in " << cli_bin_dir() << " (LOCKSTEP_BIN_DIR)";
     dir = fs::temp_directory_path() / "lockstep_localise_gpu";
     fs::create_directories(dir);
     // Greedy and seeded-sampling prompts of several lengths (examples/prompts.jsonl's shape), in
