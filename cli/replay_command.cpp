@@ -193,24 +193,12 @@ replay::Localisation localise(const ReplayCliOptions& o, const replay::ReplayOpt
 }
 
 // The localisation's sides from the flags and the trace's header, before anything runs; an exit
-// status when the flags or the trace refuse it.
-std::optional<int> prepare_localise(const ReplayCliOptions& o, LocaliseSides& sides) {
-  try {
-    require_localise_flags(o);
-  } catch (const Error& e) {
-    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
-    return kExitUnusable;
-  }
+// status when they refuse it.
+std::optional<int> prepare_localise(const ReplayCliOptions& o, const trace::TraceHeader& header,
+                                    LocaliseSides& sides) {
   if (!o.localise) return std::nullopt;
-  std::optional<trace::TraceHeader> header;
   try {
-    header = trace::TraceReader::open(o.trace).header();
-  } catch (const Error& e) {
-    fmt::print(stderr, "lockstep replay: unusable trace: {}\n", e.what());
-    return kExitUnusable;
-  }
-  try {
-    sides = localise_sides(o, *header);
+    sides = localise_sides(o, header);
   } catch (const Error& e) {
     fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
     return kExitUnusable;
@@ -229,15 +217,21 @@ void print_localisation(const ReplayCliOptions& o, replay::ReplayMode mode,
 }
 
 int run_replay(const ReplayCliOptions& o) {
-  LocaliseSides sides;
-  if (const std::optional<int> refused = prepare_localise(o, sides)) return *refused;
-  trace::TraceHeader header;
+  try {
+    require_localise_flags(o);  // the flags first: a refusal names them whatever the trace holds
+  } catch (const Error& e) {
+    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
+    return kExitUnusable;
+  }
+  trace::TraceHeader header;  // read once: the localisation's sides, the recorded mode
   try {
     header = trace::TraceReader::open(o.trace).header();
   } catch (const Error& e) {
     fmt::print(stderr, "lockstep replay: unusable trace: {}\n", e.what());
     return kExitUnusable;
   }
+  LocaliseSides sides;
+  if (const std::optional<int> refused = prepare_localise(o, header, sides)) return *refused;
   const bool batch_invariant = recorded_batch_invariant(header);
   if (o.isolate && !batch_invariant) {
     fmt::print(stderr, "lockstep replay: error: --isolate {}: the trace was recorded in "

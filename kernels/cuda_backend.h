@@ -54,6 +54,9 @@ enum class CudaPhase : uint8_t {
 std::string_view to_string(CudaPhase phase);
 
 constexpr int32_t kSmallMGemmTokensDefault = 8;
+// The small-M GEMM's most tokens a launch (kernels::kSmallMGemmTokensMax; this header includes no
+// CUDA header, cuda_backend_setup.cpp asserts the two equal): batch-invariant mode's setting.
+constexpr int32_t kSmallMGemmTokensInvariant = 64;
 
 struct CudaPhaseTimes {
   std::array<double, static_cast<size_t>(CudaPhase::kCount)> ms{};  // summed over `steps`
@@ -144,7 +147,7 @@ struct CudaBackendOptions {
 inline CudaBackendOptions batch_invariant_options(CudaBackendOptions o) {
   o.batch_invariant = true;
   o.gemv_tokens_max = 0;
-  o.small_m_gemm_tokens_max = 64;  // kernels::kSmallMGemmTokensMax (checked at construction)
+  o.small_m_gemm_tokens_max = kSmallMGemmTokensInvariant;
   return o;
 }
 

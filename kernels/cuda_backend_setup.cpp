@@ -267,6 +267,9 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
 
 // Batch-invariant mode (options.batch_invariant) holds only where every product runs the small-M
 // GEMM and nothing else depends on the batch: what it does not cover is refused by name.
+static_assert(kSmallMGemmTokensInvariant == kernels::kSmallMGemmTokensMax,
+              "batch_invariant_options asks for the small-M GEMM's most tokens");
+
 void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {
   const char* what = "cuda backend: batch_invariant (--determinism invariant)";
   LS_REQUIRE(options.precision == CudaPrecision::kBf16, "{} runs bf16 only (the small-M GEMM)", what);
