@@ -47,6 +47,7 @@
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
 //                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
+//                      [--small-m-sweep] (small-M GEMM splits × reductions: the same shapes)
 //                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
@@ -56,6 +57,7 @@
 #include "kernels/cuda_check.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/gemm_small_m.h"
+#include "kernels/gemm_small_m_tuning.h"
 #include "kernels/logits_ops.h"
 #include "kernels/tp_collectives.h"
 #include "kernels/tp_cuda_backend.h"
@@ -403,6 +405,7 @@ struct Options {
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
+  bool small_m_sweep = false; // only the small-M GEMM's splits × reductions
   bool invariant = false;     // only batch-invariant mode vs the default
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
@@ -748,25 +751,107 @@ json linear_layers_peer(const std::string& shape, int32_t rows, const Bandwidth&
           {"read_bandwidth_fraction", of_read}};
 }
 
+// A linear shape of the model, for the kernel-level figures.
+struct Projection {
+  const char* name;
+  int32_t out, in;
+  bool accumulate;
+};
+
+std::vector<Projection> projections_of(const ModelConfig& m) {
+  return {{"qkv", m.q_size() + 2 * m.kv_size(), m.hidden_size, false},
+          {"o", m.hidden_size, m.q_size(), true},
+          {"gate_up", 2 * m.ffn_size, m.hidden_size, false},
+          {"down", m.hidden_size, m.ffn_size, true},
+          {"lm_head", m.vocab_size, m.hidden_size, false}};
+}
+
+// One projection's buffers for timing its kernel alone: copies of the weights enough to pass
+// 256 MB (so that no product finds its weights in the L2), the same x (64 tokens), y and
+// zeroed workspace for all. ms() is the time a product of a graph of back-to-back products,
+// each over the next copy of the weights.
+class ProjectionRig {
+ public:
+  ProjectionRig(const Projection& p, size_t workspace_bytes, cudaStream_t stream)
+      : p_(p), stream_(stream), weight_bytes_(size_t{2} * static_cast<size_t>(p.out) *
+                                              static_cast<size_t>(p.in)) {
+    copies_ = static_cast<int32_t>(std::max<size_t>(2, (size_t{256} << 20) / weight_bytes_ + 1));
+    LS_CUDA(cudaMalloc(&weights_, weight_bytes_ * static_cast<size_t>(copies_)));
+    LS_CUDA(cudaMemset(weights_, 0x3c, weight_bytes_ * static_cast<size_t>(copies_)));  // ≈ 0.01
+    const size_t x_bytes = size_t{2} * kernels::kSmallMGemmTokensMax * static_cast<size_t>(p.in);
+    LS_CUDA(cudaMalloc(&x_, x_bytes));
+    LS_CUDA(cudaMemset(x_, 0x3c, x_bytes));
+    const size_t y_bytes =
+        sizeof(float) * kernels::kSmallMGemmTokensMax * static_cast<size_t>(p.out);
+    LS_CUDA(cudaMalloc(&y_, y_bytes));
+    LS_CUDA(cudaMemset(y_, 0, y_bytes));
+    workspace_bytes_ = std::max<size_t>(1, workspace_bytes);
+    LS_CUDA(cudaMalloc(&workspace_, workspace_bytes_));
+    LS_CUDA(cudaMemset(workspace_, 0, workspace_bytes_));
+  }
+  ~ProjectionRig() {
+    cudaFree(weights_);
+    cudaFree(x_);
+    cudaFree(y_);
+    cudaFree(workspace_);
+  }
+  ProjectionRig(const ProjectionRig&) = delete;
+  ProjectionRig& operator=(const ProjectionRig&) = delete;
+
+  const __nv_bfloat16* x() const { return static_cast<const __nv_bfloat16*>(x_); }
+  float* y() const { return y_; }
+  void* workspace() const { return workspace_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+  float beta() const { return p_.accumulate ? 1.0f : 0.0f; }
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  // enqueue_one(w) launches one product over weights w on the rig's stream.
+  template <typename Enqueue>
+  double ms(Enqueue&& enqueue_one) {
+    const int32_t launches = std::max(copies_, 24);
+    for (int32_t i = 0; i < copies_; ++i) enqueue_one(copy(i));  // warm-up, eagerly
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    LS_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    for (int32_t i = 0; i < launches; ++i) enqueue_one(copy(i % copies_));
+    LS_CUDA(cudaStreamEndCapture(stream_, &graph));
+    LS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    const double ms = 1e3 * median_seconds(stream_, 10, [&](int32_t) {
+                        LS_CUDA(cudaGraphLaunch(exec, stream_));
+                      });
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    return ms / launches;
+  }
+
+  // The fraction of the read bandwidth a product of `ms` streams its weights at.
+  double of_read(double ms, const Bandwidth& bandwidth) const {
+    return static_cast<double>(weight_bytes_) / (ms * 1e-3) / bandwidth.read;
+  }
+
+ private:
+  const __nv_bfloat16* copy(int32_t i) const {
+    return reinterpret_cast<const __nv_bfloat16*>(static_cast<const uint8_t*>(weights_) +
+                                                  weight_bytes_ * static_cast<size_t>(i));
+  }
+
+  Projection p_;
+  cudaStream_t stream_;
+  size_t weight_bytes_;
+  int32_t copies_ = 0;
+  void* weights_ = nullptr;
+  void* x_ = nullptr;
+  float* y_ = nullptr;
+  void* workspace_ = nullptr;
+  size_t workspace_bytes_ = 0;
+};
+
 // Kernel-level figure of the small-M GEMM (kernels/gemm_small_m.h) against the pinned cuBLASLt
-// plan the backend would run, for each linear shape of the model at 1, 16 and 64 tokens: a graph
-// of back-to-back products, each over its own copy of the weights (copies enough to pass 256 MB,
-// so that no product finds its weights in the L2), the same x and y for all; lockstep's launched
-// to overlap its predecessor, as the backend launches it. GB/s of weights and the fraction of the
-// read bandwidth measured in the same run.
+// plan the backend would run, for each linear shape of the model at 1, 16 and 64 tokens
+// (ProjectionRig); lockstep's launched to overlap its predecessor, as the backend launches it.
+// GB/s of weights and the fraction of the read bandwidth measured in the same run.
 json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth) {
   const ModelConfig m = model_config_named(shape);
-  struct Projection {
-    const char* name;
-    int32_t out, in;
-    bool accumulate;
-  };
-  const Projection projections[] = {
-      {"qkv", m.q_size() + 2 * m.kv_size(), m.hidden_size, false},
-      {"o", m.hidden_size, m.q_size(), true},
-      {"gate_up", 2 * m.ffn_size, m.hidden_size, false},
-      {"down", m.hidden_size, m.ffn_size, true},
-      {"lm_head", m.vocab_size, m.hidden_size, false}};
   cudaStream_t stream = nullptr;
   LS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const size_t cublas_bytes = size_t{32} << 20;
@@ -774,68 +859,31 @@ json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth
   LS_CUDA(cudaMalloc(&cublas_workspace, cublas_bytes));
   kernels::GemmPlans plans(stream, cublas_workspace, cublas_bytes);
   json rows = json::array();
-  for (const Projection& p : projections) {
-    const size_t weight_bytes = size_t{2} * static_cast<size_t>(p.out) * static_cast<size_t>(p.in);
-    const int32_t copies =
-        static_cast<int32_t>(std::max<size_t>(2, (size_t{256} << 20) / weight_bytes + 1));
-    void* weights = nullptr;
-    LS_CUDA(cudaMalloc(&weights, weight_bytes * static_cast<size_t>(copies)));
-    LS_CUDA(cudaMemset(weights, 0x3c, weight_bytes * static_cast<size_t>(copies)));  // ≈ 0.01
-    const auto copy = [&](int32_t i) {
-      return reinterpret_cast<const __nv_bfloat16*>(static_cast<const uint8_t*>(weights) +
-                                                    weight_bytes * static_cast<size_t>(i));
-    };
-    void* x = nullptr;
-    float* y = nullptr;
-    void* workspace = nullptr;
-    const size_t x_bytes = size_t{2} * kernels::kSmallMGemmTokensMax * static_cast<size_t>(p.in);
-    const size_t workspace_bytes = std::max<size_t>(
-        1, kernels::gemm_small_m_workspace_bytes(p.out, p.in, kernels::kSmallMGemmTokensMax));
-    LS_CUDA(cudaMalloc(&x, x_bytes));
-    LS_CUDA(cudaMemset(x, 0x3c, x_bytes));
-    const size_t y_bytes = sizeof(float) * kernels::kSmallMGemmTokensMax * static_cast<size_t>(p.out);
-    LS_CUDA(cudaMalloc(&y, y_bytes));
-    LS_CUDA(cudaMemset(y, 0, y_bytes));
-    LS_CUDA(cudaMalloc(&workspace, workspace_bytes));
-    LS_CUDA(cudaMemset(workspace, 0, workspace_bytes));
-    const float beta = p.accumulate ? 1.0f : 0.0f;
-    const int32_t launches = std::max(copies, 24);
-    const auto graph_ms = [&](auto&& enqueue_one) {
-      for (int32_t i = 0; i < copies; ++i) enqueue_one(copy(i));  // warm-up, eagerly
-      cudaGraph_t graph = nullptr;
-      cudaGraphExec_t exec = nullptr;
-      LS_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      for (int32_t i = 0; i < launches; ++i) enqueue_one(copy(i % copies));
-      LS_CUDA(cudaStreamEndCapture(stream, &graph));
-      LS_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-      const double ms =
-          1e3 * median_seconds(stream, 10, [&](int32_t) {
-            LS_CUDA(cudaGraphLaunch(exec, stream));
-          });
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      return ms / launches;
-    };
+  for (const Projection& p : projections_of(m)) {
+    ProjectionRig rig(
+        p, kernels::gemm_small_m_workspace_bytes(p.out, p.in, kernels::kSmallMGemmTokensMax),
+        stream);
     for (const int32_t tokens : {1, 16, 64}) {
-      const auto* xb = static_cast<const __nv_bfloat16*>(x);
-      const double lockstep_ms = graph_ms([&](const __nv_bfloat16* w) {
-        LS_CUDA(kernels::launch_gemm_small_m_bf16(xb, w, y, tokens, p.out, p.in, beta, workspace,
-                                                  workspace_bytes,
+      const double lockstep_ms = rig.ms([&](const __nv_bfloat16* w) {
+        LS_CUDA(kernels::launch_gemm_small_m_bf16(rig.x(), w, rig.y(), tokens, p.out, p.in,
+                                                  rig.beta(), rig.workspace(),
+                                                  rig.workspace_bytes(),
                                                   kernels::LaunchStream(stream, true)));
       });
       LS_CUBLAS(plans.prepare(tokens, p.out, p.in, p.accumulate));
       kernels::GemmPlans::Plan* plan = plans.find(tokens, p.out, p.in, p.accumulate);
       LS_ASSERT(plan != nullptr, "no plan for [{}, {}]", p.out, p.in);
-      const double cublas_ms = graph_ms(
-          [&](const __nv_bfloat16* w) { LS_CUBLAS(plans.run(*plan, xb, w, y, beta)); });
+      const double cublas_ms = rig.ms([&](const __nv_bfloat16* w) {
+        LS_CUBLAS(plans.run(*plan, rig.x(), w, rig.y(), rig.beta()));
+      });
       const auto gbs = [&](double ms) {
-        return static_cast<double>(weight_bytes) / (ms * 1e-3) * 1e-9;
+        return static_cast<double>(rig.weight_bytes()) / (ms * 1e-3) * 1e-9;
       };
       std::printf("  %s %-7s [%6d, %5d] × %2d tokens: lockstep GEMM %.4f ms %.0f GB/s (%.1f%% of "
                   "read BW), cuBLAS %.4f ms %.0f GB/s (%.1f%%), %d splits\n",
                   shape.c_str(), p.name, p.out, p.in, tokens, lockstep_ms, gbs(lockstep_ms),
-                  gbs(lockstep_ms) * 1e9 / bandwidth.read * 100, cublas_ms, gbs(cublas_ms),
-                  gbs(cublas_ms) * 1e9 / bandwidth.read * 100,
+                  rig.of_read(lockstep_ms, bandwidth) * 100, cublas_ms, gbs(cublas_ms),
+                  rig.of_read(cublas_ms, bandwidth) * 100,
                   kernels::gemm_small_m_splits(p.out, p.in));
       rows.push_back({{"shape", shape},
                       {"projection", p.name},
@@ -843,18 +891,71 @@ json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth
                       {"in", p.in},
                       {"tokens", tokens},
                       {"splits", kernels::gemm_small_m_splits(p.out, p.in)},
-                      {"weight_bytes", static_cast<int64_t>(weight_bytes)},
+                      {"weight_bytes", static_cast<int64_t>(rig.weight_bytes())},
                       {"ms_lockstep", lockstep_ms},
                       {"ms_cublas", cublas_ms},
-                      {"read_bandwidth_fraction_lockstep", gbs(lockstep_ms) * 1e9 / bandwidth.read},
-                      {"read_bandwidth_fraction_cublas", gbs(cublas_ms) * 1e9 / bandwidth.read}});
+                      {"read_bandwidth_fraction_lockstep", rig.of_read(lockstep_ms, bandwidth)},
+                      {"read_bandwidth_fraction_cublas", rig.of_read(cublas_ms, bandwidth)}});
     }
-    cudaFree(weights);
-    cudaFree(x);
-    cudaFree(y);
-    cudaFree(workspace);
   }
   cudaFree(cublas_workspace);
+  cudaStreamDestroy(stream);
+  return rows;
+}
+
+// The small-M GEMM's design space (kernels/gemm_small_m_tuning.h): each projection but the LM
+// head at 1, 8, 16, 32 and 64 tokens, K cut into 1 to 64 ranges (none under 2 chunks), each
+// split count with each reduction — what the production split rule and reduction are chosen
+// from. Fractions of the read bandwidth measured in the same run.
+json small_m_sweep(const std::string& shape, const Bandwidth& bandwidth) {
+  using kernels::SmallMReduce;
+  const ModelConfig m = model_config_named(shape);
+  cudaStream_t stream = nullptr;
+  LS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::pair<SmallMReduce, const char*> reductions[] = {
+      {SmallMReduce::kLastBlockInOrder, "last_block"},
+      {SmallMReduce::kSeparateKernelInOrder, "separate_kernel"},
+      {SmallMReduce::kTree, "tree"}};
+  json rows = json::array();
+  for (const Projection& p : projections_of(m)) {
+    if (std::string(p.name) == "lm_head") continue;
+    const int32_t chunks = (p.in + 63) / 64;
+    size_t workspace_bytes = 0;
+    for (int32_t wanted = 1; wanted <= 64; wanted *= 2) {
+      workspace_bytes = std::max(workspace_bytes, kernels::gemm_small_m_workspace_bytes_with(
+                                                      p.out, p.in, kernels::kSmallMGemmTokensMax,
+                                                      wanted));
+    }
+    ProjectionRig rig(p, workspace_bytes, stream);
+    for (const int32_t tokens : {1, 8, 16, 32, 64}) {
+      for (int32_t wanted = 1; wanted <= 64 && chunks / wanted >= 2; wanted *= 2) {
+        const int32_t splits = kernels::gemm_small_m_splits_with(p.out, p.in, wanted);
+        for (const auto& [reduce, name] : reductions) {
+          if (splits == 1 && reduce != SmallMReduce::kLastBlockInOrder) continue;
+          const double ms = rig.ms([&](const __nv_bfloat16* w) {
+            LS_CUDA(kernels::launch_gemm_small_m_bf16_with(
+                rig.x(), w, rig.y(), tokens, p.out, p.in, rig.beta(), rig.workspace(),
+                rig.workspace_bytes(), wanted, reduce, kernels::LaunchStream(stream, true)));
+          });
+          std::printf("  %s %-7s [%6d, %5d] × %2d tokens, %2d splits, %-15s %.4f ms %.1f%% of "
+                      "read BW\n",
+                      shape.c_str(), p.name, p.out, p.in, tokens, splits, name, ms,
+                      rig.of_read(ms, bandwidth) * 100);
+          rows.push_back({{"shape", shape},
+                          {"projection", p.name},
+                          {"out", p.out},
+                          {"in", p.in},
+                          {"tokens", tokens},
+                          {"splits", splits},
+                          {"reduce", name},
+                          {"production", splits == kernels::gemm_small_m_splits(p.out, p.in) &&
+                                             reduce == SmallMReduce::kLastBlockInOrder},
+                          {"ms", ms},
+                          {"read_bandwidth_fraction", rig.of_read(ms, bandwidth)}});
+        }
+      }
+    }
+  }
   cudaStreamDestroy(stream);
   return rows;
 }
@@ -1376,6 +1477,14 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--hybrid")
       ->excludes("--tp")
       ->excludes("--fusion");
+  app.add_flag("--small-m-sweep", o.small_m_sweep,
+               "Only the small-M GEMM's design space (llama-1b and llama-8b unless --shapes): "
+               "each projection at 1 to 64 tokens, K split 1 to 64 ways, each split reduction")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp")
+      ->excludes("--fusion")
+      ->excludes("--small-m");
   app.add_flag("--invariant", o.invariant,
                "Only batch-invariant mode (--determinism invariant) vs the default kernels "
                "(llama-1b and llama-8b unless --shapes): decode batch 1, 16 and 64 at context 1024")
@@ -1383,7 +1492,8 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--hybrid")
       ->excludes("--tp")
       ->excludes("--fusion")
-      ->excludes("--small-m");
+      ->excludes("--small-m")
+      ->excludes("--small-m-sweep");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1447,6 +1557,17 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       out["invariant_vs_default"].push_back(invariant_shape(shape, o, bandwidth));
+      save();
+    }
+    return 0;
+  }
+  if (o.small_m_sweep) {
+    out["command"] = "lockstep_gpu_bench --small-m-sweep";
+    out["small_m_sweep"] = json::array();
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      for (json& row : small_m_sweep(shape, bandwidth)) out["small_m_sweep"].push_back(row);
       save();
     }
     return 0;

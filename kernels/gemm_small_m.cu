@@ -39,6 +39,8 @@
 // An MMA's output element depends only on its own A row, B column and C input, so a token's sums
 // do not depend on the other tokens, nor on where in the n-tile it sits.
 #include "kernels/gemm_small_m.h"
+#include "kernels/gemm_small_m_reduce.cuh"
+#include "kernels/gemm_small_m_tuning.h"
 
 #include "kernels/launch.cuh"
 #include "kernels/mma.cuh"
@@ -51,15 +53,10 @@ namespace ls::kernels {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
+using namespace small_m;
 
-constexpr int32_t kTileRows = 128;  // output rows a block owns
-constexpr int32_t kChunk = 64;      // k a pipeline stage holds
+constexpr int32_t kChunk = 64;  // k a pipeline stage holds
 constexpr int32_t kStages = 4;
-constexpr int32_t kWarps = 8;
-constexpr int32_t kThreads = 32 * kWarps;
-constexpr int32_t kRowGroups = 4;                     // warps along the rows
-constexpr int32_t kWarpRows = kTileRows / kRowGroups;  // 32: two m16 tiles
 constexpr int32_t kRowBytes = kChunk * 2;              // one row of a stage
 constexpr int32_t kPieces = kRowBytes / 16;            // its 16-byte pieces
 constexpr int32_t kNTilesMax = kSmallMGemmTokensMax / 8;
@@ -76,11 +73,6 @@ static_assert(kWarpRows == 2 * 16, "a warp owns two m16 tiles");
 // every GPU.
 constexpr int32_t kBlockSlots = 264;
 constexpr int32_t kChunksPerSplitMin = 4;
-// A split shape has at most kBlockSlots / 2 tiles (a shape with more never splits): the counters
-// take a fixed region at the workspace's start (16-byte aligned), the partials follow.
-constexpr size_t kCountersBytes = size_t{kBlockSlots / 2} * sizeof(int32_t);
-static_assert(kCountersBytes % 16 == 0, "the partials start 16-byte aligned");
-
 template <int32_t NT>
 constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
 template <int32_t NT>
@@ -91,32 +83,52 @@ struct Split {
   int32_t tiles = 0, chunks = 0, splits = 1, chunks_per_split = 0;
 };
 
-Split split_of(int32_t out, int32_t in) {
+// `in` cut into about `wanted` K ranges of whole chunks (none left empty).
+Split split_into(int32_t out, int32_t in, int32_t wanted) {
   Split s;
   s.tiles = (out + kTileRows - 1) / kTileRows;
   s.chunks = (in + kChunk - 1) / kChunk;
+  const int32_t ranges = std::clamp(wanted, 1, s.chunks);
+  s.chunks_per_split = (s.chunks + ranges - 1) / ranges;
+  s.splits = (s.chunks + s.chunks_per_split - 1) / s.chunks_per_split;
+  return s;
+}
+
+// The production rule (kernels/gemm_small_m.h): shape only.
+Split split_of(int32_t out, int32_t in) {
+  const int32_t tiles = (out + kTileRows - 1) / kTileRows;
+  const int32_t chunks = (in + kChunk - 1) / kChunk;
   int32_t splits = 1;
-  while (int64_t{s.tiles} * splits * 2 <= kBlockSlots &&
-         s.chunks / (2 * splits) >= kChunksPerSplitMin) {
+  while (int64_t{tiles} * splits * 2 <= kBlockSlots &&
+         chunks / (2 * splits) >= kChunksPerSplitMin) {
     splits *= 2;
   }
-  s.chunks_per_split = (s.chunks + splits - 1) / splits;
-  s.splits = (s.chunks + s.chunks_per_split - 1) / s.chunks_per_split;  // none left empty
-  return s;
+  return split_into(out, in, splits);
 }
 
 int32_t n_tiles_of(int32_t tokens) { return (tokens + 7) / 8; }
 
-struct Params {
-  const bf16* x;
-  const bf16* w;
-  float* y;
-  int32_t tokens, out, in;
-  float beta;
-  int32_t chunks, chunks_per_split, splits;
-  int32_t* counters;  // [tiles] when splits > 1
-  float4* partials;   // [tiles, splits, n-tiles, kThreads] when splits > 1
-};
+// The smallest power of two at least `n`: the leaves of a split shape's reduction tree.
+int32_t tree_leaves(int32_t n) {
+  int32_t leaves = 1;
+  while (leaves < n) leaves *= 2;
+  return leaves;
+}
+
+// The workspace of a split shape: the counters (tree_leaves(splits) a tile: the in-order
+// reduction uses the first, the tree one a node each), then the partials (a float4 of each thread
+// of each block of each n-tile), 16-byte aligned.
+size_t counters_bytes(const Split& s) {
+  const size_t bytes = size_t{static_cast<uint32_t>(s.tiles)} *
+                       static_cast<uint32_t>(tree_leaves(s.splits)) * sizeof(int32_t);
+  return (bytes + 15) / 16 * 16;
+}
+size_t workspace_bytes_of(const Split& s, int32_t tokens_max) {
+  if (s.splits == 1) return 0;
+  const int32_t nt = n_tiles_of(std::min(tokens_max, kSmallMGemmTokensMax));
+  return counters_bytes(s) +
+         size_t{static_cast<uint32_t>(s.tiles)} * s.splits * nt * kThreads * sizeof(float4);
+}
 
 __device__ __forceinline__ uint32_t swizzled(int32_t row, int32_t piece) {
   return static_cast<uint32_t>(row * kRowBytes + ((piece ^ (row & 7)) << 4));
@@ -303,81 +315,16 @@ __device__ __forceinline__ void add_halves(float* exchange, int32_t group, int32
   }
 }
 
-// y for the thread's fragment: rows row_a (c0, c1) and row_a + 8 (c2, c3), tokens 8j + 2c, + 1.
 template <int32_t NT>
-__device__ __forceinline__ void store(const Params& p, int32_t row_a, int32_t lane,
-                                      const float (&sum)[NT][4]) {
+__device__ __forceinline__ void store(const Params& p, int32_t row0, const float (&sum)[NT][4]) {
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
 #pragma unroll
   for (int32_t j = 0; j < NT; ++j) {
 #pragma unroll
     for (int32_t e = 0; e < 4; ++e) {
-      const int32_t row = row_a + (e >= 2 ? 8 : 0);
-      const int32_t token = 8 * j + 2 * (lane % 4) + (e & 1);
-      if (row < p.out && token < p.tokens) {
-        float* y = p.y + int64_t{token} * p.out + row;
-        *y = p.beta == 0.0f ? sum[j][e] : sum[j][e] + p.beta * *y;
-      }
+      store_one(p, row0 + fragment_row(tid, e), fragment_token(tid, j, e), sum[j][e]);
     }
   }
-}
-
-template <int32_t NT>
-constexpr int32_t kSplitsAtOnce = NT >= 8 ? 1 : 8 / NT;
-
-// A split's partial into the workspace; true for the tile's last block to arrive, which then holds
-// the sum of every split's partial, added in split order (its own from registers: the same bits).
-template <int32_t NT>
-__device__ __forceinline__ bool reduce_splits(const Params& p, int32_t tile, int32_t split,
-                                              float (&sum)[NT][4]) {
-  __shared__ int32_t last_arrival;
-  const int32_t tid = static_cast<int32_t>(threadIdx.x);
-  float4* tile_partials = p.partials + int64_t{tile} * p.splits * NT * kThreads;
-#pragma unroll
-  for (int32_t j = 0; j < NT; ++j) {
-    tile_partials[(split * NT + j) * kThreads + tid] =
-        make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3]);
-  }
-  __threadfence();  // the partial is visible device-wide before the counter counts it
-  __syncthreads();
-  if (tid == 0) last_arrival = atomicAdd(p.counters + tile, 1) == p.splits - 1;
-  __syncthreads();
-  if (!last_arrival) return false;
-  __threadfence();  // the other blocks' partials, counted before our increment, are visible
-  // kSplitsAtOnce<NT> splits' loads go out before their additions (about 8 float4 in flight a
-  // thread): the tail is a few L2 round trips, not one per split. The additions stay in order.
-  constexpr int32_t kAtOnce = kSplitsAtOnce<NT>;
-  float total[NT][4];
-  for (int32_t s0 = 0; s0 < p.splits; s0 += kAtOnce) {
-    float4 q[kAtOnce][NT];
-#pragma unroll
-    for (int32_t b = 0; b < kAtOnce; ++b) {
-      const int32_t s = s0 + b;
-#pragma unroll
-      for (int32_t j = 0; j < NT; ++j) {
-        q[b][j] = s >= p.splits ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
-                  : s == split  ? make_float4(sum[j][0], sum[j][1], sum[j][2], sum[j][3])
-                                : __ldcg(tile_partials + (s * NT + j) * kThreads + tid);
-      }
-    }
-#pragma unroll
-    for (int32_t b = 0; b < kAtOnce; ++b) {
-      const int32_t s = s0 + b;
-      if (s >= p.splits) break;
-#pragma unroll
-      for (int32_t j = 0; j < NT; ++j) {
-        const float v[4] = {q[b][j].x, q[b][j].y, q[b][j].z, q[b][j].w};
-#pragma unroll
-        for (int32_t e = 0; e < 4; ++e) total[j][e] = s == 0 ? v[e] : total[j][e] + v[e];
-      }
-    }
-  }
-#pragma unroll
-  for (int32_t j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int32_t e = 0; e < 4; ++e) sum[j][e] = total[j][e];
-  }
-  if (tid == 0) p.counters[tile] = 0;  // every split counted: zero for the next launch
-  return true;
 }
 
 // grid (splits, tiles): block (split, tile) computes rows 128·tile .. + 127 over K range `split`.
@@ -406,7 +353,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   float sum[NT][4];
   add_halves<NT>(reinterpret_cast<float*>(shared_bytes), group, half, lane, acc, sum);
   if (p.splits > 1 && !reduce_splits<NT>(p, tile, split, sum)) return;
-  store<NT>(p, row0 + group * kWarpRows + half * 16 + lane / 4, lane, sum);
+  store<NT>(p, row0, sum);
 }
 
 constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
@@ -450,44 +397,8 @@ cudaError_t launch_as(const Params& p, const Split& s, LaunchStream stream) {
                        kSharedBytes<NT>, stream, p);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-}  // namespace
-
-int32_t gemm_small_m_splits(int32_t out, int32_t in) {
-  return out < 1 || in < 1 ? 1 : split_of(out, in).splits;
-}
-
-size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max) {
-  if (out < 1 || in < 1 || tokens_max < 1) return 0;
-  const Split s = split_of(out, in);
-  if (s.splits == 1) return 0;
-  const int32_t nt = n_tiles_of(std::min(tokens_max, kSmallMGemmTokensMax));
-  return kCountersBytes +
-         size_t{static_cast<uint32_t>(s.tiles)} * s.splits * nt * kThreads * sizeof(float4);
-}
-
-cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int32_t tokens,
-                                     int32_t out, int32_t in, float beta, void* workspace,
-                                     size_t workspace_bytes, LaunchStream stream) {
-  if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
-      x == nullptr || w == nullptr || y == nullptr || !aligned16(x) || !aligned16(w) ||
-      (out + kTileRows - 1) / kTileRows > 65535) {
-    return cudaErrorInvalidValue;
-  }
-  const Split s = split_of(out, in);
-  Params p{x, w, y, tokens, out, in, beta, s.chunks, s.chunks_per_split, s.splits, nullptr,
-           nullptr};
-  if (s.splits > 1) {
-    if (workspace == nullptr || !aligned16(workspace) ||
-        workspace_bytes < gemm_small_m_workspace_bytes(out, in, tokens)) {
-      return cudaErrorInvalidValue;
-    }
-    p.counters = static_cast<int32_t*>(workspace);
-    p.partials = reinterpret_cast<float4*>(static_cast<unsigned char*>(workspace) + kCountersBytes);
-  }
-  if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
-  switch (n_tiles_of(tokens)) {
+cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
+  switch (n_tiles_of(p.tokens)) {
     case 1: return launch_as<1>(p, s, stream);
     case 2: return launch_as<2>(p, s, stream);
     case 3: return launch_as<3>(p, s, stream);
@@ -497,6 +408,75 @@ cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int
     case 7: return launch_as<7>(p, s, stream);
     default: return launch_as<8>(p, s, stream);
   }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Checks the arguments and launches the product (and the separate reduction, when that is how
+// its splits are added) with the given split and reduction.
+cudaError_t launch_split(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out,
+                         int32_t in, float beta, void* workspace, size_t workspace_bytes,
+                         const Split& s, SmallMReduce reduce, LaunchStream stream) {
+  if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
+      x == nullptr || w == nullptr || y == nullptr || !aligned16(x) || !aligned16(w) ||
+      s.tiles > 65535 || s.splits > 65535) {
+    return cudaErrorInvalidValue;
+  }
+  Params p{x,        w,        y,      tokens,  out,     in,     beta, s.chunks,
+           s.chunks_per_split, s.splits, reduce, tree_leaves(s.splits), nullptr, nullptr};
+  if (s.splits > 1) {
+    if (workspace == nullptr || !aligned16(workspace) ||
+        workspace_bytes < workspace_bytes_of(s, tokens)) {
+      return cudaErrorInvalidValue;
+    }
+    p.counters = static_cast<int32_t*>(workspace);
+    p.partials = reinterpret_cast<float4*>(static_cast<unsigned char*>(workspace) +
+                                           counters_bytes(s));
+  }
+  if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
+  if (const cudaError_t e = launch_gemm(p, s, stream); e != cudaSuccess) return e;
+  if (s.splits == 1 || reduce != SmallMReduce::kSeparateKernelInOrder) return cudaSuccess;
+  const int32_t n_tiles = n_tiles_of(tokens);
+  return launch_kernel(gemm_small_m_reduce_kernel, dim3(n_tiles, s.tiles), dim3(kThreads), 0,
+                       stream, p, n_tiles);
+}
+
+}  // namespace
+
+int32_t gemm_small_m_splits(int32_t out, int32_t in) {
+  return out < 1 || in < 1 ? 1 : split_of(out, in).splits;
+}
+
+size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max) {
+  if (out < 1 || in < 1 || tokens_max < 1) return 0;
+  return workspace_bytes_of(split_of(out, in), tokens_max);
+}
+
+cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int32_t tokens,
+                                     int32_t out, int32_t in, float beta, void* workspace,
+                                     size_t workspace_bytes, LaunchStream stream) {
+  if (out < 1 || in < 1) return cudaErrorInvalidValue;
+  return launch_split(x, w, y, tokens, out, in, beta, workspace, workspace_bytes,
+                      split_of(out, in), SmallMReduce::kLastBlockInOrder, stream);
+}
+
+int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted) {
+  return out < 1 || in < 1 ? 1 : split_into(out, in, wanted).splits;
+}
+
+size_t gemm_small_m_workspace_bytes_with(int32_t out, int32_t in, int32_t tokens_max,
+                                         int32_t wanted) {
+  if (out < 1 || in < 1 || tokens_max < 1) return 0;
+  return workspace_bytes_of(split_into(out, in, wanted), tokens_max);
+}
+
+cudaError_t launch_gemm_small_m_bf16_with(const bf16* x, const bf16* w, float* y, int32_t tokens,
+                                          int32_t out, int32_t in, float beta, void* workspace,
+                                          size_t workspace_bytes, int32_t wanted_splits,
+                                          SmallMReduce reduce, LaunchStream stream) {
+  if (out < 1 || in < 1) return cudaErrorInvalidValue;
+  return launch_split(x, w, y, tokens, out, in, beta, workspace, workspace_bytes,
+                      split_into(out, in, wanted_splits), reduce, stream);
 }
 
 }  // namespace ls::kernels
