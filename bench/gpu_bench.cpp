@@ -47,7 +47,7 @@
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
 //                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
-//                      [--small-m-sweep] (small-M GEMM splits × reductions: the same shapes)
+//                      [--small-m-sweep] (small-M GEMM at every split count: the same shapes)
 //                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
@@ -405,7 +405,7 @@ struct Options {
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
-  bool small_m_sweep = false; // only the small-M GEMM's splits × reductions
+  bool small_m_sweep = false; // only the small-M GEMM at every split count
   bool invariant = false;     // only batch-invariant mode vs the default
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
@@ -904,18 +904,12 @@ json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth
 }
 
 // The small-M GEMM's design space (kernels/gemm_small_m_tuning.h): each projection but the LM
-// head at 1, 8, 16, 32 and 64 tokens, K cut into 1 to 64 ranges (none under 2 chunks), each
-// split count with each reduction — what the production split rule and reduction are chosen
-// from. Fractions of the read bandwidth measured in the same run.
+// head at 1, 8, 16, 32 and 64 tokens, K cut into 1 to 64 ranges (none under 2 chunks) — what the
+// production split rule is chosen from. Fractions of the read bandwidth measured in the same run.
 json small_m_sweep(const std::string& shape, const Bandwidth& bandwidth) {
-  using kernels::SmallMReduce;
   const ModelConfig m = model_config_named(shape);
   cudaStream_t stream = nullptr;
   LS_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::pair<SmallMReduce, const char*> reductions[] = {
-      {SmallMReduce::kLastBlockInOrder, "last_block"},
-      {SmallMReduce::kSeparateKernelInOrder, "separate_kernel"},
-      {SmallMReduce::kTree, "tree"}};
   json rows = json::array();
   for (const Projection& p : projections_of(m)) {
     if (std::string(p.name) == "lm_head") continue;
@@ -930,29 +924,24 @@ json small_m_sweep(const std::string& shape, const Bandwidth& bandwidth) {
     for (const int32_t tokens : {1, 8, 16, 32, 64}) {
       for (int32_t wanted = 1; wanted <= 64 && chunks / wanted >= 2; wanted *= 2) {
         const int32_t splits = kernels::gemm_small_m_splits_with(p.out, p.in, wanted);
-        for (const auto& [reduce, name] : reductions) {
-          if (splits == 1 && reduce != SmallMReduce::kLastBlockInOrder) continue;
-          const double ms = rig.ms([&](const __nv_bfloat16* w) {
-            LS_CUDA(kernels::launch_gemm_small_m_bf16_with(
-                rig.x(), w, rig.y(), tokens, p.out, p.in, rig.beta(), rig.workspace(),
-                rig.workspace_bytes(), wanted, reduce, kernels::LaunchStream(stream, true)));
-          });
-          std::printf("  %s %-7s [%6d, %5d] × %2d tokens, %2d splits, %-15s %.4f ms %.1f%% of "
-                      "read BW\n",
-                      shape.c_str(), p.name, p.out, p.in, tokens, splits, name, ms,
-                      rig.of_read(ms, bandwidth) * 100);
-          rows.push_back({{"shape", shape},
-                          {"projection", p.name},
-                          {"out", p.out},
-                          {"in", p.in},
-                          {"tokens", tokens},
-                          {"splits", splits},
-                          {"reduce", name},
-                          {"production", splits == kernels::gemm_small_m_splits(p.out, p.in) &&
-                                             reduce == SmallMReduce::kLastBlockInOrder},
-                          {"ms", ms},
-                          {"read_bandwidth_fraction", rig.of_read(ms, bandwidth)}});
-        }
+        const double ms = rig.ms([&](const __nv_bfloat16* w) {
+          LS_CUDA(kernels::launch_gemm_small_m_bf16_with(
+              rig.x(), w, rig.y(), tokens, p.out, p.in, rig.beta(), rig.workspace(),
+              rig.workspace_bytes(), wanted, kernels::LaunchStream(stream, true)));
+        });
+        std::printf("  %s %-7s [%6d, %5d] × %2d tokens, %2d splits%s: %.4f ms %.1f%% of read BW\n",
+                    shape.c_str(), p.name, p.out, p.in, tokens, splits,
+                    splits == kernels::gemm_small_m_splits(p.out, p.in) ? " (production)" : "", ms,
+                    rig.of_read(ms, bandwidth) * 100);
+        rows.push_back({{"shape", shape},
+                        {"projection", p.name},
+                        {"out", p.out},
+                        {"in", p.in},
+                        {"tokens", tokens},
+                        {"splits", splits},
+                        {"production", splits == kernels::gemm_small_m_splits(p.out, p.in)},
+                        {"ms", ms},
+                        {"read_bandwidth_fraction", rig.of_read(ms, bandwidth)}});
       }
     }
   }
@@ -1479,7 +1468,7 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--fusion");
   app.add_flag("--small-m-sweep", o.small_m_sweep,
                "Only the small-M GEMM's design space (llama-1b and llama-8b unless --shapes): "
-               "each projection at 1 to 64 tokens, K split 1 to 64 ways, each split reduction")
+               "each projection at 1 to 64 tokens, K split 1 to 64 ways")
       ->excludes("--recording")
       ->excludes("--hybrid")
       ->excludes("--tp")

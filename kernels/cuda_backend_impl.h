@@ -311,8 +311,8 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]
   DeviceArray<uint8_t> cublas_workspace;
-  // The small-M GEMM's split-K counters and partials (kernels/gemm_small_m.h), for the largest of
-  // the linear shapes; zeroed once (its counters); empty when no shape splits or the GEMM is off.
+  // The small-M GEMM's split-K partials (kernels/gemm_small_m.h), for the largest of the linear
+  // shapes; empty when no shape splits or the GEMM is off.
   DeviceArray<uint8_t> small_m_gemm_workspace;
   LinearShapes linears;
   // bf16 linear layers: a plan per shape and token count, all made at construction (plan_gemms).

@@ -372,9 +372,6 @@ void CudaBackend::Impl::initialise_buffers() {
   const std::vector<int32_t> pads(input_ids.count(), kernels::kPadInputId);
   LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
-  if (small_m_gemm_workspace.bytes() > 0) {  // the split counters start at zero
-    LS_CUDA(cudaMemsetAsync(small_m_gemm_workspace.get(), 0, small_m_gemm_workspace.bytes(), s));
-  }
   initialise_mamba();
 }
 

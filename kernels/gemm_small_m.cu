@@ -18,7 +18,7 @@
 //     reads stay ~3.5 bytes a weight byte at 64 tokens;
 //   - too few tiles to fill both block slots of every SM (out / 128 ≤ 132, e.g. every projection
 //     of llama-1b but the LM head) split `in` into gemm_small_m_splits(out, in) K ranges, partials
-//     reduced in split order by the tile's last block (kernels/gemm_small_m.h).
+//     added in split order by a second kernel (kernels/gemm_small_m_reduce.cuh).
 // Shared memory rows are 128 bytes (one chunk of a weight row or of a token): the eight 16-byte
 // pieces of row r are stored at piece ^ (r % 8), so the eight row addresses of an ldmatrix phase
 // (8 consecutive rows, one piece) fall in eight different bank groups, and so do cp.async's writes.
@@ -78,6 +78,16 @@ constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
 template <int32_t NT>
 constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
 static_assert(2 * (kSharedBytes<kNTilesMax> + 1024) <= 228 * 1024, "two blocks fit an SM");
+// What a launch reserves: at least kTwoBlocksAnSm, so that no SM takes a third block. One or two
+// n-tiles' pipelines (70-74 KB) would otherwise let three blocks share an SM (228 KB, 1 KB each
+// reserved), and the block scheduler packs them: a shape of 224 blocks then runs on 75 SMs and
+// leaves 57 idle (the H200 sweep of 584a06a: llama-8b gate/up at 16 tokens, 2 n-tiles, 81 µs
+// against 60 µs at 8 tokens and 63 at 32).
+constexpr size_t kTwoBlocksAnSm = 80 * 1024;
+static_assert(3 * (kTwoBlocksAnSm + 1024) > 228 * 1024 && 2 * (kTwoBlocksAnSm + 1024) <= 228 * 1024,
+              "two blocks an SM, never three");
+template <int32_t NT>
+constexpr size_t kLaunchSharedBytes = std::max(kSharedBytes<NT>, kTwoBlocksAnSm);
 
 struct Split {
   int32_t tiles = 0, chunks = 0, splits = 1, chunks_per_split = 0;
@@ -108,26 +118,12 @@ Split split_of(int32_t out, int32_t in) {
 
 int32_t n_tiles_of(int32_t tokens) { return (tokens + 7) / 8; }
 
-// The smallest power of two at least `n`: the leaves of a split shape's reduction tree.
-int32_t tree_leaves(int32_t n) {
-  int32_t leaves = 1;
-  while (leaves < n) leaves *= 2;
-  return leaves;
-}
-
-// The workspace of a split shape: the counters (tree_leaves(splits) a tile: the in-order
-// reduction uses the first, the tree one a node each), then the partials (a float4 of each thread
-// of each block of each n-tile), 16-byte aligned.
-size_t counters_bytes(const Split& s) {
-  const size_t bytes = size_t{static_cast<uint32_t>(s.tiles)} *
-                       static_cast<uint32_t>(tree_leaves(s.splits)) * sizeof(int32_t);
-  return (bytes + 15) / 16 * 16;
-}
+// The workspace of a split shape: every block's partial sums (a float4 of each thread for each
+// n-tile).
 size_t workspace_bytes_of(const Split& s, int32_t tokens_max) {
   if (s.splits == 1) return 0;
   const int32_t nt = n_tiles_of(std::min(tokens_max, kSmallMGemmTokensMax));
-  return counters_bytes(s) +
-         size_t{static_cast<uint32_t>(s.tiles)} * s.splits * nt * kThreads * sizeof(float4);
+  return size_t{static_cast<uint32_t>(s.tiles)} * s.splits * nt * kThreads * sizeof(float4);
 }
 
 __device__ __forceinline__ uint32_t swizzled(int32_t row, int32_t piece) {
@@ -352,7 +348,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   stream_range<NT>(p, shared, row0, first_chunk, stages, acc);
   float sum[NT][4];
   add_halves<NT>(reinterpret_cast<float*>(shared_bytes), group, half, lane, acc, sum);
-  if (p.splits > 1 && !reduce_splits<NT>(p, tile, split, sum)) return;
+  if (p.splits > 1) {
+    write_partial<NT>(p, tile, split, sum);  // gemm_small_m_reduce_kernel adds and stores them
+    return;
+  }
   store<NT>(p, row0, sum);
 }
 
@@ -364,7 +363,8 @@ template <int32_t NT>
 cudaError_t allow_shared() {
   const auto kernel = gemm_small_m_kernel<NT>;
   const cudaError_t size = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes<NT>));
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      static_cast<int>(kLaunchSharedBytes<NT>));
   if (size != cudaSuccess) return size;
   return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                               cudaSharedmemCarveoutMaxShared);
@@ -394,7 +394,7 @@ cudaError_t allow_shared_once() {
 template <int32_t NT>
 cudaError_t launch_as(const Params& p, const Split& s, LaunchStream stream) {
   return launch_kernel(gemm_small_m_kernel<NT>, dim3(s.splits, s.tiles), dim3(kThreads),
-                       kSharedBytes<NT>, stream, p);
+                       kLaunchSharedBytes<NT>, stream, p);
 }
 
 cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
@@ -412,30 +412,26 @@ cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Checks the arguments and launches the product (and the separate reduction, when that is how
-// its splits are added) with the given split and reduction.
+// Checks the arguments and launches the product, then (a split shape) its reduction.
 cudaError_t launch_split(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out,
                          int32_t in, float beta, void* workspace, size_t workspace_bytes,
-                         const Split& s, SmallMReduce reduce, LaunchStream stream) {
+                         const Split& s, LaunchStream stream) {
   if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
       x == nullptr || w == nullptr || y == nullptr || !aligned16(x) || !aligned16(w) ||
       s.tiles > 65535 || s.splits > 65535) {
     return cudaErrorInvalidValue;
   }
-  Params p{x,        w,        y,      tokens,  out,     in,     beta, s.chunks,
-           s.chunks_per_split, s.splits, reduce, tree_leaves(s.splits), nullptr, nullptr};
+  Params p{x, w, y, tokens, out, in, beta, s.chunks, s.chunks_per_split, s.splits, nullptr};
   if (s.splits > 1) {
     if (workspace == nullptr || !aligned16(workspace) ||
         workspace_bytes < workspace_bytes_of(s, tokens)) {
       return cudaErrorInvalidValue;
     }
-    p.counters = static_cast<int32_t*>(workspace);
-    p.partials = reinterpret_cast<float4*>(static_cast<unsigned char*>(workspace) +
-                                           counters_bytes(s));
+    p.partials = static_cast<float4*>(workspace);
   }
   if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
   if (const cudaError_t e = launch_gemm(p, s, stream); e != cudaSuccess) return e;
-  if (s.splits == 1 || reduce != SmallMReduce::kSeparateKernelInOrder) return cudaSuccess;
+  if (s.splits == 1) return cudaSuccess;
   const int32_t n_tiles = n_tiles_of(tokens);
   return launch_kernel(gemm_small_m_reduce_kernel, dim3(n_tiles, s.tiles), dim3(kThreads), 0,
                        stream, p, n_tiles);
@@ -457,7 +453,7 @@ cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int
                                      size_t workspace_bytes, LaunchStream stream) {
   if (out < 1 || in < 1) return cudaErrorInvalidValue;
   return launch_split(x, w, y, tokens, out, in, beta, workspace, workspace_bytes,
-                      split_of(out, in), SmallMReduce::kLastBlockInOrder, stream);
+                      split_of(out, in), stream);
 }
 
 int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted) {
@@ -473,10 +469,10 @@ size_t gemm_small_m_workspace_bytes_with(int32_t out, int32_t in, int32_t tokens
 cudaError_t launch_gemm_small_m_bf16_with(const bf16* x, const bf16* w, float* y, int32_t tokens,
                                           int32_t out, int32_t in, float beta, void* workspace,
                                           size_t workspace_bytes, int32_t wanted_splits,
-                                          SmallMReduce reduce, LaunchStream stream) {
+                                          LaunchStream stream) {
   if (out < 1 || in < 1) return cudaErrorInvalidValue;
   return launch_split(x, w, y, tokens, out, in, beta, workspace, workspace_bytes,
-                      split_into(out, in, wanted_splits), reduce, stream);
+                      split_into(out, in, wanted_splits), stream);
 }
 
 }  // namespace ls::kernels

@@ -16,9 +16,10 @@
 // Split K: a shape with at most 132 128-row tiles splits `in` into a fixed number of ranges
 // (gemm_small_m_splits, from out and in only: a power of two, up to two blocks for each of the
 // H200's 132 SMs, no range under 4 chunks) so that enough blocks stream at once; each
-// block of a tile writes its partial sums to the workspace, and the last block of the tile to
-// arrive (a counter per tile) adds the partials in split order and writes y. The counters must be
-// zero before the first launch (cudaMemset the workspace once); every launch leaves them zero.
+// block of a tile writes its partial sums to the workspace, and a second kernel, launched after
+// the product on the same stream, adds every tile's partials in split order and writes y
+// (kernels/gemm_small_m_reduce.cuh). A split launch is two kernels; the workspace needs no
+// initialisation and holds nothing between launches.
 #pragma once
 
 #include "kernels/launch.h"
@@ -37,12 +38,12 @@ constexpr int32_t kSmallMGemmTokensMax = 64;
 int32_t gemm_small_m_splits(int32_t out, int32_t in);
 
 // Workspace bytes a product of shape (out, in) needs at up to `tokens_max` tokens: 0 when it
-// does not split; otherwise the tile counters and every block's partial sums.
+// does not split; otherwise every block's partial sums.
 size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max);
 
 // Needs 1 <= tokens <= kSmallMGemmTokensMax, in % 8 == 0, x and w 16-byte aligned, and (when the
-// shape splits) `workspace_bytes` >= gemm_small_m_workspace_bytes(out, in, tokens) with zeroed
-// counters; cudaErrorInvalidValue otherwise, nothing launched. Allocates nothing; the first launch
+// shape splits) `workspace_bytes` >= gemm_small_m_workspace_bytes(out, in, tokens);
+// cudaErrorInvalidValue otherwise, nothing launched. Allocates nothing; the first launch
 // on a device raises the kernels' shared-memory limit (cudaFuncSetAttribute, a host call that a
 // graph capture allows).
 cudaError_t launch_gemm_small_m_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y,

@@ -1,8 +1,6 @@
 // The small-M GEMM's block layout and parameters, shared by its product kernel
-// (kernels/gemm_small_m.cu) and its split reductions (kernels/gemm_small_m_reduce.cuh).
+// (kernels/gemm_small_m.cu) and its split reduction (kernels/gemm_small_m_reduce.cuh).
 #pragma once
-
-#include "kernels/gemm_small_m_tuning.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,10 +24,7 @@ struct Params {
   int32_t tokens, out, in;
   float beta;
   int32_t chunks, chunks_per_split, splits;
-  SmallMReduce reduce;
-  int32_t counters_per_tile;  // tree_leaves(splits)
-  int32_t* counters;          // [tiles, counters_per_tile] when splits > 1
-  float4* partials;           // [tiles, splits, n-tiles, kThreads] when splits > 1
+  float4* partials;  // [tiles, splits, n-tiles, kThreads] when splits > 1
 };
 
 // Where element e of n-tile j of the thread's sum (after add_halves) belongs: a row of the tile

@@ -1,7 +1,7 @@
-// The small-M GEMM (kernels/gemm_small_m.h) with the K split and the reduction of the caller's
-// choosing instead of the production rule's: what `lockstep_gpu_bench --small-m-sweep` measures
-// to choose that rule. A choice's results depend on (out, in, splits, reduction) only — never on
-// the token count — so each is batch-invariant; two choices sum in different orders.
+// The small-M GEMM (kernels/gemm_small_m.h) with the K split of the caller's choosing instead of
+// the production rule's: what `lockstep_gpu_bench --small-m-sweep` measures to choose that rule.
+// A split's results depend on (out, in, splits) only — never on the token count — so each is
+// batch-invariant; two split counts sum in different orders.
 #pragma once
 
 #include "kernels/launch.h"
@@ -14,13 +14,6 @@
 
 namespace ls::kernels {
 
-// How a split shape's K ranges are added.
-enum class SmallMReduce {
-  kLastBlockInOrder,       // in split order, by the tile's last block to arrive
-  kSeparateKernelInOrder,  // in split order, by a second kernel over every tile (same bits)
-  kTree,                   // a binary tree over the splits, by the second child to arrive
-};
-
 // The K ranges `in` is cut into when about `wanted` are asked for (whole 64-wide chunks, none
 // empty).
 int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted);
@@ -28,11 +21,10 @@ int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted);
 size_t gemm_small_m_workspace_bytes_with(int32_t out, int32_t in, int32_t tokens_max,
                                          int32_t wanted);
 
-// launch_gemm_small_m_bf16's contract, with the split and reduction given.
+// launch_gemm_small_m_bf16's contract, with the split given.
 cudaError_t launch_gemm_small_m_bf16_with(const __nv_bfloat16* x, const __nv_bfloat16* w,
                                           float* y, int32_t tokens, int32_t out, int32_t in,
                                           float beta, void* workspace, size_t workspace_bytes,
-                                          int32_t wanted_splits, SmallMReduce reduce,
-                                          LaunchStream stream);
+                                          int32_t wanted_splits, LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -1,8 +1,8 @@
 // lockstep's small-M tensor-core GEMM (kernels/gemm_small_m.h): against fp64 dot products of the
 // same bf16 values on the host, with beta 0 and 1, on shapes that split K and shapes that do not,
 // `out` not a multiple of the 128-row tile and `in` not a multiple of the 64-wide chunk; the bits
-// of one token's row the same at every token count (batch invariance); the counters left at zero
-// (a second launch gives the same bits); refusals outside its limits; and the CUDA backend with it
+// of one token's row the same at every token count (batch invariance); a second launch over the
+// same workspace the same bits; refusals outside its limits; and the CUDA backend with it
 // switched on (plans, eager vs graphs, refusals of the option).
 #include "core/check.h"
 #include "kernels/cuda_backend.h"
@@ -45,7 +45,8 @@ struct Shape {
 // llama-1b's q/k/v (24 tiles × 8 splits).
 constexpr Shape kShapes[] = {{333, 264}, {67, 8200}, {300, 4096}, {3072, 2048}};
 
-// Device workspace for `shape` at up to 64 tokens, counters zeroed.
+// Device workspace for `shape` at up to 64 tokens (zeroed, though nothing needs it: the partials
+// are written before they are read).
 struct Workspace {
   explicit Workspace(Shape shape)
       : bytes(kernels::gemm_small_m_workspace_bytes(shape.out, shape.in,
@@ -84,8 +85,8 @@ TEST(SmallMGemm, SplitsDependOnTheShapeOnly) {
 class SmallMGemmTokens : public ::testing::TestWithParam<int32_t> {};
 
 // Against fp64 on the host, beta 0 and 1 (the residual add: y0 must be read once and added), and
-// run to run: a second launch over the same workspace gives the same bits, which needs the first
-// to have left its split counters at zero.
+// run to run: a second launch over the same workspace (the first's partials still in it) gives
+// the same bits.
 TEST_P(SmallMGemmTokens, MatchesFp64AndRepeatsItsBits) {
   LS_SKIP_WITHOUT_DEVICE();
   const int32_t tokens = GetParam();

@@ -1,8 +1,6 @@
-// The small-M GEMM's split reductions (kernels/gemm_small_m_tuning.h), each with split counts
-// that are and are not powers of two (the tree's missing right subtrees): against fp64 dot
-// products on the host, run to run (the counters left at zero), a probe token's row the same bits
-// at every token count, and the two in-order reductions (last block, separate kernel) the same
-// bits as each other.
+// The small-M GEMM at split counts other than the production rule's (kernels/gemm_small_m_tuning.h:
+// what the sweep measures), powers of two and not: against fp64 dot products on the host, run to
+// run, and a probe token's row the same bits at every token count.
 #include "kernels/gemm_small_m.h"
 #include "kernels/gemm_small_m_tuning.h"
 #include "tests/gpu/gpu_test_support.h"
@@ -18,7 +16,6 @@ namespace ls {
 namespace {
 
 using gpu_test::DeviceBuffer;
-using kernels::SmallMReduce;
 using bf16 = __nv_bfloat16;
 
 constexpr double kFp32 = 1e-5;  // as tests/gpu/gemm_small_m_gpu_test.cpp argues
@@ -30,25 +27,13 @@ struct Case {
 // (67, 8200): one tile, 129 chunks in 26 ranges (not a power of two) or 3; (300, 4096): three
 // tiles, 64 chunks in 16 or 5 ranges.
 constexpr Case kCases[] = {{67, 8200, 26}, {67, 8200, 3}, {300, 4096, 16}, {300, 4096, 5}};
-constexpr SmallMReduce kReductions[] = {SmallMReduce::kLastBlockInOrder,
-                                        SmallMReduce::kSeparateKernelInOrder, SmallMReduce::kTree};
-
-std::string name_of(SmallMReduce r) {
-  switch (r) {
-    case SmallMReduce::kLastBlockInOrder: return "last block";
-    case SmallMReduce::kSeparateKernelInOrder: return "separate kernel";
-    case SmallMReduce::kTree: return "tree";
-  }
-  return "?";
-}
-
 std::vector<uint32_t> bits_of(const std::vector<float>& v) {
   std::vector<uint32_t> bits(v.size());
   std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
   return bits;
 }
 
-// One case's weights and workspace (zeroed once, as the backend does).
+// One case's weights and workspace.
 struct Rig {
   explicit Rig(const Case& shape)
       : c(shape),
@@ -61,14 +46,14 @@ struct Rig {
     EXPECT_EQ(cudaMemset(workspace.ptr, 0, workspace.count), cudaSuccess);
   }
 
-  // y for x (tokens rows) over y0 with beta, through `reduce`.
+  // y for x (tokens rows) over y0 with beta.
   std::vector<float> run(const std::vector<float>& x, const std::vector<float>& y0, int32_t tokens,
-                         float beta, SmallMReduce reduce) {
+                         float beta) {
     DeviceBuffer<bf16> d_x(gpu_test::to_bf16(x));
     DeviceBuffer<float> d_y(y0);
     EXPECT_EQ(kernels::launch_gemm_small_m_bf16_with(d_x.ptr, w.ptr, d_y.ptr, tokens, c.out, c.in,
                                                      beta, workspace.ptr, bytes, c.wanted_splits,
-                                                     reduce, nullptr),
+                                                     nullptr),
               cudaSuccess);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return d_y.download();
@@ -81,7 +66,7 @@ struct Rig {
   DeviceBuffer<uint8_t> workspace;
 };
 
-TEST(SmallMGemmReductions, EachMatchesFp64AndRepeatsItsBits) {
+TEST(SmallMGemmSplits, EachMatchesFp64AndRepeatsItsBits) {
   LS_SKIP_WITHOUT_DEVICE();
   for (const Case& c : kCases) {
     Rig rig(c);
@@ -92,31 +77,24 @@ TEST(SmallMGemmReductions, EachMatchesFp64AndRepeatsItsBits) {
       for (const float beta : {0.0f, 1.0f}) {
         const std::vector<float> ref =
             gpu_test::linear_ref(x, rig.w_host, y0, tokens, c.out, c.in, beta);
-        for (const SmallMReduce reduce : kReductions) {
-          const std::vector<float> y = rig.run(x, y0, tokens, beta, reduce);
-          EXPECT_LT(gpu_test::relative_error(y, ref), kFp32)
-              << c.out << "x" << c.in << " / " << c.wanted_splits << ", " << tokens << " tokens, "
-              << name_of(reduce);
-          EXPECT_EQ(bits_of(rig.run(x, y0, tokens, beta, reduce)), bits_of(y))
-              << "run to run: " << c.out << "x" << c.in << ", " << name_of(reduce);
-        }
-        EXPECT_EQ(bits_of(rig.run(x, y0, tokens, beta, SmallMReduce::kLastBlockInOrder)),
-                  bits_of(rig.run(x, y0, tokens, beta, SmallMReduce::kSeparateKernelInOrder)))
-            << "the in-order reductions add the same values in the same order: " << c.out << "x"
-            << c.in << ", " << tokens << " tokens";
+        const std::vector<float> y = rig.run(x, y0, tokens, beta);
+        EXPECT_LT(gpu_test::relative_error(y, ref), kFp32)
+            << c.out << "x" << c.in << " / " << c.wanted_splits << ", " << tokens << " tokens";
+        EXPECT_EQ(bits_of(rig.run(x, y0, tokens, beta)), bits_of(y))
+            << "run to run: " << c.out << "x" << c.in << " / " << c.wanted_splits;
       }
     }
   }
 }
 
-// A probe token's row at 1, 3, 17 and 64 tokens, the other rows random: each reduction's bits the
+// A probe token's row at 1, 3, 17 and 64 tokens, the other rows random: each split's bits the
 // same at every count.
-TEST(SmallMGemmReductions, ARowsBitsDoNotDependOnTheOtherTokens) {
+TEST(SmallMGemmSplits, ARowsBitsDoNotDependOnTheOtherTokens) {
   LS_SKIP_WITHOUT_DEVICE();
   for (const Case& c : kCases) {
     Rig rig(c);
     const std::vector<float> probe = gpu_test::random_bf16_values(size_t(c.in), 54, -1, 1);
-    for (const SmallMReduce reduce : kReductions) {
+    {
       std::vector<uint32_t> alone;
       for (const int32_t tokens : {1, 3, 17, 64}) {
         const int32_t at = tokens / 2;
@@ -124,12 +102,12 @@ TEST(SmallMGemmReductions, ARowsBitsDoNotDependOnTheOtherTokens) {
             gpu_test::random_bf16_values(size_t(tokens) * c.in, 60 + uint32_t(tokens), -1, 1);
         std::copy(probe.begin(), probe.end(), x.begin() + size_t(at) * c.in);
         const std::vector<float> y0(size_t(tokens) * c.out, 0.0f);
-        const std::vector<float> y = rig.run(x, y0, tokens, 0.0f, reduce);
+        const std::vector<float> y = rig.run(x, y0, tokens, 0.0f);
         const std::vector<float> row(y.begin() + size_t(at) * c.out,
                                      y.begin() + size_t(at + 1) * c.out);
         if (alone.empty()) alone = bits_of(row);
         EXPECT_EQ(bits_of(row), alone) << c.out << "x" << c.in << " / " << c.wanted_splits << ", "
-                                       << name_of(reduce) << ", " << tokens << " tokens";
+                                       << tokens << " tokens";
       }
     }
   }
