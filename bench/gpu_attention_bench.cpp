@@ -68,7 +68,9 @@ void run_case(const Heads& h, int32_t batch, int32_t context, int32_t iterations
 
   const auto launch = [&] {
     CHECK(kernels::launch_paged_attention(shape, q, k, v, d_positions, d_rows, d_table, batch,
-                                          workspace, workspace_floats, out, nullptr));
+                                          /*prefill_tokens_count=*/0,
+                                          kernels::AttentionPrefill::kTiles, workspace,
+                                          workspace_floats, out, nullptr));
   };
   for (int32_t i = 0; i < 3; ++i) launch();
   cudaEvent_t begin = nullptr, end = nullptr;

@@ -3,6 +3,7 @@
 // prefix (1, 7, 129, 2048 tokens, causal inside the chunk) and decode batches (1, 3, 17, 64 rows
 // of different lengths, many crossing split boundaries), plus a chunked launch through a small
 // workspace and a batch-invariance check (a row's output does not depend on its co-batch).
+// Prefill chunks with the tile kernel (AttentionPrefill::kTiles, the default mode) and without.
 #include "kernels/attention.h"
 #include "tests/gpu/gpu_test_support.h"
 
@@ -10,14 +11,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace ls {
 namespace {
 
 using gpu_test::DeviceBuffer;
 using gpu_test::relative_error;
+using kernels::AttentionPrefill;
 using kernels::AttentionShape;
 using bf16 = __nv_bfloat16;
 
@@ -88,35 +94,74 @@ std::vector<float> reference(const AttentionSetup& s, const std::vector<float>& 
   return out;
 }
 
-// Runs the kernel with bf16 KV and output (production), or fp32 (the fp32 mode) when `fp32`.
+// How a test launches attention: the workspace, how many of the launch's first tokens are
+// prefill chunks' and which kernel takes them, bf16 (production) or fp32 (the fp32 mode) KV and
+// output.
+struct Launch {
+  size_t workspace_floats = 0;
+  int32_t prefill_tokens = 0;
+  AttentionPrefill prefill = AttentionPrefill::kTiles;
+  bool fp32 = false;
+};
+
+// Runs the tokens in consecutive launches starting at each of `begins` (the first is 0), sharing
+// the workspace and the output, as the layers of a step do; a launch's prefill tokens are those of
+// launch.prefill_tokens that fall in it.
+template <typename T>
+std::vector<float> run_as(const AttentionSetup& s, const std::vector<float>& q,
+                          const std::vector<int32_t>& positions, const std::vector<int32_t>& rows,
+                          const Launch& launch, std::vector<int32_t> begins) {
+  const int32_t tokens = static_cast<int32_t>(positions.size());
+  const size_t qs = size_t(s.shape.query_heads) * s.shape.head_dim;
+  DeviceBuffer<float> d_q(q), d_ws(launch.workspace_floats);
+  DeviceBuffer<int32_t> d_pos(positions), d_rows(rows), d_table(s.table);
+  std::vector<T> k, v;
+  if constexpr (std::is_same_v<T, float>) {
+    k = s.k, v = s.v;
+  } else {
+    k = gpu_test::to_bf16(s.k), v = gpu_test::to_bf16(s.v);
+  }
+  DeviceBuffer<T> d_k(k), d_v(v), d_out(size_t(static_cast<uint32_t>(tokens)) * qs);
+  begins.push_back(tokens);
+  for (size_t i = 0; i + 1 < begins.size(); ++i) {
+    const int32_t begin = begins[i], n = begins[i + 1] - begin;
+    const int32_t prefill = std::clamp(launch.prefill_tokens - begin, 0, n);
+    EXPECT_EQ(kernels::launch_paged_attention(s.shape, d_q.ptr + begin * qs, d_k.ptr, d_v.ptr,
+                                              d_pos.ptr + begin, d_rows.ptr + begin, d_table.ptr,
+                                              n, prefill, launch.prefill, d_ws.ptr,
+                                              launch.workspace_floats, d_out.ptr + begin * qs,
+                                              nullptr),
+              cudaSuccess)
+        << "launch at token " << begin;
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if constexpr (std::is_same_v<T, float>) {
+    return d_out.download();
+  } else {
+    return gpu_test::from_bf16(d_out.download());
+  }
+}
+
 std::vector<float> run(const AttentionSetup& s, const std::vector<float>& q,
                        const std::vector<int32_t>& positions, const std::vector<int32_t>& rows,
-                       size_t workspace_floats, bool fp32 = false) {
-  const int32_t tokens = static_cast<int32_t>(positions.size());
-  const size_t out_count = size_t(static_cast<uint32_t>(tokens)) * s.shape.query_heads * s.shape.head_dim;
-  DeviceBuffer<float> d_q(q), d_ws(workspace_floats);
-  DeviceBuffer<int32_t> d_pos(positions), d_rows(rows), d_table(s.table);
-  if (fp32) {
-    DeviceBuffer<float> d_k(s.k), d_v(s.v), d_out(out_count);
-    EXPECT_EQ(kernels::launch_paged_attention(s.shape, d_q.ptr, d_k.ptr, d_v.ptr, d_pos.ptr,
-                                              d_rows.ptr, d_table.ptr, tokens, d_ws.ptr,
-                                              workspace_floats, d_out.ptr, nullptr),
-              cudaSuccess);
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    return d_out.download();
-  }
-  DeviceBuffer<bf16> d_k(gpu_test::to_bf16(s.k)), d_v(gpu_test::to_bf16(s.v));
-  DeviceBuffer<bf16> d_out(out_count);
-  EXPECT_EQ(kernels::launch_paged_attention(s.shape, d_q.ptr, d_k.ptr, d_v.ptr, d_pos.ptr,
-                                            d_rows.ptr, d_table.ptr, tokens, d_ws.ptr,
-                                            workspace_floats, d_out.ptr, nullptr),
-            cudaSuccess);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return gpu_test::from_bf16(d_out.download());
+                       const Launch& launch, std::vector<int32_t> begins = {0}) {
+  return launch.fp32 ? run_as<float>(s, q, positions, rows, launch, std::move(begins))
+                     : run_as<bf16>(s, q, positions, rows, launch, std::move(begins));
+}
+
+// Decode rows only (no prefill token): every token through the decode kernel.
+Launch decode_launch(size_t workspace_floats) { return Launch{workspace_floats, 0}; }
+
+// Whether two outputs have the same bits (not just equal values: −0 and +0 differ, NaN fails).
+bool same_bits(const float* a, const float* b, size_t count) {
+  return std::memcmp(a, b, count * sizeof(float)) == 0;
 }
 
 class PrefillChunk : public ::testing::TestWithParam<int32_t> {};
 
+// Both prefill kernels (kTiles takes the 2048-token chunk through the tile kernel, the shorter ones
+// through the decode kernel; kDecodeKernel takes every chunk through the decode kernel) against the
+// reference, and each through small workspaces (launches cut to fit) with the same bits.
 TEST_P(PrefillChunk, CausalWithACachedPrefix) {
   LS_SKIP_WITHOUT_DEVICE();
   const int32_t chunk = GetParam(), prefix = 37;
@@ -126,13 +171,21 @@ TEST_P(PrefillChunk, CausalWithACachedPrefix) {
   const size_t qs = size_t(8) * 64;
   const std::vector<float> q = gpu_test::random_floats(size_t(chunk) * qs, 7, -1, 1);
   const std::vector<float> ref = reference(s, q, positions, rows);
-  const size_t ws = kernels::attention_workspace_floats(s.shape, chunk);
-  const std::vector<float> out = run(s, q, positions, rows, ws);
-  EXPECT_LT(relative_error(out, ref), kTolerance) << "chunk " << chunk;
   EXPECT_GT(gpu_test::norm(ref), 0);
-  // A workspace for 5 tokens: the launch is cut into chunks, with the same bits.
-  const size_t small = kernels::attention_workspace_floats(s.shape, 5);
-  EXPECT_EQ(run(s, q, positions, rows, small), out) << "chunked launch";
+  const size_t ws = kernels::attention_workspace_floats(s.shape, chunk);
+  for (const AttentionPrefill prefill :
+       {AttentionPrefill::kTiles, AttentionPrefill::kDecodeKernel}) {
+    SCOPED_TRACE(prefill == AttentionPrefill::kTiles ? "tiles" : "decode kernel");
+    const std::vector<float> out = run(s, q, positions, rows, Launch{ws, chunk, prefill});
+    EXPECT_LT(relative_error(out, ref), kTolerance) << "chunk " << chunk;
+    // Workspaces for 5 tokens and for 1: the decode kernel's launches are cut to fit, the tile
+    // kernel's list fits either; the same bits.
+    for (const int32_t tokens : {5, 1}) {
+      const size_t small = kernels::attention_workspace_floats(s.shape, tokens);
+      const std::vector<float> cut = run(s, q, positions, rows, Launch{small, chunk, prefill});
+      EXPECT_TRUE(same_bits(cut.data(), out.data(), out.size())) << "workspace of " << tokens;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(OddSizes, PrefillChunk, ::testing::Values(1, 7, 129, 2048));
@@ -153,14 +206,13 @@ TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
   const size_t qs = size_t(32) * 128;
   const std::vector<float> q = gpu_test::random_floats(size_t(batch) * qs, 9, -1, 1);
   const size_t ws = kernels::attention_workspace_floats(s.shape, batch);
-  const std::vector<float> out = run(s, q, positions, rows, ws);
+  const std::vector<float> out = run(s, q, positions, rows, decode_launch(ws));
   EXPECT_LT(relative_error(out, reference(s, q, positions, rows)), kTolerance) << "batch " << batch;
   // The last row alone gives the same bits as inside the batch.
   const std::vector<float> alone =
       run(s, std::vector<float>(q.end() - static_cast<ptrdiff_t>(qs), q.end()), {positions.back()},
-          {rows.back()}, ws);
-  EXPECT_TRUE(std::equal(alone.begin(), alone.end(), out.end() - static_cast<ptrdiff_t>(qs)))
-      << "batch invariance";
+          {rows.back()}, decode_launch(ws));
+  EXPECT_TRUE(same_bits(alone.data(), out.data() + out.size() - qs, qs)) << "batch invariance";
 }
 
 INSTANTIATE_TEST_SUITE_P(OddBatches, DecodeBatch, ::testing::Values(1, 3, 17, 64));
@@ -180,9 +232,12 @@ TEST(AttentionFp32, TinyAndLlama1bHeadsMatchFp64) {
         gpu_test::random_floats(positions.size() * size_t(qh) * d, 11, -1, 1);
     const size_t ws = kernels::attention_workspace_floats(s.shape, static_cast<int32_t>(positions.size()));
     const std::vector<float> ref = reference(s, q, positions, rows);
-    EXPECT_LT(relative_error(run(s, q, positions, rows, ws, true), ref), kFp32Tolerance)
+    Launch fp32 = decode_launch(ws);
+    fp32.fp32 = true;
+    EXPECT_LT(relative_error(run(s, q, positions, rows, fp32), ref), kFp32Tolerance)
         << qh << "/" << kvh << " heads, head dim " << d;
-    EXPECT_LT(relative_error(run(s, q, positions, rows, ws), ref), kTolerance) << "bf16";
+    EXPECT_LT(relative_error(run(s, q, positions, rows, decode_launch(ws)), ref), kTolerance)
+        << "bf16";
     EXPECT_GT(gpu_test::norm(ref), 0);
   }
 }
