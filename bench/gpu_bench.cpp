@@ -26,6 +26,10 @@
 // every linear layer) against the default kernels instead, decode at batch 1, 16 and 64, context
 // 1024, in alternating blocks.
 //
+// With --prefill: only the 2048-token prefill (issue 14), with prefill attention on the tile kernel
+// (the default) and on the decode kernel (as batch-invariant mode runs it), each timed and
+// profiled by phase, for llama-1b and llama-8b unless --shapes.
+//
 // With --recording: the cost of recording (issue 12) instead — decode at context 1024, batch 1,
 // 16 and 64, running ahead, with and without the trace recorder (the executor computing digests,
 // top-8 and the rows' state in the step; a Recorder writing every input and output record to a
@@ -49,6 +53,7 @@
 //                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
 //                      [--small-m-sweep] (small-M GEMM at every split count: the same shapes)
 //                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
+//                      [--prefill]     (prefill attention, tile vs decode kernel: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "core/check.h"
@@ -407,6 +412,7 @@ struct Options {
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
   bool small_m_sweep = false; // only the small-M GEMM at every split count
   bool invariant = false;     // only batch-invariant mode vs the default
+  bool prefill = false;       // only the prefill with and without the attention tile kernel
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -979,14 +985,18 @@ json print_phases(const CudaPhaseTimes& t, double& total) {
 }
 
 // Where a 2048-token prefill (one chunk, empty cache) spends its device time: the phase marks of
-// three timed prefills after a warm-up, cuBLAS for the linear layers as production runs them.
-json prefill_profile(const std::string& shape) {
+// three timed prefills after a warm-up, cuBLAS for the linear layers as production runs them,
+// attention on the prefill tile kernel (production's default) or on the decode kernel.
+json prefill_profile(const std::string& shape, bool attention_by_decode_kernel = false) {
   const ModelConfig model = model_config_named(shape);
   ExecutorConfig config = bench_config(kPrefillChunk);
   config.max_batch_rows = 1;
   config.pages_count = (config.context_length + kPageSize - 1) / kPageSize + 2;
   CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
-                      CudaBackendOptions{.graphs = true, .profile = true});
+                      CudaBackendOptions{.graphs = true,
+                                         .prefill_attention_by_decode_kernel =
+                                             attention_by_decode_kernel,
+                                         .profile = true});
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   driver.prefill(1, kPrefillChunk);
@@ -994,13 +1004,16 @@ json prefill_profile(const std::string& shape) {
   std::vector<double> seconds;
   for (int32_t i = 0; i < 3; ++i) seconds.push_back(driver.prefill(1, kPrefillChunk));
   const CudaPhaseTimes t = backend.phase_times();
-  std::printf("  profile %s prefill %d tokens: %.1f ms wall (marks included)%s\n", shape.c_str(),
-              kPrefillChunk, median(seconds) * 1e3,
+  std::printf("  profile %s prefill %d tokens, attention on the %s: %.1f ms wall (marks "
+              "included)%s\n",
+              shape.c_str(), kPrefillChunk,
+              attention_by_decode_kernel ? "decode kernel" : "tile kernel", median(seconds) * 1e3,
               t.available ? "" : ": phase timing unavailable on this device");
   double total = 0;
   const json phases = print_phases(t, total);
   return {{"shape", shape},
           {"prefill_tokens", kPrefillChunk},
+          {"attention", attention_by_decode_kernel ? "decode_kernel" : "tiles"},
           {"wall_ms_median_with_marks", median(seconds) * 1e3},
           {"available", t.available},
           {"steps", t.steps},
@@ -1435,6 +1448,47 @@ json small_m_gemm_shape(const std::string& shape, const Options& o, const Bandwi
           {"kernels", small_m_kernel_figures(shape, bandwidth)}};
 }
 
+// A 2048-token prefill (one chunk, empty cache) with prefill attention on the tile kernel (the
+// default) and on the decode kernel (CudaBackendOptions::prefill_attention_by_decode_kernel, as
+// batch-invariant mode runs it): each timed without phase marks (the median of three after a
+// warm-up, against the matrix rate) and profiled by phase.
+json prefill_attention_shape(const std::string& shape, const MatrixRate& matrix_rate) {
+  const ModelConfig model = model_config_named(shape);
+  const PrefillFlops flops = prefill_flops(model, kPrefillChunk);
+  ExecutorConfig config = bench_config(kPrefillChunk);
+  config.max_batch_rows = 1;
+  config.pages_count = (config.context_length + kPageSize - 1) / kPageSize + 2;
+  json variants = json::array();
+  for (const bool by_decode_kernel : {false, true}) {
+    std::vector<double> seconds;
+    {
+      CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
+                          CudaBackendOptions{.graphs = true,
+                                             .prefill_attention_by_decode_kernel = by_decode_kernel});
+      Executor executor(config, model.vocab_size, backend);
+      Driver driver(executor, config, model.vocab_size);
+      driver.prefill(1, kPrefillChunk);
+      for (int32_t i = 0; i < 3; ++i) seconds.push_back(driver.prefill(1, kPrefillChunk));
+    }
+    const double s = median(seconds);
+    const double rate = flops.total() / s;
+    const char* attention = by_decode_kernel ? "decode kernel" : "tile kernel";
+    std::printf("  %s prefill %d tokens, attention on the %s: %.1f ms, %.1f TFLOP/s, %.1f%% of the "
+                "measured matrix rate\n",
+                shape.c_str(), kPrefillChunk, attention, s * 1e3, rate * 1e-12,
+                100 * rate / matrix_rate.best());
+    variants.push_back({{"attention", by_decode_kernel ? "decode_kernel" : "tiles"},
+                        {"prefill_ms_median", s * 1e3},
+                        {"flop_per_s", rate},
+                        {"matrix_rate_fraction", rate / matrix_rate.best()},
+                        {"profile", prefill_profile(shape, by_decode_kernel)}});
+  }
+  return {{"shape", shape},
+          {"prefill_tokens", kPrefillChunk},
+          {"flops", flops.total()},
+          {"variants", variants}};
+}
+
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
   char text[32];
@@ -1483,6 +1537,16 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--fusion")
       ->excludes("--small-m")
       ->excludes("--small-m-sweep");
+  app.add_flag("--prefill", o.prefill,
+               "Only the 2048-token prefill with prefill attention on the tile kernel and on the "
+               "decode kernel, each timed and profiled (llama-1b and llama-8b unless --shapes)")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp")
+      ->excludes("--fusion")
+      ->excludes("--small-m")
+      ->excludes("--small-m-sweep")
+      ->excludes("--invariant");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1557,6 +1621,17 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       for (json& row : small_m_sweep(shape, bandwidth)) out["small_m_sweep"].push_back(row);
+      save();
+    }
+    return 0;
+  }
+  if (o.prefill) {
+    out["command"] = "lockstep_gpu_bench --prefill";
+    out["prefill_attention"] = json::array();
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      out["prefill_attention"].push_back(prefill_attention_shape(shape, matrix_rate));
       save();
     }
     return 0;

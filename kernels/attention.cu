@@ -84,17 +84,6 @@ __device__ __forceinline__ void unpack_raw8(const Raw8<float>& raw, float* out) 
 __device__ __forceinline__ void store(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 
-// grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
-// that share one KV head (every K/V element is read once per KV head, not once per query head),
-// for the splits split_lane, split_lane + lanes, ... Lanes are laid out over key rows: `L` lanes
-// (the smallest power of two >= head_dim / 8) each take one 16-byte piece (8 elements) of a row,
-// so a warp reads 32 / L whole rows per load, coalesced. Warp w takes keys 32w .. 32w + 31 of the
-// split. Scores: each lane dots its piece with every head of the group, the L lanes' dots are
-// added by an xor butterfly; one warp per head takes the softmax pieces; values: each lane sums
-// its piece of its keys' rows, the lanes that share a piece are added by an xor butterfly, and
-// the four warps' sums are added in warp order. Every order is fixed by the token's position
-// alone, so a token's output does not depend on the batch. G: the group rounded up to a power
-// of two (the accumulators' count).
 // Copies 16 bytes global → shared without holding them in registers (sm_80+ cp.async; .cg: the
 // bytes bypass L1, they are read once).
 __device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
@@ -365,20 +354,22 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
 }  // namespace ls::kernels
 
 #include "kernels/attention_mma.cuh"
+#include "kernels/attention_tiles.cuh"
 
 namespace ls::kernels {
 namespace {
 
 // How many blocks of a kernel instance fit on the GPU at once (cached per instance and shared
-// memory size): a launch picks its split lanes from it. Also lifts the instance's dynamic
-// shared-memory limit.
+// memory size): a launch picks its split lanes (the tile kernel its grid) from it. Also lifts the
+// instance's dynamic shared-memory limit; refuses a block that does not fit an SM.
 struct KernelFit {
   const void* kernel = nullptr;
   size_t shared_bytes = 0;
   int32_t resident_blocks = 0;
 };
 
-cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* resident) {
+cudaError_t resident_blocks(const void* kernel, int32_t threads, size_t shared_bytes,
+                            int32_t* resident) {
   static std::mutex mutex;
   static std::vector<KernelFit> fits;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -398,10 +389,11 @@ cudaError_t resident_blocks(const void* kernel, size_t shared_bytes, int32_t* re
                                   static_cast<int>(shared_bytes));
   }
   if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared_bytes);
+    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes);
   }
   if (status != cudaSuccess) return status;
-  fits.push_back({kernel, shared_bytes, std::max(1, sms * per_sm)});
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the block does not fit an SM
+  fits.push_back({kernel, shared_bytes, sms * per_sm});
   *resident = fits.back().resident_blocks;
   return cudaSuccess;
 }
@@ -413,7 +405,8 @@ cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
                           const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
   const AttentionShape& s = args.shape;
   int32_t resident = 0;
-  const cudaError_t status = resident_blocks(reinterpret_cast<const void*>(kernel), shared, &resident);
+  const cudaError_t status =
+      resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared, &resident);
   if (status != cudaSuccess) return status;
   const int32_t lanes = std::clamp(resident / (tokens * s.kv_heads), 1,
                                    std::min(splits_max(s), kSplitLanesMax));
@@ -484,37 +477,16 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   }
 }
 
-}  // namespace
-
-size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
-  return static_cast<size_t>(tokens) * shape.query_heads * splits_max(shape) *
-         (shape.head_dim + 2);
-}
-
+// The decode kernel (and the combine) over tokens [first, end) of `base`, in launches of at most
+// `chunk` tokens.
 template <typename T>
-cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
-                                   const T* v_cache, const int32_t* positions,
-                                   const int32_t* token_pool_rows, const int32_t* table,
-                                   int32_t tokens_count, float* workspace,
-                                   size_t workspace_floats, T* out, LaunchStream stream) {
-  const AttentionShape& s = shape;
-  if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
-      s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
-      s.head_dim < 8 || s.head_dim % 8 != 0 || s.head_dim > kHeadDimMax ||
-      (s.query_heads / s.kv_heads) * s.head_dim > kGroupDimMax || s.table_width < 1 ||
-      s.page_size < 1 || s.positions_count != s.table_width * s.page_size) {
-    return cudaErrorInvalidValue;
-  }
-  if (tokens_count == 0) return cudaSuccess;
-  const size_t per_token = attention_workspace_floats(s, 1);
-  // Tokens per launch: what the workspace holds, and at most the grid's z limit.
-  const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
-      {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
-  if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
-  for (int32_t begin = 0; begin < tokens_count; begin += chunk) {
-    const int32_t n = std::min(chunk, tokens_count - begin);
-    const AttentionArgs<T> args{s, q, k_cache, v_cache, positions, token_pool_rows, table, begin,
-                                workspace, out};
+cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, int32_t end,
+                                 int32_t chunk, LaunchStream stream) {
+  const AttentionShape& s = base.shape;
+  for (int32_t begin = first; begin < end; begin += chunk) {
+    const int32_t n = std::min(chunk, end - begin);
+    AttentionArgs<T> args = base;
+    args.token_begin = begin;
     const int32_t group = s.query_heads / s.kv_heads;
     cudaError_t launched = cudaSuccess;
     if (group <= 1) {
@@ -539,13 +511,85 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   return cudaSuccess;
 }
 
+// How many of the launch's first tokens the tile kernel takes: the prefill tokens under kTiles,
+// where the tile kernel exists (bf16 KV, head_dim 64 or 128) and the chunks are long enough; 0
+// otherwise. Decided by sizes and the mode alone, so a token's kernel never depends on timing.
+template <typename T>
+int32_t tiled_tokens(const AttentionShape& s, int32_t prefill_tokens, AttentionPrefill prefill) {
+  const bool has_tiles = std::is_same_v<T, bf16> && (s.head_dim == 64 || s.head_dim == 128);
+  const bool takes_tiles = prefill == AttentionPrefill::kTiles &&
+                           prefill_tokens >= kAttentionTilePrefillTokensMin;
+  return has_tiles && takes_tiles ? prefill_tokens : 0;
+}
+
+template <int32_t D>
+cudaError_t launch_tiles(const AttentionArgs<bf16>& base, int32_t tokens, size_t workspace_floats,
+                         LaunchStream stream) {
+  int32_t resident = 0;
+  const void* kernel = reinterpret_cast<const void*>(attention_tile_kernel<D>);
+  const cudaError_t status =
+      resident_blocks(kernel, kTileThreads, tile_shared_bytes<D>(), &resident);
+  if (status != cudaSuccess) return status;
+  return launch_tile_range<D>(base, tokens, workspace_floats, resident, stream);
+}
+
+}  // namespace
+
+size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
+  const size_t partials = static_cast<size_t>(tokens) * shape.query_heads * splits_max(shape) *
+                          (shape.head_dim + 2);
+  const size_t tile_list = static_cast<size_t>(kTileListHeader) + static_cast<size_t>(tokens);
+  return std::max(partials, tile_list);
+}
+
+template <typename T>
+cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
+                                   const T* v_cache, const int32_t* positions,
+                                   const int32_t* token_pool_rows, const int32_t* table,
+                                   int32_t tokens_count, int32_t prefill_tokens_count,
+                                   AttentionPrefill prefill, float* workspace,
+                                   size_t workspace_floats, T* out, LaunchStream stream) {
+  const AttentionShape& s = shape;
+  if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
+      s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
+      s.head_dim < 8 || s.head_dim % 8 != 0 || s.head_dim > kHeadDimMax ||
+      (s.query_heads / s.kv_heads) * s.head_dim > kGroupDimMax || s.table_width < 1 ||
+      s.page_size < 1 || s.positions_count != s.table_width * s.page_size) {
+    return cudaErrorInvalidValue;
+  }
+  if (prefill_tokens_count < 0 || prefill_tokens_count > tokens_count) return cudaErrorInvalidValue;
+  if (prefill != AttentionPrefill::kTiles && prefill != AttentionPrefill::kDecodeKernel) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens_count == 0) return cudaSuccess;
+  const size_t per_token = attention_workspace_floats(s, 1);
+  // Tokens per decode-kernel launch: what the workspace holds, and at most the grid's z limit.
+  const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
+      {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
+  if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
+  const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
+                              workspace, out};
+  const int32_t tiled = tiled_tokens<T>(s, prefill_tokens_count, prefill);
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (tiled > 0) {
+      const cudaError_t status = s.head_dim == 64
+                                     ? launch_tiles<64>(base, tiled, workspace_floats, stream)
+                                     : launch_tiles<128>(base, tiled, workspace_floats, stream);
+      if (status != cudaSuccess) return status;
+    }
+  }
+  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream);
+}
+
 template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
                                                   const bf16*, const int32_t*, const int32_t*,
-                                                  const int32_t*, int32_t, float*, size_t, bf16*,
+                                                  const int32_t*, int32_t, int32_t,
+                                                  AttentionPrefill, float*, size_t, bf16*,
                                                   LaunchStream);
 template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
                                                    const float*, const float*, const int32_t*,
-                                                   const int32_t*, const int32_t*, int32_t, float*,
-                                                   size_t, float*, LaunchStream);
+                                                   const int32_t*, const int32_t*, int32_t,
+                                                   int32_t, AttentionPrefill, float*, size_t,
+                                                   float*, LaunchStream);
 
 }  // namespace ls::kernels

@@ -12,6 +12,12 @@
 // else (the fp32 mode, other head dims) on the CUDA cores with fp32 Q and probabilities. How many
 // blocks a launch spreads a token's splits over depends on the batch (to fill the GPU), never how
 // a split is computed.
+//
+// Prefill chunks may instead take the tile kernel (attention_tiles.cuh, AttentionPrefill::kTiles:
+// bf16 KV, head_dim 64 or 128): tiles of consecutive tokens of one sequence, so a split's K/V is
+// read once per tile rather than once per token. Its tokens have the same bits in any tile,
+// launch or batch, but not the bits the decode kernel gives them: batch-invariant mode, where a
+// token must have the same bits in a chunk as at decode, asks for AttentionPrefill::kDecodeKernel.
 #pragma once
 
 #include "kernels/launch.h"
@@ -35,19 +41,42 @@ struct AttentionShape {
   int32_t positions_count = 0;  // table_width · page_size: the RoPE table's length
 };
 
-// Floats of workspace that `tokens` tokens need in one launch.
+// Which kernel computes a launch's prefill tokens.
+enum class AttentionPrefill {
+  // The tile kernel where it applies (bf16 KV, head_dim 64 or 128, at least
+  // kAttentionTilePrefillTokensMin prefill tokens; otherwise the decode kernel): the default mode.
+  kTiles,
+  // The decode kernel for every token, so a token of a prefill chunk has the bits it has alone at
+  // decode: batch-invariant mode (CudaBackendOptions::batch_invariant, issue 15).
+  kDecodeKernel,
+};
+
+// Fewer prefill tokens than this in a launch take the decode kernel even under kTiles: a short
+// chunk makes few tiles, each walking all its splits in one block, where the decode kernel spreads
+// a token's splits over several blocks. (attention7's threshold for launches; TODO(perf): measure
+// where the tile kernel starts to win on the H200.)
+constexpr int32_t kAttentionTilePrefillTokensMin = 256;
+
+// Floats of workspace that `tokens` tokens need in one launch, whichever kernel takes them (the
+// decode kernel's partials; the tile kernel's list of tiles, one int a token, is far smaller and
+// shares the same floats, stream-ordered).
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens);
 
 // q [tokens, query_heads·head_dim] fp32 (already rotated); k_cache/v_cache [slots, kv_size] T
 // (bf16, or float in the fp32 mode) of one layer; positions/token_pool_rows [tokens]; table
-// [pool rows, table_width]. out [tokens, query_heads·head_dim] T. Tokens are processed in chunks
-// that fit `workspace`. Needs head_dim % 8 == 0 (vector loads of key rows) and
-// (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
+// [pool rows, table_width]. out [tokens, query_heads·head_dim] T. The first prefill_tokens_count
+// tokens are the step's prefill chunks (each chunk's tokens consecutive, as the step lays them
+// out); `prefill` says which kernel takes them, the decode kernel takes the rest. Any count in
+// [0, tokens_count] gives correct attention (a tile is cut wherever the pool row changes): it
+// only picks the kernel. Tokens are processed in launches that fit `workspace` (at least one
+// token's: attention_workspace_floats(shape, 1)). Needs head_dim % 8 == 0 (vector loads of key
+// rows) and (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
 template <typename T>
 cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
                                    const T* v_cache, const int32_t* positions,
                                    const int32_t* token_pool_rows, const int32_t* table,
-                                   int32_t tokens_count, float* workspace,
+                                   int32_t tokens_count, int32_t prefill_tokens_count,
+                                   AttentionPrefill prefill, float* workspace,
                                    size_t workspace_floats, T* out, LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -80,6 +80,19 @@ struct ScopeNanos {
                .count();
   }
 };
+
+// The step's prefill tokens: the prefill rows' (its first ne rows), which lead the token buffer,
+// each row's tokens consecutive, as the attention launch's tile kernel needs them.
+int32_t prefill_tokens_of(const StepPlan& plan) {
+  int32_t tokens = 0;
+  for (int32_t r = 0; r < plan.prefill_rows_count; ++r) {
+    const size_t row = static_cast<size_t>(r);
+    LS_ASSERT(plan.token_offsets[row] == tokens, "prefill row {} starts at token {}, not {}", r,
+              plan.token_offsets[row], tokens);
+    tokens += plan.input_lengths[row];
+  }
+  return tokens;
+}
 }  // namespace
 
 void CudaBackend::forward(const StepPlan& plan) {
@@ -109,7 +122,8 @@ void CudaBackend::forward(const StepPlan& plan) {
   const int32_t tokens = plan.mode == ForwardMode::kDecode ? m.rows_grid * plan.verify_width
                                                            : plan.tokens_count;
   const int32_t logits_rows = plan.mode == ForwardMode::kDecode ? tokens : plan.logits_rows_count();
-  m.enqueue_forward(tokens, logits_rows);
+  m.enqueue_forward(tokens, logits_rows,
+                    plan.mode == ForwardMode::kDecode ? 0 : prefill_tokens_of(plan));
 }
 
 void CudaBackend::poison_logits(std::span<const int32_t> logits_rows, float value) {

@@ -106,7 +106,15 @@ struct CudaBackendOptions {
   // fixed by position; norms, RoPE, SwiGLU and sampling are row-local). Needs bf16,
   // gemv_tokens_max 0 and small_m_gemm_tokens_max kSmallMGemmTokensMax (batch_invariant_options
   // sets them), TP 1, no drafter and no Mamba layers; each is refused by name otherwise.
+  // Attention runs every token, a prefill chunk's too, through the decode kernel
+  // (prefill_attention_by_decode_kernel, which batch_invariant_options sets and the mode needs).
   bool batch_invariant = false;
+  // Prefill chunks' attention through the decode kernel, as decode rows' (a token then has the
+  // same bits in a chunk as at decode), instead of the tile kernel (kernels/attention_tiles.cuh,
+  // which computes a split in another order: bf16, head_dim 64 or 128, steps of at least
+  // kernels::kAttentionTilePrefillTokensMin prefill tokens; elsewhere the decode kernel runs
+  // either way). `lockstep_gpu_bench --prefill` compares the two.
+  bool prefill_attention_by_decode_kernel = false;
   // The forward's kernels (embedding, norms, GEMV, RoPE, attention, SwiGLU) launched to overlap
   // their predecessor (kernels/launch.h: a GEMV's weight loads start while the kernel before it
   // finishes); the same bits either way. Off: plain stream order (for comparison).
@@ -143,11 +151,13 @@ struct CudaBackendOptions {
   TpCollectives* tp_comm = nullptr;
 };
 
-// `o` in batch-invariant mode: batch_invariant set, the GEMV off, the small-M GEMM for every step.
+// `o` in batch-invariant mode: batch_invariant set, the GEMV off, the small-M GEMM for every step,
+// prefill attention on the decode kernel.
 inline CudaBackendOptions batch_invariant_options(CudaBackendOptions o) {
   o.batch_invariant = true;
   o.gemv_tokens_max = 0;
   o.small_m_gemm_tokens_max = kSmallMGemmTokensInvariant;
+  o.prefill_attention_by_decode_kernel = true;
   return o;
 }
 

@@ -134,11 +134,13 @@ struct CudaBackend::Impl {
   bool uses_gemv(int32_t tokens, int32_t in) const;
   bool uses_small_m_gemm(int32_t tokens, int32_t in) const;
   void plan_gemms();
-  void enqueue_forward(int32_t tokens, int32_t logits_rows);
+  // prefill_tokens: the first tokens of the step that are prefill chunks' (0 at decode), which
+  // attention may take through its tile kernel (attention_prefill).
+  void enqueue_forward(int32_t tokens, int32_t logits_rows, int32_t prefill_tokens);
   template <typename T>
-  void enqueue_forward_as(int32_t tokens, int32_t logits_rows);
+  void enqueue_forward_as(int32_t tokens, int32_t logits_rows, int32_t prefill_tokens);
   template <typename T>
-  void enqueue_layer(int32_t layer, int32_t tokens);
+  void enqueue_layer(int32_t layer, int32_t tokens, int32_t prefill_tokens);
   template <typename T>
   void enqueue_mamba_layer(int32_t layer, int32_t tokens);
   template <typename T>
@@ -236,6 +238,10 @@ struct CudaBackend::Impl {
   int32_t tokens_max, rows_max, logits_rows_max;
   int64_t slots_count;
   kernels::AttentionShape attention_shape;
+  // Which kernel takes prefill chunks' attention (options.prefill_attention_by_decode_kernel): the
+  // tile kernel by default; the decode kernel in batch-invariant mode, so a token has the same
+  // bits in a chunk as at decode.
+  kernels::AttentionPrefill attention_prefill;
   StagingLayout layout;
   ResultsLayout results_layout;
   MemoryLedger ledger;

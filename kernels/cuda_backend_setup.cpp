@@ -123,7 +123,9 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
   take(kS, &Impl::gate_up, t * 2 * f);
   take(kS, &Impl::act, e * t * f);
   // Decode steps (rows_max · W tokens) must fit in one attention launch (graphs); prefill may
-  // be chunked under the cap.
+  // be chunked under the cap. The tile kernel's list of tiles (default mode's prefill: one int a
+  // token) shares these floats and is cut into launches if it does not fit (it always does at
+  // these sizes); batch-invariant mode's prefill takes the decode kernel, chunked under the cap.
   const kernels::AttentionShape shape{model.query_heads_count, model.kv_heads_count,
                                       model.head_dim, config.table_width(), config.page_size,
                                       config.table_width() * config.page_size};
@@ -219,6 +221,9 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
       attention_shape{model.query_heads_count, model.kv_heads_count, model.head_dim,
                       config.table_width(), config.page_size,
                       config.table_width() * config.page_size},
+      attention_prefill(backend_options.prefill_attention_by_decode_kernel
+                            ? kernels::AttentionPrefill::kDecodeKernel
+                            : kernels::AttentionPrefill::kTiles),
       layout(config.max_batch_rows, config.logits_rows_max(), config.prefill_chunk_tokens,
              config.table_width()),
       results_layout(config.max_batch_rows, config.logits_rows_max(), config.verify_width,
@@ -287,6 +292,9 @@ void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {
              what, config.verify_width);
   LS_REQUIRE(!model.has_recurrent_state(), "{} does not cover Mamba layers (the chunked and the "
              "sequential scans sum in different orders)", what);
+  LS_REQUIRE(options.prefill_attention_by_decode_kernel, "{} needs "
+             "prefill_attention_by_decode_kernel (the prefill tile kernel computes a chunk's "
+             "tokens in another order than the decode kernel)", what);
   const LinearShapes s = linear_shapes_of(model, shard);
   for (const LinearShape& shape : {s.qkv, s.o, s.gate_up, s.down, s.lm_head}) {
     LS_REQUIRE(shape.in % 8 == 0, "{} needs every linear layer's input a multiple of 8 (one "

@@ -43,7 +43,8 @@ void CudaBackend::Impl::capture_graphs() {
                           mark(CudaPhase::kStateOps);
                           rows_grid = grid;  // the mixer's rows
                           mamba_chunked = false;  // decode graphs: the sequential scan
-                          enqueue_forward(grid * config.verify_width, grid * config.verify_width);
+                          enqueue_forward(grid * config.verify_width, grid * config.verify_width,
+                                          /*prefill_tokens=*/0);
                         },
                         &graphs, true});
   }
@@ -58,7 +59,7 @@ void CudaBackend::Impl::capture_graphs() {
                             enqueue_mamba_rules();
                             rows_grid = grid;  // the mixer's rows
                             mamba_chunked = false;  // decode graphs: the sequential scan
-                            enqueue_forward(tokens, tokens);
+                            enqueue_forward(tokens, tokens, /*prefill_tokens=*/0);
                             enqueue_tail_kernels(tokens, grid, /*stochastic=*/false, /*sums=*/true,
                                                  record ? record_graph_k : kNotRecorded);
                           },

@@ -99,7 +99,7 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
 }
 
 template <typename T>
-void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
+void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill_tokens) {
   const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
@@ -135,8 +135,9 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens) {
   }
   LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
                                           positions.get(), token_pool_rows.get(), table.get(),
-                                          tokens, attention_workspace.get(),
-                                          attention_workspace.count(), as<T>(attn_out), s));
+                                          tokens, prefill_tokens, attention_prefill,
+                                          attention_workspace.get(), attention_workspace.count(),
+                                          as<T>(attn_out), s));
   mark(CudaPhase::kAttention);
   if (activation_capture) capture_attention<T>(i, fused != QkvFused::kNone, k_layer, v_layer);
   row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
@@ -259,7 +260,8 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
 }
 
 template <typename T>
-void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) {
+void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows,
+                                           int32_t prefill_tokens) {
   const kernels::LaunchStream s = forward_stream();
   LS_CUDA(kernels::launch_embedding(as<T>(embedding), input_ids.get(), tokens, hidden,
                                     residual.get(), s));
@@ -268,7 +270,7 @@ void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows) 
     if (model.layer_kind(i) == LayerKind::kMamba2) {
       enqueue_mamba_layer<T>(i, tokens);
     } else {
-      enqueue_layer<T>(i, tokens);
+      enqueue_layer<T>(i, tokens, prefill_tokens);
     }
     seams::cuda_layer_output(i, residual.get(), tokens, hidden, stream.get());
     if (activation_capture) capture_layer_output(i);
@@ -305,12 +307,15 @@ void CudaBackend::Impl::lm_head_logits(int32_t logits_rows) {
   tp->gather_logits(logits.get(), logits_rows, stream.get());
 }
 
-void CudaBackend::Impl::enqueue_forward(int32_t tokens, int32_t logits_rows) {
+void CudaBackend::Impl::enqueue_forward(int32_t tokens, int32_t logits_rows,
+                                        int32_t prefill_tokens) {
+  LS_ASSERT(prefill_tokens >= 0 && prefill_tokens <= tokens, "prefill tokens {} of {}",
+            prefill_tokens, tokens);
   if (tp) tp->begin_forward();
   if (options.precision == CudaPrecision::kFp32) {
-    enqueue_forward_as<float>(tokens, logits_rows);
+    enqueue_forward_as<float>(tokens, logits_rows, prefill_tokens);
   } else {
-    enqueue_forward_as<bf16>(tokens, logits_rows);
+    enqueue_forward_as<bf16>(tokens, logits_rows, prefill_tokens);
   }
 }
 

@@ -68,8 +68,9 @@
 #   gpu_bench.log/json the benchmark's figures, with the PyTorch peer's (bench/torch_peer.py)
 #                      merged in under "peer" and a side-by-side table at the end of the log, and
 #                      the speculative-decoding benchmark's (lockstep_gpu_spec_bench) under
-#                      "speculative"; then the decode-attention kernel alone
-#                      (lockstep_gpu_attention_bench), appended to the log
+#                      "speculative"; then paged attention alone (lockstep_gpu_attention_bench:
+#                      decode, and prefill and mixed steps with the tile kernel and without),
+#                      appended to the log
 # The parts' time limits add up to more than the device tool's 600 s per command; a full run takes
 # about 7 minutes (the qwen shapes and the HF fixtures added about 1).
 set -uo pipefail
@@ -476,7 +477,7 @@ run() {
   run_part --new "$OUT/gpu_bench.log" 360 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json"
   cat "$OUT/gpu_bench.log"
   spec_bench "$OUT/gpu_bench.log" "$OUT/gpu_bench.json" || status=1
-  echo "== decode attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
+  echo "== paged attention alone (lockstep_gpu_attention_bench)" | tee -a "$OUT/gpu_bench.log"
   run_part --show "$OUT/gpu_bench.log" 30 "$DIST/bin/lockstep_gpu_attention_bench"
 
   echo "== PyTorch peer (one CUDA graph per step) and HF generate"

@@ -135,6 +135,10 @@ TEST_F(CudaBatchInvariant, ADefaultModeTraceIsNotIsolatedAndTheModeRefusesWhatIt
               ThrowsMessage<Error>(HasSubstr("needs gemv_tokens_max 0, not 1")));
   EXPECT_THAT([&] { build(batch_invariant_options({.precision = CudaPrecision::kFp32})); },
               ThrowsMessage<Error>(HasSubstr("runs bf16 only")));
+  CudaBackendOptions tiles = batch_invariant_options({});
+  tiles.prefill_attention_by_decode_kernel = false;
+  EXPECT_THAT([&] { build(tiles); },
+              ThrowsMessage<Error>(HasSubstr("needs prefill_attention_by_decode_kernel")));
   build(batch_invariant_options({}));
 }
 
