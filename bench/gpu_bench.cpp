@@ -1021,18 +1021,17 @@ json prefill_profile(const std::string& shape, bool attention_by_decode_kernel =
           {"phase_ms_sum", total}};
 }
 
-// Where a batch-1 decode step's device time goes: CUDA events between phases, recorded inside the
-// graph, summed per phase over the timed steps. With lockstep's GEMV (the default for steps of at
-// most 8 tokens) and with cuBLAS for every linear layer.
-json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_t rows = 1,
-                   int32_t context = 192) {
+// Where a decode step's device time goes: CUDA events between phases, recorded inside the graph,
+// summed per phase over the timed steps, with the backend options given (profile forced on);
+// `linear` names them in the output.
+json profile_decode(const std::string& shape, CudaBackendOptions options, const std::string& linear,
+                    const Options& o, int32_t rows, int32_t context) {
   const ModelConfig model = model_config_named(shape);
   ExecutorConfig config = bench_config(context);
   config.max_batch_rows = rows;
   config.pages_count = rows * ((config.context_length + kPageSize - 1) / kPageSize) + 2;
-  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config,
-                      CudaBackendOptions{.graphs = true, .gemv_tokens_max = gemv ? 8 : 0,
-                                         .small_m_gemm_tokens_max = 0, .profile = true});
+  options.profile = true;
+  CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
   Executor executor(config, model.vocab_size, backend);
   Driver driver(executor, config, model.vocab_size);
   driver.prefill(rows, context);
@@ -1043,15 +1042,13 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
   // ahead).
   const std::vector<double> seconds = driver.decode(rows, steps, backend, false).wall;
   const CudaPhaseTimes t = backend.phase_times();
-  std::printf("  profile %s batch %d context %d, linear layers by %s: %.3f ms/step wall (marks "
-              "included)%s\n",
-              shape.c_str(), rows, context, gemv && rows <= 8 ? "lockstep GEMV" : "cuBLAS",
-              median(seconds) * 1e3,
+  std::printf("  profile %s batch %d context %d, %s: %.3f ms/step wall (marks included)%s\n",
+              shape.c_str(), rows, context, linear.c_str(), median(seconds) * 1e3,
               t.available ? "" : ": phase timing unavailable on this device");
   double total = 0;
   const json phases = print_phases(t, total);
   return {{"shape", shape},
-          {"linear", gemv && rows <= 8 ? "lockstep_gemv" : "cublas"},
+          {"linear", linear},
           {"batch", rows},
           {"context", context},
           {"step_ms_median_with_marks", median(seconds) * 1e3},
@@ -1059,6 +1056,16 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
           {"steps", t.steps},
           {"phase_ms_per_step", phases},
           {"phase_ms_sum", total}};
+}
+
+// The batch-1 decode profile with lockstep's GEMV (the default for steps of at most 8 tokens) and
+// with cuBLAS for every linear layer.
+json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_t rows = 1,
+                   int32_t context = 192) {
+  return profile_decode(shape,
+                        {.graphs = true, .gemv_tokens_max = gemv ? 8 : 0,
+                         .small_m_gemm_tokens_max = 0},
+                        gemv && rows <= 8 ? "lockstep_gemv" : "cublas", o, rows, context);
 }
 
 // The logits pass alone (the guard, argmax and logprob sums of `rows` rows of llama's 128,256
@@ -1419,10 +1426,17 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
 json invariant_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant on{"invariant", batch_invariant_options({.graphs = true, .time_steps = true})};
   const Variant off{"default", {.graphs = true, .time_steps = true}};
+  json profiles = json::array();
+  for (const int32_t rows : {1, 64}) {  // where the cost is: each mode's phases
+    profiles.push_back(profile_decode(shape, batch_invariant_options({.graphs = true}),
+                                      "batch-invariant mode", o, rows, 1024));
+    profiles.push_back(profile_decode(shape, {.graphs = true}, "default kernels", o, rows, 1024));
+  }
   return {{"shape", shape},
           {"invariant_vs_default", compare_shape(shape, o, bandwidth,
                                                  "batch-invariant mode vs the default kernels",
-                                                 on, off, {1, 16, 64})}};
+                                                 on, off, {1, 16, 64})},
+          {"profiles", profiles}};
 }
 
 json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {

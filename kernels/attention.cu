@@ -511,15 +511,9 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
   return cudaSuccess;
 }
 
-// How many of the launch's first tokens the tile kernel takes: the prefill tokens under kTiles,
-// where the tile kernel exists (bf16 KV, head_dim 64 or 128) and the chunks are long enough; 0
-// otherwise. Decided by sizes and the mode alone, so a token's kernel never depends on timing.
 template <typename T>
 int32_t tiled_tokens(const AttentionShape& s, int32_t prefill_tokens, AttentionPrefill prefill) {
-  const bool has_tiles = std::is_same_v<T, bf16> && (s.head_dim == 64 || s.head_dim == 128);
-  const bool takes_tiles = prefill == AttentionPrefill::kTiles &&
-                           prefill_tokens >= kAttentionTilePrefillTokensMin;
-  return has_tiles && takes_tiles ? prefill_tokens : 0;
+  return attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens, prefill);
 }
 
 template <int32_t D>
@@ -534,6 +528,14 @@ cudaError_t launch_tiles(const AttentionArgs<bf16>& base, int32_t tokens, size_t
 }
 
 }  // namespace
+
+int32_t attention_tiled_tokens(const AttentionShape& shape, bool bf16_kv, int32_t prefill_tokens,
+                               AttentionPrefill prefill) {
+  const bool has_tiles = bf16_kv && (shape.head_dim == 64 || shape.head_dim == 128);
+  const bool takes_tiles = prefill == AttentionPrefill::kTiles &&
+                           prefill_tokens >= kAttentionTilePrefillTokensMin;
+  return has_tiles && takes_tiles ? prefill_tokens : 0;
+}
 
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
   const size_t partials = static_cast<size_t>(tokens) * shape.query_heads * splits_max(shape) *

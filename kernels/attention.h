@@ -57,6 +57,12 @@ enum class AttentionPrefill {
 // where the tile kernel starts to win on the H200.)
 constexpr int32_t kAttentionTilePrefillTokensMin = 256;
 
+// How many of a launch's first tokens the tile kernel takes: its prefill tokens under kTiles where
+// the tile kernel exists (bf16 KV, head_dim 64 or 128) and the chunks are long enough; 0 (the
+// decode kernel takes every token) otherwise. Sizes and the mode alone decide, never timing.
+int32_t attention_tiled_tokens(const AttentionShape& shape, bool bf16_kv, int32_t prefill_tokens,
+                               AttentionPrefill prefill);
+
 // Floats of workspace that `tokens` tokens need in one launch, whichever kernel takes them (the
 // decode kernel's partials; the tile kernel's list of tiles, one int a token, is far smaller and
 // shares the same floats, stream-ordered).
