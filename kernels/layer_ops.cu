@@ -141,6 +141,28 @@ __global__ void swiglu_kernel(const float* gate_up, int32_t ffn, int64_t count, 
   out[index] = from_float<T>(ops::swiglu(g, u));
 }
 
+// Four consecutive elements a thread, through 16-byte loads of gate and up (needs ffn % 4 == 0 and
+// gate_up 16-byte aligned): a prefill chunk's SwiGLU is a stream of the fp32 gate/up product,
+// and one element a thread moved it at ~1.8 TB/s (H200, 2048 tokens). Each element is the same
+// ops::swiglu of the same two floats as swiglu_kernel's, so the bits are the same.
+template <typename T>
+__global__ void swiglu4_kernel(const float* gate_up, int32_t ffn, int64_t quads, T* out) {
+  allow_successor();
+  wait_for_predecessor();
+  const int64_t q = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+  if (q >= quads) return;
+  const int32_t quads_a_row = ffn / 4;
+  const int64_t t = q / quads_a_row;
+  const int64_t i = (q % quads_a_row) * 4;
+  const float4 g = *reinterpret_cast<const float4*>(gate_up + t * 2 * ffn + i);
+  const float4 u = *reinterpret_cast<const float4*>(gate_up + t * 2 * ffn + ffn + i);
+  T* o = out + t * ffn + i;
+  o[0] = from_float<T>(ops::swiglu(g.x, u.x));
+  o[1] = from_float<T>(ops::swiglu(g.y, u.y));
+  o[2] = from_float<T>(ops::swiglu(g.z, u.z));
+  o[3] = from_float<T>(ops::swiglu(g.w, u.w));
+}
+
 __global__ void residual_add_kernel(float* residual, const float* delta, int64_t count) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < count) residual[i] += delta[i];
@@ -242,6 +264,10 @@ cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ff
   if (tokens_count < 0 || ffn < 1) return cudaErrorInvalidValue;
   const int64_t count = int64_t{tokens_count} * ffn;
   if (count == 0) return cudaSuccess;
+  if (ffn % 4 == 0 && reinterpret_cast<uintptr_t>(gate_up) % 16 == 0) {
+    return launch_kernel(swiglu4_kernel<T>, blocks_for(count / 4, 256), 256, 0, stream, gate_up,
+                         ffn, count / 4, out);
+  }
   return launch_kernel(swiglu_kernel<T>, blocks_for(count, 256), 256, 0, stream, gate_up, ffn, count,
                        out);
 }

@@ -427,7 +427,7 @@ run() {
 
   echo "== GPU tests"
   # llama-1b against the CPU reference (fp32, ~1 min of CPU) runs on its own, after the rest.
-  run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/gpu_tests.log" 240 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='-CudaLlama1b.*:GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*' \
       --gtest_output="json:$OUT/gpu_tests.json"
   run_part "$OUT/gpu_tests.log" 100 "$DIST/bin/lockstep_gpu_tests" --gtest_filter='CudaLlama1b.*'
@@ -615,7 +615,7 @@ run_fusion() {
   begin_mode lockstep_gpu_bench
   local status=0
   echo "== decode fusion, layer-op and backend GPU tests"
-  run_part --new "$OUT/gpu_tests.log" 150 "$DIST/bin/lockstep_gpu_tests" \
+  run_part --new "$OUT/gpu_tests.log" 240 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
       --gtest_output="json:$OUT/gpu_tests.json"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|determinism' "$OUT/gpu_tests.log" | tail -24
