@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <thread>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -57,42 +58,58 @@ AttentionSetup make_setup(int32_t qh, int32_t kvh, int32_t d, int32_t width, int
   return s;
 }
 
-std::vector<float> reference(const AttentionSetup& s, const std::vector<float>& q,
-                             const std::vector<int32_t>& positions,
-                             const std::vector<int32_t>& rows) {
+// fp64 softmax attention of token t into out (its query_heads · head_dim floats).
+void reference_token(const AttentionSetup& s, const std::vector<float>& q, int32_t position,
+                     int32_t row, size_t t, float* out) {
   const AttentionShape& a = s.shape;
   const int32_t d = a.head_dim, group = a.query_heads / a.kv_heads, kv = a.kv_heads * d;
   const int32_t qs = a.query_heads * d;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> out(positions.size() * qs);
-  std::vector<double> scores;
-  for (size_t t = 0; t < positions.size(); ++t) {
-    const int32_t keys = std::min(positions[t], a.positions_count - 1) + 1;
-    const int32_t* table_row = s.table.data() + size_t(static_cast<uint32_t>(rows[t])) * a.table_width;
-    scores.assign(size_t(keys), 0);
-    for (int32_t h = 0; h < a.query_heads; ++h) {
-      const float* qh = q.data() + t * qs + h * d;
-      const int32_t kvh = h / group;
-      double m = -INFINITY;
-      for (int32_t p = 0; p < keys; ++p) {
-        const int64_t slot = int64_t{table_row[p / a.page_size]} * a.page_size + p % a.page_size;
-        double dot = 0;
-        for (int32_t i = 0; i < d; ++i) dot += double{qh[i]} * s.k[size_t(slot) * kv + kvh * d + i];
-        scores[p] = dot * scale;
-        m = std::max(m, scores[p]);
-      }
-      double sum = 0;
-      for (double& x : scores) sum += (x = std::exp(x - m));
-      for (int32_t i = 0; i < d; ++i) {
-        double acc = 0;
-        for (int32_t p = 0; p < keys; ++p) {
-          const int64_t slot = int64_t{table_row[p / a.page_size]} * a.page_size + p % a.page_size;
-          acc += scores[p] * s.v[size_t(slot) * kv + kvh * d + i];
-        }
-        out[t * qs + h * d + i] = static_cast<float>(acc / sum);
-      }
+  const int32_t keys = std::min(position, a.positions_count - 1) + 1;
+  const int32_t* table_row = s.table.data() + size_t(static_cast<uint32_t>(row)) * a.table_width;
+  const auto slot_of = [&](int32_t p) {
+    return size_t(int64_t{table_row[p / a.page_size]} * a.page_size + p % a.page_size);
+  };
+  std::vector<double> scores(static_cast<size_t>(keys)), acc(static_cast<size_t>(d));
+  for (int32_t h = 0; h < a.query_heads; ++h) {
+    const float* qh = q.data() + t * qs + h * d;
+    const int32_t kvh = h / group;
+    double m = -INFINITY;
+    for (int32_t p = 0; p < keys; ++p) {
+      const float* k = s.k.data() + slot_of(p) * kv + kvh * d;
+      double dot = 0;
+      for (int32_t i = 0; i < d; ++i) dot += double{qh[i]} * k[i];
+      scores[size_t(p)] = dot * scale;
+      m = std::max(m, scores[size_t(p)]);
     }
+    double sum = 0;
+    for (double& x : scores) sum += (x = std::exp(x - m));
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int32_t p = 0; p < keys; ++p) {  // each acc[i] still sums over p in ascending order
+      const float* v = s.v.data() + slot_of(p) * kv + kvh * d;
+      for (int32_t i = 0; i < d; ++i) acc[size_t(i)] += scores[size_t(p)] * v[i];
+    }
+    for (int32_t i = 0; i < d; ++i) out[h * d + i] = static_cast<float>(acc[size_t(i)] / sum);
   }
+}
+
+// The host reference: every token's attention in fp64, tokens spread over the host's cores (each
+// token computed alone, so the result does not depend on how many).
+std::vector<float> reference(const AttentionSetup& s, const std::vector<float>& q,
+                             const std::vector<int32_t>& positions,
+                             const std::vector<int32_t>& rows) {
+  const size_t qs = size_t(s.shape.query_heads) * s.shape.head_dim;
+  std::vector<float> out(positions.size() * qs);
+  const size_t workers = std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 32);
+  std::vector<std::thread> threads;
+  for (size_t w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (size_t t = w; t < positions.size(); t += workers) {
+        reference_token(s, q, positions[t], rows[t], t, out.data() + t * qs);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
   return out;
 }
 
