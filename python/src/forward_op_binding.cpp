@@ -324,8 +324,10 @@ void bind_forward_op(py::module_& m) {
                            o.op.rows_count(), o.op.prefill_token_ids.size());
       });
   for (const std::string& name : forward_op_field_names()) {
-    cls.def_property_readonly(name.c_str(), [name](const PyForwardOp& o) {
-      return forward_op_to_dict(o.op)[name.c_str()];
+    // The value is taken out while the dict lives (an item accessor would outlive it).
+    cls.def_property_readonly(name.c_str(), [name](const PyForwardOp& o) -> py::object {
+      const py::dict d = forward_op_to_dict(o.op);
+      return d[name.c_str()];
     });
   }
 }
