@@ -23,16 +23,24 @@ _NEUTRAL_ARGUMENTS = {
     "multimodal_context": None,
 }
 
-# FlatForwardOp attributes of features lockstep does not implement (recurrent state): an op that
-# uses them (any entry other than -1) is refused, naming the attribute.
-_UNSUPPORTED_ARRAYS = (
-    "mamba_pool_indices",
-    "mamba_working_indices",
-    "mamba_track_pool_indices",
-    "mamba_checkpoint_dst_indices",
-    "mamba_cow_src_indices",
-    "mamba_branching_seqlens",
-)
+# FlatForwardOp's second names of two recurrent-state arrays (seed spec §2): lockstep reads the
+# first name of each pair, so the second is accepted only when it holds the same slots.
+_ALIAS_ARRAYS = {
+    "mamba_working_indices": "mamba_pool_indices",
+    "mamba_track_pool_indices": "mamba_checkpoint_dst_indices",
+}
+
+
+def _check_aliases(forward_op):
+    for alias, name in _ALIAS_ARRAYS.items():
+        given = getattr(forward_op, alias, None)
+        if given is None:
+            continue
+        read = getattr(forward_op, name, None)
+        read = [-1] * len(given) if read is None else [int(v) for v in read]
+        if [int(v) for v in given] != read:
+            raise Error(f"execute_forward_op: forward_op.{alias} = {list(given)} differs from "
+                        f"forward_op.{name} = {read}, which is the array lockstep reads")
 
 
 # Sampling attributes of the seed's SamplingParams that lockstep's sampler does not implement:
@@ -79,11 +87,7 @@ class ModelExecutor:
         if capture_next_input_ids and not self.executor.captures_next_input_ids:
             raise Error("execute_forward_op: capture_next_input_ids needs an Executor built with "
                         "capture_next_input_ids=True (its steps then complete before the next one)")
-        for name in _UNSUPPORTED_ARRAYS:
-            values = getattr(forward_op, name, None)
-            if values is not None and any(int(v) != -1 for v in values):
-                raise Error(f"execute_forward_op: forward_op.{name} uses recurrent state, which "
-                            "lockstep's executor does not implement")
+        _check_aliases(forward_op)
         if isinstance(forward_op, ForwardOp):
             if sampling_params_list:
                 raise Error("execute_forward_op: a lockstep.ForwardOp carries its sampling_params; "

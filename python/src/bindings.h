@@ -51,7 +51,9 @@ SamplingParams sampling_from_python(py::handle value, const std::string& field);
 
 // The seed's FlatForwardOp field names (request_ids, request_pool_indices, input_lengths,
 // prefill_lengths, occupied_pages, begins, sizes, input_ids, extend_prefix_lens,
-// decode_input_ids, hist_token_lens) plus sampling_params; a name not given takes its neutral
+// decode_input_ids, hist_token_lens, and the Python names of its recurrent-state slots:
+// mamba_pool_indices, mamba_checkpoint_dst_indices, mamba_cow_src_indices,
+// mamba_branching_seqlens) plus sampling_params; a name not given takes its neutral
 // value. Shapes are checked here (they are the binding's); everything else by
 // ls::validate_forward_op when the op is submitted.
 const std::vector<std::string>& forward_op_field_names();

@@ -16,7 +16,9 @@ const std::vector<std::string>& forward_op_field_names() {
   static const std::vector<std::string> names = {
       "request_ids",  "request_pool_indices", "input_lengths",      "prefill_lengths",
       "occupied_pages", "begins",             "sizes",              "input_ids",
-      "extend_prefix_lens", "decode_input_ids", "hist_token_lens",  "sampling_params"};
+      "extend_prefix_lens", "decode_input_ids", "hist_token_lens",  "sampling_params",
+      "mamba_pool_indices", "mamba_checkpoint_dst_indices", "mamba_cow_src_indices",
+      "mamba_branching_seqlens"};
   return names;
 }
 
@@ -60,6 +62,23 @@ void read_refresh(const Fields& f, std::vector<OpRow>& rows) {
     if (sizes[i] > 0) {
       rows[i].refresh.pages.assign(pages[i].begin() + begins[i], pages[i].begin() + end);
     }
+  }
+}
+
+// The recurrent-state slots, [bs] each, −1 (none) where absent: the seed's Python names
+// (spec §2: mamba_pool_indices is its mamba_working_indices). Their rules are
+// ls::ForwardOpValidator's (a working slot on every row of a model with Mamba layers, ...).
+void read_mamba(const Fields& f, std::vector<OpRow>& rows) {
+  const size_t bs = rows.size();
+  const std::vector<int32_t> working = row_array(f, "mamba_pool_indices", bs, -1, "one per row");
+  const std::vector<int32_t> checkpoint = row_array(f, "mamba_checkpoint_dst_indices", bs, -1, "one per row");
+  const std::vector<int32_t> cow_src = row_array(f, "mamba_cow_src_indices", bs, -1, "one per row");
+  const std::vector<int32_t> branching = row_array(f, "mamba_branching_seqlens", bs, -1, "one per row");
+  for (size_t i = 0; i < bs; ++i) {
+    rows[i].mamba_working = working[i];
+    rows[i].mamba_checkpoint_dst = checkpoint[i];
+    rows[i].mamba_cow_src = cow_src[i];
+    rows[i].mamba_branching_seqlen = branching[i];
   }
 }
 
@@ -132,6 +151,7 @@ ForwardOp forward_op_from_fields(const Fields& f) {
     }
   }
   read_refresh(f, op.rows);
+  read_mamba(f, op.rows);
   read_sampling(f, op.rows);
   if (const auto v = field(f, "input_ids")) op.prefill_token_ids = to_int32_list(*v, "input_ids");
   return op;
@@ -139,8 +159,13 @@ ForwardOp forward_op_from_fields(const Fields& f) {
 
 py::dict forward_op_to_dict(const ForwardOp& op) {
   py::list ids, pool, lengths, prompt, pages, begins, sizes, prefix, overrides, hist, sampling;
+  py::list working, checkpoint, cow_src, branching;
   for (const OpRow& row : op.rows) {
     ids.append(row.request_id);
+    working.append(row.mamba_working);
+    checkpoint.append(row.mamba_checkpoint_dst);
+    cow_src.append(row.mamba_cow_src);
+    branching.append(row.mamba_branching_seqlen);
     pool.append(row.pool_row);
     lengths.append(row.input_length);
     // The seed's begin is both the slice's start in occupied_pages and its table column; the op
@@ -173,6 +198,10 @@ py::dict forward_op_to_dict(const ForwardOp& op) {
   d["decode_input_ids"] = overrides;
   d["hist_token_lens"] = hist;
   d["sampling_params"] = sampling;
+  d["mamba_pool_indices"] = working;
+  d["mamba_checkpoint_dst_indices"] = checkpoint;
+  d["mamba_cow_src_indices"] = cow_src;
+  d["mamba_branching_seqlens"] = branching;
   return d;
 }
 
@@ -215,6 +244,20 @@ std::optional<std::pair<int32_t, std::string>> row_prefix(const std::string& mes
   return std::nullopt;
 }
 
+// validate_mamba_row's refusal of slots on a model without Mamba layers lists all four: the
+// seed's name of the first one given.
+std::string first_mamba_field(const OpRow& row, int32_t index) {
+  const std::pair<int32_t, const char*> fields[] = {
+      {row.mamba_working, "mamba_pool_indices"},
+      {row.mamba_checkpoint_dst, "mamba_checkpoint_dst_indices"},
+      {row.mamba_cow_src, "mamba_cow_src_indices"},
+      {row.mamba_branching_seqlen, "mamba_branching_seqlens"}};
+  for (const auto& [value, name] : fields) {
+    if (value != -1) return fmt::format("{}[{}]", name, index);
+  }
+  return "";
+}
+
 }  // namespace
 
 std::string with_seed_field(const std::string& message, const ForwardOp& op) {
@@ -238,8 +281,12 @@ std::string with_seed_field(const std::string& message, const ForwardOp& op) {
           {"a recovered row", "hist_token_lens"},  {"pool_row", "request_pool_indices"},
           {"request id", "request_ids"},       {"temperature", "sampling_params"},
           {"top_k", "sampling_params"},        {"top_p", "sampling_params"},
-          {"min_p", "sampling_params"}};
+          {"min_p", "sampling_params"},        {"mamba_working_index", "mamba_pool_indices"},
+          {"mamba_checkpoint_dst_index", "mamba_checkpoint_dst_indices"},
+          {"mamba_cow_src_index", "mamba_cow_src_indices"},
+          {"mamba_branching_seqlen", "mamba_branching_seqlens"}};
       if (tail.find("carries no sampling") != std::string::npos) name = fmt::format("sampling_params[{}]", row);
+      if (tail.rfind("the model has no Mamba layers", 0) == 0) name = first_mamba_field(op.rows[row], row);
       for (const auto& [lead, seed] : leads) {
         if (!name.empty() || tail.rfind(lead, 0) != 0) continue;
         const bool per_decode_row = seed == "decode_input_ids" || seed == "hist_token_lens";

@@ -49,7 +49,10 @@ CASES = [
      dict(sampling_params=[lockstep.SamplingParams(), {"temperature": -1.0}]), "sampling_params[1]"),
     ("top_p out of range", dict(sampling_params=[{"top_p": 0.0}, None]), "sampling_params[0]"),
     ("missing sampling on a new row", dict(sampling_params=[None, None]), "sampling_params[0]"),
-    ("unknown field", dict(mamba_pool_indices=[-1, -1]), "mamba_pool_indices"),
+    ("state slot on a model without Mamba layers", dict(mamba_pool_indices=[0, -1]), "mamba_pool_indices[0]"),
+    ("state slot count", dict(mamba_checkpoint_dst_indices=[-1]), "mamba_checkpoint_dst_indices"),
+    ("state slot past int32", dict(mamba_cow_src_indices=[-1, 2**31]), "mamba_cow_src_indices[1]"),
+    ("unknown field", dict(shifted_input_ids=[5, 6, -1]), "shifted_input_ids"),
 ]
 
 

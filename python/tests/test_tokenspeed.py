@@ -71,8 +71,12 @@ def test_adapter_refuses_what_it_cannot_honour():
     model = lockstep.tokenspeed.ModelExecutor(model="tiny")
     op = FlatForwardOp(request_ids=[1], request_pool_indices=[1], input_lengths=[1],
                        extend_prefix_lens=[1], input_ids=[5], mamba_pool_indices=[3])
-    with pytest.raises(lockstep.Error, match="mamba_pool_indices"):
+    with pytest.raises(lockstep.Error, match=r"mamba_working_index 3 .*mamba_pool_indices\[0\]"):
         model.execute_forward_op(op, [greedy()])
+    # The seed's second name of the working slots must agree with the first, which lockstep reads.
+    alias = FlatForwardOp(**{**vars(op), "mamba_pool_indices": [-1], "mamba_working_indices": [3]})
+    with pytest.raises(lockstep.Error, match=r"mamba_working_indices = \[3\] differs from"):
+        model.execute_forward_op(alias, [greedy()])
     with pytest.raises(lockstep.Error, match="dp_global_bs"):
         model.execute_forward_op(op, [greedy()], dp_global_bs=[4])
     with pytest.raises(lockstep.Error, match="frequency_penalty"):
