@@ -196,11 +196,13 @@ class PyExecutor {
     while (!state->done) collect_oldest();
   }
 
+  // `state_slot`: −1, or the recurrent-state slot copied with the pages (core checks it).
   void copy_pages(const std::string& kind, const std::vector<int32_t>& device_pages,
-                  const std::vector<int32_t>& host_pages) {
+                  const std::vector<int32_t>& host_pages, int32_t state_slot) {
     LS_REQUIRE(kind == "swap_out" || kind == "swap_in",
                "copy_pages: kind must be 'swap_out' or 'swap_in', got '{}'", kind);
-    CacheOp op{kind == "swap_out" ? CacheOpKind::kSwapOut : CacheOpKind::kSwapIn, device_pages, host_pages};
+    CacheOp op{kind == "swap_out" ? CacheOpKind::kSwapOut : CacheOpKind::kSwapIn, device_pages,
+               host_pages, state_slot};
     LS_REQUIRE(op.device_pages.size() == op.host_pages.size(),
                "copy_pages: {} device_pages but {} host_pages (they pair up)", op.device_pages.size(),
                op.host_pages.size());
@@ -309,9 +311,10 @@ class PyExecutor {
     while (!in_flight_.empty()) collect_oldest();
   }
 
-  static bool op_is_valid_for(const ForwardOp& op, const ExecutorConfig& c, int32_t vocab) {
+  static bool op_is_valid_for(const ForwardOp& op, const ExecutorConfig& c, int32_t vocab,
+                              bool recurrent_state) {
     try {
-      validate_forward_op(op, c, vocab);
+      validate_forward_op(op, c, vocab, recurrent_state);
       return true;
     } catch (const Error&) {
       return false;
@@ -319,7 +322,8 @@ class PyExecutor {
   }
   // The recorder writes the rejection itself for an op that fails validation.
   bool op_is_valid(const ForwardOp& op) const {
-    return op_is_valid_for(op, config_, weights_.config.vocab_size);
+    return op_is_valid_for(op, config_, weights_.config.vocab_size,
+                           weights_.config.has_recurrent_state());
   }
 
   void read_state_after(const Pending& p) {
@@ -330,7 +334,15 @@ class PyExecutor {
       p.state->next_input_ids = std::vector<int32_t>(touched.future_inputs.begin(),
                                                      touched.future_inputs.begin() + static_cast<std::ptrdiff_t>(ne * width));
     }
-    if (recorder_) recorder_->record_output(p.state->step, p.state->result, touched);
+    if (!recorder_) return;
+    // A trace of a model with Mamba layers digests each row's working slot after the step (the
+    // header says so: make_trace_header), which this executor's steps do not compute.
+    if (weights_.config.has_recurrent_state()) {
+      std::vector<int32_t> working;
+      for (const OpRow& row : p.op.rows) working.push_back(row.mamba_working);
+      p.state->result.mamba_state_digests = backend_->read_mamba_digests(working);
+    }
+    recorder_->record_output(p.state->step, p.state->result, touched);
   }
 
   std::optional<trace::MachineInfo> machine_info() const {
@@ -470,7 +482,10 @@ void bind_executor(py::module_& m) {
         r.sync();
         return r;
       }, py::arg("op"))
-      .def("copy_pages", &PyExecutor::copy_pages, py::arg("kind"), py::arg("device_pages"), py::arg("host_pages"))
+      .def("copy_pages", [](PyExecutor& e, const std::string& kind, const std::vector<int32_t>& device_pages,
+                            const std::vector<int32_t>& host_pages, py::handle state_slot) {
+        e.copy_pages(kind, device_pages, host_pages, to_int32(state_slot, "copy_pages: state_slot"));
+      }, py::arg("kind"), py::arg("device_pages"), py::arg("host_pages"), py::arg("state_slot") = -1)
       .def("record", [](PyExecutor& e, py::handle path) { e.record(to_string_value(path, "record: path")); },
            py::arg("path"))
       .def("stop_recording", &PyExecutor::stop_recording)
