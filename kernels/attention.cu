@@ -511,11 +511,6 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
   return cudaSuccess;
 }
 
-template <typename T>
-int32_t tiled_tokens(const AttentionShape& s, int32_t prefill_tokens, AttentionPrefill prefill) {
-  return attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens, prefill);
-}
-
 template <int32_t D>
 cudaError_t launch_tiles(const AttentionArgs<bf16>& base, int32_t tokens, size_t workspace_floats,
                          LaunchStream stream) {
@@ -571,7 +566,8 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
   const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
                               workspace, out};
-  const int32_t tiled = tiled_tokens<T>(s, prefill_tokens_count, prefill);
+  const int32_t tiled =
+      attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens_count, prefill);
   if constexpr (std::is_same_v<T, bf16>) {
     if (tiled > 0) {
       const cudaError_t status = s.head_dim == 64

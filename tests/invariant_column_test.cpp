@@ -106,18 +106,10 @@ TEST(InvariantColumnCpu, TheComparisonFlagsOneAlteredBit) {
 
 // The CPU reference with one batch-dependent bit: a step of `rows_min` rows or more flips the
 // lowest bit of its last row's logits digest (the tokens stay right, so only the digests tell).
-class DigestFlippingBackend final : public Backend {
+class DigestFlippingBackend final : public testing::CpuBackendWrapper {
  public:
   DigestFlippingBackend(const ExecutorConfig& config, int32_t rows_min)
-      : inner_(testing::tiny_weights(), config), rows_min_(rows_min) {}
-  std::string name() const override { return inner_.name(); }
-  void apply_table_writes(const StepPlan& plan) override { inner_.apply_table_writes(plan); }
-  void reset_lengths(const StepPlan& plan) override { inner_.reset_lengths(plan); }
-  void fill_inputs(const StepPlan& plan) override { inner_.fill_inputs(plan); }
-  void forward(const StepPlan& plan) override { inner_.forward(plan); }
-  void poison_logits(std::span<const int32_t> rows, float value) override {
-    inner_.poison_logits(rows, value);
-  }
+      : CpuBackendWrapper(testing::tiny_weights(), config), rows_min_(rows_min) {}
   void finish_step(const StepPlan& plan, StepResult& result) override {
     inner_.finish_step(plan, result);
     if (static_cast<int32_t>(result.logits_digests.size()) >= rows_min_) {
@@ -125,14 +117,10 @@ class DigestFlippingBackend final : public Backend {
       ++flips_count;
     }
   }
-  void copy_pages(const CacheOp& op) override { inner_.copy_pages(op); }
-  StateSnapshot read_state(std::span<const int32_t> rows) const override { return inner_.read_state(rows); }
-  InputSnapshot read_inputs() const override { return inner_.read_inputs(); }
 
   int64_t flips_count = 0;
 
  private:
-  CpuBackend inner_;
   int32_t rows_min_;
 };
 

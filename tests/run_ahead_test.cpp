@@ -39,20 +39,14 @@ using testing::tiny_weights;
 
 constexpr int32_t kVocab = 512;  // the tiny model
 
-class RunAheadCpu final : public Backend {
+class RunAheadCpu final : public testing::CpuBackendWrapper {
  public:
-  explicit RunAheadCpu(const ExecutorConfig& config) : inner_(tiny_weights(), config) {}
+  explicit RunAheadCpu(const ExecutorConfig& config) : CpuBackendWrapper(tiny_weights(), config) {}
 
   std::string name() const override { return "cpu-run-ahead"; }
   void apply_table_writes(const StepPlan& plan) override {
     if (++submits_ == fail_at_submit) throw Error("RunAheadCpu: planted failure");
     inner_.apply_table_writes(plan);
-  }
-  void reset_lengths(const StepPlan& plan) override { inner_.reset_lengths(plan); }
-  void fill_inputs(const StepPlan& plan) override { inner_.fill_inputs(plan); }
-  void forward(const StepPlan& plan) override { inner_.forward(plan); }
-  void poison_logits(std::span<const int32_t> rows, float value) override {
-    inner_.poison_logits(rows, value);
   }
   void finish_step(const StepPlan& plan, StepResult& result) override {
     ADD_FAILURE() << "finish_step called on a backend that runs ahead";
@@ -74,11 +68,6 @@ class RunAheadCpu final : public Backend {
     EXPECT_EQ(plan.rows_count, e.rows_count);
     result = std::move(e.result);
   }
-  void copy_pages(const CacheOp& op) override { inner_.copy_pages(op); }
-  StateSnapshot read_state(std::span<const int32_t> pool_rows) const override {
-    return inner_.read_state(pool_rows);
-  }
-  InputSnapshot read_inputs() const override { return inner_.read_inputs(); }
 
   int32_t in_flight_max = 0;
   int64_t fail_at_submit = -1;  // the submit (1-based) whose first rule throws ls::Error
@@ -90,7 +79,6 @@ class RunAheadCpu final : public Backend {
     int32_t rows_count;
     StepResult result;
   };
-  CpuBackend inner_;
   std::deque<Enqueued> queue_;
   int64_t submits_ = 0;
 };

@@ -12,6 +12,34 @@
 
 namespace ls::testing {
 
+// A Backend that hands every required call to the CPU reference inside it: test doubles derive
+// from it and override only what they change (running ahead, a planted bit). The optional calls
+// keep Backend's defaults, as a plain CpuBackend user would see for the tiny model.
+class CpuBackendWrapper : public Backend {
+ public:
+  CpuBackendWrapper(const ModelWeights& weights, const ExecutorConfig& config)
+      : inner_(weights, config) {}
+  std::string name() const override { return inner_.name(); }
+  void apply_table_writes(const StepPlan& plan) override { inner_.apply_table_writes(plan); }
+  void reset_lengths(const StepPlan& plan) override { inner_.reset_lengths(plan); }
+  void fill_inputs(const StepPlan& plan) override { inner_.fill_inputs(plan); }
+  void forward(const StepPlan& plan) override { inner_.forward(plan); }
+  void poison_logits(std::span<const int32_t> rows, float value) override {
+    inner_.poison_logits(rows, value);
+  }
+  void finish_step(const StepPlan& plan, StepResult& result) override {
+    inner_.finish_step(plan, result);
+  }
+  void copy_pages(const CacheOp& op) override { inner_.copy_pages(op); }
+  StateSnapshot read_state(std::span<const int32_t> pool_rows) const override {
+    return inner_.read_state(pool_rows);
+  }
+  InputSnapshot read_inputs() const override { return inner_.read_inputs(); }
+
+ protected:
+  CpuBackend inner_;
+};
+
 inline ExecutorConfig small_config() {
   ExecutorConfig c;
   c.max_batch_rows = 8;

@@ -364,20 +364,10 @@ TEST(TraceIntegrity, CorruptionInTheMiddleExitsTwoNamingOffsetStepAndIntactRecor
 
 // The CPU reference behind a backend that says it runs ahead (as CUDA does): each step computed
 // at enqueue, handed out at collect, so the serving loop records input k+1 before output k.
-class RunAheadCpu final : public Backend {
+class RunAheadCpu final : public testing::CpuBackendWrapper {
  public:
-  explicit RunAheadCpu(const ExecutorConfig& config) : inner_(weights(), config) {}
+  explicit RunAheadCpu(const ExecutorConfig& config) : CpuBackendWrapper(weights(), config) {}
   std::string name() const override { return "cpu"; }
-  void apply_table_writes(const StepPlan& plan) override { inner_.apply_table_writes(plan); }
-  void reset_lengths(const StepPlan& plan) override { inner_.reset_lengths(plan); }
-  void fill_inputs(const StepPlan& plan) override { inner_.fill_inputs(plan); }
-  void forward(const StepPlan& plan) override { inner_.forward(plan); }
-  void poison_logits(std::span<const int32_t> rows, float value) override {
-    inner_.poison_logits(rows, value);
-  }
-  void finish_step(const StepPlan& plan, StepResult& result) override {
-    inner_.finish_step(plan, result);
-  }
   bool can_run_ahead() const override { return true; }
   void enqueue_finish(const StepPlan& plan) override {
     inner_.finish_step(plan, queue_.emplace_back());
@@ -387,15 +377,9 @@ class RunAheadCpu final : public Backend {
     result = std::move(queue_.front());
     queue_.erase(queue_.begin());
   }
-  void copy_pages(const CacheOp& op) override { inner_.copy_pages(op); }
-  StateSnapshot read_state(std::span<const int32_t> pool_rows) const override {
-    return inner_.read_state(pool_rows);
-  }
-  InputSnapshot read_inputs() const override { return inner_.read_inputs(); }
   int32_t in_flight_max = 0;
 
  private:
-  CpuBackend inner_;
   std::vector<StepResult> queue_;
 };
 
