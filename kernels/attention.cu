@@ -216,14 +216,20 @@ __device__ void merge_when_last(const AttentionArgs<T>& a, const SplitBlock& b, 
     float m = -INFINITY;
     for (int32_t k = lane; k < b.splits; k += 32) m = fmaxf(m, __ldcg(part(h, k)));
     m = warp_max(m);  // a maximum: exact in any order
-    if (lane == 0) {
-      float l = 0.0f;
-      for (int32_t k = 0; k < b.splits; ++k) {
+    // l: lane k loads split base + k's weighted l (all loads in flight at once), and every lane
+    // adds them in split order through shuffles.
+    float l = 0.0f;
+    for (int32_t base = 0; base < b.splits; base += 32) {
+      const int32_t k = base + lane;
+      float weighted = 0.0f;
+      if (k < b.splits) {
         const float* p = part(h, k);
-        l = __fadd_rn(l, __fmul_rn(__ldcg(p + 1), expf(__ldcg(p) - m)));
+        weighted = __fmul_rn(__ldcg(p + 1), expf(__ldcg(p) - m));
       }
-      m_all[h] = m, l_all[h] = l;
+      const int32_t n = min(32, b.splits - base);
+      for (int32_t j = 0; j < n; ++j) l = __fadd_rn(l, __shfl_sync(0xffffffffu, weighted, j));
     }
+    if (lane == 0) m_all[h] = m, l_all[h] = l;
   }
   __syncthreads();
   for (int32_t idx = threadIdx.x; idx < b.group * d; idx += kThreads) {

@@ -128,31 +128,19 @@ struct RowStream {
       for (int32_t u = 0; u < kGemvUnroll; ++u) raw[r][u] = __ldcs(w[r] + c + 32 * u);
     }
   }
-  // Rounds from the one already loaded (when it fits), then the tail. A one-row task moves the
-  // round out and loads the next before computing it, so a warp always has a round in flight (two
-  // rows' rounds would take twice the registers the two-row epilogues can spare); the elements
-  // are summed in the same order either way.
+  // Rounds from the one already loaded (when it fits), then the tail.
   template <bool kNormed>
   __device__ void run(const uint4* x, int32_t tokens, float (&acc)[kRows][kTokens]) {
-    constexpr bool kAhead = kRows == 1;
     uint4 chunk[kRows];
     while (round_fits()) {
-      uint4 round[kRows][kGemvUnroll];
-#pragma unroll
-      for (int32_t r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int32_t u = 0; u < kGemvUnroll; ++u) round[r][u] = raw[r][u];
-      }
-      const int32_t at = c;
-      c += 32 * kGemvUnroll;
-      if (kAhead && round_fits()) load_round();
 #pragma unroll
       for (int32_t u = 0; u < kGemvUnroll; ++u) {
 #pragma unroll
-        for (int32_t r = 0; r < kRows; ++r) chunk[r] = round[r][u];
-        accumulate<kTokens, kRows, kNormed>(chunk, x, chunks, at + 32 * u, tokens, acc);
+        for (int32_t r = 0; r < kRows; ++r) chunk[r] = raw[r][u];
+        accumulate<kTokens, kRows, kNormed>(chunk, x, chunks, c + 32 * u, tokens, acc);
       }
-      if (!kAhead && round_fits()) load_round();
+      c += 32 * kGemvUnroll;
+      if (round_fits()) load_round();
     }
     for (; c < chunks; c += 32) {
 #pragma unroll
