@@ -92,7 +92,6 @@ double time_step(const Heads& h, const Step& step, kernels::AttentionPrefill pre
   CHECK(cudaMalloc(&out, q_count * sizeof(bf16)));
   CHECK(cudaMalloc(&q, q_count * sizeof(float)));
   CHECK(cudaMalloc(&workspace, workspace_floats * sizeof(float)));
-  CHECK(kernels::prepare_attention_workspace(shape, workspace, workspace_floats, nullptr));
   CHECK(cudaMalloc(&d_table, table.size() * 4));
   CHECK(cudaMalloc(&d_positions, step.positions.size() * 4));
   CHECK(cudaMalloc(&d_rows, step.pool_rows.size() * 4));

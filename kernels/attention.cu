@@ -21,7 +21,6 @@ constexpr int32_t kWarps = kThreads / 32;
 constexpr int32_t kSplitLanesMax = 16;  // blocks per (token, kv head); each walks splits x, x+16..
 constexpr int32_t kGroupMax = 16;       // query heads per KV head
 constexpr int32_t kHeadDimMax = 256;
-constexpr size_t kArrivalPadFloats = 4;  // the arrivals rounded up to 16 bytes
 constexpr int32_t kGroupDimMax = 1024;  // group · head_dim: one block's queries
 static_assert(kAttentionSplitKeys == kThreads, "one thread per key of a split finds its slot");
 static_assert(kAttentionSplitKeys == kWarps * 32, "each warp takes 32 keys of a split");
@@ -47,34 +46,9 @@ struct AttentionArgs {
   const int32_t* token_pool_rows;
   const int32_t* table;
   int32_t token_begin;
-  float* workspace;    // the partials (after the arrivals: AttentionWorkspace)
-  int32_t* arrivals;   // [launch tokens, kv heads]: splits done of each (token, kv head)
+  float* workspace;
   T* out;
 };
-
-// How a launch uses its workspace: at the front one arrival counter per (token, kv head) of the
-// largest launch the workspace holds (its size fixed by the workspace's, so every launch finds
-// the counters where the previous one left them at zero), then the decode kernel's partials or
-// the tile kernel's list.
-struct AttentionWorkspace {
-  int32_t* arrivals;
-  float* partials;
-  size_t partial_floats;
-  int32_t tokens_max;  // tokens one launch of the decode kernel takes
-};
-
-size_t partial_floats_per_token(const AttentionShape& s) {
-  return static_cast<size_t>(s.query_heads) * splits_max(s) * (s.head_dim + 2);
-}
-
-AttentionWorkspace carve_workspace(const AttentionShape& s, float* workspace, size_t floats) {
-  const size_t per_token = partial_floats_per_token(s) + s.kv_heads;
-  const size_t tokens = floats > kArrivalPadFloats ? (floats - kArrivalPadFloats) / per_token : 0;
-  const auto tokens_max = static_cast<int32_t>(std::min<size_t>(tokens, size_t{65535}));
-  const size_t arrival_floats = (size_t(tokens_max) * s.kv_heads + 3) / 4 * 4;  // 16-byte aligned
-  return {reinterpret_cast<int32_t*>(workspace), workspace + arrival_floats,
-          floats - std::min(floats, arrival_floats), tokens_max};
-}
 
 // Eight elements of a key row as loaded (kept raw so that several loads fit in registers).
 template <typename T>
@@ -162,7 +136,7 @@ __device__ __forceinline__ SplitBlock split_block(const AttentionArgs<T>& a) {
 }
 
 // A split's softmax pieces, one warp a head: each head's scores[0, count) become e = exp(score −
-// m) with m their maximum, m and Σ e go to m_s / l_s (the split's last block merges splits from them), and
+// m) with m their maximum, m and Σ e go to m_s / l_s (the combine merges splits from them), and
 // scores[count, padded) are zeroed (the MMA path multiplies whole 16-key tiles).
 __device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t group, int32_t count,
                                                      int32_t padded, int32_t warp, int32_t lane,
@@ -182,74 +156,6 @@ __device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t grou
     l = warp_sum(l);
     if (lane == 0) m_s[h] = m, l_s[h] = l;
   }
-}
-
-
-// The end of a split block's work: it counts the splits it wrote as partials into the (token, kv
-// head)'s arrival counter, and the block that brings the count to the token's splits merges the
-// partials of the group's heads, in split order: m = the splits' maximum, weights
-// w_k = exp(m_k − m), l = Σ l_k·w_k and out = Σ acc_k·w_k / l, each sum over k ascending. So a
-// token's output depends on its own splits alone, whichever block merges them; that block resets
-// the counter for the next launch. Partials are read through L2 (__ldcg): other SMs wrote them,
-// and this SM's L1 may hold the same addresses from an earlier layer.
-template <typename T, int32_t G>
-__device__ void merge_when_last(const AttentionArgs<T>& a, const SplitBlock& b, int32_t done) {
-  __shared__ bool last;
-  __shared__ float m_all[G];
-  __shared__ float l_all[G];
-  if (b.splits == 1) return;  // the split wrote its output directly
-  __threadfence();            // this block's partials are visible before its arrival
-  __syncthreads();
-  int32_t* counter = a.arrivals + int64_t{b.local_token} * a.shape.kv_heads + b.kv_head;
-  if (threadIdx.x == 0) last = atomicAdd(counter, done) + done == b.splits;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const AttentionShape& s = a.shape;
-  const int32_t d = s.head_dim;
-  const int32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const auto part = [&](int32_t h, int32_t k) {
-    return partial_at(a.workspace, b.local_token, b.kv_head * b.group + h, k, s.query_heads,
-                      b.total_splits, d);
-  };
-  for (int32_t h = warp; h < b.group; h += kWarps) {
-    float m = -INFINITY;
-    for (int32_t k = lane; k < b.splits; k += 32) m = fmaxf(m, __ldcg(part(h, k)));
-    m = warp_max(m);  // a maximum: exact in any order
-    // l: lane k loads split base + k's weighted l (all loads in flight at once), and every lane
-    // adds them in split order through shuffles.
-    float l = 0.0f;
-    for (int32_t base = 0; base < b.splits; base += 32) {
-      const int32_t k = base + lane;
-      float weighted = 0.0f;
-      if (k < b.splits) {
-        const float* p = part(h, k);
-        weighted = __fmul_rn(__ldcg(p + 1), expf(__ldcg(p) - m));
-      }
-      const int32_t n = min(32, b.splits - base);
-      for (int32_t j = 0; j < n; ++j) l = __fadd_rn(l, __shfl_sync(0xffffffffu, weighted, j));
-    }
-    if (lane == 0) m_all[h] = m, l_all[h] = l;
-  }
-  __syncthreads();
-  for (int32_t idx = threadIdx.x; idx < b.group * d; idx += kThreads) {
-    const int32_t h = idx / d, i = idx % d;
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int32_t k = 0; k < b.splits; ++k) {
-      const float* p = part(h, k);
-      acc += __ldcg(p + 2 + i) * expf(__ldcg(p) - m_all[h]);
-    }
-    const int32_t head = b.kv_head * b.group + h;
-    store(a.out + int64_t{b.token} * s.query_heads * d + int64_t{head} * d + i, acc / l_all[h]);
-  }
-  if (threadIdx.x == 0) *counter = 0;
-}
-
-// The splits block blockIdx.x takes of `splits`: blockIdx.x, blockIdx.x + gridDim.x, ...
-__device__ __forceinline__ int32_t splits_taken(int32_t splits) {
-  return (splits - static_cast<int32_t>(blockIdx.x) + static_cast<int32_t>(gridDim.x) - 1) /
-         static_cast<int32_t>(gridDim.x);
 }
 
 // grid: (split lanes, kv heads, tokens of the chunk). Each block handles the `group` query heads
@@ -442,7 +348,6 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
       }
     }
   }
-  merge_when_last<T, G>(a, block, splits_taken(splits));
 }
 
 }  // namespace
@@ -525,7 +430,54 @@ cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStr
   return launch_splits<T>(attention_split_kernel<T, G>, shared, args, tokens, stream);
 }
 
-// The decode kernel over tokens [first, end) of `base`, in launches of at most
+// grid: (query heads, tokens of the chunk). Merges a token's partials in split order: the splits'
+// maxima and weights are read in parallel into shared memory, then each thread sums its elements
+// over the splits in order (loads unrolled so they are in flight together).
+template <typename T>
+__global__ void attention_combine_kernel(AttentionArgs<T> a) {
+  extern __shared__ float combine_shared[];  // [splits] weights, then [splits] weighted l
+  __shared__ float scratch[32];
+  __shared__ float l_total;
+  allow_successor();
+  wait_for_predecessor();
+  const AttentionShape& s = a.shape;
+  const int32_t local_token = blockIdx.y;
+  const int32_t token = a.token_begin + local_token;
+  const int32_t head = blockIdx.x;
+  const int32_t d = s.head_dim;
+  const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
+  const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  if (splits == 1) return;  // written directly by the split kernel
+  const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  const auto part = [&](int32_t k) {
+    return partial_at(a.workspace, local_token, head, k, s.query_heads, total_splits, d);
+  };
+  float* weights = combine_shared;
+  float* weighted_l = combine_shared + total_splits;
+  float m = -INFINITY;
+  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) m = fmaxf(m, part(k)[0]);
+  m = block_max(m, scratch);  // a maximum: exact in any order
+  for (int32_t k = threadIdx.x; k < splits; k += blockDim.x) {
+    const float* p = part(k);
+    weights[k] = expf(p[0] - m);
+    weighted_l[k] = p[1] * weights[k];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float l = 0.0f;
+    for (int32_t k = 0; k < splits; ++k) l += weighted_l[k];
+    l_total = l;
+  }
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < d; i += blockDim.x) {
+    float acc = 0.0f;
+#pragma unroll 8
+    for (int32_t k = 0; k < splits; ++k) acc += part(k)[2 + i] * weights[k];
+    store(a.out + int64_t{token} * s.query_heads * d + head * d + i, acc / l_total);
+  }
+}
+
+// The decode kernel (and the combine) over tokens [first, end) of `base`, in launches of at most
 // `chunk` tokens.
 template <typename T>
 cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, int32_t end,
@@ -549,6 +501,12 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
       launched = launch_split<T, 16>(args, n, stream);
     }
     if (launched != cudaSuccess) return launched;
+    if (splits_max(s) > 1) {
+      const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
+      const cudaError_t status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
+                                               128, shared, stream, args);
+      if (status != cudaSuccess) return status;
+    }
   }
   return cudaSuccess;
 }
@@ -575,18 +533,10 @@ int32_t attention_tiled_tokens(const AttentionShape& shape, bool bf16_kv, int32_
 }
 
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
-  const auto n = static_cast<size_t>(tokens);
-  const size_t decode = n * (partial_floats_per_token(shape) + shape.kv_heads) + kArrivalPadFloats;
-  const size_t tile_list = n * shape.kv_heads + kArrivalPadFloats + kTileListHeader + n;
-  return std::max(decode, tile_list);
-}
-
-cudaError_t prepare_attention_workspace(const AttentionShape& shape, float* workspace,
-                                        size_t workspace_floats, cudaStream_t stream) {
-  const AttentionWorkspace w = carve_workspace(shape, workspace, workspace_floats);
-  if (workspace == nullptr || w.tokens_max < 1) return cudaErrorInvalidValue;
-  return cudaMemsetAsync(w.arrivals, 0, size_t(w.tokens_max) * shape.kv_heads * sizeof(int32_t),
-                         stream);
+  const size_t partials = static_cast<size_t>(tokens) * shape.query_heads * splits_max(shape) *
+                          (shape.head_dim + 2);
+  const size_t tile_list = static_cast<size_t>(kTileListHeader) + static_cast<size_t>(tokens);
+  return std::max(partials, tile_list);
 }
 
 template <typename T>
@@ -609,19 +559,20 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
+  const size_t per_token = attention_workspace_floats(s, 1);
   // Tokens per decode-kernel launch: what the workspace holds, and at most the grid's z limit.
-  const AttentionWorkspace w = carve_workspace(s, workspace, workspace_floats);
-  const int32_t chunk = std::min(w.tokens_max, tokens_count);
+  const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
+      {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
   const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
-                              w.partials, w.arrivals, out};
+                              workspace, out};
   const int32_t tiled =
       attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens_count, prefill);
   if constexpr (std::is_same_v<T, bf16>) {
     if (tiled > 0) {
       const cudaError_t status = s.head_dim == 64
-                                     ? launch_tiles<64>(base, tiled, w.partial_floats, stream)
-                                     : launch_tiles<128>(base, tiled, w.partial_floats, stream);
+                                     ? launch_tiles<64>(base, tiled, workspace_floats, stream)
+                                     : launch_tiles<128>(base, tiled, workspace_floats, stream);
       if (status != cudaSuccess) return status;
     }
   }

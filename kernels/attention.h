@@ -4,8 +4,7 @@
 //
 // Split-KV with a FIXED split size (kAttentionSplitKeys): a token's keys are cut into splits at
 // fixed positions, each split's partial softmax is computed independently, and the partials are
-// combined in split order by whichever block finishes the token's last split (no second kernel:
-// at decode a layer's attention is one launch). How a token is split depends only on its own position, never on the
+// combined in split order. How a token is split depends only on its own position, never on the
 // batch, so the result does not depend on what else is in the step.
 //
 // Two split kernels compute a split: bf16 KV with head_dim 64 or 128 (the production models) on
@@ -69,12 +68,6 @@ int32_t attention_tiled_tokens(const AttentionShape& shape, bool bf16_kv, int32_
 // shares the same floats, stream-ordered).
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens);
 
-// Readies a workspace for its first launch: zeroes the arrival counters at its front (one per
-// token and KV head of the largest launch it holds). Every launch leaves them at zero, so this is
-// done once per workspace, which every launch must then be given with the same size.
-cudaError_t prepare_attention_workspace(const AttentionShape& shape, float* workspace,
-                                        size_t workspace_floats, cudaStream_t stream);
-
 // q [tokens, query_heads·head_dim] fp32 (already rotated); k_cache/v_cache [slots, kv_size] T
 // (bf16, or float in the fp32 mode) of one layer; positions/token_pool_rows [tokens]; table
 // [pool rows, table_width]. out [tokens, query_heads·head_dim] T. The first prefill_tokens_count
@@ -82,9 +75,8 @@ cudaError_t prepare_attention_workspace(const AttentionShape& shape, float* work
 // out); `prefill` says which kernel takes them, the decode kernel takes the rest. Any count in
 // [0, tokens_count] gives correct attention (a tile is cut wherever the pool row changes): it
 // only picks the kernel. Tokens are processed in launches that fit `workspace` (at least one
-// token's: attention_workspace_floats(shape, 1); prepared by prepare_attention_workspace). Needs
-// head_dim % 8 == 0 (vector loads of key rows) and (query_heads / kv_heads) · head_dim <= 1024
-// (one block's queries in shared memory).
+// token's: attention_workspace_floats(shape, 1)). Needs head_dim % 8 == 0 (vector loads of key
+// rows) and (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
 template <typename T>
 cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
                                    const T* v_cache, const int32_t* positions,

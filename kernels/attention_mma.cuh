@@ -2,7 +2,7 @@
 // production path (llama-1b, llama-8b). Included by attention.cu only.
 //
 // Same contract and split rule as the CUDA-core kernel in attention.cu (fixed 128-key splits,
-// partials merged in split order by the split's last block: merge_when_last): what changes is how a split is
+// partials combined in split order by the combine kernel): what changes is how a split is
 // computed. A block takes one (token, KV head) and the splits split_lane, split_lane + lanes, ...;
 // its `group` query heads are the rows of a 16-row MMA tile (rows >= group are zero).
 //
@@ -221,7 +221,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       }
     }
   }
-  merge_when_last<bf16, G>(a, block, splits_taken(splits));
 }
 
 }  // namespace

@@ -351,9 +351,9 @@ void CudaBackend::Impl::create_host_side() {
   if (options.time_steps) step_timer.create();
 }
 
-// What the buffers hold before the first step: zeros (KV, state, staging, attention's arrival
-// counters, the last TP rank's head rows past the vocabulary, whose logits are never gathered),
-// the RoPE table, the sampler's segment offsets and the pad token in every input id.
+// What the buffers hold before the first step: zeros (KV, state, staging, the last TP rank's
+// head rows past the vocabulary, whose logits are never gathered), the RoPE table, the
+// sampler's segment offsets and the pad token in every input id.
 void CudaBackend::Impl::initialise_buffers() {
   const cudaStream_t s = stream.get();
   if (shard.degree > 1) LS_CUDA(cudaMemsetAsync(lm_head.get(), 0, lm_head.bytes(), s));
@@ -373,8 +373,6 @@ void CudaBackend::Impl::initialise_buffers() {
     LS_CUDA(cudaMemsetAsync(a->get(), 0, a->bytes(), s));
   }
   LS_CUDA(cudaMemsetAsync(slots.get(), 0, slots.bytes(), s));
-  LS_CUDA(kernels::prepare_attention_workspace(attention_shape, attention_workspace.get(),
-                                               attention_workspace.count(), s));
   if (drafting) {
     LS_CUDA(cudaMemsetAsync(history.get(), 0, history.bytes(), s));
     LS_CUDA(cudaMemsetAsync(history_begin.get(), 0, history_begin.bytes(), s));
