@@ -17,7 +17,8 @@
 //
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
-// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps).
+// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps),
+// and the fused GEMV's grid, one group a block against one wave (batch 1).
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), and time each projection's kernel both ways at 1, 16 and 64 tokens; --small-m runs only
 // that.
@@ -1419,6 +1420,20 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
                                    batches)}};
 }
 
+// The fused GEMV's grid: one group of tasks a block (CudaBackendOptions::fused_gemv_block_per_group)
+// against one wave of blocks each running several (the default).
+json gemv_grid_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                     const std::vector<int32_t>& batches) {
+  const Variant on{"block_per_group",
+                   {.graphs = true, .fused_gemv_block_per_group = true, .time_steps = true}};
+  const Variant off{"one_wave",
+                    {.graphs = true, .fused_gemv_block_per_group = false, .time_steps = true}};
+  return {{"shape", shape},
+          {"gemv_grid", compare_shape(shape, o, bandwidth,
+                                      "fused GEMV a block per group vs one wave", on, off,
+                                      batches)}};
+}
+
 // lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
 // CudaBackendOptions::gemv_tokens_max's default comes from.
 // What batch-invariant mode (issue 15, CudaBackendOptions::batch_invariant: the small-M GEMM for
@@ -1522,7 +1537,8 @@ void add_options(CLI::App& app, Options& o) {
       ->check(CLI::Range(1, kTpDegreeMax));
   app.add_flag("--fusion", o.fusion,
                "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
-               "batch 1, 4 and 8, context 1024)")
+               "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
+               "vs one wave, batch 1)")
       ->excludes("--recording")
       ->excludes("--hybrid")
       ->excludes("--tp");
@@ -1596,6 +1612,7 @@ int run(const Options& o) {
               {"eager", json::array()},
               {"overlap", json::array()},
               {"fusion", json::array()},
+              {"gemv_grid", json::array()},
               {"gemv_vs_cublas", json::array()},
               {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
@@ -1613,6 +1630,7 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
+      out["gemv_grid"].push_back(gemv_grid_shape(shape, o, bandwidth, {1}));
       save();
     }
     return 0;

@@ -124,6 +124,10 @@ struct CudaBackendOptions {
   // comes between them (kernels/decode_gemv.h); the same bits either way. Off: one kernel each
   // (for comparison).
   bool fuse_decode = true;
+  // The fused GEMV's grid (kernels/decode_gemv.h GemvNorm::block_per_group): one group of tasks a
+  // block in as many waves as needed, instead of one wave of blocks each running several; the
+  // same bits either way (for comparison: `lockstep_gpu_bench --fusion`).
+  bool fused_gemv_block_per_group = false;
   // Record timing events between the phases of every step (graphs included) and sum them per
   // phase (phase_times()). The marks themselves cost a little: benchmarks report both. The marks
   // are one set, read when the step is collected, so a profiling backend does not run ahead

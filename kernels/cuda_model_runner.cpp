@@ -221,7 +221,8 @@ CudaBackend::Impl::QkvFused CudaBackend::Impl::enqueue_fused_qkv(int32_t i, int3
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
   const int32_t qkv_rows = q_size + 2 * kv_size;
-  const kernels::GemvNorm norm{residual.get(), attn_norm.get() + li * h, model.rms_eps};
+  const kernels::GemvNorm norm{residual.get(), attn_norm.get() + li * h, model.rms_eps,
+                               options.fused_gemv_block_per_group};
   const bf16* w = as<bf16>(w_qkv) + li * static_cast<size_t>(qkv_rows) * h;
   if (model.qkv_bias || model.qk_norm || model.rotary_dim() != model.head_dim) {
     LS_CUDA(kernels::launch_gemv_norm_bf16(norm, w, qkv.get(), tokens, qkv_rows, hidden,
@@ -252,7 +253,8 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
   if (!fuses_decode(tokens)) return false;
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  const kernels::GemvNorm norm{residual.get(), ffn_norm.get() + li * h, model.rms_eps};
+  const kernels::GemvNorm norm{residual.get(), ffn_norm.get() + li * h, model.rms_eps,
+                               options.fused_gemv_block_per_group};
   const bf16* w = as<bf16>(w_gate_up) + li * 2 * static_cast<size_t>(ffn) * h;
   LS_CUDA(kernels::launch_gemv_norm_swiglu_bf16(norm, w, act_out, tokens, ffn, hidden,
                                                 forward_stream()));

@@ -28,6 +28,11 @@ struct GemvNorm {
   const float* residual = nullptr;
   const float* weight = nullptr;
   float eps = 0.0f;
+  // The grid (the same bits either way: only which block takes a task moves). false: one wave of
+  // the blocks that fit the GPU at once, each running the fewest groups of kGemvWarps tasks that
+  // cover them (the norm computed once a block); true: one group a block, in as many waves as
+  // that takes (every block's first weight round issued at its start).
+  bool block_per_group = false;
 };
 
 // Whether the folded norm covers rows of n elements (the vectorised norm's order, n % 8 == 0).

@@ -333,7 +333,7 @@ cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
     }
     static std::atomic<uint64_t> resident_cache{0};
     const int32_t cap = resident_blocks(kernel, shared, resident_cache) * sm_count();
-    per_block = (groups + cap - 1) / cap;
+    per_block = p.norm.block_per_group ? 1 : (groups + cap - 1) / cap;
   }
   const int32_t blocks = (groups + per_block - 1) / per_block;
   return launch_kernel(kernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);

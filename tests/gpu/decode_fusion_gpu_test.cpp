@@ -97,8 +97,9 @@ struct QkvOut {
   std::vector<bf16> k, v;
 };
 
+// block_per_group: the fused kernel's other grid (GemvNorm::block_per_group).
 QkvOut run_qkv(const LayerShape& shape, const bf16* w, const StepInputs& in, int32_t tokens,
-               bool fused, kernels::LaunchStream stream) {
+               bool fused, kernels::LaunchStream stream, bool block_per_group = false) {
   DeviceBuffer<float> residual(in.residual), norm_weight(in.norm_weight), cos(in.cos), sin(in.sin);
   DeviceBuffer<int32_t> positions(in.positions);
   DeviceBuffer<int64_t> slots(in.slots);
@@ -108,8 +109,9 @@ QkvOut run_qkv(const LayerShape& shape, const bf16* w, const StepInputs& in, int
     const kernels::RopeKvTarget target{positions.ptr, slots.ptr, shape.query_heads, shape.kv_heads,
                                        shape.head_dim, cos.ptr, sin.ptr, kPositions, q.ptr, k.ptr,
                                        v.ptr};
-    EXPECT_EQ(kernels::launch_gemv_norm_rope_kv_bf16({residual.ptr, norm_weight.ptr, kEps}, w,
-                                                     target, tokens, shape.hidden, stream),
+    EXPECT_EQ(kernels::launch_gemv_norm_rope_kv_bf16(
+                  {residual.ptr, norm_weight.ptr, kEps, block_per_group}, w, target, tokens,
+                  shape.hidden, stream),
               cudaSuccess);
   } else {
     DeviceBuffer<bf16> x(size_t(tokens) * shape.hidden);
@@ -153,13 +155,14 @@ std::vector<float> run_norm_product(const LayerShape& shape, const bf16* w, int3
 }
 
 std::vector<bf16> run_swiglu(const LayerShape& shape, const bf16* w_gate_up, const StepInputs& in,
-                             int32_t tokens, bool fused, kernels::LaunchStream stream) {
+                             int32_t tokens, bool fused, kernels::LaunchStream stream,
+                             bool block_per_group = false) {
   DeviceBuffer<float> residual(in.residual), norm_weight(in.norm_weight);
   DeviceBuffer<bf16> act(size_t(tokens) * shape.ffn);
   if (fused) {
-    EXPECT_EQ(kernels::launch_gemv_norm_swiglu_bf16({residual.ptr, norm_weight.ptr, kEps},
-                                                    w_gate_up, act.ptr, tokens, shape.ffn,
-                                                    shape.hidden, stream),
+    EXPECT_EQ(kernels::launch_gemv_norm_swiglu_bf16(
+                  {residual.ptr, norm_weight.ptr, kEps, block_per_group}, w_gate_up, act.ptr,
+                  tokens, shape.ffn, shape.hidden, stream),
               cudaSuccess);
   } else {
     DeviceBuffer<bf16> x(size_t(tokens) * shape.hidden);
@@ -223,6 +226,10 @@ TEST_P(FusionShapes, NormQkvRopeKvMatchesTheUnfusedKernelsBitForBit) {
     EXPECT_TRUE(same_bits(again.q, fused.q) && same_bits(again.k, fused.k) &&
                 same_bits(again.v, fused.v))
         << "run to run";
+    const QkvOut per_group = run_qkv(shape, w.ptr, in, tokens, true, overlap.launch(), true);
+    EXPECT_TRUE(same_bits(per_group.q, fused.q) && same_bits(per_group.k, fused.k) &&
+                same_bits(per_group.v, fused.v))
+        << "a block per group of tasks";
     const QkvOut alone =
         run_qkv(shape, w.ptr, last_token(in, tokens, shape.hidden), 1, true, nullptr);
     EXPECT_TRUE(same_bits(alone.q, tail(fused.q, size_t(shape.q_size()))))
@@ -271,6 +278,9 @@ TEST_P(FusionShapes, NormGateUpSwigluMatchesTheUnfusedKernelsBitForBit) {
     for (const float x : gpu_test::from_bf16(unfused)) ASSERT_FALSE(std::isnan(x));
     EXPECT_TRUE(same_bits(run_swiglu(shape, w.ptr, in, tokens, true, overlap.launch()), fused))
         << "run to run";
+    EXPECT_TRUE(
+        same_bits(run_swiglu(shape, w.ptr, in, tokens, true, overlap.launch(), true), fused))
+        << "a block per group of tasks";
     const std::vector<bf16> alone =
         run_swiglu(shape, w.ptr, last_token(in, tokens, shape.hidden), 1, true, nullptr);
     EXPECT_TRUE(same_bits(alone, tail(fused, size_t(shape.ffn)))) << "the last token alone";
