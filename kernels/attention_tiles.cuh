@@ -18,16 +18,31 @@
 // launch's last tiles first (a chunk's later tokens have the most keys). A tile's rows are its
 // tokens × the KV head's query heads, 16 a warp (one m16 tile, the flash-attention layout: a warp
 // holds its rows' scores, probabilities and outputs in registers); the eight warps share each
-// split's K and V, which a two-stage cp.async ring brings into shared memory while the previous
-// split is computed. The block takes every split of its tile in order and merges them in
-// registers, so it writes no partials and needs no combine.
+// split's K and V (kTileSplitKeys below, not the decode kernel's kAttentionSplitKeys), which a
+// two-stage cp.async ring brings into shared memory while the previous split is computed. The
+// block takes every split of its tile in order and merges them in registers, so it writes no
+// partials and needs no combine.
 #pragma once
 
 namespace ls::kernels {
 namespace {
 
-constexpr int32_t kKeyTiles = kAttentionSplitKeys / 8;   // n8 tiles of a split's scores
-constexpr int32_t kKeySteps = kAttentionSplitKeys / 16;  // k16 steps of P·V
+// Keys of a tile split, and tile blocks an SM. At head_dim 64 a split of 64 keys keeps a thread's
+// scores, probabilities and outputs within 128 registers, so two blocks (16 warps) share an SM and
+// one block's loads and barriers overlap the other's MMAs; at 128 a split of 128 keys and one
+// block an SM (its registers, up to 255 a thread, fill the SM's). Measured on the H200
+// (lockstep_gpu_attention_bench, llama-1b): a 2048-token chunk 224 -> 157 us; a 512-token chunk
+// over a 1536-token prefix, whose 128 work items fill one block an SM only, 107 -> 119 us (a
+// 64-key split costs that block more barriers and merges). The split size is fixed by head_dim
+// alone, never by the launch, so a token's bits do not depend on what else the launch holds.
+template <int32_t D>
+constexpr int32_t kTileSplitKeys = D == 64 ? 64 : 128;
+template <int32_t D>
+constexpr int32_t kTileBlocksPerSm = D == 64 ? 2 : 1;
+template <int32_t D>
+constexpr int32_t kKeyTiles = kTileSplitKeys<D> / 8;  // n8 tiles of a split's scores
+template <int32_t D>
+constexpr int32_t kKeySteps = kTileSplitKeys<D> / 16;  // k16 steps of P·V
 
 // Waits for all but the newest committed group (a two-stage ring: the older stage has landed).
 __device__ __forceinline__ void copy_async_wait_older() {
@@ -51,15 +66,16 @@ __device__ __forceinline__ void score_step_pair(float (&acc)[4], const uint32_t 
 }
 
 // The split's softmax of row g + 8h (h = 0, 1: columns 2h, 2h + 1 of the C layout of the split's
-// 16 score tiles, s[t][2h + j]: key 8t + 2c + j): scores scaled, keys >= count masked
+// score tiles, s[t][2h + j]: key 8t + 2c + j): scores scaled, keys >= count masked
 // (probability 0; count <= 0: m = −inf, l = 0), m and l the same in the quad's four threads.
 // Every operation is spelled out (no contraction left to the compiler: the bits must not depend
 // on how it schedules them).
-__device__ __forceinline__ void split_softmax(float (&s)[kKeyTiles][4], int32_t h, int32_t count,
+template <int32_t kTiles>
+__device__ __forceinline__ void split_softmax(float (&s)[kTiles][4], int32_t h, int32_t count,
                                               float scale, int32_t c, float& m, float& l) {
   float row_max = -INFINITY;
 #pragma unroll
-  for (int32_t t = 0; t < kKeyTiles; ++t) {
+  for (int32_t t = 0; t < kTiles; ++t) {
 #pragma unroll
     for (int32_t j = 0; j < 2; ++j) {
       const float x = __fmul_rn(s[t][2 * h + j], scale);
@@ -71,7 +87,7 @@ __device__ __forceinline__ void split_softmax(float (&s)[kKeyTiles][4], int32_t 
   row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
   float sum = 0.0f;
 #pragma unroll
-  for (int32_t t = 0; t < kKeyTiles; ++t) {
+  for (int32_t t = 0; t < kTiles; ++t) {
 #pragma unroll
     for (int32_t j = 0; j < 2; ++j) {
       const bool live = 8 * t + 2 * c + j < count;
@@ -87,8 +103,9 @@ __device__ __forceinline__ void split_softmax(float (&s)[kKeyTiles][4], int32_t 
 }
 
 // P's A fragment for keys 16k .. 16k + 15 from the probabilities in C layout.
-__device__ __forceinline__ void probability_fragment(uint32_t (&p)[4],
-                                                     const float (&s)[kKeyTiles][4], int32_t k) {
+template <int32_t kTiles>
+__device__ __forceinline__ void probability_fragment(uint32_t (&p)[4], const float (&s)[kTiles][4],
+                                                     int32_t k) {
   p[0] = pack_bf16x2(s[2 * k][0], s[2 * k][1]);
   p[1] = pack_bf16x2(s[2 * k][2], s[2 * k][3]);
   p[2] = pack_bf16x2(s[2 * k + 1][0], s[2 * k + 1][1]);
@@ -135,20 +152,21 @@ constexpr int32_t kKeyPitch = D + 32;
 
 template <int32_t D>
 struct TileShared {
-  bf16 k[kTileStages][kAttentionSplitKeys * kKeyPitch<D>];
-  bf16 v[kTileStages][kAttentionSplitKeys * kValuePitch<D>];
+  bf16 k[kTileStages][kTileSplitKeys<D> * kKeyPitch<D>];
+  bf16 v[kTileStages][kTileSplitKeys<D> * kValuePitch<D>];
   bf16 q[kTileRows * kKeyPitch<D>];  // the tile's rows' queries, bf16 (the MMA's A)
   int32_t keys[kTileRows];           // each token's keys: positions 0 .. keys − 1
   int32_t keys_max;                  // the largest of the tile's
   int32_t item;                      // the block's work item
 };
 
-// Dynamic shared memory of a tile block (opted in above 48 KB): 189 KB for head_dim 128, 109 KB
-// for 64. One block an SM either way: its registers (up to 255 a thread, for the scores, the
-// split's outputs and the running outputs of two rows) fill the SM's.
+// Dynamic shared memory of a tile block (opted in above 48 KB): 189 KB for head_dim 128, 67 KB
+// for 64 (two blocks an SM, each with the 1 KB the SM reserves a block, within its 228 KB).
 template <int32_t D>
 constexpr size_t tile_shared_bytes() {
   static_assert(sizeof(TileShared<128>) <= 227 * 1024, "a block's shared-memory limit");
+  static_assert(kTileBlocksPerSm<64> * (sizeof(TileShared<64>) + 1024) <= 228 * 1024,
+                "two head_dim-64 blocks an SM");
   return sizeof(TileShared<D>);
 }
 
@@ -234,8 +252,8 @@ __device__ __forceinline__ void issue_split(TileShared<D>& sh, int32_t stage, in
                                             int32_t kv_head, const AttentionArgs<bf16>& a) {
   constexpr int32_t kPieces = D / 8;
   const AttentionShape& s = a.shape;
-  const int32_t first_key = split * kAttentionSplitKeys;
-  const int32_t count = min(kAttentionSplitKeys, keys_max - first_key);
+  const int32_t first_key = split * kTileSplitKeys<D>;
+  const int32_t count = min(kTileSplitKeys<D>, keys_max - first_key);
   const int64_t kv_size = int64_t{s.kv_heads} * D;
   const int64_t head_offset = int64_t{kv_head} * D;
   for (int32_t idx = threadIdx.x; idx < count * kPieces; idx += kTileThreads) {
@@ -246,7 +264,7 @@ __device__ __forceinline__ void issue_split(TileShared<D>& sh, int32_t stage, in
     copy_async_16(sh.k[stage] + x * kKeyPitch<D> + 8 * j, a.k_cache + at);
     copy_async_16(sh.v[stage] + x * kValuePitch<D> + 8 * j, a.v_cache + at);
   }
-  for (int32_t idx = count * kPieces + threadIdx.x; idx < kAttentionSplitKeys * kPieces;
+  for (int32_t idx = count * kPieces + threadIdx.x; idx < kTileSplitKeys<D> * kPieces;
        idx += kTileThreads) {
     const int32_t x = idx / kPieces;
     const int32_t j = idx - x * kPieces;
@@ -266,14 +284,14 @@ __device__ __forceinline__ void compute_split(const TileShared<D>& sh, int32_t s
   const int32_t g = lane / 4, c = lane % 4;
   const bf16* q = sh.q + (kMmaRows * warp + g) * kKeyPitch<D> + 8 * c;
   const bf16* k = sh.k[stage] + g * kKeyPitch<D> + 8 * c;
-  float sc[kKeyTiles][4] = {};
+  float sc[kKeyTiles<D>][4] = {};
 #pragma unroll
   for (int32_t step = 0; step < D / 32; ++step) {
     uint32_t even[4], odd[4];
     query_fragments(*reinterpret_cast<const uint4*>(q + 32 * step),
                     *reinterpret_cast<const uint4*>(q + 8 * kKeyPitch<D> + 32 * step), even, odd);
 #pragma unroll
-    for (int32_t t = 0; t < kKeyTiles; ++t) {
+    for (int32_t t = 0; t < kKeyTiles<D>; ++t) {
       score_step_pair(sc[t], even, odd,
                       *reinterpret_cast<const uint4*>(k + 8 * t * kKeyPitch<D> + 32 * step));
     }
@@ -283,12 +301,12 @@ __device__ __forceinline__ void compute_split(const TileShared<D>& sh, int32_t s
   float m[2], l[2];
   split_softmax(sc, 0, count[0], scale, c, m[0], l[0]);
   split_softmax(sc, 1, count[1], scale, c, m[1], l[1]);
-  uint32_t p[kKeySteps][4];  // bf16 probabilities: the fp32 scores' registers are free for P·V
+  uint32_t p[kKeySteps<D>][4];  // bf16 probabilities: the fp32 scores' registers are free for P·V
 #pragma unroll
-  for (int32_t step = 0; step < kKeySteps; ++step) probability_fragment(p[step], sc, step);
+  for (int32_t step = 0; step < kKeySteps<D>; ++step) probability_fragment(p[step], sc, step);
   float out[D / 8][4] = {};
 #pragma unroll
-  for (int32_t step = 0; step < kKeySteps; ++step) {
+  for (int32_t step = 0; step < kKeySteps<D>; ++step) {
 #pragma unroll
     for (int32_t pair = 0; pair < D / 16; ++pair) {
       weigh_step<D>(out[2 * pair], out[2 * pair + 1], p[step], sh.v[stage], step, 16 * pair, lane);
@@ -334,7 +352,7 @@ __device__ __forceinline__ void store_tile(const AttentionArgs<bf16>& a, int32_t
 }
 
 template <int32_t D>
-__global__ void __launch_bounds__(kTileThreads, 1) attention_tile_kernel(TileArgs t) {
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<D>) attention_tile_kernel(TileArgs t) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   extern __shared__ __align__(16) unsigned char tile_shared[];
   TileShared<D>& sh = *reinterpret_cast<TileShared<D>*>(tile_shared);
@@ -359,7 +377,7 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_tile_kernel(TileArg
     load_tile<D>(sh, a, first, tokens, kv_head);
     const int32_t rows = tokens * group;
     const int32_t keys_max = sh.keys_max;
-    const int32_t splits = (keys_max + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+    const int32_t splits = (keys_max + kTileSplitKeys<D> - 1) / kTileSplitKeys<D>;
     const int32_t* table_row = a.table + int64_t{pool_row_of(a, first)} * s.table_width;
     const int32_t row_keys[2] = {row0 < rows ? sh.keys[row0 / group] : 0,
                                  row0 + 8 < rows ? sh.keys[(row0 + 8) / group] : 0};
@@ -378,7 +396,7 @@ __global__ void __launch_bounds__(kTileThreads, 1) attention_tile_kernel(TileArg
       }
       __syncthreads();  // everyone's, and the zeroed value rows
       if (has_rows) {
-        compute_split<D>(sh, split % kTileStages, split * kAttentionSplitKeys, row_keys, run_m,
+        compute_split<D>(sh, split % kTileStages, split * kTileSplitKeys<D>, row_keys, run_m,
                          run_l, run);
       }
       __syncthreads();  // the stage is free for split + 2's copies
@@ -409,8 +427,11 @@ cudaError_t launch_tile_range(const AttentionArgs<bf16>& a, int32_t tokens, size
     cudaError_t status =
         launch_kernel(attention_tile_list_kernel, dim3(1), kTileListThreads, 0, stream, tiles);
     if (status != cudaSuccess) return status;
-    const int64_t items_max = int64_t{n} * s.kv_heads;  // a tile has at least one token
-    const auto grid = static_cast<uint32_t>(std::min<int64_t>(resident, items_max));
+    // No more blocks than the fewest work items the launch can have (a tile has at most
+    // tile_tokens tokens): with two blocks an SM, idle blocks would otherwise crowd the busy ones
+    // onto fewer SMs.
+    const int64_t items_min = int64_t{(n + tile_tokens - 1) / tile_tokens} * s.kv_heads;
+    const auto grid = static_cast<uint32_t>(std::min<int64_t>(resident, items_min));
     status = launch_kernel(attention_tile_kernel<D>, dim3(grid), kTileThreads,
                            tile_shared_bytes<D>(), stream, tiles);
     if (status != cudaSuccess) return status;
