@@ -14,12 +14,8 @@
 //    words 2r, 2r + 1 of that load. Q's A fragments (fp32 → bf16) are built once per block.
 //  * Softmax per split in fp32 (one warp per head), exactly as the CUDA-core kernel.
 //  * Output O = P·V with mma.m16n8k16: P (fp32 → bf16) from shared memory, V from a shared-memory
-//    tile filled by cp.async, read as B fragments with ldmatrix.trans. Warp w owns dims
-//    [w·d/4, (w + 1)·d/4) over all the split's keys, so no cross-warp sum.
-//  * A block with several splits (a batch too large for one split a block) pipelines them: the
-//    next split's keys load into registers while this split's softmax and P·V run, its values
-//    into the value tile while this split's partials are written and the next keys are scored.
-//    Q's fragments wait in shared memory, so the registers hold those keys.
+//    tile filled by cp.async while the keys are scored, read as B fragments with ldmatrix.trans.
+//    Warp w owns dims [w·d/4, (w + 1)·d/4) over all the split's keys, so no cross-warp sum.
 //
 // Every order (MMA, softmax, split combine) is fixed by the token's position alone, so a token's
 // output does not depend on the batch or on how many split lanes the launch uses.
@@ -68,7 +64,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   bf16* value_rows = reinterpret_cast<bf16*>(mma_shared);  // [split keys, kValuePitch<D>]
   __shared__ __align__(16) float scores[G * kAttentionSplitKeys];
   __shared__ int64_t slot_s[kAttentionSplitKeys];
-  __shared__ uint4 q_s[kSteps][32];  // Q's A fragments, lane by lane
   __shared__ float m_s[G];
   __shared__ float l_s[G];
   allow_successor();
@@ -89,22 +84,21 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   const int32_t c = lane % 4;  // thread in the group
   const int64_t head_offset = int64_t{kv_head} * D;
 
-  // Q's A fragments for every k-step (rows g and g + 8; zero past the group), kept in shared
-  // memory (each lane its own 16 bytes a k-step) so that the registers hold the next split's keys.
+  // Q's A fragments for every k-step (rows g and g + 8; zero past the group).
+  uint32_t q_frag[kSteps][4];
   {
     const float* q = a.q + int64_t{token} * q_size + int64_t{kv_head} * group * D;
-    for (int32_t k = warp; k < kSteps; k += kWarps) {
+#pragma unroll
+    for (int32_t k = 0; k < kSteps; ++k) {
       const int32_t dim = 32 * (k / 2) + 8 * c + 4 * (k % 2);
-      uint32_t frag[4];
 #pragma unroll
       for (int32_t half = 0; half < 2; ++half) {
         const int32_t row = g + 8 * half;
         float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (row < group) x = *reinterpret_cast<const float4*>(q + row * D + dim);
-        frag[half] = pack_bf16x2(x.x, x.y);
-        frag[2 + half] = pack_bf16x2(x.z, x.w);
+        q_frag[k][half] = pack_bf16x2(x.x, x.y);
+        q_frag[k][2 + half] = pack_bf16x2(x.z, x.w);
       }
-      q_s[k][lane] = make_uint4(frag[0], frag[1], frag[2], frag[3]);
     }
   }
   const auto slot_of = [&](int32_t split) -> int64_t {
@@ -112,16 +106,18 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
     if (p >= keys) return 0;
     return ops::slot_in_table(table_row, s.page_size, p);
   };
-  constexpr int32_t kPieces = D / 8;
-  const auto count_of = [&](int32_t split) {
-    return min(kAttentionSplitKeys, keys - split * kAttentionSplitKeys);
-  };
-  // A split's value rows → shared memory by cp.async (slot_s holds its slots), the rows past its
-  // keys up to the next k-step boundary zeroed (their probabilities are zero, and 0·NaN of a
-  // stale row would not be).
-  const auto issue_values = [&](int32_t split) {
-    const int32_t count = count_of(split);
-    const int32_t padded = (count + 15) / 16 * 16;
+  int64_t next_slot = slot_of(blockIdx.x);
+  for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
+    const int32_t first = split * kAttentionSplitKeys;
+    const int32_t count = min(kAttentionSplitKeys, keys - first);
+    const int32_t padded = (count + 15) / 16 * 16;  // keys the P·V k-steps cover
+    __syncthreads();  // the previous split's slots, scores and value rows consumed
+    slot_s[threadIdx.x] = next_slot;
+    __syncthreads();
+    // Value rows → shared memory, in flight while the keys are scored; the rows past the split's
+    // keys up to the next k-step boundary are zeroed (their probabilities are zero, and 0·NaN of a
+    // stale row would not be).
+    constexpr int32_t kPieces = D / 8;
     for (int32_t idx = threadIdx.x; idx < count * kPieces; idx += kThreads) {
       const int32_t x = idx / kPieces;
       const int32_t j = idx - x * kPieces;
@@ -134,12 +130,8 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       const int32_t j = idx - x * kPieces;
       *reinterpret_cast<uint4*>(value_rows + x * kValuePitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
     }
-  };
-  // The warp's 32 key rows of a split into registers, every load in flight at once; they are
-  // waited for only where the split is scored.
-  uint4 raw[kKeyTiles][kLoads];
-  const auto issue_keys = [&](int32_t split) {
-    const int32_t count = count_of(split);
+    // Key rows: every load of the warp's 32 keys in flight at once.
+    uint4 raw[kKeyTiles][kLoads];
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {
       const int32_t x = 32 * warp + 8 * t + g;
@@ -150,29 +142,13 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
                               : make_uint4(0, 0, 0, 0);
       }
     }
-  };
-  // The pipeline: split n + lanes's keys are in flight while split n's softmax and P·V run, and
-  // its values while split n's partials are written and split n + lanes's keys are scored. The
-  // arithmetic of a split is the same whatever the order its loads go out in.
-  const int32_t lanes = static_cast<int32_t>(gridDim.x);
-  slot_s[threadIdx.x] = slot_of(blockIdx.x);
-  __syncthreads();  // Q's fragments and the first split's slots
-  issue_values(blockIdx.x);
-  issue_keys(blockIdx.x);
-  int64_t next_slot = blockIdx.x + lanes < splits ? slot_of(blockIdx.x + lanes) : 0;
-  for (int32_t split = blockIdx.x; split < splits; split += lanes) {
-    const int32_t count = count_of(split);
-    const int32_t padded = (count + 15) / 16 * 16;  // keys the P·V k-steps cover
-    const int32_t next = split + lanes;
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int32_t k = 0; k < kSteps; ++k) {
         const uint4& r = raw[t][k / 2];
-        const uint4 qf = q_s[k][lane];
-        const uint32_t q_frag[4] = {qf.x, qf.y, qf.z, qf.w};
-        mma_bf16_16816(acc, q_frag, k % 2 == 0 ? r.x : r.z, k % 2 == 0 ? r.y : r.w);
+        mma_bf16_16816(acc, q_frag[k], k % 2 == 0 ? r.x : r.z, k % 2 == 0 ? r.y : r.w);
       }
       // C: (row g, keys 2c, 2c + 1) and (row g + 8, the same keys).
       const int32_t x = 32 * warp + 8 * t + 2 * c;
@@ -185,13 +161,9 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
         }
       }
     }
-    __syncthreads();  // the scores; every thread is past this split's loads (its slots are free)
-    if (next < splits) {
-      slot_s[threadIdx.x] = next_slot;
-      __syncthreads();
-      issue_keys(next);
-      next_slot = next + lanes < splits ? slot_of(next + lanes) : 0;
-    }
+    const int32_t next = split + static_cast<int32_t>(gridDim.x);
+    next_slot = next < splits ? slot_of(next) : 0;
+    __syncthreads();
     split_softmax_pieces(scores, group, count, padded, warp, lane, m_s, l_s);  // zero past keys
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
@@ -221,8 +193,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
         mma_bf16_16816(out[p][1], p_frag, b[2], b[3]);
       }
     }
-    __syncthreads();  // every warp's P·V read the value rows and the probabilities
-    if (next < splits) issue_values(next);
     // C: (row g, dims 2c, 2c + 1) and (row g + 8, the same dims) of each 8-dim tile.
 #pragma unroll
     for (int32_t half = 0; half < 2; ++half) {
