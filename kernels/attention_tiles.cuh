@@ -352,7 +352,8 @@ __device__ __forceinline__ void store_tile(const AttentionArgs<bf16>& a, int32_t
 }
 
 template <int32_t D>
-__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<D>) attention_tile_kernel(TileArgs t) {
+__global__ void __launch_bounds__(kTileThreads, kTileBlocksPerSm<D>)
+    attention_tile_kernel(TileArgs t) {
   static_assert(D == 64 || D == 128, "head_dim 64 or 128");
   extern __shared__ __align__(16) unsigned char tile_shared[];
   TileShared<D>& sh = *reinterpret_cast<TileShared<D>*>(tile_shared);
