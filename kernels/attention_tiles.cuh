@@ -30,11 +30,10 @@ namespace {
 // Keys of a tile split, and tile blocks an SM. At head_dim 64 a split of 64 keys keeps a thread's
 // scores, probabilities and outputs within 128 registers, so two blocks (16 warps) share an SM and
 // one block's loads and barriers overlap the other's MMAs; at 128 a split of 128 keys and one
-// block an SM (its registers, up to 255 a thread, fill the SM's). Measured on the H200
-// (lockstep_gpu_attention_bench, llama-1b): a 2048-token chunk 224 -> 157 us; a 512-token chunk
-// over a 1536-token prefix, whose 128 work items fill one block an SM only, 107 -> 119 us (a
-// 64-key split costs that block more barriers and merges). The split size is fixed by head_dim
-// alone, never by the launch, so a token's bits do not depend on what else the launch holds.
+// block an SM (its registers, up to 255 a thread, fill the SM's). A launch with fewer work items
+// than SMs pays for the smaller split (more barriers and merges a block); the README's "Prefill
+// tile attention at head_dim 64" gives both figures. The split size is fixed by head_dim alone,
+// never by the launch, so a token's bits do not depend on what else the launch holds.
 template <int32_t D>
 constexpr int32_t kTileSplitKeys = D == 64 ? 64 : 128;
 template <int32_t D>
@@ -164,9 +163,9 @@ struct TileShared {
 // for 64 (two blocks an SM, each with the 1 KB the SM reserves a block, within its 228 KB).
 template <int32_t D>
 constexpr size_t tile_shared_bytes() {
-  static_assert(sizeof(TileShared<128>) <= 227 * 1024, "a block's shared-memory limit");
-  static_assert(kTileBlocksPerSm<64> * (sizeof(TileShared<64>) + 1024) <= 228 * 1024,
-                "two head_dim-64 blocks an SM");
+  static_assert(sizeof(TileShared<D>) <= 227 * 1024, "a block's shared-memory limit");
+  static_assert(kTileBlocksPerSm<D> * (sizeof(TileShared<D>) + 1024) <= 228 * 1024,
+                "kTileBlocksPerSm blocks fit an SM");
   return sizeof(TileShared<D>);
 }
 
