@@ -121,8 +121,9 @@ struct CudaBackendOptions {
   bool overlap_kernels = true;
   // Steps that run the GEMV (tokens <= gemv_tokens_max, bf16) fold each layer's RMSNorm into the
   // products that read it, SwiGLU into gate/up, and RoPE with the KV write into QKV where nothing
-  // comes between them (kernels/decode_gemv.h); the same bits either way. Off: one kernel each
-  // (for comparison).
+  // comes between them (kernels/decode_gemv.h); steps whose products run on the small-M GEMM
+  // (batch-invariant mode's every step) fold SwiGLU into gate/up (kernels/gemm_small_m.h). The
+  // same bits either way. Off: one kernel each (for comparison).
   bool fuse_decode = true;
   // The fused GEMV's grid (kernels/decode_gemv.h GemvNorm::block_per_group): one group of tasks a
   // block in as many waves as needed, instead of one wave of blocks each running several; the

@@ -133,6 +133,8 @@ struct CudaBackend::Impl {
   // small-M GEMM (options.small_m_gemm_tokens_max), else on a cuBLASLt plan.
   bool uses_gemv(int32_t tokens, int32_t in) const;
   bool uses_small_m_gemm(int32_t tokens, int32_t in) const;
+  // Whether linear() runs a product of `tokens` rows and `in` columns on the small-M GEMM.
+  bool linear_by_small_m_gemm(int32_t tokens, int32_t in) const;
   void plan_gemms();
   // prefill_tokens: the first tokens of the step that are prefill chunks' (0 at decode), which
   // attention may take through its tile kernel (attention_prefill).
@@ -156,6 +158,13 @@ struct CudaBackend::Impl {
   // Norm, gate/up and SwiGLU into act in one launch; false (nothing launched) when not fused.
   bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, float* act_out);
   bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, __nv_bfloat16* act_out);
+  // Gate/up of the normed x and SwiGLU into act in one small-M GEMM launch a 64-token block
+  // (options.fuse_decode, the steps linear() gives the small-M GEMM); false (nothing launched)
+  // otherwise.
+  bool enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const float* x,
+                                      float* act_out);
+  bool enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
+                                      __nv_bfloat16* act_out);
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>

@@ -46,6 +46,13 @@ bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, int32_t in) const {
          in % 8 == 0;
 }
 
+// Batch-invariant mode: a wider step too, in blocks of the kernel's most tokens, each row summed
+// as at any other token count.
+bool CudaBackend::Impl::linear_by_small_m_gemm(int32_t tokens, int32_t in) const {
+  return uses_small_m_gemm(tokens, in) ||
+         (options.batch_invariant && tokens > 0 && !uses_gemv(tokens, in));
+}
+
 // Every bf16 product a step can ask linear() for, planned at construction so that a step's
 // launches only look plans up: each layer product at every token count a step may carry (decode
 // buckets × W, and any prefill or mixed count up to step_tokens_max), the LM head at every count
@@ -79,9 +86,7 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
   } else {
     if (uses_gemv(tokens, in)) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
-    } else if (uses_small_m_gemm(tokens, in) || (options.batch_invariant && tokens > 0)) {
-      // Batch-invariant mode: a wider step in blocks of the kernel's most tokens, each row summed
-      // as at any other token count.
+    } else if (linear_by_small_m_gemm(tokens, in)) {
       for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
         const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
         LS_CUDA(kernels::launch_gemm_small_m_bf16(
@@ -194,10 +199,14 @@ void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
     LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                      ffn_norm.get() + li * h, model.rms_eps, x, s));
     mark(CudaPhase::kNorms);
-    linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
-    mark(CudaPhase::kGemmGateUp);
-    LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
-    mark(CudaPhase::kSwiglu);
+    if (enqueue_small_m_gate_up_swiglu(i, tokens, x, as<T>(act))) {
+      mark(CudaPhase::kGemmGateUp);
+    } else {
+      linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
+      mark(CudaPhase::kGemmGateUp);
+      LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
+      mark(CudaPhase::kSwiglu);
+    }
   }
   row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, linears.down);
   mark(CudaPhase::kGemmDown);
@@ -258,6 +267,25 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
   const bf16* w = as<bf16>(w_gate_up) + li * 2 * static_cast<size_t>(ffn) * h;
   LS_CUDA(kernels::launch_gemv_norm_swiglu_bf16(norm, w, act_out, tokens, ffn, hidden,
                                                 forward_stream()));
+  return true;
+}
+
+bool CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t, int32_t, const float*, float*) {
+  return false;
+}
+
+// What linear() would run as the small-M GEMM into gate_up, then launch_swiglu: the same bits.
+bool CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t i, int32_t tokens, const bf16* x,
+                                                       bf16* act_out) {
+  if (!options.fuse_decode || !linear_by_small_m_gemm(tokens, hidden)) return false;
+  const size_t h = static_cast<size_t>(hidden);
+  const bf16* w = as<bf16>(w_gate_up) + static_cast<size_t>(i) * 2 * static_cast<size_t>(ffn) * h;
+  for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
+    const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
+    LS_CUDA(kernels::launch_gemm_small_m_swiglu_bf16(
+        x + int64_t{first} * hidden, w, act_out + int64_t{first} * ffn, count, ffn, hidden,
+        small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
+  }
   return true;
 }
 

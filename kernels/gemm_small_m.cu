@@ -47,6 +47,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <mutex>
 
 namespace ls::kernels {
@@ -188,15 +189,16 @@ __device__ __forceinline__ Stage<NT> stage_at(uint32_t shared, int32_t first_chu
 
 // The block's weight rows of one stage: 1024 pieces, 4 a thread (row tid / 8 + 32i, piece tid % 8).
 template <int32_t NT>
-__device__ __forceinline__ void load_weights(const Params& p, int32_t row0, Stage<NT> st,
+__device__ __forceinline__ void load_weights(const Params& p, int32_t tile, Stage<NT> st,
                                              uint64_t policy) {
   const int32_t piece = static_cast<int32_t>(threadIdx.x) % kPieces;
   const int32_t k = st.k0 + 8 * piece;
 #pragma unroll
   for (int32_t i = 0; i < kTileRows * kPieces / kThreads; ++i) {
     const int32_t r = static_cast<int32_t>(threadIdx.x) / kPieces + i * (kThreads / kPieces);
-    const bool valid = row0 + r < p.out && k < p.in;
-    const bf16* src = valid ? p.w + int64_t{row0 + r} * p.in + k : p.w;
+    const int32_t row = tile_row_weight(p, tile, r);
+    const bool valid = row >= 0 && k < p.in;
+    const bf16* src = valid ? p.w + int64_t{row} * p.in + k : p.w;
     copy_16_streamed(st.weights + swizzled(r, piece), src, valid, policy);
   }
 }
@@ -252,7 +254,7 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t ha
 // writes, after it. Group s of the cp.async groups completes stage s (the prologue's weight loads
 // ride in group 0), so stage s is ready once at most kStages − 2 groups are pending.
 template <int32_t NT>
-__device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, int32_t row0,
+__device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, int32_t tile,
                                              int32_t first_chunk, int32_t stages,
                                              float (&acc)[2][NT][4]) {
   const uint64_t policy = evict_first_policy();
@@ -260,7 +262,7 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
 #pragma unroll
   for (int32_t s = 0; s < kStages - 1; ++s) {
-    if (s < stages) load_weights<NT>(p, row0, stage_at<NT>(shared, first_chunk, s), policy);
+    if (s < stages) load_weights<NT>(p, tile, stage_at<NT>(shared, first_chunk, s), policy);
   }
   wait_for_predecessor();
 #pragma unroll
@@ -274,7 +276,7 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     const int32_t next = s + kStages - 1;
     if (next < stages) {
       const Stage<NT> st = stage_at<NT>(shared, first_chunk, next);
-      load_weights<NT>(p, row0, st, policy);
+      load_weights<NT>(p, tile, st, policy);
       load_x<NT>(p, st);
     }
     commit_copies();
@@ -312,15 +314,10 @@ __device__ __forceinline__ void add_halves(float* exchange, int32_t group, int32
 }
 
 template <int32_t NT>
-__device__ __forceinline__ void store(const Params& p, int32_t row0, const float (&sum)[NT][4]) {
+__device__ __forceinline__ void store(const Params& p, int32_t tile, const float (&sum)[NT][4]) {
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
 #pragma unroll
-  for (int32_t j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int32_t e = 0; e < 4; ++e) {
-      store_one(p, row0 + fragment_row(tid, e), fragment_token(tid, j, e), sum[j][e]);
-    }
-  }
+  for (int32_t j = 0; j < NT; ++j) store_fragment(p, tile, tid, j, sum[j]);
 }
 
 // grid (splits, tiles): block (split, tile) computes rows 128·tile .. + 127 over K range `split`.
@@ -333,7 +330,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
   const int32_t group = warp % kRowGroups, half = warp / kRowGroups;
-  const int32_t row0 = tile * kTileRows;
   const int32_t first_chunk = split * p.chunks_per_split;
   const int32_t stages = min(p.chunks_per_split, p.chunks - first_chunk);
   float acc[2][NT][4];
@@ -345,14 +341,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
       for (int32_t e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
     }
   }
-  stream_range<NT>(p, shared, row0, first_chunk, stages, acc);
+  stream_range<NT>(p, shared, tile, first_chunk, stages, acc);
   float sum[NT][4];
   add_halves<NT>(reinterpret_cast<float*>(shared_bytes), group, half, lane, acc, sum);
   if (p.splits > 1) {
     write_partial<NT>(p, tile, split, sum);  // gemm_small_m_reduce_kernel adds and stores them
     return;
   }
-  store<NT>(p, row0, sum);
+  store<NT>(p, tile, sum);
 }
 
 constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
@@ -412,16 +408,27 @@ cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// Where a product goes: y (fp32, plus beta · y), or through the SwiGLU epilogue into act.
+struct Output {
+  float* y = nullptr;
+  float beta = 0.0f;
+  bf16* act = nullptr;
+};
+Output into_y(float* y, float beta) { return Output{y, beta, nullptr}; }
+Output through_swiglu(bf16* act) { return Output{nullptr, 0.0f, act}; }
+
 // Checks the arguments and launches the product, then (a split shape) its reduction.
-cudaError_t launch_split(const bf16* x, const bf16* w, float* y, int32_t tokens, int32_t out,
-                         int32_t in, float beta, void* workspace, size_t workspace_bytes,
-                         const Split& s, LaunchStream stream) {
+cudaError_t launch_split(const bf16* x, const bf16* w, Output to, int32_t tokens, int32_t out,
+                         int32_t in, void* workspace, size_t workspace_bytes, const Split& s,
+                         LaunchStream stream) {
+  const bool one_output = to.act == nullptr ? to.y != nullptr : to.y == nullptr && out % 2 == 0;
   if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
-      x == nullptr || w == nullptr || y == nullptr || !aligned16(x) || !aligned16(w) ||
+      x == nullptr || w == nullptr || !one_output || !aligned16(x) || !aligned16(w) ||
       s.tiles > 65535 || s.splits > 65535) {
     return cudaErrorInvalidValue;
   }
-  Params p{x, w, y, tokens, out, in, beta, s.chunks, s.chunks_per_split, s.splits, nullptr};
+  Params p{x, w, to.y, tokens, out, in, to.beta, s.chunks, s.chunks_per_split, s.splits,
+           nullptr, to.act};
   if (s.splits > 1) {
     if (workspace == nullptr || !aligned16(workspace) ||
         workspace_bytes < workspace_bytes_of(s, tokens)) {
@@ -452,8 +459,17 @@ cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int
                                      int32_t out, int32_t in, float beta, void* workspace,
                                      size_t workspace_bytes, LaunchStream stream) {
   if (out < 1 || in < 1) return cudaErrorInvalidValue;
-  return launch_split(x, w, y, tokens, out, in, beta, workspace, workspace_bytes,
-                      split_of(out, in), stream);
+  return launch_split(x, w, into_y(y, beta), tokens, out, in, workspace,
+                      workspace_bytes, split_of(out, in), stream);
+}
+
+cudaError_t launch_gemm_small_m_swiglu_bf16(const bf16* x, const bf16* w_gate_up, bf16* act,
+                                            int32_t tokens, int32_t ffn, int32_t in,
+                                            void* workspace, size_t workspace_bytes,
+                                            LaunchStream stream) {
+  if (ffn < 1 || ffn > INT32_MAX / 2 || in < 1 || act == nullptr) return cudaErrorInvalidValue;
+  return launch_split(x, w_gate_up, through_swiglu(act), tokens, 2 * ffn, in, workspace,
+                      workspace_bytes, split_of(2 * ffn, in), stream);
 }
 
 int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted) {
@@ -471,8 +487,8 @@ cudaError_t launch_gemm_small_m_bf16_with(const bf16* x, const bf16* w, float* y
                                           size_t workspace_bytes, int32_t wanted_splits,
                                           LaunchStream stream) {
   if (out < 1 || in < 1) return cudaErrorInvalidValue;
-  return launch_split(x, w, y, tokens, out, in, beta, workspace, workspace_bytes,
-                      split_into(out, in, wanted_splits), stream);
+  return launch_split(x, w, into_y(y, beta), tokens, out, in, workspace,
+                      workspace_bytes, split_into(out, in, wanted_splits), stream);
 }
 
 }  // namespace ls::kernels

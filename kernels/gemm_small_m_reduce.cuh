@@ -59,10 +59,7 @@ __global__ void __launch_bounds__(kThreads) gemm_small_m_reduce_kernel(const Par
       for (int32_t e = 0; e < 4; ++e) total[e] = s == 0 ? v[e] : total[e] + v[e];
     }
   }
-#pragma unroll
-  for (int32_t e = 0; e < 4; ++e) {
-    store_one(p, tile * kTileRows + fragment_row(tid, e), fragment_token(tid, j, e), total[e]);
-  }
+  store_fragment(p, tile, tid, j, total);
 }
 
 }  // namespace ls::kernels::small_m

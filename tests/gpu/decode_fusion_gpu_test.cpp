@@ -340,8 +340,9 @@ struct Served {
 };
 
 // 12 greedy prompts (1..40 tokens, 24 new each) under 8 batch rows: chunked prefills, then decode
-// steps of 8 rows and fewer as requests finish (the GEMV's steps, graphs replayed).
-Served serve(const ModelWeights& weights, bool fused) {
+// steps of 8 rows and fewer as requests finish (the GEMV's steps at one row, the small-M GEMM's
+// above, graphs replayed); in batch-invariant mode the small-M GEMM's every step.
+Served serve(const ModelWeights& weights, bool fused, bool invariant = false) {
   SchedulerConfig sc;
   sc.max_batch_rows = 8;
   sc.prefill_chunk_tokens = 32;
@@ -350,7 +351,9 @@ Served serve(const ModelWeights& weights, bool fused) {
   sc.context_length = 128;
   const ExecutorConfig ec = executor_config_for(sc);
   const int32_t vocab = weights.config.vocab_size;
-  CudaBackend cuda(weights, ec, CudaBackendOptions{.graphs = true, .fuse_decode = fused});
+  CudaBackendOptions options{.graphs = true, .fuse_decode = fused};
+  if (invariant) options = batch_invariant_options(options);
+  CudaBackend cuda(weights, ec, options);
   Scheduler scheduler(sc);
   for (const RequestSpec& r : gpu_test::greedy_requests(12, 40, 24, vocab, 5)) {
     scheduler.submit(r, vocab);
@@ -367,20 +370,26 @@ Served serve(const ModelWeights& weights, bool fused) {
 // The wiring of the fused forms in the backend (which norm weight, which layer's weights and KV,
 // where the partly fused path hands over): tiny Llama (norm, QKV, RoPE and KV in one launch),
 // tiny with Qwen3's head norms and with Qwen2's biases (norm-fused QKV product, then the bias or
-// head norm and RoPE kernels). Each with fusion on and off: the same tokens and every logit of
-// every step the same bits.
+// head norm and RoPE kernels), and tiny Llama in batch-invariant mode (the small-M GEMM's SwiGLU
+// epilogue at every step, prefill chunks included). Each with fusion on and off: the same tokens
+// and every logit of every step the same bits.
 TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
   LS_SKIP_WITHOUT_DEVICE();
   ModelConfig llama = model_config_named("tiny");
   ModelConfig qk_norm = llama, bias = llama;
   qk_norm.family = ModelFamily::kQwen3, qk_norm.qk_norm = true;
   bias.family = ModelFamily::kQwen2, bias.qkv_bias = true;
-  for (const ModelConfig& model : {llama, qk_norm, bias}) {
+  struct Case {
+    ModelConfig model;
+    bool invariant;
+  };
+  for (const auto& [model, invariant] :
+       {Case{llama, false}, Case{qk_norm, false}, Case{bias, false}, Case{llama, true}}) {
     SCOPED_TRACE(std::string("qk_norm ") + (model.qk_norm ? "on" : "off") + ", qkv_bias " +
-                 (model.qkv_bias ? "on" : "off"));
+                 (model.qkv_bias ? "on" : "off") + (invariant ? ", batch-invariant" : ""));
     const ModelWeights weights = weights_from_seed(model, 31);
-    const Served fused = serve(weights, true);
-    const Served unfused = serve(weights, false);
+    const Served fused = serve(weights, true, invariant);
+    const Served unfused = serve(weights, false, invariant);
     EXPECT_EQ(fused.tokens, unfused.tokens);
     ASSERT_EQ(fused.logits.size(), unfused.logits.size());
     ASSERT_GT(fused.logits.size(), 24u);

@@ -2,11 +2,13 @@
 // same bf16 values on the host, with beta 0 and 1, on shapes that split K and shapes that do not,
 // `out` not a multiple of the 128-row tile and `in` not a multiple of the 64-wide chunk; the bits
 // of one token's row the same at every token count (batch invariance); a second launch over the
-// same workspace the same bits; refusals outside its limits; and the CUDA backend with it
-// switched on (plans, eager vs graphs, refusals of the option).
+// same workspace the same bits; refusals outside its limits; its SwiGLU epilogue against the
+// product then launch_swiglu, bit for bit; and the CUDA backend with it switched on (plans, eager
+// vs graphs, refusals of the option).
 #include "core/check.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/gemm_small_m.h"
+#include "kernels/layer_ops.h"
 #include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/test_support.h"
@@ -15,8 +17,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace ls {
@@ -187,6 +191,62 @@ TEST(SmallMGemm, RefusesWhatItCannotRun) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
 }
 
+// The SwiGLU epilogue (launch_gemm_small_m_swiglu_bf16) against what it replaces, the product
+// into a [tokens, 2·ffn] buffer then launch_swiglu: the same bits at every token count, twice.
+// (8192, 2048): llama-1b's gate/up, two splits; (150, 4096): 300 rows in 3 tiles, 16 splits, the
+// last tile with 22 of its 64 gate rows; (100, 264): two tiles, no split.
+TEST(SmallMGemm, SwigluEpilogueMatchesTheProductThenSwigluBitForBit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  struct FfnShape {
+    int32_t ffn, in;
+  };
+  for (const FfnShape shape : {FfnShape{8192, 2048}, FfnShape{150, 4096}, FfnShape{100, 264}}) {
+    const Shape product{2 * shape.ffn, shape.in};
+    const std::vector<float> w =
+        random_bf16_values(size_t(product.out) * shape.in, 61, -0.1f, 0.1f);
+    DeviceBuffer<bf16> d_w(gpu_test::to_bf16(w));
+    Workspace ws(product);
+    for (const int32_t tokens : {1, 2, 9, 17, 64}) {
+      SCOPED_TRACE(std::to_string(shape.ffn) + "x" + std::to_string(shape.in) + ", " +
+                   std::to_string(tokens) + " tokens");
+      DeviceBuffer<bf16> d_x(
+          gpu_test::to_bf16(random_bf16_values(size_t(tokens) * shape.in, 62, -1, 1)));
+      DeviceBuffer<float> gate_up(size_t(tokens) * product.out);
+      DeviceBuffer<bf16> unfused(size_t(tokens) * shape.ffn), fused(size_t(tokens) * shape.ffn);
+      ASSERT_EQ(run(d_x, d_w, gate_up, tokens, product, 0.0f, ws), cudaSuccess);
+      ASSERT_EQ(kernels::launch_swiglu(gate_up.ptr, tokens, shape.ffn, unfused.ptr, nullptr),
+                cudaSuccess);
+      const std::vector<bf16> reference = unfused.download();
+      for (int32_t run_index = 0; run_index < 2; ++run_index) {
+        ASSERT_EQ(cudaMemset(fused.ptr, 0xff, fused.count * sizeof(bf16)), cudaSuccess);  // NaNs
+        ASSERT_EQ(kernels::launch_gemm_small_m_swiglu_bf16(d_x.ptr, d_w.ptr, fused.ptr, tokens,
+                                                           shape.ffn, shape.in, ws.buffer.ptr,
+                                                           ws.bytes, nullptr),
+                  cudaSuccess);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<bf16> got = fused.download();
+        EXPECT_EQ(0, std::memcmp(got.data(), reference.data(), got.size() * sizeof(bf16)))
+            << "run " << run_index;
+      }
+      const std::vector<float> values = gpu_test::from_bf16(reference);
+      EXPECT_GT(gpu_test::norm(values), 0);
+      for (const float v : values) ASSERT_FALSE(std::isnan(v));
+    }
+  }
+  // Refused as the product is, and without an output.
+  DeviceBuffer<bf16> x(size_t(65) * 264), w(size_t(200) * 264), act(size_t(65) * 100);
+  Workspace ws(Shape{200, 264});
+  const auto launch = [&](bf16* out, int32_t tokens, int32_t ffn, int32_t in) {
+    return kernels::launch_gemm_small_m_swiglu_bf16(x.ptr, w.ptr, out, tokens, ffn, in,
+                                                    ws.buffer.ptr, ws.bytes, nullptr);
+  };
+  EXPECT_EQ(launch(nullptr, 4, 100, 264), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(act.ptr, 0, 100, 264), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(act.ptr, kernels::kSmallMGemmTokensMax + 1, 100, 264), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(act.ptr, 4, 0, 264), cudaErrorInvalidValue);
+  EXPECT_EQ(launch(act.ptr, 4, 100, 260), cudaErrorInvalidValue);  // in % 8 != 0
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
+}
 
 // The backend with the small-M GEMM for every step of at most 64 tokens (the GEMV off): no plan
 // for those counts (4 layer products and the LM head each), and the same tokens eager and with
