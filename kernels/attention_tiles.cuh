@@ -160,11 +160,11 @@ struct TileShared {
 };
 
 // Dynamic shared memory of a tile block (opted in above 48 KB): 189 KB for head_dim 128, 67 KB
-// for 64 (two blocks an SM, each with the 1 KB the SM reserves a block, within its 228 KB).
+// for 64 (two blocks an SM; kernels/launch.h).
 template <int32_t D>
 constexpr size_t tile_shared_bytes() {
-  static_assert(sizeof(TileShared<D>) <= 227 * 1024, "a block's shared-memory limit");
-  static_assert(kTileBlocksPerSm<D> * (sizeof(TileShared<D>) + 1024) <= 228 * 1024,
+  static_assert(blocks_sharing_an_sm(sizeof(TileShared<D>)) >= 1, "a block's shared-memory limit");
+  static_assert(blocks_sharing_an_sm(sizeof(TileShared<D>)) >= kTileBlocksPerSm<D>,
                 "kTileBlocksPerSm blocks fit an SM");
   return sizeof(TileShared<D>);
 }

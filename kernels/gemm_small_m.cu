@@ -78,15 +78,14 @@ template <int32_t NT>
 constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
 template <int32_t NT>
 constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
-static_assert(2 * (kSharedBytes<kNTilesMax> + 1024) <= 228 * 1024, "two blocks fit an SM");
+static_assert(blocks_sharing_an_sm(kSharedBytes<kNTilesMax>) >= 2, "two blocks fit an SM");
 // What a launch reserves: at least kTwoBlocksAnSm, so that no SM takes a third block. One or two
-// n-tiles' pipelines (70-74 KB) would otherwise let three blocks share an SM (228 KB, 1 KB each
-// reserved), and a shape of 224 blocks packed three an SM fills only 75 SMs: the H200 sweep of
+// n-tiles' pipelines (70-74 KB) would otherwise let three blocks share an SM (kernels/launch.h),
+// and a shape of 224 blocks packed three an SM fills only 75 SMs: the H200 sweep of
 // 584a06a had llama-8b gate/up at 16 tokens (2 n-tiles) at 81 µs against 60 at 8 tokens and 63 at
 // 32; with the reservation (run of e5e08d1) 61 µs.
 constexpr size_t kTwoBlocksAnSm = 80 * 1024;
-static_assert(3 * (kTwoBlocksAnSm + 1024) > 228 * 1024 && 2 * (kTwoBlocksAnSm + 1024) <= 228 * 1024,
-              "two blocks an SM, never three");
+static_assert(blocks_sharing_an_sm(kTwoBlocksAnSm) == 2, "two blocks an SM, never three");
 template <int32_t NT>
 constexpr size_t kLaunchSharedBytes = std::max(kSharedBytes<NT>, kTwoBlocksAnSm);
 

@@ -10,7 +10,18 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 namespace ls::kernels {
+
+// An sm_90 SM's shared memory (H100, H200): 228 KB, of which the SM keeps 1 KB for each resident
+// block. How many blocks of `bytes` each (static + dynamic) share an SM, which kernels sized for
+// two blocks an SM assert.
+constexpr size_t kSmSharedBytes = 228 * 1024;
+constexpr size_t kSmSharedReservedPerBlock = 1024;
+constexpr size_t blocks_sharing_an_sm(size_t bytes) {
+  return kSmSharedBytes / (bytes + kSmSharedReservedPerBlock);
+}
 
 struct LaunchStream {
   cudaStream_t stream = nullptr;
