@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# A change's GPU figures with and without it, in one H200 run: two builds' benchmarks alternating
+# (old, new, old, new, ...), so the machine's drift falls on both alike, then the new build's GPU
+# tests. What the README quotes as "A against B, alternating, one run" comes from here.
+#
+#   scripts/gpu-ab.sh package OLD NEW   # here (no GPU needed): build both commits' GPU binaries in
+#                                       # git worktrees under build-ab/src (ccache when there), and
+#                                       # pack stripped, gzipped copies with the shared libraries
+#                                       # the H200 host lacks into build-ab/dist (~25 MB: carry it)
+#   scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...]
+#                                       # on the H200: the new build's lockstep_gpu_tests, then
+#                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench)
+#                                       # with ARGS, ROUNDS times for each build, alternating; an
+#                                       # argument `@json` becomes a JSON path under $OUT per run.
+#                                       # Writes $OUT/ab.log (both commits, every run's output)
+#                                       # and $OUT/new_gpu_tests.log; exits 1 when the tests or a
+#                                       # benchmark run failed.
+#
+# Example (the SwiGLU epilogue's cost in batch-invariant mode):
+#   scripts/gpu-ab.sh package 936dc99 69777da       # here, then on the device with build-ab/dist:
+#   scripts/gpu-ab.sh run 2 lockstep_gpu_bench @json --invariant
+set -uo pipefail
+cd "$(dirname "$0")/.."
+AB=build-ab
+DIST=$AB/dist
+BENCHES="lockstep_gpu_bench lockstep_gpu_attention_bench"
+BINARIES="$BENCHES lockstep_gpu_tests lockstep lockstep_planted_cuda"
+# As scripts/gpu-run.sh package: what the H200 host lacks (cuBLAS comes from the host).
+LIBS="libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so"
+
+# Builds commit $2's binaries in worktree $AB/src/$1 and packs them into $DIST/$1.
+build_one() {
+  local side="$1" commit="$2" tree="$AB/src/$1"
+  local launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+                                            -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
+  git worktree add --detach "$tree" "$commit" >/dev/null || return 2
+  cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_CUDA_ARCHITECTURES=90a "${launcher[@]}" >/dev/null || return 2
+  # shellcheck disable=SC2086
+  ninja -C "$tree/build" -j2 $BINARIES || return 2
+  mkdir -p "$DIST/$side"
+  local binaries=$BINARIES
+  [ "$side" = old ] && binaries=$BENCHES  # only the new build's tests run
+  for b in $binaries; do
+    find "$tree/build" -maxdepth 3 -type f -name "$b" -perm -u+x -exec cp {} "$DIST/$side/" \;
+    [ -f "$DIST/$side/$b" ] || { echo "gpu-ab: $b not built for $commit" >&2; return 2; }
+  done
+  strip "$DIST/$side"/*
+  gzip -f "$DIST/$side"/*
+  git -C "$tree" rev-parse --short=12 HEAD > "$DIST/$side/commit.txt"
+}
+
+package() {
+  if [ $# -ne 2 ]; then
+    echo "usage: scripts/gpu-ab.sh package OLD NEW (two commits)" >&2
+    exit 2
+  fi
+  if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+    export PATH="/usr/local/cuda/bin:$PATH"
+  fi
+  # The worktrees' sources hash alike (paths relative to the build folder): ccache hits.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(pwd)}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
+  rm -rf "$DIST" && mkdir -p "$DIST/lib"
+  build_one old "$1" || exit 2
+  build_one new "$2" || exit 2
+  for lib in $LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
+  du -sh "$DIST"
+}
+
+# One benchmark run of `side`, its output appended to ab.log; @json → $OUT/<bench>_<n>_<side>.json.
+bench_once() {
+  local side="$1" n="$2" bench="$3"
+  shift 3
+  local args=() a
+  for a in "$@"; do
+    if [ "$a" = @json ]; then args+=("$OUT/${bench}_${n}_${side}.json"); else args+=("$a"); fi
+  done
+  echo "== $bench $side ($(cat "$D/$side/commit.txt")), run $n" >> "$OUT/ab.log"
+  local rc=0
+  timeout 200 "$D/$side/$bench" "${args[@]}" >> "$OUT/ab.log" 2>&1 || rc=$?
+  [ $rc -eq 0 ] || echo "(exit $rc)" >> "$OUT/ab.log"
+  return $rc
+}
+
+run() {
+  if [ $# -lt 2 ] || ! [ "$1" -ge 1 ] 2>/dev/null; then
+    echo "usage: scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...] (ROUNDS a positive count)" >&2
+    exit 2
+  fi
+  local rounds="$1" bench="$2"
+  shift 2
+  OUT="${OUT:-out/gpu-ab}"
+  mkdir -p "$OUT"
+  D=$(realpath "$DIST")
+  if [ ! -f "$D/new/$bench.gz" ] && [ ! -x "$D/new/$bench" ]; then
+    echo "gpu-ab: $D/new has no $bench: run 'scripts/gpu-ab.sh package OLD NEW' here and carry $DIST" >&2
+    exit 2
+  fi
+  gunzip -f "$D"/old/*.gz "$D"/new/*.gz 2>/dev/null
+  chmod +x "$D"/old/lockstep* "$D"/new/lockstep*
+  export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  { echo "old $(cat "$D/old/commit.txt") new $(cat "$D/new/commit.txt")"; date -u; nvidia-smi -L; } \
+    > "$OUT/ab.log" 2>&1
+  # The localisation tests run the CLI and the planted build from here.
+  local status=0 rc=0
+  LOCKSTEP_BIN_DIR="$D/new" timeout 240 "$D/new/lockstep_gpu_tests" > "$OUT/new_gpu_tests.log" 2>&1 ||
+    rc=$?
+  echo "new build's GPU tests: exit $rc" >> "$OUT/ab.log"
+  [ $rc -eq 0 ] || status=1
+  grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/new_gpu_tests.log" | tail -12
+  local n=0 r side
+  for ((r = 0; r < rounds; ++r)); do
+    for side in old new; do
+      n=$((n + 1))
+      bench_once "$side" "$n" "$bench" "$@" || status=1
+    done
+  done
+  grep -E '^==|exit|% step time|us/launch' "$OUT/ab.log"
+  return $status
+}
+
+case "${1:-}" in
+  package) shift; package "$@" ;;
+  run) shift; run "$@" ;;
+  *)
+    echo "usage: scripts/gpu-ab.sh package OLD NEW | run ROUNDS BENCH [ARGS...]" >&2
+    exit 2
+    ;;
+esac
