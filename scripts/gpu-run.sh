@@ -2,7 +2,9 @@
 # One GPU run of the CUDA backend: tests, HF oracle, benchmark — everything under "$OUT".
 #
 #   scripts/gpu-run.sh package   # here (no GPU needed): build the GPU binaries into build-gpu/,
-#                                # then pack stripped copies and their .so files in build-gpu/dist
+#                                # then pack stripped, gzipped copies and their .so files in
+#                                # build-gpu/dist (every device mode unpacks them first), within
+#                                # the device tool's 64 MiB beside the working tree
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
 #   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
 #                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
@@ -90,6 +92,12 @@ if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep
 begin_mode() {
   OUT="${OUT:-out/gpu-run}"
   mkdir -p "$OUT"
+  local packed
+  for packed in "$DIST"/bin/*.gz "$DIST"/pylib/*.gz; do
+    [ -f "$packed" ] || continue
+    gunzip -f "$packed" || { echo "gpu-run: cannot unpack $packed" >&2; exit 2; }
+  done
+  [ -d "$DIST/bin" ] && chmod +x "$DIST"/bin/* 2>/dev/null
   if [ ! -x "$DIST/bin/$1" ]; then
     echo "gpu-run: $DIST/bin is missing: run 'scripts/gpu-run.sh package' here and carry $DIST" >&2
     exit 2
@@ -156,6 +164,8 @@ package() {
     echo "== ldd $b"; LD_LIBRARY_PATH="$DIST/lib" ldd "$b" | grep -v -E 'linux-vdso|ld-linux'
   done
   pack_python build-gpu
+  # Packed: the binaries and archives are ~77 MB as they are, ~35 MB gzipped.
+  gzip -f "$DIST"/bin/* "$DIST"/pylib/*.a
   du -sh "$DIST"
 }
 
