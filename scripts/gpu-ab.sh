@@ -11,7 +11,8 @@
 #                                       # on the H200: the new build's lockstep_gpu_tests, then
 #                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench)
 #                                       # with ARGS, ROUNDS times for each build, alternating; an
-#                                       # argument `@json` becomes a JSON path under $OUT per run.
+#                                       # argument `@json` becomes a JSON path under $OUT per run;
+#                                       # each run limited to AB_RUN_SECONDS (240).
 #                                       # Writes $OUT/ab.log (both commits, every run's output)
 #                                       # and $OUT/new_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
@@ -79,7 +80,7 @@ bench_once() {
   done
   echo "== $bench $side ($(cat "$D/$side/commit.txt")), run $n" >> "$OUT/ab.log"
   local rc=0
-  timeout 200 "$D/$side/$bench" "${args[@]}" >> "$OUT/ab.log" 2>&1 || rc=$?
+  timeout "${AB_RUN_SECONDS:-240}" "$D/$side/$bench" "${args[@]}" >> "$OUT/ab.log" 2>&1 || rc=$?
   [ $rc -eq 0 ] || echo "(exit $rc)" >> "$OUT/ab.log"
   return $rc
 }
