@@ -46,12 +46,25 @@ bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, int32_t in) const {
          in % 8 == 0;
 }
 
-// Batch-invariant mode: a wider step too, in blocks of the kernel's most tokens, each row summed
-// as at any other token count.
+// Batch-invariant mode: a wider step too, in blocks of the kernel's most tokens
+// (in_small_m_blocks), each row summed as at any other token count.
 bool CudaBackend::Impl::linear_by_small_m_gemm(int32_t tokens, int32_t in) const {
   return uses_small_m_gemm(tokens, in) ||
          (options.batch_invariant && tokens > 0 && !uses_gemv(tokens, in));
 }
+
+namespace {
+
+// launch(first, count) for each block of at most kSmallMGemmTokensMax of a step's `tokens`, in
+// order: how a wider step runs on the small-M GEMM.
+template <typename Launch>
+void in_small_m_blocks(int32_t tokens, Launch&& launch) {
+  for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
+    launch(first, std::min(kernels::kSmallMGemmTokensMax, tokens - first));
+  }
+}
+
+}  // namespace
 
 // Every bf16 product a step can ask linear() for, planned at construction so that a step's
 // launches only look plans up: each layer product at every token count a step may carry (decode
@@ -87,12 +100,11 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
     if (uses_gemv(tokens, in)) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
     } else if (linear_by_small_m_gemm(tokens, in)) {
-      for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
-        const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
+      in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
         LS_CUDA(kernels::launch_gemm_small_m_bf16(
             x + int64_t{first} * in, w, y + int64_t{first} * out, count, out, in, beta,
             small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
-      }
+      });
     } else if (tokens > 0) {
       kernels::GemmPlans::Plan* plan = gemm_plans->find(tokens, out, in, shape.accumulate);
       LS_ASSERT(plan != nullptr, "no GEMM plan for {} tokens × [out {}, in {}]{}: plan_gemms "
@@ -280,12 +292,11 @@ bool CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t i, int32_t tokens
   if (!options.fuse_decode || !linear_by_small_m_gemm(tokens, hidden)) return false;
   const size_t h = static_cast<size_t>(hidden);
   const bf16* w = as<bf16>(w_gate_up) + static_cast<size_t>(i) * 2 * static_cast<size_t>(ffn) * h;
-  for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
-    const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
+  in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
     LS_CUDA(kernels::launch_gemm_small_m_swiglu_bf16(
         x + int64_t{first} * hidden, w, act_out + int64_t{first} * ffn, count, ffn, hidden,
         small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
-  }
+  });
   return true;
 }
 

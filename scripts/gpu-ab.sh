@@ -26,8 +26,8 @@ AB=build-ab
 DIST=$AB/dist
 BENCHES="lockstep_gpu_bench lockstep_gpu_attention_bench"
 BINARIES="$BENCHES lockstep_gpu_tests lockstep lockstep_planted_cuda"
-# As scripts/gpu-run.sh package: what the H200 host lacks (cuBLAS comes from the host).
-LIBS="libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so"
+# shellcheck source=scripts/gpu-libs.sh
+. scripts/gpu-libs.sh
 
 # Builds commit $2's binaries in worktree $AB/src/$1 and packs them into $DIST/$1.
 build_one() {
@@ -66,7 +66,7 @@ package() {
   rm -rf "$DIST" && mkdir -p "$DIST/lib"
   build_one old "$1" || exit 2
   build_one new "$2" || exit 2
-  for lib in $LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
+  for lib in $GPU_HOST_LACKS_LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
   du -sh "$DIST"
 }
 

@@ -77,6 +77,8 @@
 # about 7 minutes (the qwen shapes and the HF fixtures added about 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/gpu-libs.sh
+. scripts/gpu-libs.sh
 DIST=${DIST:-build-gpu/dist}
 # The localisation GPU tests (tests/gpu/localise_gpu_test.cpp) run lockstep and
 # lockstep_planted_cuda from here.
@@ -150,12 +152,9 @@ package() {
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
   fi
   strip "$DIST"/bin/*
-  # Shared libraries the H200 host lacks (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the trace
-  # replayed by the determinism test), this toolchain's libstdc++/libgcc_s for libfmt, and Google
-  # Benchmark's for the CPU recording benchmark. cuBLAS
-  # comes from the host (13.1).
-  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so \
-             libbenchmark.so.1debian; do
+  # Shared libraries the H200 host lacks (scripts/gpu-libs.sh), and Google Benchmark's for the CPU
+  # recording benchmark.
+  for lib in $GPU_HOST_LACKS_LIBS libbenchmark.so.1debian; do
     cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"
   done
   git rev-parse --short=12 HEAD > "$DIST/commit.txt" 2>/dev/null || echo unknown > "$DIST/commit.txt"
@@ -186,7 +185,7 @@ pack_python() {
   cp -r /usr/include/fmt "$DIST/include/"
   # A dist made from another build (testing the python mode here) gets that build's CLI.
   [ -x "$DIST/bin/lockstep" ] || cp "$build/lockstep" "$DIST/bin/"
-  for lib in libfmt.so.9 libxxhash.so.0 libstdc++.so.6 libgcc_s.so.1 libcapnp-0.9.2.so libkj-0.9.2.so; do
+  for lib in $GPU_HOST_LACKS_LIBS; do
     [ -f "$DIST/lib/$lib" ] || cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"
   done
   ls -la "$DIST/pylib"
