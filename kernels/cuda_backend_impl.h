@@ -165,6 +165,13 @@ struct CudaBackend::Impl {
                                       float* act_out);
   bool enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
                                       __nv_bfloat16* act_out);
+  // The normed x's QKV product, RoPE and the KV write in one small-M GEMM launch a 64-token
+  // block (options.fuse_decode, the steps linear() gives the small-M GEMM, no q/k/v bias or head
+  // norm, whole heads rotating); false (nothing launched) otherwise.
+  bool enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const float* x, float* k_layer,
+                                   float* v_layer);
+  bool enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
+                                   __nv_bfloat16* k_layer, __nv_bfloat16* v_layer);
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>

@@ -125,13 +125,18 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
   T* k_layer = as<T>(k_cache) + kv_at;
   T* v_layer = as<T>(v_cache) + kv_at;
-  const QkvFused fused = enqueue_fused_qkv(i, tokens, k_layer, v_layer);
-  if (fused == QkvFused::kNone) {
+  QkvFused fused = enqueue_fused_qkv(i, tokens, k_layer, v_layer);
+  const bool norm_fused = fused != QkvFused::kNone;
+  if (!norm_fused) {
     T* x = as<T>(normed);
     LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
                                      attn_norm.get() + li * h, model.rms_eps, x, s));
     mark(CudaPhase::kNorms);
-    linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
+    if (enqueue_small_m_qkv_rope_kv(i, tokens, x, k_layer, v_layer)) {
+      fused = QkvFused::kThroughKv;
+    } else {
+      linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
+    }
   }
   mark(CudaPhase::kGemmQkv);
   if (fused != QkvFused::kThroughKv) {
@@ -156,7 +161,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
                                           attention_workspace.get(), attention_workspace.count(),
                                           as<T>(attn_out), s));
   mark(CudaPhase::kAttention);
-  if (activation_capture) capture_attention<T>(i, fused != QkvFused::kNone, k_layer, v_layer);
+  if (activation_capture) capture_attention<T>(i, norm_fused, k_layer, v_layer);
   row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
   mark(CudaPhase::kGemmO);
   enqueue_ffn<T>(i, tokens);
@@ -297,6 +302,43 @@ bool CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t i, int32_t tokens
         x + int64_t{first} * hidden, w, act_out + int64_t{first} * ffn, count, ffn, hidden,
         small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
   });
+  return true;
+}
+
+bool CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t, int32_t, const float*, float*,
+                                                    float*) {
+  return false;
+}
+
+// What linear() would run as the small-M GEMM into qkv, then launch_rope_qkv: the same bits.
+bool CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t i, int32_t tokens, const bf16* x,
+                                                    bf16* k_layer, bf16* v_layer) {
+  if (!options.fuse_decode || !linear_by_small_m_gemm(tokens, hidden) || model.qkv_bias ||
+      model.qk_norm || model.rotary_dim() != model.head_dim) {
+    return false;
+  }
+  const int32_t qkv_rows = q_size + 2 * kv_size;
+  const bf16* w = as<bf16>(w_qkv) + static_cast<size_t>(i) * static_cast<size_t>(qkv_rows) *
+                                        static_cast<size_t>(hidden);
+  for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
+    const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
+    const kernels::RopeKvTarget target{
+        .positions = positions.get() + first,
+        .slots = slots.get() + first,
+        .query_heads = model.query_heads_count,
+        .kv_heads = model.kv_heads_count,
+        .head_dim = model.head_dim,
+        .cos = rope_cos.get(),
+        .sin = rope_sin.get(),
+        .positions_count = positions_count,
+        .q_out = q.get() + int64_t{first} * q_size,
+        .k_cache = k_layer,
+        .v_cache = v_layer,
+    };
+    LS_CUDA(kernels::launch_gemm_small_m_rope_kv_bf16(
+        x + int64_t{first} * hidden, w, target, count, hidden, small_m_gemm_workspace.get(),
+        small_m_gemm_workspace.bytes(), forward_stream()));
+  }
   return true;
 }
 

@@ -407,27 +407,48 @@ cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Where a product goes: y (fp32, plus beta · y), or through the SwiGLU epilogue into act.
+// Where a product goes: y (fp32, plus beta · y), or through an epilogue.
 struct Output {
   float* y = nullptr;
   float beta = 0.0f;
+  Epilogue epilogue = Epilogue::kPlain;
   bf16* act = nullptr;
+  RopeKvTarget rope{};
 };
-Output into_y(float* y, float beta) { return Output{y, beta, nullptr}; }
-Output through_swiglu(bf16* act) { return Output{nullptr, 0.0f, act}; }
+Output into_y(float* y, float beta) { return Output{y, beta, Epilogue::kPlain, nullptr, {}}; }
+Output through_swiglu(bf16* act) { return Output{nullptr, 0.0f, Epilogue::kSwiglu, act, {}}; }
+Output through_rope_kv(const RopeKvTarget& rope) {
+  return Output{nullptr, 0.0f, Epilogue::kRopeKv, nullptr, rope};
+}
+
+// Whether `to` names somewhere to write a product of `out` rows.
+bool writable(const Output& to, int32_t out) {
+  switch (to.epilogue) {
+    case Epilogue::kPlain: return to.y != nullptr;
+    case Epilogue::kSwiglu: return to.act != nullptr && out % 2 == 0;
+    case Epilogue::kRopeKv: {
+      const RopeKvTarget& r = to.rope;
+      return r.positions != nullptr && r.slots != nullptr && r.cos != nullptr &&
+             r.sin != nullptr && r.q_out != nullptr && r.k_cache != nullptr &&
+             r.v_cache != nullptr && r.query_heads >= 1 && r.kv_heads >= 1 && r.head_dim >= 2 &&
+             r.head_dim % 2 == 0 && r.positions_count >= 1 &&
+             int64_t{r.query_heads + 2 * r.kv_heads} * r.head_dim == out;
+    }
+  }
+  return false;
+}
 
 // Checks the arguments and launches the product, then (a split shape) its reduction.
 cudaError_t launch_split(const bf16* x, const bf16* w, Output to, int32_t tokens, int32_t out,
                          int32_t in, void* workspace, size_t workspace_bytes, const Split& s,
                          LaunchStream stream) {
-  const bool one_output = to.act == nullptr ? to.y != nullptr : to.y == nullptr && out % 2 == 0;
   if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
-      x == nullptr || w == nullptr || !one_output || !aligned16(x) || !aligned16(w) ||
+      x == nullptr || w == nullptr || !writable(to, out) || !aligned16(x) || !aligned16(w) ||
       s.tiles > 65535 || s.splits > 65535) {
     return cudaErrorInvalidValue;
   }
-  Params p{x, w, to.y, tokens, out, in, to.beta, s.chunks, s.chunks_per_split, s.splits,
-           nullptr, to.act};
+  Params p{x, w, to.y, tokens, out, in, to.beta, s.chunks, s.chunks_per_split, s.splits, nullptr,
+           to.epilogue, to.act, to.rope};
   if (s.splits > 1) {
     if (workspace == nullptr || !aligned16(workspace) ||
         workspace_bytes < workspace_bytes_of(s, tokens)) {
@@ -469,6 +490,18 @@ cudaError_t launch_gemm_small_m_swiglu_bf16(const bf16* x, const bf16* w_gate_up
   if (ffn < 1 || ffn > INT32_MAX / 2 || in < 1 || act == nullptr) return cudaErrorInvalidValue;
   return launch_split(x, w_gate_up, through_swiglu(act), tokens, 2 * ffn, in, workspace,
                       workspace_bytes, split_of(2 * ffn, in), stream);
+}
+
+cudaError_t launch_gemm_small_m_rope_kv_bf16(const bf16* x, const bf16* w_qkv,
+                                             const RopeKvTarget& target, int32_t tokens,
+                                             int32_t in, void* workspace, size_t workspace_bytes,
+                                             LaunchStream stream) {
+  const int64_t out =
+      (int64_t{target.query_heads} + 2 * int64_t{target.kv_heads}) * target.head_dim;
+  if (out < 1 || out > INT32_MAX || in < 1) return cudaErrorInvalidValue;
+  const int32_t rows = static_cast<int32_t>(out);
+  return launch_split(x, w_qkv, through_rope_kv(target), tokens, rows, in, workspace,
+                      workspace_bytes, split_of(rows, in), stream);
 }
 
 int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted) {

@@ -22,6 +22,7 @@
 // initialisation and holds nothing between launches.
 #pragma once
 
+#include "kernels/decode_gemv.h"
 #include "kernels/launch.h"
 
 #include <cuda_bf16.h>
@@ -60,5 +61,16 @@ cudaError_t launch_gemm_small_m_swiglu_bf16(const __nv_bfloat16* x,
                                             int32_t tokens, int32_t ffn, int32_t in,
                                             void* workspace, size_t workspace_bytes,
                                             LaunchStream stream);
+
+// x · w_qkvᵀ rotated and written as launch_rope_qkv writes it with rotary_dim = head_dim (Q to
+// target.q_out, K rotated and V to the caches at each token's slot), bit for bit
+// launch_gemm_small_m_bf16 into a qkv buffer (beta 0) then launch_rope_qkv, with no such buffer
+// written: each head's elements i and i + head_dim/2 pair as SwiGLU's rows do.
+// w_qkv [(query_heads + 2·kv_heads)·head_dim, in]; the limits and the workspace are those of that
+// product; every pointer of `target` set.
+cudaError_t launch_gemm_small_m_rope_kv_bf16(const __nv_bfloat16* x, const __nv_bfloat16* w_qkv,
+                                             const RopeKvTarget& target, int32_t tokens,
+                                             int32_t in, void* workspace, size_t workspace_bytes,
+                                             LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/ops/layer_math.h"
+#include "kernels/decode_gemv.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -19,6 +20,9 @@ constexpr int32_t kThreads = 32 * kWarps;
 constexpr int32_t kRowGroups = 4;                     // warps along the rows
 constexpr int32_t kWarpRows = kTileRows / kRowGroups;  // 32: two m16 tiles
 
+// What a product's epilogue does with its sums (kernels/gemm_small_m.h).
+enum class Epilogue : int32_t { kPlain, kSwiglu, kRopeKv };
+
 struct Params {
   const bf16* x;
   const bf16* w;
@@ -27,26 +31,42 @@ struct Params {
   float beta;
   int32_t chunks, chunks_per_split, splits;
   float4* partials;  // [tiles, splits, n-tiles, kThreads] when splits > 1
-  // Not null: the SwiGLU epilogue. w is gate/up [out = 2·ffn, in], y unused (beta 0), and
-  // act[t, j] = bf16(silu(g) · u) for g, u = rows j and ffn + j of the product (tile_row_weight).
+  Epilogue epilogue;
+  // kSwiglu: w is gate/up [out = 2·ffn, in], and act[t, j] = bf16(silu(g) · u) for g, u = rows j
+  // and ffn + j of the product.
   bf16* act;
+  // kRopeKv: w is q/k/v [out = (query_heads + 2·kv_heads)·head_dim, in], written as
+  // launch_rope_qkv writes it with rotary_dim = head_dim (Q rotated to q_out, K rotated and V as
+  // it is to the caches at each token's slot).
+  RopeKvTarget rope;
 };
 
+// The width of a row pair's group: rows a + i and a + i + half (a = 2·half·group, i < half) pair.
+// SwiGLU: one group, gate row j with up row ffn + j; RoPE: each head, element i with i + head_dim/2.
+__device__ __forceinline__ int32_t pair_half(const Params& p) {
+  return p.epilogue == Epilogue::kSwiglu ? p.out / 2 : p.rope.head_dim / 2;
+}
+
+// Pair `pair` of the paired epilogues: its first row (the second is half further).
+__device__ __forceinline__ int32_t pair_first_row(const Params& p, int32_t pair) {
+  const int32_t half = pair_half(p);
+  return (pair / half) * 2 * half + pair % half;
+}
+
 // The weight row of row r (0..kTileRows − 1) of tile `tile`; -1 past the weights. Plain: row
-// kTileRows·tile + r. With the SwiGLU epilogue a tile covers gate rows 64·tile .. + 63 and the same
-// up rows, interleaved 8 by 8: rows 0-7 of each m16 tile are gate rows, rows 8-15 their up rows,
-// so the thread holding a gate row's sum (c0, c1: row g) holds its up row's (c2, c3: row g + 8).
-// The tile count, ⌈2·ffn / 128⌉ = ⌈ffn / 64⌉, and so the split, is the plain product's; and an
+// kTileRows·tile + r. With a paired epilogue a tile covers pairs 64·tile .. + 63, interleaved 8 by
+// 8: rows 0-7 of each m16 tile are the pairs' first rows, rows 8-15 their second rows, so the
+// thread holding a first row's sum (c0, c1: row g) holds its partner's (c2, c3: row g + 8). The
+// tile count, ⌈out / 128⌉ = ⌈(out / 2) / 64⌉, and so the split, is the plain product's; and an
 // MMA's element depends only on its own A row, B column and C, so every sum has the plain bits.
 __device__ __forceinline__ int32_t tile_row_weight(const Params& p, int32_t tile, int32_t r) {
-  if (p.act == nullptr) {
+  if (p.epilogue == Epilogue::kPlain) {
     const int32_t row = tile * kTileRows + r;
     return row < p.out ? row : -1;
   }
-  const int32_t ffn = p.out / 2;
-  const int32_t gate = tile * (kTileRows / 2) + (r / 16) * 8 + r % 8;
-  if (gate >= ffn) return -1;
-  return r % 16 < 8 ? gate : ffn + gate;
+  const int32_t pair = tile * (kTileRows / 2) + (r / 16) * 8 + r % 8;
+  if (pair >= p.out / 2) return -1;
+  return pair_first_row(p, pair) + (r % 16 < 8 ? 0 : pair_half(p));
 }
 
 // Where element e of n-tile j of the thread's sum (after add_halves) belongs: a row of the tile
@@ -68,25 +88,56 @@ __device__ __forceinline__ void store_one(const Params& p, int32_t row, int32_t 
   }
 }
 
+// Row `row` (a pair's first, x1) and row + half (x2) of token t through RoPE and the KV write,
+// as rope_qkv_kernel computes and stores them (kernels/layer_ops.cu).
+__device__ __forceinline__ void store_rope_kv(const RopeKvTarget& r, int32_t t, int32_t row,
+                                              float x1, float x2) {
+  const int32_t d = r.head_dim, half = d / 2;
+  const int32_t head = row / d, i = row % d;
+  const int32_t q_size = r.query_heads * d, kv_size = r.kv_heads * d;
+  if (head >= r.query_heads + r.kv_heads) {  // V: as it is
+    bf16* v = r.v_cache + r.slots[t] * kv_size + (head - r.query_heads - r.kv_heads) * d;
+    v[i] = __float2bfloat16_rn(x1);
+    v[i + half] = __float2bfloat16_rn(x2);
+    return;
+  }
+  const int32_t position = min(r.positions[t], r.positions_count - 1);
+  const ops::RotatedPair y = ops::rope_rotate(x1, x2, r.cos[int64_t{position} * half + i],
+                                              r.sin[int64_t{position} * half + i]);
+  if (head < r.query_heads) {
+    float* q = r.q_out + int64_t{t} * q_size + head * d;
+    q[i] = y.first;
+    q[i + half] = y.second;
+  } else {
+    bf16* k = r.k_cache + r.slots[t] * kv_size + (head - r.query_heads) * d;
+    k[i] = __float2bfloat16_rn(y.first);
+    k[i + half] = __float2bfloat16_rn(y.second);
+  }
+}
+
 // The four sums of n-tile j of thread tid (elements e = 0..3 of its fragment) of tile `tile`:
-// into y, or through the SwiGLU epilogue (gate in e = 0, 1 and up in e = 2, 3 for the same two
-// tokens) into act, as launch_swiglu writes it.
+// into y, or through a paired epilogue (a pair's first rows in e = 0, 1 and their partners in
+// e = 2, 3, for the same two tokens): SwiGLU into act as launch_swiglu writes it, or RoPE and the
+// KV write as launch_rope_qkv.
 __device__ __forceinline__ void store_fragment(const Params& p, int32_t tile, int32_t tid,
                                                int32_t j, const float (&sum)[4]) {
-  if (p.act == nullptr) {
+  if (p.epilogue == Epilogue::kPlain) {
 #pragma unroll
     for (int32_t e = 0; e < 4; ++e) {
       store_one(p, tile * kTileRows + fragment_row(tid, e), fragment_token(tid, j, e), sum[e]);
     }
     return;
   }
-  const int32_t ffn = p.out / 2;
-  const int32_t gate = tile_row_weight(p, tile, fragment_row(tid, 0));
+  const int32_t row = tile_row_weight(p, tile, fragment_row(tid, 0));  // a first row, or -1
 #pragma unroll
   for (int32_t e = 0; e < 2; ++e) {
     const int32_t token = fragment_token(tid, j, e);
-    if (gate >= 0 && token < p.tokens) {
-      p.act[int64_t{token} * ffn + gate] = __float2bfloat16_rn(ops::swiglu(sum[e], sum[e + 2]));
+    if (row < 0 || token >= p.tokens) continue;
+    if (p.epilogue == Epilogue::kSwiglu) {
+      p.act[int64_t{token} * (p.out / 2) + row] =
+          __float2bfloat16_rn(ops::swiglu(sum[e], sum[e + 2]));
+    } else {
+      store_rope_kv(p.rope, token, row, sum[e], sum[e + 2]);
     }
   }
 }

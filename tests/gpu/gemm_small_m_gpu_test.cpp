@@ -2,9 +2,9 @@
 // same bf16 values on the host, with beta 0 and 1, on shapes that split K and shapes that do not,
 // `out` not a multiple of the 128-row tile and `in` not a multiple of the 64-wide chunk; the bits
 // of one token's row the same at every token count (batch invariance); a second launch over the
-// same workspace the same bits; refusals outside its limits; its SwiGLU epilogue against the
-// product then launch_swiglu, bit for bit; and the CUDA backend with it switched on (plans, eager
-// vs graphs, refusals of the option).
+// same workspace the same bits; refusals outside its limits; its SwiGLU and RoPE + KV-write
+// epilogues against the product then launch_swiglu or launch_rope_qkv, bit for bit; and the CUDA
+// backend with it switched on (plans, eager vs graphs, refusals of the option).
 #include "core/check.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/gemm_small_m.h"
@@ -245,6 +245,102 @@ TEST(SmallMGemm, SwigluEpilogueMatchesTheProductThenSwigluBitForBit) {
   EXPECT_EQ(launch(act.ptr, kernels::kSmallMGemmTokensMax + 1, 100, 264), cudaErrorInvalidValue);
   EXPECT_EQ(launch(act.ptr, 4, 0, 264), cudaErrorInvalidValue);
   EXPECT_EQ(launch(act.ptr, 4, 100, 260), cudaErrorInvalidValue);  // in % 8 != 0
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
+}
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// The RoPE + KV-write epilogue (launch_gemm_small_m_rope_kv_bf16) against the product into a qkv
+// buffer then launch_rope_qkv (rotary_dim = head_dim): Q, and the whole K and V caches (written at
+// random distinct slots), the same bits at every token count. Heads: llama-1b's (32 + 2·8 of 64:
+// 3072 rows, 8 splits); 4 + 2·2 of 128 over in 4096 (1024 rows, 16 splits); 3 + 2·1 of 10 over
+// in 264 (50 rows in one tile; a head's 5 pairs cross the epilogue's 8-row groups).
+TEST(SmallMGemm, RopeKvEpilogueMatchesTheProductThenRopeBitForBit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  struct Heads {
+    int32_t query, kv, dim, in;
+  };
+  constexpr int32_t kSlots = 96, kPositions = 80;
+  for (const Heads heads : {Heads{32, 8, 64, 2048}, Heads{4, 2, 128, 4096}, Heads{3, 1, 10, 264}}) {
+    const Shape product{(heads.query + 2 * heads.kv) * heads.dim, heads.in};
+    const int32_t kv_size = heads.kv * heads.dim, q_size = heads.query * heads.dim;
+    const int32_t half = heads.dim / 2;
+    DeviceBuffer<bf16> d_w(gpu_test::to_bf16(
+        random_bf16_values(size_t(product.out) * heads.in, 71, -0.1f, 0.1f)));
+    DeviceBuffer<float> cos(random_floats(size_t(kPositions) * half, 72, -1, 1));
+    DeviceBuffer<float> sin(random_floats(size_t(kPositions) * half, 73, -1, 1));
+    const std::vector<bf16> cache0 =
+        gpu_test::to_bf16(random_floats(size_t(kSlots) * kv_size, 74, -1, 1));
+    Workspace ws(product);
+    for (const int32_t tokens : {1, 2, 9, 17, 64}) {
+      SCOPED_TRACE(std::to_string(heads.query) + "+2x" + std::to_string(heads.kv) + " heads of " +
+                   std::to_string(heads.dim) + ", " + std::to_string(tokens) + " tokens");
+      std::vector<int32_t> positions(static_cast<size_t>(tokens));
+      std::vector<int64_t> slots(static_cast<size_t>(tokens));
+      for (int32_t t = 0; t < tokens; ++t) {
+        positions[size_t(t)] = (7 * t + 3) % (kPositions + 5);  // some past the table: clamped
+        slots[size_t(t)] = (37 * t + 11) % kSlots;              // distinct: 37 is prime to 96
+      }
+      DeviceBuffer<int32_t> d_positions(positions);
+      DeviceBuffer<int64_t> d_slots(slots);
+      DeviceBuffer<bf16> d_x(
+          gpu_test::to_bf16(random_bf16_values(size_t(tokens) * heads.in, 75, -1, 1)));
+      struct Written {
+        std::vector<float> q;
+        std::vector<bf16> k, v;
+      };
+      const auto written = [&](bool fused) {
+        DeviceBuffer<float> q(size_t(tokens) * q_size), qkv(size_t(tokens) * product.out);
+        DeviceBuffer<bf16> k(cache0), v(cache0);
+        EXPECT_EQ(cudaMemset(q.ptr, 0xff, q.count * sizeof(float)), cudaSuccess);  // NaNs
+        const kernels::RopeKvTarget target{
+            .positions = d_positions.ptr,
+            .slots = d_slots.ptr,
+            .query_heads = heads.query,
+            .kv_heads = heads.kv,
+            .head_dim = heads.dim,
+            .cos = cos.ptr,
+            .sin = sin.ptr,
+            .positions_count = kPositions,
+            .q_out = q.ptr,
+            .k_cache = k.ptr,
+            .v_cache = v.ptr,
+        };
+        if (fused) {
+          EXPECT_EQ(kernels::launch_gemm_small_m_rope_kv_bf16(d_x.ptr, d_w.ptr, target, tokens,
+                                                              heads.in, ws.buffer.ptr, ws.bytes,
+                                                              nullptr),
+                    cudaSuccess);
+        } else {
+          EXPECT_EQ(run(d_x, d_w, qkv, tokens, product, 0.0f, ws), cudaSuccess);
+          EXPECT_EQ(kernels::launch_rope_qkv(qkv.ptr, d_positions.ptr, d_slots.ptr, tokens,
+                                             heads.query, heads.kv, heads.dim, heads.dim, cos.ptr,
+                                             sin.ptr, kPositions, q.ptr, k.ptr, v.ptr, nullptr),
+                    cudaSuccess);
+        }
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return Written{q.download(), k.download(), v.download()};
+      };
+      const Written reference = written(false);
+      for (int32_t run_index = 0; run_index < 2; ++run_index) {
+        const Written got = written(true);
+        EXPECT_TRUE(same_bits(got.q, reference.q)) << "Q, run " << run_index;
+        EXPECT_TRUE(same_bits(got.k, reference.k)) << "K cache, run " << run_index;
+        EXPECT_TRUE(same_bits(got.v, reference.v)) << "V cache, run " << run_index;
+      }
+      EXPECT_GT(gpu_test::norm(reference.q), 0);
+      for (const float x : reference.q) ASSERT_FALSE(std::isnan(x));
+      EXPECT_FALSE(same_bits(reference.k, cache0)) << "the product wrote K";
+    }
+  }
+  // Refused without its target, or with heads that do not make the rows.
+  DeviceBuffer<bf16> x(size_t(4) * 264), w(size_t(50) * 264);
+  Workspace ws(Shape{50, 264});
+  EXPECT_EQ(kernels::launch_gemm_small_m_rope_kv_bf16(x.ptr, w.ptr, kernels::RopeKvTarget{}, 4,
+                                                      264, ws.buffer.ptr, ws.bytes, nullptr),
+            cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
 }
 
