@@ -54,7 +54,7 @@ cudaError_t launch_gemm_small_m_bf16(const __nv_bfloat16* x, const __nv_bfloat16
 
 // act[t, j] = bf16(silu(g) · u), g, u = rows j and ffn + j of x · w_gate_upᵀ (w_gate_up
 // [2·ffn, in]): bit for bit launch_gemm_small_m_bf16 into a [tokens, 2·ffn] buffer (beta 0) then
-// launch_swiglu, with no such buffer written (kernels/gemm_small_m_layout.cuh says how a tile
+// launch_swiglu, with no such buffer written (kernels/gemm_small_m_layout.h says how a tile
 // pairs the rows). The limits and the workspace are those of the (2·ffn, in) product.
 cudaError_t launch_gemm_small_m_swiglu_bf16(const __nv_bfloat16* x,
                                             const __nv_bfloat16* w_gate_up, __nv_bfloat16* act,

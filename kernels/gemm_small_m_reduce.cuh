@@ -13,7 +13,7 @@
 // design did, so no result changed.
 #pragma once
 
-#include "kernels/gemm_small_m_layout.cuh"
+#include "kernels/gemm_small_m_store.cuh"
 #include "kernels/launch.cuh"
 
 namespace ls::kernels::small_m {

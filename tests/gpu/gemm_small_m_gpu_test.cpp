@@ -8,6 +8,7 @@
 #include "core/check.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/gemm_small_m.h"
+#include "kernels/gemm_small_m_layout.h"
 #include "kernels/layer_ops.h"
 #include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
@@ -247,6 +248,45 @@ TEST(SmallMGemm, SwigluEpilogueMatchesTheProductThenSwigluBitForBit) {
   EXPECT_EQ(launch(act.ptr, 4, 100, 260), cudaErrorInvalidValue);  // in % 8 != 0
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
 }
+// The paired epilogues' tile rows, on the host: over every tile, each weight row once; a
+// thread's fragment rows g and g + 8 (elements 0, 1 and 2, 3) a pair's first row and its
+// partner, half further (SwiGLU: gate j and up ffn + j; RoPE: a head's i and i + head_dim/2).
+TEST(SmallMGemmLayout, PairedTilesCoverEveryRowOnceWithPartnersHalfApart) {
+  using kernels::small_m::Epilogue;
+  struct Case {
+    Epilogue epilogue;
+    int32_t out, head_dim;
+  };
+  for (const Case c : {Case{Epilogue::kSwiglu, 2 * 8192, 0}, Case{Epilogue::kSwiglu, 2 * 150, 0},
+                       Case{Epilogue::kRopeKv, 3072, 64}, Case{Epilogue::kRopeKv, 50, 10},
+                       Case{Epilogue::kRopeKv, 1024, 128}}) {
+    kernels::small_m::Params p{};
+    p.out = c.out;
+    p.epilogue = c.epilogue;
+    p.rope.head_dim = c.head_dim;
+    const int32_t half = kernels::small_m::pair_half(p);
+    const int32_t tiles = (c.out + kernels::small_m::kTileRows - 1) / kernels::small_m::kTileRows;
+    std::vector<int32_t> seen(size_t(c.out), 0);
+    for (int32_t tile = 0; tile < tiles; ++tile) {
+      for (int32_t r = 0; r < kernels::small_m::kTileRows; ++r) {
+        const int32_t row = kernels::small_m::tile_row_weight(p, tile, r);
+        if (row >= 0) ++seen[size_t(row)];
+      }
+      for (int32_t tid = 0; tid < kernels::small_m::kThreads; ++tid) {
+        const int32_t first = kernels::small_m::tile_row_weight(
+            p, tile, kernels::small_m::fragment_row(tid, 0));
+        const int32_t second = kernels::small_m::tile_row_weight(
+            p, tile, kernels::small_m::fragment_row(tid, 2));
+        ASSERT_EQ(first < 0, second < 0) << "tile " << tile << " thread " << tid;
+        if (first < 0) continue;
+        EXPECT_EQ(second, first + half) << "tile " << tile << " thread " << tid;
+        EXPECT_LT(first % (2 * half), half) << "a first row in its group's first half";
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), c.out) << c.out << " rows";
+  }
+}
+
 template <typename T>
 bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
