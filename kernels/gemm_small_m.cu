@@ -432,7 +432,7 @@ bool writable(const Output& to, int32_t out) {
              r.sin != nullptr && r.q_out != nullptr && r.k_cache != nullptr &&
              r.v_cache != nullptr && r.query_heads >= 1 && r.kv_heads >= 1 && r.head_dim >= 2 &&
              r.head_dim % 2 == 0 && r.positions_count >= 1 &&
-             int64_t{r.query_heads + 2 * r.kv_heads} * r.head_dim == out;
+             (int64_t{r.query_heads} + 2 * int64_t{r.kv_heads}) * r.head_dim == out;
     }
   }
   return false;

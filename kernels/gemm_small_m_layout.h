@@ -13,7 +13,6 @@
 
 namespace ls::kernels::small_m {
 
-
 using bf16 = __nv_bfloat16;
 
 constexpr int32_t kTileRows = 128;  // output rows a block owns
