@@ -158,20 +158,24 @@ struct CudaBackend::Impl {
   // Norm, gate/up and SwiGLU into act in one launch; false (nothing launched) when not fused.
   bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, float* act_out);
   bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, __nv_bfloat16* act_out);
-  // Gate/up of the normed x and SwiGLU into act in one small-M GEMM launch a 64-token block
-  // (options.fuse_decode, the steps linear() gives the small-M GEMM); false (nothing launched)
-  // otherwise.
-  bool enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const float* x,
-                                      float* act_out);
-  bool enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
-                                      __nv_bfloat16* act_out);
-  // The normed x's QKV product, RoPE and the KV write in one small-M GEMM launch a 64-token
-  // block (options.fuse_decode, the steps linear() gives the small-M GEMM, no q/k/v bias or head
-  // norm, whole heads rotating); false (nothing launched) otherwise.
-  bool enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const float* x, float* k_layer,
-                                   float* v_layer);
-  bool enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
-                                   __nv_bfloat16* k_layer, __nv_bfloat16* v_layer);
+  // The small-M GEMM's epilogues (options.fuse_decode, the steps linear() gives the small-M GEMM,
+  // bf16): gate/up with SwiGLU into act, and (no q/k/v bias or head norm, whole heads rotating)
+  // QKV with RoPE and the KV write, each one launch a 64-token block; at one token the layer's
+  // norm folds into them too (kernels/gemm_small_m.h). Whether they run:
+  bool small_m_swiglu_runs(int32_t tokens) const;
+  bool small_m_rope_kv_runs(int32_t tokens) const;
+  bool small_m_folds_norm(int32_t tokens) const;
+  // Launch them (where they run): x the normed input, or with norm_weight the residual through
+  // that norm (where small_m_folds_norm).
+  void enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const float* x,
+                                      const float* norm_weight, float* act_out);
+  void enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
+                                      const float* norm_weight, __nv_bfloat16* act_out);
+  void enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const float* x,
+                                   const float* norm_weight, float* k_layer, float* v_layer);
+  void enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
+                                   const float* norm_weight, __nv_bfloat16* k_layer,
+                                   __nv_bfloat16* v_layer);
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>

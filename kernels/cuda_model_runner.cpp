@@ -126,13 +126,20 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   T* k_layer = as<T>(k_cache) + kv_at;
   T* v_layer = as<T>(v_cache) + kv_at;
   QkvFused fused = enqueue_fused_qkv(i, tokens, k_layer, v_layer);
-  const bool norm_fused = fused != QkvFused::kNone;
+  bool norm_fused = fused != QkvFused::kNone;
   if (!norm_fused) {
     T* x = as<T>(normed);
-    LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
-                                     attn_norm.get() + li * h, model.rms_eps, x, s));
-    mark(CudaPhase::kNorms);
-    if (enqueue_small_m_qkv_rope_kv(i, tokens, x, k_layer, v_layer)) {
+    const float* norm_weight = attn_norm.get() + li * h;
+    const bool through_kv = small_m_rope_kv_runs(tokens);
+    norm_fused = through_kv && small_m_folds_norm(tokens);
+    if (!norm_fused) {
+      LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden, norm_weight,
+                                       model.rms_eps, x, s));
+      mark(CudaPhase::kNorms);
+    }
+    if (through_kv) {
+      enqueue_small_m_qkv_rope_kv(i, tokens, x, norm_fused ? norm_weight : nullptr, k_layer,
+                                  v_layer);
       fused = QkvFused::kThroughKv;
     } else {
       linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
@@ -213,10 +220,16 @@ void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
     mark(CudaPhase::kGemmGateUp);
   } else {
     T* x = as<T>(normed);
-    LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden,
-                                     ffn_norm.get() + li * h, model.rms_eps, x, s));
-    mark(CudaPhase::kNorms);
-    if (enqueue_small_m_gate_up_swiglu(i, tokens, x, as<T>(act))) {
+    const float* norm_weight = ffn_norm.get() + li * h;
+    const bool swiglu = small_m_swiglu_runs(tokens);
+    const bool fold = swiglu && small_m_folds_norm(tokens);
+    if (!fold) {
+      LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden, norm_weight,
+                                       model.rms_eps, x, s));
+      mark(CudaPhase::kNorms);
+    }
+    if (swiglu) {
+      enqueue_small_m_gate_up_swiglu(i, tokens, x, fold ? norm_weight : nullptr, as<T>(act));
       mark(CudaPhase::kGemmGateUp);
     } else {
       linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
@@ -287,41 +300,63 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
   return true;
 }
 
-bool CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t, int32_t, const float*, float*) {
-  return false;
+bool CudaBackend::Impl::small_m_swiglu_runs(int32_t tokens) const {
+  return options.fuse_decode && options.precision == CudaPrecision::kBf16 &&
+         linear_by_small_m_gemm(tokens, hidden);
 }
 
-// What linear() would run as the small-M GEMM into gate_up, then launch_swiglu: the same bits.
-bool CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t i, int32_t tokens, const bf16* x,
-                                                       bf16* act_out) {
-  if (!options.fuse_decode || !linear_by_small_m_gemm(tokens, hidden)) return false;
+bool CudaBackend::Impl::small_m_rope_kv_runs(int32_t tokens) const {
+  return small_m_swiglu_runs(tokens) && !model.qkv_bias && !model.qk_norm &&
+         model.rotary_dim() == model.head_dim;
+}
+
+bool CudaBackend::Impl::small_m_folds_norm(int32_t tokens) const {
+  return tokens == 1 && kernels::small_m_norm_fits(hidden);
+}
+
+void CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t, int32_t, const float*,
+                                                       const float*, float*) {
+  LS_ASSERT(false, "the small-M GEMM's epilogues run in bf16 only");
+}
+
+// What linear() would run as the small-M GEMM into gate_up, then launch_swiglu (after
+// launch_rms_norm, where folded): the same bits.
+void CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t i, int32_t tokens, const bf16* x,
+                                                       const float* norm_weight, bf16* act_out) {
+  LS_ASSERT(small_m_swiglu_runs(tokens), "the small-M SwiGLU epilogue asked for where it does "
+            "not run");
   const size_t h = static_cast<size_t>(hidden);
   const bf16* w = as<bf16>(w_gate_up) + static_cast<size_t>(i) * 2 * static_cast<size_t>(ffn) * h;
+  if (norm_weight != nullptr) {
+    const kernels::SmallMNorm norm{residual.get(), norm_weight, model.rms_eps};
+    LS_CUDA(kernels::launch_gemm_small_m_norm_swiglu_bf16(
+        norm, w, act_out, ffn, hidden, small_m_gemm_workspace.get(),
+        small_m_gemm_workspace.bytes(), forward_stream()));
+    return;
+  }
   in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
     LS_CUDA(kernels::launch_gemm_small_m_swiglu_bf16(
         x + int64_t{first} * hidden, w, act_out + int64_t{first} * ffn, count, ffn, hidden,
         small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
   });
-  return true;
 }
 
-bool CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t, int32_t, const float*, float*,
-                                                    float*) {
-  return false;
+void CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t, int32_t, const float*, const float*,
+                                                    float*, float*) {
+  LS_ASSERT(false, "the small-M GEMM's epilogues run in bf16 only");
 }
 
-// What linear() would run as the small-M GEMM into qkv, then launch_rope_qkv: the same bits.
-bool CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t i, int32_t tokens, const bf16* x,
-                                                    bf16* k_layer, bf16* v_layer) {
-  if (!options.fuse_decode || !linear_by_small_m_gemm(tokens, hidden) || model.qkv_bias ||
-      model.qk_norm || model.rotary_dim() != model.head_dim) {
-    return false;
-  }
+// What linear() would run as the small-M GEMM into qkv, then launch_rope_qkv (after
+// launch_rms_norm, where folded): the same bits.
+void CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t i, int32_t tokens, const bf16* x,
+                                                    const float* norm_weight, bf16* k_layer,
+                                                    bf16* v_layer) {
+  LS_ASSERT(small_m_rope_kv_runs(tokens), "the small-M RoPE epilogue asked for where it does "
+            "not run");
   const int32_t qkv_rows = q_size + 2 * kv_size;
   const bf16* w = as<bf16>(w_qkv) + static_cast<size_t>(i) * static_cast<size_t>(qkv_rows) *
                                         static_cast<size_t>(hidden);
-  for (int32_t first = 0; first < tokens; first += kernels::kSmallMGemmTokensMax) {
-    const int32_t count = std::min(kernels::kSmallMGemmTokensMax, tokens - first);
+  in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
     const kernels::RopeKvTarget target{
         .positions = positions.get() + first,
         .slots = slots.get() + first,
@@ -335,11 +370,17 @@ bool CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t i, int32_t tokens, c
         .k_cache = k_layer,
         .v_cache = v_layer,
     };
+    if (norm_weight != nullptr) {
+      const kernels::SmallMNorm norm{residual.get(), norm_weight, model.rms_eps};
+      LS_CUDA(kernels::launch_gemm_small_m_norm_rope_kv_bf16(
+          norm, w, target, hidden, small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(),
+          forward_stream()));
+      return;  // one token: the one block
+    }
     LS_CUDA(kernels::launch_gemm_small_m_rope_kv_bf16(
         x + int64_t{first} * hidden, w, target, count, hidden, small_m_gemm_workspace.get(),
         small_m_gemm_workspace.bytes(), forward_stream()));
-  }
-  return true;
+  });
 }
 
 template <typename T>

@@ -39,6 +39,8 @@
 // An MMA's output element depends only on its own A row, B column and C input, so a token's sums
 // do not depend on the other tokens, nor on where in the n-tile it sits.
 #include "kernels/gemm_small_m.h"
+#include "kernels/gemm_small_m_args.h"
+#include "kernels/gemm_small_m_norm.cuh"
 #include "kernels/gemm_small_m_reduce.cuh"
 #include "kernels/gemm_small_m_tuning.h"
 
@@ -78,6 +80,10 @@ template <int32_t NT>
 constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
 template <int32_t NT>
 constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
+// What a kernel lays out in its dynamic shared memory: the pipeline, and for one n-tile the
+// folded norm's region after it (kernels/gemm_small_m_norm.cuh).
+template <int32_t NT>
+constexpr size_t kKernelSharedBytes = kSharedBytes<NT> + (NT == 1 ? kFoldedRegionBytes : 0);
 static_assert(blocks_sharing_an_sm(kSharedBytes<kNTilesMax>) >= 2, "two blocks fit an SM");
 // What a launch reserves: at least kTwoBlocksAnSm, so that no SM takes a third block. One or two
 // n-tiles' pipelines (70-74 KB) would otherwise let three blocks share an SM (kernels/launch.h),
@@ -87,7 +93,9 @@ static_assert(blocks_sharing_an_sm(kSharedBytes<kNTilesMax>) >= 2, "two blocks f
 constexpr size_t kTwoBlocksAnSm = 80 * 1024;
 static_assert(blocks_sharing_an_sm(kTwoBlocksAnSm) == 2, "two blocks an SM, never three");
 template <int32_t NT>
-constexpr size_t kLaunchSharedBytes = std::max(kSharedBytes<NT>, kTwoBlocksAnSm);
+constexpr size_t kLaunchSharedBytes = std::max(kKernelSharedBytes<NT>, kTwoBlocksAnSm);
+static_assert(blocks_sharing_an_sm(kLaunchSharedBytes<1> + 128) == 2,
+              "one n-tile with the folded norm's region (and block_sum's scratch): two an SM");
 
 struct Split {
   int32_t tiles = 0, chunks = 0, splits = 1, chunks_per_split = 0;
@@ -180,6 +188,13 @@ struct Stage {
   int32_t k0;        // first k
 };
 
+// With the folded norm (one token) the MMAs read x from the region instead: this stage's chunk of
+// the token's row, and the zero row the other seven B rows read. {0, 0}: x is the stage's.
+struct FoldedX {
+  uint32_t row = 0;
+  uint32_t zeros = 0;
+};
+
 template <int32_t NT>
 __device__ __forceinline__ Stage<NT> stage_at(uint32_t shared, int32_t first_chunk, int32_t s) {
   const uint32_t base = shared + static_cast<uint32_t>((s % kStages) * kStageBytes<NT>);
@@ -216,8 +231,8 @@ __device__ __forceinline__ void load_x(const Params& p, Stage<NT> st) {
 
 // One stage's MMAs of a warp: its k half (k16 steps 2h, 2h + 1) of its two m-tiles × NT n-tiles.
 template <int32_t NT>
-__device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t half, int32_t lane,
-                                         float (&acc)[2][NT][4]) {
+__device__ __forceinline__ void multiply(Stage<NT> st, FoldedX folded, int32_t group,
+                                         int32_t half, int32_t lane, float (&acc)[2][NT][4]) {
 #pragma unroll
   for (int32_t kk = 0; kk < 2; ++kk) {
     const int32_t step = 2 * half + kk;
@@ -241,7 +256,10 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t ha
     if constexpr (NT % 2 == 1) {
       uint32_t b[2];
       const int32_t token = (NT - 1) * 8 + (lane & 7);  // lanes 16-31: addresses unused
-      ldmatrix_x2(b, st.x + swizzled(token, 2 * step + ((lane >> 3) & 1)));
+      const int32_t piece = 2 * step + ((lane >> 3) & 1);
+      uint32_t address = st.x + swizzled(token, piece);
+      if (folded.row != 0) address = token == 0 ? folded.row + 16 * piece : folded.zeros;
+      ldmatrix_x2(b, address);
 #pragma unroll
       for (int32_t mt = 0; mt < 2; ++mt) mma_bf16_16816(acc[mt][NT - 1], a[mt], b[0], b[1]);
     }
@@ -253,9 +271,10 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t group, int32_t ha
 // writes, after it. Group s of the cp.async groups completes stage s (the prologue's weight loads
 // ride in group 0), so stage s is ready once at most kStages − 2 groups are pending.
 template <int32_t NT>
-__device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, int32_t tile,
-                                             int32_t first_chunk, int32_t stages,
+__device__ __forceinline__ void stream_range(const Params& p, unsigned char* shared_bytes,
+                                             int32_t tile, int32_t first_chunk, int32_t stages,
                                              float (&acc)[2][NT][4]) {
+  const uint32_t shared = static_cast<uint32_t>(__cvta_generic_to_shared(shared_bytes));
   const uint64_t policy = evict_first_policy();
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
@@ -264,9 +283,25 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     if (s < stages) load_weights<NT>(p, tile, stage_at<NT>(shared, first_chunk, s), policy);
   }
   wait_for_predecessor();
+  uint32_t region = 0;  // the folded norm's x row, 0 when the stages load x
+  if constexpr (NT == 1) {
+    if (p.norm.residual != nullptr) {
+      __shared__ float scratch[32];
+      const float scale = folded_norm_scale(p, scratch);
+      fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk,
+                     reinterpret_cast<bf16*>(shared_bytes + kSharedBytes<1>));
+      __syncthreads();  // the region visible to every warp
+      region = shared + static_cast<uint32_t>(kSharedBytes<1>);
+    }
+  }
+  const auto folded_at = [&](int32_t s) {
+    if (region == 0) return FoldedX{};
+    return FoldedX{region + static_cast<uint32_t>(s * kRowBytes),
+                   region + static_cast<uint32_t>(stages * kRowBytes)};
+  };
 #pragma unroll
   for (int32_t s = 0; s < kStages - 1; ++s) {
-    if (s < stages) load_x<NT>(p, stage_at<NT>(shared, first_chunk, s));
+    if (s < stages && region == 0) load_x<NT>(p, stage_at<NT>(shared, first_chunk, s));
     commit_copies();
   }
   for (int32_t s = 0; s < stages; ++s) {
@@ -276,11 +311,11 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     if (next < stages) {
       const Stage<NT> st = stage_at<NT>(shared, first_chunk, next);
       load_weights<NT>(p, tile, st, policy);
-      load_x<NT>(p, st);
+      if (region == 0) load_x<NT>(p, st);
     }
     commit_copies();
-    multiply<NT>(stage_at<NT>(shared, first_chunk, s), warp % kRowGroups, warp / kRowGroups, lane,
-                 acc);
+    multiply<NT>(stage_at<NT>(shared, first_chunk, s), folded_at(s), warp % kRowGroups,
+                 warp / kRowGroups, lane, acc);
   }
   wait_copies<0>();
   __syncthreads();  // the pipeline's buffers are free for the halves' exchange
@@ -324,7 +359,6 @@ template <int32_t NT>
 __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params p) {
   allow_successor();
   extern __shared__ __align__(128) unsigned char shared_bytes[];
-  const uint32_t shared = static_cast<uint32_t>(__cvta_generic_to_shared(shared_bytes));
   const int32_t split = static_cast<int32_t>(blockIdx.x), tile = static_cast<int32_t>(blockIdx.y);
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
@@ -340,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
       for (int32_t e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
     }
   }
-  stream_range<NT>(p, shared, tile, first_chunk, stages, acc);
+  stream_range<NT>(p, shared_bytes, tile, first_chunk, stages, acc);
   float sum[NT][4];
   add_halves<NT>(reinterpret_cast<float*>(shared_bytes), group, half, lane, acc, sum);
   if (p.splits > 1) {
@@ -405,50 +439,17 @@ cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
   }
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Where a product goes: y (fp32, plus beta · y), or through an epilogue.
-struct Output {
-  float* y = nullptr;
-  float beta = 0.0f;
-  Epilogue epilogue = Epilogue::kPlain;
-  bf16* act = nullptr;
-  RopeKvTarget rope{};
-};
-Output into_y(float* y, float beta) { return Output{y, beta, Epilogue::kPlain, nullptr, {}}; }
-Output through_swiglu(bf16* act) { return Output{nullptr, 0.0f, Epilogue::kSwiglu, act, {}}; }
-Output through_rope_kv(const RopeKvTarget& rope) {
-  return Output{nullptr, 0.0f, Epilogue::kRopeKv, nullptr, rope};
-}
-
-// Whether `to` names somewhere to write a product of `out` rows.
-bool writable(const Output& to, int32_t out) {
-  switch (to.epilogue) {
-    case Epilogue::kPlain: return to.y != nullptr;
-    case Epilogue::kSwiglu: return to.act != nullptr && out % 2 == 0;
-    case Epilogue::kRopeKv: {
-      const RopeKvTarget& r = to.rope;
-      return r.positions != nullptr && r.slots != nullptr && r.cos != nullptr &&
-             r.sin != nullptr && r.q_out != nullptr && r.k_cache != nullptr &&
-             r.v_cache != nullptr && r.query_heads >= 1 && r.kv_heads >= 1 && r.head_dim >= 2 &&
-             r.head_dim % 2 == 0 && r.positions_count >= 1 &&
-             (int64_t{r.query_heads} + 2 * int64_t{r.kv_heads}) * r.head_dim == out;
-    }
-  }
-  return false;
-}
-
 // Checks the arguments and launches the product, then (a split shape) its reduction.
-cudaError_t launch_split(const bf16* x, const bf16* w, Output to, int32_t tokens, int32_t out,
+cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, int32_t out,
                          int32_t in, void* workspace, size_t workspace_bytes, const Split& s,
                          LaunchStream stream) {
   if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
-      x == nullptr || w == nullptr || !writable(to, out) || !aligned16(x) || !aligned16(w) ||
+      !readable(from, tokens, in) || w == nullptr || !writable(to, out) || !aligned16(w) ||
       s.tiles > 65535 || s.splits > 65535) {
     return cudaErrorInvalidValue;
   }
-  Params p{x, w, to.y, tokens, out, in, to.beta, s.chunks, s.chunks_per_split, s.splits, nullptr,
-           to.epilogue, to.act, to.rope};
+  Params p{from.x,  w,           to.y,   tokens,  out,      in, to.beta, s.chunks,
+           s.chunks_per_split, s.splits, nullptr, to.epilogue, to.act, to.rope, from.norm};
   if (s.splits > 1) {
     if (workspace == nullptr || !aligned16(workspace) ||
         workspace_bytes < workspace_bytes_of(s, tokens)) {
@@ -479,7 +480,7 @@ cudaError_t launch_gemm_small_m_bf16(const bf16* x, const bf16* w, float* y, int
                                      int32_t out, int32_t in, float beta, void* workspace,
                                      size_t workspace_bytes, LaunchStream stream) {
   if (out < 1 || in < 1) return cudaErrorInvalidValue;
-  return launch_split(x, w, into_y(y, beta), tokens, out, in, workspace,
+  return launch_split(from_x(x), w, into_y(y, beta), tokens, out, in, workspace,
                       workspace_bytes, split_of(out, in), stream);
 }
 
@@ -488,7 +489,7 @@ cudaError_t launch_gemm_small_m_swiglu_bf16(const bf16* x, const bf16* w_gate_up
                                             void* workspace, size_t workspace_bytes,
                                             LaunchStream stream) {
   if (ffn < 1 || ffn > INT32_MAX / 2 || in < 1 || act == nullptr) return cudaErrorInvalidValue;
-  return launch_split(x, w_gate_up, through_swiglu(act), tokens, 2 * ffn, in, workspace,
+  return launch_split(from_x(x), w_gate_up, through_swiglu(act), tokens, 2 * ffn, in, workspace,
                       workspace_bytes, split_of(2 * ffn, in), stream);
 }
 
@@ -500,7 +501,32 @@ cudaError_t launch_gemm_small_m_rope_kv_bf16(const bf16* x, const bf16* w_qkv,
       (int64_t{target.query_heads} + 2 * int64_t{target.kv_heads}) * target.head_dim;
   if (out < 1 || out > INT32_MAX || in < 1) return cudaErrorInvalidValue;
   const int32_t rows = static_cast<int32_t>(out);
-  return launch_split(x, w_qkv, through_rope_kv(target), tokens, rows, in, workspace,
+  return launch_split(from_x(x), w_qkv, through_rope_kv(target), tokens, rows, in, workspace,
+                      workspace_bytes, split_of(rows, in), stream);
+}
+
+bool small_m_norm_fits(int32_t in) {
+  return in % 8 == 0 && norm_vectorised(in) && in <= small_m::kFoldedKMax;
+}
+
+cudaError_t launch_gemm_small_m_norm_swiglu_bf16(const SmallMNorm& norm, const bf16* w_gate_up,
+                                                 bf16* act, int32_t ffn, int32_t in,
+                                                 void* workspace, size_t workspace_bytes,
+                                                 LaunchStream stream) {
+  if (ffn < 1 || ffn > INT32_MAX / 2 || in < 1 || act == nullptr) return cudaErrorInvalidValue;
+  return launch_split(through_norm(norm), w_gate_up, through_swiglu(act), 1, 2 * ffn, in,
+                      workspace, workspace_bytes, split_of(2 * ffn, in), stream);
+}
+
+cudaError_t launch_gemm_small_m_norm_rope_kv_bf16(const SmallMNorm& norm, const bf16* w_qkv,
+                                                  const RopeKvTarget& target, int32_t in,
+                                                  void* workspace, size_t workspace_bytes,
+                                                  LaunchStream stream) {
+  const int64_t out =
+      (int64_t{target.query_heads} + 2 * int64_t{target.kv_heads}) * target.head_dim;
+  if (out < 1 || out > INT32_MAX || in < 1) return cudaErrorInvalidValue;
+  const int32_t rows = static_cast<int32_t>(out);
+  return launch_split(through_norm(norm), w_qkv, through_rope_kv(target), 1, rows, in, workspace,
                       workspace_bytes, split_of(rows, in), stream);
 }
 
@@ -519,7 +545,7 @@ cudaError_t launch_gemm_small_m_bf16_with(const bf16* x, const bf16* w, float* y
                                           size_t workspace_bytes, int32_t wanted_splits,
                                           LaunchStream stream) {
   if (out < 1 || in < 1) return cudaErrorInvalidValue;
-  return launch_split(x, w, into_y(y, beta), tokens, out, in, workspace,
+  return launch_split(from_x(x), w, into_y(y, beta), tokens, out, in, workspace,
                       workspace_bytes, split_into(out, in, wanted_splits), stream);
 }
 

@@ -35,6 +35,19 @@ namespace ls::kernels {
 
 constexpr int32_t kSmallMGemmTokensMax = 64;
 
+// A product's x computed in the kernel from the residual stream, for one token:
+// rms_norm(residual) as launch_rms_norm(residual, nullptr, 1, in, weight, eps, x) writes it
+// (kernels/gemm_small_m_norm.cuh). Needs small_m_norm_fits(in), residual and weight [in] fp32,
+// 16-byte aligned, eps > 0.
+struct SmallMNorm {
+  const float* residual = nullptr;
+  const float* weight = nullptr;
+  float eps = 0.0f;
+};
+
+// Whether the folded norm covers rows of `in` elements (the vectorised norm's, in % 8 == 0).
+bool small_m_norm_fits(int32_t in);
+
 // The K ranges a product of shape (out, in) is split into (1: none). Depends on out and in only.
 int32_t gemm_small_m_splits(int32_t out, int32_t in);
 
@@ -61,6 +74,13 @@ cudaError_t launch_gemm_small_m_swiglu_bf16(const __nv_bfloat16* x,
                                             int32_t tokens, int32_t ffn, int32_t in,
                                             void* workspace, size_t workspace_bytes,
                                             LaunchStream stream);
+// The same for one token with x = rms_norm(residual) folded in (SmallMNorm): bit for bit
+// launch_rms_norm then launch_gemm_small_m_swiglu_bf16.
+cudaError_t launch_gemm_small_m_norm_swiglu_bf16(const SmallMNorm& norm,
+                                                 const __nv_bfloat16* w_gate_up,
+                                                 __nv_bfloat16* act, int32_t ffn, int32_t in,
+                                                 void* workspace, size_t workspace_bytes,
+                                                 LaunchStream stream);
 
 // x · w_qkvᵀ rotated and written as launch_rope_qkv writes it with rotary_dim = head_dim (Q to
 // target.q_out, K rotated and V to the caches at each token's slot), bit for bit
@@ -72,5 +92,12 @@ cudaError_t launch_gemm_small_m_rope_kv_bf16(const __nv_bfloat16* x, const __nv_
                                              const RopeKvTarget& target, int32_t tokens,
                                              int32_t in, void* workspace, size_t workspace_bytes,
                                              LaunchStream stream);
+// The same for one token with x = rms_norm(residual) folded in (SmallMNorm): bit for bit
+// launch_rms_norm then launch_gemm_small_m_rope_kv_bf16.
+cudaError_t launch_gemm_small_m_norm_rope_kv_bf16(const SmallMNorm& norm,
+                                                  const __nv_bfloat16* w_qkv,
+                                                  const RopeKvTarget& target, int32_t in,
+                                                  void* workspace, size_t workspace_bytes,
+                                                  LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kernels/decode_gemv.h"
+#include "kernels/gemm_small_m.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -40,6 +41,9 @@ struct Params {
   // launch_rope_qkv writes it with rotary_dim = head_dim (Q rotated to q_out, K rotated and V as
   // it is to the caches at each token's slot).
   RopeKvTarget rope;
+  // norm.residual not null: one token, x = rms_norm(residual) computed in the kernel
+  // (kernels/gemm_small_m_norm.cuh); p.x unused.
+  SmallMNorm norm;
 };
 
 // The width of a row pair's group: rows a + i and a + i + half (a = 2·half·group, i < half) pair.

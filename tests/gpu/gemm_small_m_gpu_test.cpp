@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace ls {
@@ -381,6 +382,104 @@ TEST(SmallMGemm, RopeKvEpilogueMatchesTheProductThenRopeBitForBit) {
   EXPECT_EQ(kernels::launch_gemm_small_m_rope_kv_bf16(x.ptr, w.ptr, kernels::RopeKvTarget{}, 4,
                                                       264, ws.buffer.ptr, ws.bytes, nullptr),
             cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
+}
+// The folded norm (one token): launch_gemm_small_m_norm_{swiglu,rope_kv}_bf16 against
+// launch_rms_norm then the same epilogue from the normed row, bit for bit, twice. The shapes of
+// the two epilogue tests above with `in` the norm's width; random residual and norm weights.
+TEST(SmallMGemm, FoldedNormMatchesTheNormThenTheProductBitForBit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  constexpr float kEps = 1e-5f;
+  for (const int32_t in : {2048, 4096}) {
+    SCOPED_TRACE("in " + std::to_string(in));
+    DeviceBuffer<float> residual(random_floats(size_t(in), 81, -3, 3));
+    DeviceBuffer<float> weight(random_floats(size_t(in), 82, 0.5f, 1.5f));
+    DeviceBuffer<bf16> normed(static_cast<size_t>(in));
+    ASSERT_EQ(kernels::launch_rms_norm(residual.ptr, nullptr, 1, in, weight.ptr, kEps, normed.ptr,
+                                       nullptr),
+              cudaSuccess);
+    const kernels::SmallMNorm norm{residual.ptr, weight.ptr, kEps};
+    {  // SwiGLU: 8192 gate rows (llama-1b's, 2 splits at in 2048) and 150 (3 tiles, 16 splits)
+      for (const int32_t ffn : {8192, 150}) {
+        const Shape product{2 * ffn, in};
+        DeviceBuffer<bf16> w(gpu_test::to_bf16(
+            random_bf16_values(size_t(product.out) * in, 83, -0.1f, 0.1f)));
+        Workspace ws(product);
+        DeviceBuffer<bf16> unfolded(static_cast<size_t>(ffn)), folded(static_cast<size_t>(ffn));
+        ASSERT_EQ(kernels::launch_gemm_small_m_swiglu_bf16(normed.ptr, w.ptr, unfolded.ptr, 1, ffn,
+                                                           in, ws.buffer.ptr, ws.bytes, nullptr),
+                  cudaSuccess);
+        const std::vector<bf16> reference = unfolded.download();
+        for (int32_t run_index = 0; run_index < 2; ++run_index) {
+          ASSERT_EQ(cudaMemset(folded.ptr, 0xff, folded.count * sizeof(bf16)), cudaSuccess);
+          ASSERT_EQ(kernels::launch_gemm_small_m_norm_swiglu_bf16(norm, w.ptr, folded.ptr, ffn, in,
+                                                                  ws.buffer.ptr, ws.bytes,
+                                                                  nullptr),
+                    cudaSuccess);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          EXPECT_TRUE(same_bits(folded.download(), reference))
+              << "SwiGLU, ffn " << ffn << ", run " << run_index;
+        }
+        EXPECT_GT(gpu_test::norm(gpu_test::from_bf16(reference)), 0);
+      }
+    }
+    {  // RoPE: llama-8b's heads at in 4096 would be 6144 rows; 4 + 2·2 of 128 keeps it small
+      constexpr int32_t kQuery = 4, kKv = 2, kDim = 128, kSlots = 8, kPositions = 16;
+      const Shape product{(kQuery + 2 * kKv) * kDim, in};
+      DeviceBuffer<bf16> w(gpu_test::to_bf16(
+          random_bf16_values(size_t(product.out) * in, 84, -0.1f, 0.1f)));
+      DeviceBuffer<float> cos(random_floats(size_t(kPositions) * kDim / 2, 85, -1, 1));
+      DeviceBuffer<float> sin(random_floats(size_t(kPositions) * kDim / 2, 86, -1, 1));
+      DeviceBuffer<int32_t> position(std::vector<int32_t>{11});
+      DeviceBuffer<int64_t> slot(std::vector<int64_t>{5});
+      const std::vector<bf16> cache0 =
+          gpu_test::to_bf16(random_floats(size_t(kSlots) * kKv * kDim, 87, -1, 1));
+      Workspace ws(product);
+      const auto written = [&](bool fold) {
+        DeviceBuffer<float> q(size_t(kQuery) * kDim);
+        DeviceBuffer<bf16> k(cache0), v(cache0);
+        const kernels::RopeKvTarget target{.positions = position.ptr,
+                                           .slots = slot.ptr,
+                                           .query_heads = kQuery,
+                                           .kv_heads = kKv,
+                                           .head_dim = kDim,
+                                           .cos = cos.ptr,
+                                           .sin = sin.ptr,
+                                           .positions_count = kPositions,
+                                           .q_out = q.ptr,
+                                           .k_cache = k.ptr,
+                                           .v_cache = v.ptr};
+        EXPECT_EQ(fold ? kernels::launch_gemm_small_m_norm_rope_kv_bf16(
+                             norm, w.ptr, target, in, ws.buffer.ptr, ws.bytes, nullptr)
+                       : kernels::launch_gemm_small_m_rope_kv_bf16(normed.ptr, w.ptr, target, 1,
+                                                                   in, ws.buffer.ptr, ws.bytes,
+                                                                   nullptr),
+                  cudaSuccess);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return std::make_tuple(q.download(), k.download(), v.download());
+      };
+      const auto reference = written(false);
+      for (int32_t run_index = 0; run_index < 2; ++run_index) {
+        const auto got = written(true);
+        EXPECT_TRUE(same_bits(std::get<0>(got), std::get<0>(reference))) << "Q, run " << run_index;
+        EXPECT_TRUE(same_bits(std::get<1>(got), std::get<1>(reference))) << "K, run " << run_index;
+        EXPECT_TRUE(same_bits(std::get<2>(got), std::get<2>(reference))) << "V, run " << run_index;
+      }
+    }
+  }
+  // Refused: a width past the vectorised norm, a misaligned residual, no eps.
+  DeviceBuffer<float> residual(8200 + 4), weight(8200);
+  DeviceBuffer<bf16> w(size_t(16) * 8200), act(8);
+  Workspace ws(Shape{16, 8200});
+  const auto launch = [&](const kernels::SmallMNorm& norm, int32_t in) {
+    return kernels::launch_gemm_small_m_norm_swiglu_bf16(norm, w.ptr, act.ptr, 8, in,
+                                                         ws.buffer.ptr, ws.bytes, nullptr);
+  };
+  EXPECT_FALSE(kernels::small_m_norm_fits(8200));
+  EXPECT_TRUE(kernels::small_m_norm_fits(4096));
+  EXPECT_EQ(launch({residual.ptr, weight.ptr, kEps}, 8200), cudaErrorInvalidValue);
+  EXPECT_EQ(launch({residual.ptr + 1, weight.ptr, kEps}, 2048), cudaErrorInvalidValue);
+  EXPECT_EQ(launch({residual.ptr, weight.ptr, 0.0f}, 2048), cudaErrorInvalidValue);
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "nothing was launched";
 }
 
