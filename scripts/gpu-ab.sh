@@ -12,7 +12,9 @@
 #                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench)
 #                                       # with ARGS, ROUNDS times for each build, alternating; an
 #                                       # argument `@json` becomes a JSON path under $OUT per run;
-#                                       # each run limited to AB_RUN_SECONDS (240).
+#                                       # each run limited to AB_RUN_SECONDS (240);
+#                                       # AB_TESTS=skip leaves the tests out (a diagnostic
+#                                       # run: ~100 s less; no merge on its figures alone).
 #                                       # Writes $OUT/ab.log (both commits, every run's output)
 #                                       # and $OUT/new_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
@@ -90,8 +92,12 @@ run() {
     echo "usage: scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...] (ROUNDS a positive count)" >&2
     exit 2
   fi
-  local rounds="$1" bench="$2"
+  local rounds="$1" bench="$2" tests="${AB_TESTS:-run}"
   shift 2
+  if [ "$tests" != run ] && [ "$tests" != skip ]; then
+    echo "gpu-ab: AB_TESTS is '$tests': 'run' (the default) or 'skip'" >&2
+    exit 2
+  fi
   OUT="${OUT:-out/gpu-ab}"
   mkdir -p "$OUT"
   D=$(realpath "$DIST")
@@ -105,13 +111,17 @@ run() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   { echo "old $(cat "$D/old/commit.txt") new $(cat "$D/new/commit.txt")"; date -u; nvidia-smi -L; } \
     > "$OUT/ab.log" 2>&1
-  # The localisation tests run the CLI and the planted build from here.
   local status=0 rc=0
-  LOCKSTEP_BIN_DIR="$D/new" timeout 240 "$D/new/lockstep_gpu_tests" > "$OUT/new_gpu_tests.log" 2>&1 ||
-    rc=$?
-  echo "new build's GPU tests: exit $rc" >> "$OUT/ab.log"
-  [ $rc -eq 0 ] || status=1
-  grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/new_gpu_tests.log" | tail -12
+  if [ "$tests" = run ]; then
+    # The localisation tests run the CLI and the planted build from here.
+    LOCKSTEP_BIN_DIR="$D/new" timeout 240 "$D/new/lockstep_gpu_tests" > "$OUT/new_gpu_tests.log" \
+      2>&1 || rc=$?
+    echo "new build's GPU tests: exit $rc" >> "$OUT/ab.log"
+    [ $rc -eq 0 ] || status=1
+    grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/new_gpu_tests.log" | tail -12
+  else
+    echo "new build's GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
+  fi
   local n=0 r side
   for ((r = 0; r < rounds; ++r)); do
     for side in old new; do
