@@ -17,6 +17,7 @@
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_mamba.h"
 #include "kernels/cuda_workspace.h"
+#include "kernels/decode_gemv.h"
 #include "kernels/device_memory.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/launch.h"
@@ -150,6 +151,9 @@ struct CudaBackend::Impl {
   // The decode GEMV's fused forms (kernels/decode_gemv.h, options.fuse_decode): whether a step of
   // `tokens` tokens folds the layer norms into the products that read them.
   bool fuses_decode(int32_t tokens) const;
+  // Whether RoPE and the KV write can be a q/k/v product's epilogue: nothing comes between them
+  // (no q/k/v bias or head norm) and whole heads rotate.
+  bool rope_follows_qkv() const;
   // How far one fused launch took a layer's attention input (fp32 never fuses).
   enum class QkvFused { kNone, kProduct, kThroughKv };
   QkvFused enqueue_fused_qkv(int32_t layer, int32_t tokens, float* k_layer, float* v_layer);
@@ -176,6 +180,15 @@ struct CudaBackend::Impl {
   void enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
                                    const float* norm_weight, __nv_bfloat16* k_layer,
                                    __nv_bfloat16* v_layer);
+  // Where RoPE and the KV write put the step's tokens from `first` on (their q rows, positions and
+  // slots): the target of the fused GEMV's epilogue and of the small-M GEMM's alike.
+  template <typename T>
+  kernels::RopeKvTarget rope_kv_target(int32_t first, T* k_layer, T* v_layer) const;
+  // Layer `layer`'s q/k/v [q + 2·kv, hidden] and gate/up [2·ffn, hidden] weights.
+  template <typename T>
+  const T* qkv_weight(int32_t layer) const;
+  template <typename T>
+  const T* gate_up_weight(int32_t layer) const;
   template <typename T>
   void linear(const T* x, const T* w, float* y, int32_t tokens, LinearShape shape);
   template <typename T>

@@ -66,6 +66,36 @@ void in_small_m_blocks(int32_t tokens, Launch&& launch) {
 
 }  // namespace
 
+template <typename T>
+kernels::RopeKvTarget CudaBackend::Impl::rope_kv_target(int32_t first, T* k_layer,
+                                                        T* v_layer) const {
+  return kernels::RopeKvTarget{
+      .positions = positions.get() + first,
+      .slots = slots.get() + first,
+      .query_heads = model.query_heads_count,
+      .kv_heads = model.kv_heads_count,
+      .head_dim = model.head_dim,
+      .cos = rope_cos.get(),
+      .sin = rope_sin.get(),
+      .positions_count = positions_count,
+      .q_out = q.get() + int64_t{first} * q_size,
+      .k_cache = k_layer,
+      .v_cache = v_layer,
+  };
+}
+
+template <typename T>
+const T* CudaBackend::Impl::qkv_weight(int32_t layer) const {
+  const size_t rows = static_cast<size_t>(q_size) + 2 * static_cast<size_t>(kv_size);
+  return as<T>(w_qkv) + static_cast<size_t>(layer) * rows * static_cast<size_t>(hidden);
+}
+
+template <typename T>
+const T* CudaBackend::Impl::gate_up_weight(int32_t layer) const {
+  return as<T>(w_gate_up) +
+         static_cast<size_t>(layer) * 2 * static_cast<size_t>(ffn) * static_cast<size_t>(hidden);
+}
+
 // Every bf16 product a step can ask linear() for, planned at construction so that a step's
 // launches only look plans up: each layer product at every token count a step may carry (decode
 // buckets × W, and any prefill or mixed count up to step_tokens_max), the LM head at every count
@@ -142,7 +172,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
                                   v_layer);
       fused = QkvFused::kThroughKv;
     } else {
-      linear(x, as<T>(w_qkv) + li * qkv_rows * h, qkv.get(), tokens, linears.qkv);
+      linear(x, qkv_weight<T>(i), qkv.get(), tokens, linears.qkv);
     }
   }
   mark(CudaPhase::kGemmQkv);
@@ -232,7 +262,7 @@ void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
       enqueue_small_m_gate_up_swiglu(i, tokens, x, fold ? norm_weight : nullptr, as<T>(act));
       mark(CudaPhase::kGemmGateUp);
     } else {
-      linear(x, as<T>(w_gate_up) + li * 2 * ffn * h, gate_up.get(), tokens, linears.gate_up);
+      linear(x, gate_up_weight<T>(i), gate_up.get(), tokens, linears.gate_up);
       mark(CudaPhase::kGemmGateUp);
       LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
       mark(CudaPhase::kSwiglu);
@@ -245,6 +275,10 @@ void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
 bool CudaBackend::Impl::fuses_decode(int32_t tokens) const {
   return options.fuse_decode && options.precision == CudaPrecision::kBf16 &&
          uses_gemv(tokens, hidden) && kernels::gemv_norm_fits(hidden);
+}
+
+bool CudaBackend::Impl::rope_follows_qkv() const {
+  return !model.qkv_bias && !model.qk_norm && model.rotary_dim() == model.head_dim;
 }
 
 CudaBackend::Impl::QkvFused CudaBackend::Impl::enqueue_fused_qkv(int32_t, int32_t, float*,
@@ -262,25 +296,13 @@ CudaBackend::Impl::QkvFused CudaBackend::Impl::enqueue_fused_qkv(int32_t i, int3
   const int32_t qkv_rows = q_size + 2 * kv_size;
   const kernels::GemvNorm norm{residual.get(), attn_norm.get() + li * h, model.rms_eps,
                                options.fused_gemv_block_per_group};
-  const bf16* w = as<bf16>(w_qkv) + li * static_cast<size_t>(qkv_rows) * h;
-  if (model.qkv_bias || model.qk_norm || model.rotary_dim() != model.head_dim) {
+  const bf16* w = qkv_weight<bf16>(i);
+  if (!rope_follows_qkv()) {
     LS_CUDA(kernels::launch_gemv_norm_bf16(norm, w, qkv.get(), tokens, qkv_rows, hidden,
                                            forward_stream()));
     return QkvFused::kProduct;
   }
-  const kernels::RopeKvTarget target{
-      .positions = positions.get(),
-      .slots = slots.get(),
-      .query_heads = model.query_heads_count,
-      .kv_heads = model.kv_heads_count,
-      .head_dim = model.head_dim,
-      .cos = rope_cos.get(),
-      .sin = rope_sin.get(),
-      .positions_count = positions_count,
-      .q_out = q.get(),
-      .k_cache = k_layer,
-      .v_cache = v_layer,
-  };
+  const kernels::RopeKvTarget target = rope_kv_target(0, k_layer, v_layer);
   LS_CUDA(kernels::launch_gemv_norm_rope_kv_bf16(norm, w, target, tokens, hidden,
                                                  forward_stream()));
   return QkvFused::kThroughKv;
@@ -294,7 +316,7 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
   const size_t h = static_cast<size_t>(hidden);
   const kernels::GemvNorm norm{residual.get(), ffn_norm.get() + li * h, model.rms_eps,
                                options.fused_gemv_block_per_group};
-  const bf16* w = as<bf16>(w_gate_up) + li * 2 * static_cast<size_t>(ffn) * h;
+  const bf16* w = gate_up_weight<bf16>(i);
   LS_CUDA(kernels::launch_gemv_norm_swiglu_bf16(norm, w, act_out, tokens, ffn, hidden,
                                                 forward_stream()));
   return true;
@@ -306,8 +328,7 @@ bool CudaBackend::Impl::small_m_swiglu_runs(int32_t tokens) const {
 }
 
 bool CudaBackend::Impl::small_m_rope_kv_runs(int32_t tokens) const {
-  return small_m_swiglu_runs(tokens) && !model.qkv_bias && !model.qk_norm &&
-         model.rotary_dim() == model.head_dim;
+  return small_m_swiglu_runs(tokens) && rope_follows_qkv();
 }
 
 bool CudaBackend::Impl::small_m_folds_norm(int32_t tokens) const {
@@ -325,8 +346,7 @@ void CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t i, int32_t tokens
                                                        const float* norm_weight, bf16* act_out) {
   LS_ASSERT(small_m_swiglu_runs(tokens), "the small-M SwiGLU epilogue asked for where it does "
             "not run");
-  const size_t h = static_cast<size_t>(hidden);
-  const bf16* w = as<bf16>(w_gate_up) + static_cast<size_t>(i) * 2 * static_cast<size_t>(ffn) * h;
+  const bf16* w = gate_up_weight<bf16>(i);
   if (norm_weight != nullptr) {
     const kernels::SmallMNorm norm{residual.get(), norm_weight, model.rms_eps};
     LS_CUDA(kernels::launch_gemm_small_m_norm_swiglu_bf16(
@@ -353,33 +373,18 @@ void CudaBackend::Impl::enqueue_small_m_qkv_rope_kv(int32_t i, int32_t tokens, c
                                                     bf16* v_layer) {
   LS_ASSERT(small_m_rope_kv_runs(tokens), "the small-M RoPE epilogue asked for where it does "
             "not run");
-  const int32_t qkv_rows = q_size + 2 * kv_size;
-  const bf16* w = as<bf16>(w_qkv) + static_cast<size_t>(i) * static_cast<size_t>(qkv_rows) *
-                                        static_cast<size_t>(hidden);
-  in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
-    const kernels::RopeKvTarget target{
-        .positions = positions.get() + first,
-        .slots = slots.get() + first,
-        .query_heads = model.query_heads_count,
-        .kv_heads = model.kv_heads_count,
-        .head_dim = model.head_dim,
-        .cos = rope_cos.get(),
-        .sin = rope_sin.get(),
-        .positions_count = positions_count,
-        .q_out = q.get() + int64_t{first} * q_size,
-        .k_cache = k_layer,
-        .v_cache = v_layer,
-    };
-    if (norm_weight != nullptr) {
-      const kernels::SmallMNorm norm{residual.get(), norm_weight, model.rms_eps};
-      LS_CUDA(kernels::launch_gemm_small_m_norm_rope_kv_bf16(
-          norm, w, target, hidden, small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(),
-          forward_stream()));
-      return;  // one token: the one block
-    }
-    LS_CUDA(kernels::launch_gemm_small_m_rope_kv_bf16(
-        x + int64_t{first} * hidden, w, target, count, hidden, small_m_gemm_workspace.get(),
+  const bf16* w = qkv_weight<bf16>(i);
+  if (norm_weight != nullptr) {
+    const kernels::SmallMNorm norm{residual.get(), norm_weight, model.rms_eps};
+    LS_CUDA(kernels::launch_gemm_small_m_norm_rope_kv_bf16(
+        norm, w, rope_kv_target(0, k_layer, v_layer), hidden, small_m_gemm_workspace.get(),
         small_m_gemm_workspace.bytes(), forward_stream()));
+    return;
+  }
+  in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
+    LS_CUDA(kernels::launch_gemm_small_m_rope_kv_bf16(
+        x + int64_t{first} * hidden, w, rope_kv_target(first, k_layer, v_layer), count, hidden,
+        small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(), forward_stream()));
   });
 }
 
