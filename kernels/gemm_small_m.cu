@@ -12,32 +12,22 @@
 //     with the same k chunk of x (8 · n-tiles rows). cp.async writes shared memory without
 //     registers; weights carry an L2 evict-first policy (read once), x stays in L2 for the other
 //     tiles;
-//   - 8 warps: warp w takes rows 32·(w % 4) .. + 31 (two m16 tiles) of the block and the k16 steps
-//     2·(w / 4), 2·(w / 4) + 1 of each chunk (a k half). The two k halves' sums are added at the
-//     end (half 0 + half 1). Every x fragment a warp loads serves its two m-tiles, so shared-memory
-//     reads stay ~3.5 bytes a weight byte at 64 tokens;
+//   - two warpgroups (8 warps): warpgroup h multiplies rows 64h .. 64h + 63 of the block by every
+//     token of the chunk with Hopper's wgmma (kernels/wgmma.cuh), one m64 × (8 · n-tiles) × k16
+//     MMA for each of the chunk's four k16 steps, in k order, both operands read by the tensor
+//     cores from shared memory. Against mma.sync fed by ldmatrix (this kernel until 2026-12-03)
+//     no fragment passes through registers, and the sums run in k order without the k halves that
+//     design added at the end;
 //   - too few tiles to fill both block slots of every SM (out / 128 ≤ 132, e.g. every projection
 //     of llama-1b but the LM head) split `in` into gemm_small_m_splits(out, in) K ranges, partials
 //     added in split order by a second kernel (kernels/gemm_small_m_reduce.cuh).
 // Shared memory rows are 128 bytes (one chunk of a weight row or of a token): the eight 16-byte
-// pieces of row r are stored at piece ^ (r % 8), so the eight row addresses of an ldmatrix phase
-// (8 consecutive rows, one piece) fall in eight different bank groups, and so do cp.async's writes.
-//
-// Fragment layouts relied on (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point
-// type", .bf16; groupID g = lane / 4, threadID_in_group c = lane % 4):
-//   A (16 × 16, row-major: our weight rows × k), four .b32 registers of two bf16 each:
-//     a0: (row g, k 2c, 2c+1)  a1: (row g+8, k 2c, 2c+1)
-//     a2: (row g, k 2c+8, 2c+9)  a3: (row g+8, k 2c+8, 2c+9)
-//   B (16 × 8, "col": element (k, n) with n our token), two registers:
-//     b0: (k 2c, 2c+1; n g)  b1: (k 2c+8, 2c+9; n g)
-//   C/D (16 × 8 fp32): c0, c1: (row g; n 2c, 2c+1)  c2, c3: (row g+8; n 2c, 2c+1)
-//   ldmatrix.m8n8.x4 (.b16, no .trans): lanes 8i..8i+7 give the addresses of matrix i's 8 rows of
-//     16 bytes; register i of lane l receives row l / 4, elements 2(l % 4), 2(l % 4) + 1 of matrix
-//     i. So for A, matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15,
-//     k 8-15) give a0..a3; for B, stored as [token][k], (tokens 0-7 of n-tile j, k 0-7) and
-//     (k 8-15) give b0, b1 of n-tile j (an .x4 covers n-tiles j and j + 1; an .x2 a last odd one).
-// An MMA's output element depends only on its own A row, B column and C input, so a token's sums
-// do not depend on the other tokens, nor on where in the n-tile it sits.
+// pieces of row r are stored at piece ^ (r % 8) from a 1024-aligned stage, wgmma's 128-byte
+// swizzle, so cp.async's writes of eight rows fall in eight different bank groups and the tensor
+// cores read the stages as they lie. Both operands are K-major: A the weights [row][k], B the
+// tokens [token][k]. An MMA's output element depends only on its own A row, B column and D input,
+// so a token's sums do not depend on the other tokens, nor on where in the n-tile it sits, nor on
+// how many n-tiles the MMA's N covers.
 #include "kernels/gemm_small_m.h"
 #include "kernels/gemm_small_m_args.h"
 #include "kernels/gemm_small_m_norm.cuh"
@@ -45,7 +35,7 @@
 #include "kernels/gemm_small_m_tuning.h"
 
 #include "kernels/launch.cuh"
-#include "kernels/mma.cuh"
+#include "kernels/wgmma.cuh"
 
 #include <algorithm>
 #include <array>
@@ -63,9 +53,14 @@ constexpr int32_t kStages = 4;
 constexpr int32_t kRowBytes = kChunk * 2;              // one row of a stage
 constexpr int32_t kPieces = kRowBytes / 16;            // its 16-byte pieces
 constexpr int32_t kNTilesMax = kSmallMGemmTokensMax / 8;
-static_assert(kWarps == 2 * kRowGroups, "each row group has two k halves");
-static_assert(kChunk == 4 * 16, "a chunk is two k halves of two k16 steps");
-static_assert(kWarpRows == 2 * 16, "a warp owns two m16 tiles");
+constexpr int32_t kSteps = kChunk / 16;  // wgmma k16 steps a chunk
+static_assert(kRowBytes == 128, "a stage row is one 128-byte swizzle row");
+static_assert(kWarpgroupRows == 64, "a warpgroup's rows are one wgmma's M");
+// wgmma's swizzle atoms are 1024-aligned: the dynamic shared memory is aligned at run time, and a
+// stage's parts (128 weight rows, then 8 token rows an n-tile) keep it.
+constexpr size_t kSwizzleAtom = 1024;
+static_assert(kTileRows * kRowBytes % kSwizzleAtom == 0 && 8 * kRowBytes == kSwizzleAtom,
+              "stages, weight tiles and n-tiles start on swizzle atoms");
 
 // Splits: the largest power of two (no K range shorter than kChunksPerSplitMin chunks: the
 // pipeline must fill) that keeps tiles × splits within kBlockSlots, two blocks on each of the
@@ -81,9 +76,10 @@ constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
 template <int32_t NT>
 constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
 // What a kernel lays out in its dynamic shared memory: the pipeline, and for one n-tile the
-// folded norm's region after it (kernels/gemm_small_m_norm.cuh).
+// folded norm's region after it (kernels/gemm_small_m_norm.cuh); and the alignment's slack.
 template <int32_t NT>
-constexpr size_t kKernelSharedBytes = kSharedBytes<NT> + (NT == 1 ? kFoldedRegionBytes : 0);
+constexpr size_t kKernelSharedBytes =
+    kSharedBytes<NT> + (NT == 1 ? kFoldedRegionBytes : 0) + kSwizzleAtom - 16;
 static_assert(blocks_sharing_an_sm(kSharedBytes<kNTilesMax>) >= 2, "two blocks fit an SM");
 // What a launch reserves: at least kTwoBlocksAnSm, so that no SM takes a third block. One or two
 // n-tiles' pipelines (70-74 KB) would otherwise let three blocks share an SM (kernels/launch.h),
@@ -167,32 +163,12 @@ __device__ __forceinline__ void wait_copies() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(r[0]), "=r"(r[1])
-               : "r"(address)
-               : "memory");
-}
-
 // Where stage `stage` (a chunk index within the block's K range) lives and what it covers.
 template <int32_t NT>
 struct Stage {
   uint32_t weights;  // shared address of [kTileRows][kRowBytes]
   uint32_t x;        // shared address of [8·NT][kRowBytes]
   int32_t k0;        // first k
-};
-
-// With the folded norm (one token) the MMAs read x from the region instead: this stage's chunk of
-// the token's row, and the zero row the other seven B rows read. {0, 0}: x is the stage's.
-struct FoldedX {
-  uint32_t row = 0;
-  uint32_t zeros = 0;
 };
 
 template <int32_t NT>
@@ -247,55 +223,58 @@ __device__ __forceinline__ void load_x(const Params& p, Stage<NT> st) {
   }
 }
 
-// One stage's MMAs of a warp: its k half (k16 steps 2h, 2h + 1) of its two m-tiles × NT n-tiles.
+// One stage's MMAs of a warpgroup: its 64 rows × NT n-tiles, the chunk's k16 steps in k order.
+// Returns once they are done, so the stage's buffer is free after the next barrier.
 template <int32_t NT>
-__device__ __forceinline__ void multiply(Stage<NT> st, FoldedX folded, int32_t group,
-                                         int32_t half, int32_t lane, float (&acc)[2][NT][4]) {
+__device__ __forceinline__ void multiply(Stage<NT> st, int32_t warpgroup, float (&acc)[NT][4]) {
+  const uint32_t weights = st.weights + static_cast<uint32_t>(warpgroup * kWarpgroupRows * kRowBytes);
+  wgmma::fence();
 #pragma unroll
-  for (int32_t kk = 0; kk < 2; ++kk) {
-    const int32_t step = 2 * half + kk;
-    uint32_t a[2][4];
-#pragma unroll
-    for (int32_t mt = 0; mt < 2; ++mt) {
-      const int32_t row = group * kWarpRows + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
-      ldmatrix_x4(a[mt], st.weights + swizzled(row, 2 * step + (lane >> 4)));
-    }
-#pragma unroll
-    for (int32_t j = 0; j + 1 < NT; j += 2) {
-      uint32_t b[4];
-      const int32_t token = (j + (lane >> 4)) * 8 + (lane & 7);
-      ldmatrix_x4(b, st.x + swizzled(token, 2 * step + ((lane >> 3) & 1)));
-#pragma unroll
-      for (int32_t mt = 0; mt < 2; ++mt) {
-        mma_bf16_16816(acc[mt][j], a[mt], b[0], b[1]);
-        mma_bf16_16816(acc[mt][j + 1], a[mt], b[2], b[3]);
-      }
-    }
-    if constexpr (NT % 2 == 1) {
-      uint32_t b[2];
-      const int32_t token = (NT - 1) * 8 + (lane & 7);  // lanes 16-31: addresses unused
-      const int32_t piece = 2 * step + ((lane >> 3) & 1);
-      uint32_t address = st.x + swizzled(token, piece);
-      if (folded.row != 0) address = token == 0 ? folded.row + 16 * piece : folded.zeros;
-      ldmatrix_x2(b, address);
-#pragma unroll
-      for (int32_t mt = 0; mt < 2; ++mt) mma_bf16_16816(acc[mt][NT - 1], a[mt], b[0], b[1]);
-    }
+  for (int32_t step = 0; step < kSteps; ++step) {
+    const uint32_t k_bytes = static_cast<uint32_t>(32 * step);
+    wgmma::mma_k16<NT>(acc, wgmma::descriptor_sw128(weights + k_bytes),
+                       wgmma::descriptor_sw128(st.x + k_bytes));
   }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::hold<NT>(acc);
+}
+
+// The folded norm's x (one token): token 0 of each stage's x rows is the stage's chunk of the
+// region, copied in before the stage's barrier; tokens 1-7, zeroed once for every buffer, stay
+// zero. Without the fold, load_x's cp.async writes the same zeros past `tokens`.
+__device__ __forceinline__ void zero_folded_rows(uint32_t shared) {
+  for (int32_t idx = static_cast<int32_t>(threadIdx.x); idx < kStages * 7 * kPieces;
+       idx += kThreads) {
+    const int32_t s = idx / (7 * kPieces), row = 1 + (idx / kPieces) % 7, piece = idx % kPieces;
+    const uint32_t at = stage_at<1>(shared, 0, s).x + swizzled(row, piece);
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+  }
+}
+__device__ __forceinline__ void copy_folded_chunk(uint32_t region, Stage<1> st, int32_t s) {
+  const int32_t piece = static_cast<int32_t>(threadIdx.x);
+  if (piece >= kPieces) return;
+  uint32_t v[4];
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(region + static_cast<uint32_t>(s * kRowBytes + 16 * piece))
+               : "memory");
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st.x + swizzled(0, piece)),
+               "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
 }
 
 // The block's K range through the pipeline. The first stages' weight loads go out before the wait
 // for the predecessor kernel (kernels/launch.h: nothing writes weights); x, which the predecessor
 // writes, after it. Group s of the cp.async groups completes stage s (the prologue's weight loads
-// ride in group 0), so stage s is ready once at most kStages − 2 groups are pending.
+// ride in group 0), so stage s is ready once at most kStages − 2 groups are pending; each thread's
+// landed copies are made visible to the tensor cores (the async proxy) before the barrier.
 template <int32_t NT>
-__device__ __forceinline__ void stream_range(const Params& p, unsigned char* shared_bytes,
-                                             int32_t tile, int32_t first_chunk, int32_t stages,
-                                             float (&acc)[2][NT][4]) {
-  const uint32_t shared = static_cast<uint32_t>(__cvta_generic_to_shared(shared_bytes));
+__device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, int32_t tile,
+                                             int32_t first_chunk, int32_t stages,
+                                             float (&acc)[NT][4]) {
   const uint64_t policy = evict_first_policy();
-  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
-  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+  const int32_t warpgroup = static_cast<int32_t>(threadIdx.x) / 128;
   const WeightRows rows = weight_rows_of(p, tile);
 #pragma unroll
   for (int32_t s = 0; s < kStages - 1; ++s) {
@@ -307,63 +286,36 @@ __device__ __forceinline__ void stream_range(const Params& p, unsigned char* sha
     if (p.norm.residual != nullptr) {
       __shared__ float scratch[32];
       const float scale = folded_norm_scale(p, scratch);
-      fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk,
-                     reinterpret_cast<bf16*>(shared_bytes + kSharedBytes<1>));
-      __syncthreads();  // the region visible to every warp
       region = shared + static_cast<uint32_t>(kSharedBytes<1>);
+      fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk,
+                     reinterpret_cast<bf16*>(__cvta_shared_to_generic(region)));
+      zero_folded_rows(shared);
+      __syncthreads();  // the region visible to every warp
     }
   }
-  const auto folded_at = [&](int32_t s) {
-    if (region == 0) return FoldedX{};
-    return FoldedX{region + static_cast<uint32_t>(s * kRowBytes),
-                   region + static_cast<uint32_t>(stages * kRowBytes)};
-  };
 #pragma unroll
   for (int32_t s = 0; s < kStages - 1; ++s) {
     if (s < stages && region == 0) load_x<NT>(p, stage_at<NT>(shared, first_chunk, s));
     commit_copies();
   }
   for (int32_t s = 0; s < stages; ++s) {
+    const Stage<NT> st = stage_at<NT>(shared, first_chunk, s);
     wait_copies<kStages - 2>();
+    if constexpr (NT == 1) {
+      if (region != 0) copy_folded_chunk(region, st, s);
+    }
+    wgmma::fence_shared_for_async();
     __syncthreads();  // stage s landed for every thread; stage s − 1's buffer is free
     const int32_t next = s + kStages - 1;
     if (next < stages) {
-      const Stage<NT> st = stage_at<NT>(shared, first_chunk, next);
-      load_weights<NT>(p, rows, st, policy);
-      if (region == 0) load_x<NT>(p, st);
+      const Stage<NT> later = stage_at<NT>(shared, first_chunk, next);
+      load_weights<NT>(p, rows, later, policy);
+      if (region == 0) load_x<NT>(p, later);
     }
     commit_copies();
-    multiply<NT>(stage_at<NT>(shared, first_chunk, s), folded_at(s), warp % kRowGroups,
-                 warp / kRowGroups, lane, acc);
+    multiply<NT>(st, warpgroup, acc);
   }
   wait_copies<0>();
-  __syncthreads();  // the pipeline's buffers are free for the halves' exchange
-}
-
-// Half 0 + half 1 of the warp's own m-tile (m-tile h for the warp of k half h): each warp hands
-// the other half's warp the m-tile it does not keep, through shared memory.
-template <int32_t NT>
-__device__ __forceinline__ void add_halves(float* exchange, int32_t group, int32_t half,
-                                           int32_t lane, const float (&acc)[2][NT][4],
-                                           float (&sum)[NT][4]) {
-  float* mine = exchange + (group * 2 + half) * NT * 4 * 32;       // m-tile `half`, from the other
-  float* theirs = exchange + (group * 2 + 1 - half) * NT * 4 * 32;  // m-tile 1 − half, to the other
-#pragma unroll
-  for (int32_t j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int32_t e = 0; e < 4; ++e) {
-      theirs[(j * 4 + e) * 32 + lane] = half == 0 ? acc[1][j][e] : acc[0][j][e];
-    }
-  }
-  __syncthreads();
-#pragma unroll
-  for (int32_t j = 0; j < NT; ++j) {
-#pragma unroll
-    for (int32_t e = 0; e < 4; ++e) {
-      const float other = mine[(j * 4 + e) * 32 + lane];
-      sum[j][e] = half == 0 ? acc[0][j][e] + other : other + acc[1][j][e];
-    }
-  }
 }
 
 template <int32_t NT>
@@ -378,30 +330,25 @@ template <int32_t NT>
 __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params p) {
   allow_successor();
   extern __shared__ __align__(128) unsigned char shared_bytes[];
+  const uint32_t unaligned = static_cast<uint32_t>(__cvta_generic_to_shared(shared_bytes));
+  const uint32_t shared = (unaligned + uint32_t{kSwizzleAtom - 1}) & ~uint32_t{kSwizzleAtom - 1};
   const int32_t split = static_cast<int32_t>(blockIdx.x), tile = static_cast<int32_t>(blockIdx.y);
-  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
-  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
-  const int32_t group = warp % kRowGroups, half = warp / kRowGroups;
   const int32_t first_chunk = split * p.chunks_per_split;
   const int32_t stages = min(p.chunks_per_split, p.chunks - first_chunk);
-  float acc[2][NT][4];
+  float acc[NT][4];
 #pragma unroll
-  for (int32_t mt = 0; mt < 2; ++mt) {
+  for (int32_t j = 0; j < NT; ++j) {
 #pragma unroll
-    for (int32_t j = 0; j < NT; ++j) {
-#pragma unroll
-      for (int32_t e = 0; e < 4; ++e) acc[mt][j][e] = 0.0f;
-    }
+    for (int32_t e = 0; e < 4; ++e) acc[j][e] = 0.0f;
   }
-  stream_range<NT>(p, shared_bytes, tile, first_chunk, stages, acc);
-  float sum[NT][4];
-  add_halves<NT>(reinterpret_cast<float*>(shared_bytes), group, half, lane, acc, sum);
+  stream_range<NT>(p, shared, tile, first_chunk, stages, acc);
   if (p.splits > 1) {
-    write_partial<NT>(p, tile, split, sum);  // gemm_small_m_reduce_kernel adds and stores them
+    write_partial<NT>(p, tile, split, acc);  // gemm_small_m_reduce_kernel adds and stores them
     return;
   }
-  store<NT>(p, tile, sum);
+  store<NT>(p, tile, acc);
 }
+
 
 constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
 

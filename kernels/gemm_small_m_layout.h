@@ -19,8 +19,8 @@ using bf16 = __nv_bfloat16;
 constexpr int32_t kTileRows = 128;  // output rows a block owns
 constexpr int32_t kWarps = 8;
 constexpr int32_t kThreads = 32 * kWarps;
-constexpr int32_t kRowGroups = 4;                     // warps along the rows
-constexpr int32_t kWarpRows = kTileRows / kRowGroups;  // 32: two m16 tiles
+constexpr int32_t kWarpgroups = kWarps / 4;                 // wgmma's groups of four warps
+constexpr int32_t kWarpgroupRows = kTileRows / kWarpgroups;  // 64: one wgmma's M
 
 // What a product's epilogue does with its sums (kernels/gemm_small_m.h).
 enum class Epilogue : int32_t { kPlain, kSwiglu, kRopeKv };
@@ -75,12 +75,13 @@ __host__ __device__ __forceinline__ int32_t tile_row_weight(const Params& p, int
   return pair_first_row(p, pair) + (r % 16 < 8 ? 0 : pair_half(p));
 }
 
-// Where element e of n-tile j of the thread's sum (after add_halves) belongs: a row of the tile
-// (c0, c1 of row g; c2, c3 of row g + 8 of the warp's m-tile) and a token (8j + 2c, + 1). The
-// separate reduction kernel finds the same places from the thread index alone.
+// Where element e of n-tile j of the thread's sum belongs: a row of the tile (warpgroup w / 4 owns
+// rows 64·(w / 4) .., its warp w % 4 their m16 tile w % 4; c0, c1 of row g, c2, c3 of row g + 8:
+// kernels/wgmma.cuh) and a token (8j + 2c, + 1). The separate reduction kernel finds the same
+// places from the thread index alone.
 __host__ __device__ __forceinline__ int32_t fragment_row(int32_t tid, int32_t e) {
   const int32_t warp = tid / 32, lane = tid % 32;
-  return (warp % kRowGroups) * kWarpRows + (warp / kRowGroups) * 16 + lane / 4 + (e >= 2 ? 8 : 0);
+  return (warp / 4) * kWarpgroupRows + (warp % 4) * 16 + lane / 4 + (e >= 2 ? 8 : 0);
 }
 __host__ __device__ __forceinline__ int32_t fragment_token(int32_t tid, int32_t j, int32_t e) {
   return 8 * j + 2 * (tid % 4) + (e & 1);

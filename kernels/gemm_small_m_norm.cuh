@@ -6,8 +6,9 @@
 // the norm kernel and the product, the same bits.
 //
 // Why one token only. The region holds one row of the block's K range (at most 16 KB beside the
-// pipeline's ~70 KB, so two blocks still share an SM); the B fragment's rows of tokens 1-7 read a
-// zero row, as the unfolded kernel's cp.async writes zeros past `tokens`.
+// pipeline's ~70 KB, so two blocks still share an SM); each stage copies its chunk of the row into
+// its x rows' token 0, whose tokens 1-7 stay zero as the unfolded kernel's cp.async writes zeros
+// past `tokens`.
 #pragma once
 
 #include "kernels/gemm_small_m_layout.h"
@@ -18,10 +19,9 @@
 
 namespace ls::kernels::small_m {
 
-// The widest row the vectorised norm covers (8192) and the region it needs: its bf16 elements and
-// a 128-byte zero row.
+// The widest row the vectorised norm covers (8192) and the region it needs: its bf16 elements.
 constexpr int32_t kFoldedKMax = 4 * kNormThreads * kNormVecMax;
-constexpr size_t kFoldedRegionBytes = size_t{kFoldedKMax} * 2 + 128;
+constexpr size_t kFoldedRegionBytes = size_t{kFoldedKMax} * 2;
 static_assert(kThreads == kNormThreads, "the block plays the norm kernel's threads");
 
 // The token's scale (ops::rms_norm_scale of its sum of squares), as rms_norm_vec_kernel computes
@@ -34,7 +34,7 @@ __device__ __forceinline__ float folded_norm_scale(const Params& p, float* scrat
 }
 
 // Elements k0 .. k0 + count − 1 of the normalised token (count a multiple of 64; zeros past `in`)
-// into region[0 .. count), then the zero row region[count .. count + 64).
+// into region[0 .. count).
 __device__ __forceinline__ void fold_norm_into(const Params& p, float scale, int32_t k0,
                                                int32_t count, bf16* region) {
   const float4* xr = reinterpret_cast<const float4*>(p.norm.residual);
@@ -46,9 +46,6 @@ __device__ __forceinline__ void fold_norm_into(const Params& p, float scale, int
     } else {
       store4(region + 4 * i, 0.0f, 0.0f, 0.0f, 0.0f);
     }
-  }
-  for (int32_t i = static_cast<int32_t>(threadIdx.x); i < 16; i += kThreads) {
-    store4(region + count + 4 * i, 0.0f, 0.0f, 0.0f, 0.0f);
   }
 }
 
