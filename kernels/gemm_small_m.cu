@@ -50,6 +50,9 @@ using namespace small_m;
 
 constexpr int32_t kChunk = 64;  // k a pipeline stage holds
 constexpr int32_t kStages = 4;
+constexpr int32_t kMmaInFlight = 1;  // stages whose MMAs may still run when the next are issued
+constexpr int32_t kAhead = kStages - 1 - kMmaInFlight;  // stages loaded ahead of the MMAs
+static_assert(kAhead >= 1, "a stage loads while another multiplies");
 constexpr int32_t kRowBytes = kChunk * 2;              // one row of a stage
 constexpr int32_t kPieces = kRowBytes / 16;            // its 16-byte pieces
 constexpr int32_t kNTilesMax = kSmallMGemmTokensMax / 8;
@@ -223,8 +226,8 @@ __device__ __forceinline__ void load_x(const Params& p, Stage<NT> st) {
   }
 }
 
-// One stage's MMAs of a warpgroup: its 64 rows × NT n-tiles, the chunk's k16 steps in k order.
-// Returns once they are done, so the stage's buffer is free after the next barrier.
+// One stage's MMAs of a warpgroup: its 64 rows × NT n-tiles, the chunk's k16 steps in k order,
+// issued as one wgmma group; the caller waits for them.
 template <int32_t NT>
 __device__ __forceinline__ void multiply(Stage<NT> st, int32_t warpgroup, float (&acc)[NT][4]) {
   const uint32_t weights = st.weights + static_cast<uint32_t>(warpgroup * kWarpgroupRows * kRowBytes);
@@ -236,8 +239,6 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t warpgroup, float 
                        wgmma::descriptor_sw128(st.x + k_bytes));
   }
   wgmma::commit();
-  wgmma::wait<0>();
-  wgmma::hold<NT>(acc);
 }
 
 // The folded norm's x (one token): token 0 of each stage's x rows is the stage's chunk of the
@@ -264,11 +265,15 @@ __device__ __forceinline__ void copy_folded_chunk(uint32_t region, Stage<1> st, 
                : "memory");
 }
 
-// The block's K range through the pipeline. The first stages' weight loads go out before the wait
-// for the predecessor kernel (kernels/launch.h: nothing writes weights); x, which the predecessor
-// writes, after it. Group s of the cp.async groups completes stage s (the prologue's weight loads
-// ride in group 0), so stage s is ready once at most kStages − 2 groups are pending; each thread's
-// landed copies are made visible to the tensor cores (the async proxy) before the barrier.
+// The block's K range through the pipeline: kStages buffers, kMmaInFlight stages' MMAs still
+// running while the next stage's are issued, and the loads kAhead = kStages − 1 − kMmaInFlight
+// stages ahead (a buffer is refilled once every warpgroup's MMAs of it are done: each waited for
+// them before the barrier that precedes the refill). The first stages' weight loads go out before
+// the wait for the predecessor kernel (kernels/launch.h: nothing writes weights); x, which the
+// predecessor writes, after it. Group s of the cp.async groups completes stage s (the prologue's
+// weight loads ride in group 0), so stage s is ready once at most kAhead − 1 groups are pending;
+// each thread's landed copies are made visible to the tensor cores (the async proxy) before the
+// barrier.
 template <int32_t NT>
 __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, int32_t tile,
                                              int32_t first_chunk, int32_t stages,
@@ -277,7 +282,7 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
   const int32_t warpgroup = static_cast<int32_t>(threadIdx.x) / 128;
   const WeightRows rows = weight_rows_of(p, tile);
 #pragma unroll
-  for (int32_t s = 0; s < kStages - 1; ++s) {
+  for (int32_t s = 0; s < kAhead; ++s) {
     if (s < stages) load_weights<NT>(p, rows, stage_at<NT>(shared, first_chunk, s), policy);
   }
   wait_for_predecessor();
@@ -294,19 +299,19 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     }
   }
 #pragma unroll
-  for (int32_t s = 0; s < kStages - 1; ++s) {
+  for (int32_t s = 0; s < kAhead; ++s) {
     if (s < stages && region == 0) load_x<NT>(p, stage_at<NT>(shared, first_chunk, s));
     commit_copies();
   }
   for (int32_t s = 0; s < stages; ++s) {
     const Stage<NT> st = stage_at<NT>(shared, first_chunk, s);
-    wait_copies<kStages - 2>();
+    wait_copies<kAhead - 1>();
     if constexpr (NT == 1) {
       if (region != 0) copy_folded_chunk(region, st, s);
     }
     wgmma::fence_shared_for_async();
-    __syncthreads();  // stage s landed for every thread; stage s − 1's buffer is free
-    const int32_t next = s + kStages - 1;
+    __syncthreads();  // stage s landed for every thread; stage s − 1 − kMmaInFlight's buffer free
+    const int32_t next = s + kAhead;
     if (next < stages) {
       const Stage<NT> later = stage_at<NT>(shared, first_chunk, next);
       load_weights<NT>(p, rows, later, policy);
@@ -314,7 +319,10 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     }
     commit_copies();
     multiply<NT>(st, warpgroup, acc);
+    wgmma::wait<kMmaInFlight>();
   }
+  wgmma::wait<0>();
+  wgmma::hold<NT>(acc);
   wait_copies<0>();
 }
 
