@@ -4,14 +4,14 @@
 //
 // At small M a step is a stream of the weights: the kernel reads each weight once, through a
 // multi-stage cp.async pipeline, and uses the tokens only as the MMA's narrow N side ("swap AB":
-// the weights are mma.m16n8k16's A operand, 16 output rows × 16 k; 8 tokens make an n-tile).
+// the weights are wgmma's A operand, 64 output rows × 16 k; 8 tokens make an n-tile).
 // kernels/gemm_small_m.cu says how a block is laid out and which fragment layouts it relies on.
 //
 // Batch invariance: a token's outputs depend only on its own row of x. The k order of every sum —
-// the pipeline's 64-wide chunks, the two k16 steps of each chunk half, the split of `in` into K
-// ranges and their reduction in split-index order — is a function of (out, in) alone, never of
-// `tokens`; tests/gpu/gemm_small_m_gpu_test.cpp compares the bits of one row computed at several
-// token counts.
+// the pipeline's 64-wide chunks, their four k16 steps in order, the split of `in` into K ranges
+// and their reduction in split-index order — is a function of (out, in) alone, never of `tokens`;
+// tests/gpu/gemm_small_m_gpu_test.cpp compares the bits of one row computed at several token
+// counts (each count's MMA has its own N, 8 · n-tiles).
 //
 // Split K: a shape with at most 132 128-row tiles splits `in` into a fixed number of ranges
 // (gemm_small_m_splits, from out and in only: a power of two, up to two blocks for each of the
