@@ -230,7 +230,8 @@ __device__ __forceinline__ void load_x(const Params& p, Stage<NT> st) {
 // issued as one wgmma group; the caller waits for them.
 template <int32_t NT>
 __device__ __forceinline__ void multiply(Stage<NT> st, int32_t warpgroup, float (&acc)[NT][4]) {
-  const uint32_t weights = st.weights + static_cast<uint32_t>(warpgroup * kWarpgroupRows * kRowBytes);
+  const uint32_t weights =
+      st.weights + static_cast<uint32_t>(warpgroup * kWarpgroupRows * kRowBytes);
   wgmma::fence();
 #pragma unroll
   for (int32_t step = 0; step < kSteps; ++step) {

@@ -1,7 +1,8 @@
-// The tensor-core instruction lockstep's kernels share (the attention kernels and the small-M
-// GEMM): one mma.sync m16n8k16 with bf16 operands and fp32 accumulation. PTX ISA "Matrix Fragments
-// for mma.m16n8k16": A is 16×16 row-major (four 32-bit registers of bf16 pairs), B 16×8 column-
-// major (two), C/D 16×8 fp32 (four: rows lane/4 and lane/4 + 8, columns 2·(lane%4) + {0, 1}).
+// The tensor-core instruction lockstep's attention kernels share (the small-M GEMM runs on wgmma,
+// kernels/wgmma.cuh): one mma.sync m16n8k16 with bf16 operands and fp32 accumulation. PTX ISA
+// "Matrix Fragments for mma.m16n8k16": A is 16×16 row-major (four 32-bit registers of bf16 pairs),
+// B 16×8 column-major (two), C/D 16×8 fp32 (four: rows lane/4 and lane/4 + 8, columns
+// 2·(lane%4) + {0, 1}).
 #pragma once
 
 #include <cuda_bf16.h>
