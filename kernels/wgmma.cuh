@@ -56,6 +56,8 @@ __device__ __forceinline__ void fence_shared_for_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// One function for each N: an asm statement names every accumulator register as an operand of
+// its own, so the eight shapes cannot share one body (mma_k16 below picks one).
 __device__ __forceinline__ void mma_m64n8k16(float (&d)[1][4], uint64_t a, uint64_t b) {
   asm volatile(
       "{\n.reg .pred accumulate;\nsetp.ne.b32 accumulate, %6, 0;\n"
