@@ -27,7 +27,8 @@
 // cores read the stages as they lie. Both operands are K-major: A the weights [row][k], B the
 // tokens [token][k]. An MMA's output element depends only on its own A row, B column and D input,
 // so a token's sums do not depend on the other tokens, nor on where in the n-tile it sits, nor on
-// how many n-tiles the MMA's N covers.
+// how many n-tiles the MMA's N covers (SmallMGemm.ARowsBitsDoNotDependOnTheOtherTokens compares
+// one row's bits at every N).
 #include "kernels/gemm_small_m.h"
 #include "kernels/gemm_small_m_args.h"
 #include "kernels/gemm_small_m_norm.cuh"

@@ -133,9 +133,10 @@ std::vector<uint32_t> bits_of(const float* begin, size_t count) {
   return bits;
 }
 
-// One probe token's output row, computed at token counts 1, 2, 3, 8, 17 and 64 with different
-// other rows around it and at different positions (the last row, the middle one), with beta 0 and
-// 1: bit for bit the row the probe gives alone.
+// One probe token's output row, computed at token counts 1, 2, 3, 8 and then one of each n-tile
+// count (9 .. 64: every wgmma N from 16 to 64) with different other rows around it and at
+// different positions (the last row, the middle one), with beta 0 and 1: bit for bit the row the
+// probe gives alone.
 TEST(SmallMGemm, ARowsBitsDoNotDependOnTheOtherTokens) {
   LS_SKIP_WITHOUT_DEVICE();
   for (const Shape shape : kShapes) {
@@ -147,7 +148,7 @@ TEST(SmallMGemm, ARowsBitsDoNotDependOnTheOtherTokens) {
     Workspace ws(shape);
     for (const float beta : {0.0f, 1.0f}) {
       std::vector<uint32_t> alone;
-      for (const int32_t tokens : {1, 2, 3, 8, 17, 64}) {
+      for (const int32_t tokens : {1, 2, 3, 8, 9, 17, 32, 33, 48, 56, 64}) {
         for (const int32_t at : {tokens - 1, (tokens - 1) / 2}) {
           std::vector<float> x =
               random_bf16_values(size_t(tokens) * shape.in, 100 + uint32_t(tokens), -1, 1);
