@@ -3,12 +3,13 @@
 // Why this shape of kernel. At 1..64 tokens a linear layer reads out·in·2 bytes of weights and
 // does 2·tokens·out·in flops: at most 64 flops a byte, far under the H200's ~200 where bf16 matrix
 // work stops being memory-bound. So the design goal is a full-bandwidth stream of the weights:
-//   - "swap AB": the weights are the MMA's A operand (16 output rows × 16 k), the tokens its N side
+//   - "swap AB": the weights are the MMA's A operand (64 output rows × 16 k), the tokens its N side
 //     (8 per n-tile, ⌈tokens / 8⌉ n-tiles), so no weight row is padded and a token count only
-//     changes how many n-tiles a warp multiplies, never which weights are read or in what order;
+//     changes how many n-tiles an MMA covers, never which weights are read or in what order;
 //   - a block owns kTileRows = 128 output rows and streams them through a kStages-deep cp.async
-//     pipeline of kChunk = 64-wide k chunks (16 KB of weights a stage; with two blocks an SM that
-//     is ~96 KB in flight per SM, over what the read bandwidth × latency product needs), together
+//     pipeline of kChunk = 64-wide k chunks (16 KB of weights a stage, kAhead stages loaded ahead
+//     of the MMAs: with two blocks an SM ~64 KB in flight per SM, about twice what 4.4 TB/s over
+//     132 SMs needs to cover a microsecond of latency), together
 //     with the same k chunk of x (8 · n-tiles rows). cp.async writes shared memory without
 //     registers; weights carry an L2 evict-first policy (read once), x stays in L2 for the other
 //     tiles;
