@@ -86,14 +86,14 @@ kernels::RopeKvTarget CudaBackend::Impl::rope_kv_target(int32_t first, T* k_laye
 
 template <typename T>
 const T* CudaBackend::Impl::qkv_weight(int32_t layer) const {
-  const size_t rows = static_cast<size_t>(q_size) + 2 * static_cast<size_t>(kv_size);
-  return as<T>(w_qkv) + static_cast<size_t>(layer) * rows * static_cast<size_t>(hidden);
+  return as<T>(w_qkv) + static_cast<size_t>(layer) * static_cast<size_t>(linears.qkv.out) *
+                            static_cast<size_t>(hidden);
 }
 
 template <typename T>
 const T* CudaBackend::Impl::gate_up_weight(int32_t layer) const {
-  return as<T>(w_gate_up) +
-         static_cast<size_t>(layer) * 2 * static_cast<size_t>(ffn) * static_cast<size_t>(hidden);
+  return as<T>(w_gate_up) + static_cast<size_t>(layer) * static_cast<size_t>(linears.gate_up.out) *
+                                static_cast<size_t>(hidden);
 }
 
 // Every bf16 product a step can ask linear() for, planned at construction so that a step's
@@ -150,7 +150,6 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  const int32_t qkv_rows = q_size + 2 * kv_size;
   const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
   const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
   T* k_layer = as<T>(k_cache) + kv_at;
@@ -181,7 +180,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
       const size_t d = static_cast<size_t>(model.head_dim);
       LS_CUDA(kernels::launch_qkv_bias_head_norm(
           qkv.get(), tokens, model.query_heads_count, model.kv_heads_count, model.head_dim,
-          model.qkv_bias ? qkv_bias.get() + li * qkv_rows : nullptr,
+          model.qkv_bias ? qkv_bias.get() + li * linears.qkv.out : nullptr,
           model.qk_norm ? q_norm.get() + li * d : nullptr,
           model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps, s));
     }
@@ -293,12 +292,11 @@ CudaBackend::Impl::QkvFused CudaBackend::Impl::enqueue_fused_qkv(int32_t i, int3
   if (!fuses_decode(tokens)) return QkvFused::kNone;
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  const int32_t qkv_rows = q_size + 2 * kv_size;
   const kernels::GemvNorm norm{residual.get(), attn_norm.get() + li * h, model.rms_eps,
                                options.fused_gemv_block_per_group};
   const bf16* w = qkv_weight<bf16>(i);
   if (!rope_follows_qkv()) {
-    LS_CUDA(kernels::launch_gemv_norm_bf16(norm, w, qkv.get(), tokens, qkv_rows, hidden,
+    LS_CUDA(kernels::launch_gemv_norm_bf16(norm, w, qkv.get(), tokens, linears.qkv.out, hidden,
                                            forward_stream()));
     return QkvFused::kProduct;
   }

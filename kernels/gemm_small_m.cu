@@ -58,7 +58,9 @@ static_assert(kAhead >= 1, "a stage loads while another multiplies");
 constexpr int32_t kRowBytes = kChunk * 2;              // one row of a stage
 constexpr int32_t kPieces = kRowBytes / 16;            // its 16-byte pieces
 constexpr int32_t kNTilesMax = kSmallMGemmTokensMax / 8;
-constexpr int32_t kSteps = kChunk / 16;  // wgmma k16 steps a chunk
+constexpr int32_t kSteps = kChunk / 16;                  // wgmma k16 steps a chunk
+constexpr uint32_t kStepBytes = 16 * sizeof(bf16);         // how far a k16 step is into a row
+constexpr int32_t kWarpgroupThreads = kThreads / kWarpgroups;
 static_assert(kRowBytes == 128, "a stage row is one 128-byte swizzle row");
 static_assert(kWarpgroupRows == 64, "a warpgroup's rows are one wgmma's M");
 // wgmma's swizzle atoms are 1024-aligned: the dynamic shared memory is aligned at run time, and a
@@ -237,7 +239,7 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t warpgroup, float 
   wgmma::fence();
 #pragma unroll
   for (int32_t step = 0; step < kSteps; ++step) {
-    const uint32_t k_bytes = static_cast<uint32_t>(32 * step);
+    const uint32_t k_bytes = kStepBytes * static_cast<uint32_t>(step);
     wgmma::mma_k16<NT>(acc, wgmma::descriptor_sw128(weights + k_bytes),
                        wgmma::descriptor_sw128(st.x + k_bytes));
   }
@@ -252,20 +254,15 @@ __device__ __forceinline__ void zero_folded_rows(uint32_t shared) {
        idx += kThreads) {
     const int32_t s = idx / (7 * kPieces), row = 1 + (idx / kPieces) % 7, piece = idx % kPieces;
     const uint32_t at = stage_at<1>(shared, 0, s).x + swizzled(row, piece);
-    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(at), "r"(0) : "memory");
+    *static_cast<uint4*>(__cvta_shared_to_generic(at)) = make_uint4(0, 0, 0, 0);
   }
 }
 __device__ __forceinline__ void copy_folded_chunk(uint32_t region, Stage<1> st, int32_t s) {
   const int32_t piece = static_cast<int32_t>(threadIdx.x);
   if (piece >= kPieces) return;
-  uint32_t v[4];
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-               : "r"(region + static_cast<uint32_t>(s * kRowBytes + 16 * piece))
-               : "memory");
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(st.x + swizzled(0, piece)),
-               "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
-               : "memory");
+  const uint32_t from = region + static_cast<uint32_t>(s * kRowBytes + 16 * piece);
+  *static_cast<uint4*>(__cvta_shared_to_generic(st.x + swizzled(0, piece))) =
+      *static_cast<const uint4*>(__cvta_shared_to_generic(from));
 }
 
 // The block's K range through the pipeline: kStages buffers, kMmaInFlight stages' MMAs still
@@ -282,7 +279,7 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
                                              int32_t first_chunk, int32_t stages,
                                              float (&acc)[NT][4]) {
   const uint64_t policy = evict_first_policy();
-  const int32_t warpgroup = static_cast<int32_t>(threadIdx.x) / 128;
+  const int32_t warpgroup = static_cast<int32_t>(threadIdx.x) / kWarpgroupThreads;
   const WeightRows rows = weight_rows_of(p, tile);
 #pragma unroll
   for (int32_t s = 0; s < kAhead; ++s) {
@@ -326,7 +323,6 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
   }
   wgmma::wait<0>();
   wgmma::hold<NT>(acc);
-  wait_copies<0>();
 }
 
 template <int32_t NT>
