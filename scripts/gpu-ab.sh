@@ -3,10 +3,13 @@
 # (old, new, old, new, ...), so the machine's drift falls on both alike, then the new build's GPU
 # tests. What the README quotes as "A against B, alternating, one run" comes from here.
 #
-#   scripts/gpu-ab.sh package OLD NEW   # here (no GPU needed): build both commits' GPU binaries in
+#   scripts/gpu-ab.sh package OLD NEW [NEW2]
+#                                       # here (no GPU needed): build the commits' GPU binaries in
 #                                       # git worktrees under build-ab/src (ccache when there), and
 #                                       # pack stripped, gzipped copies with the shared libraries
-#                                       # the H200 host lacks into build-ab/dist (~25 MB: carry it)
+#                                       # the H200 host lacks into build-ab/dist (~25 MB, ~35 with
+#                                       # NEW2: carry it); NEW2, a second candidate, alternates
+#                                       # with the other two in `run` (old, new, new2, old, ...)
 #   scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...]
 #                                       # on the H200: the new build's lockstep_gpu_tests, then
 #                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench)
@@ -45,7 +48,9 @@ build_one() {
   ninja -C "$tree/build" -j2 $BINARIES || return 2
   mkdir -p "$DIST/$side"
   local binaries=$BINARIES
-  [ "$side" = old ] && binaries=$BENCHES  # only the new build's tests run
+  # The old build's tests never run (a candidate's may); every build's CLI, for a trace one
+  # records and another replays.
+  [ "$side" = old ] && binaries="$BENCHES lockstep"
   for b in $binaries; do
     find "$tree/build" -maxdepth 3 -type f -name "$b" -perm -u+x -exec cp {} "$DIST/$side/" \;
     [ -f "$DIST/$side/$b" ] || { echo "gpu-ab: $b not built for $commit" >&2; return 2; }
@@ -56,8 +61,8 @@ build_one() {
 }
 
 package() {
-  if [ $# -ne 2 ]; then
-    echo "usage: scripts/gpu-ab.sh package OLD NEW (two commits)" >&2
+  if [ $# -ne 2 ] && [ $# -ne 3 ]; then
+    echo "usage: scripts/gpu-ab.sh package OLD NEW [NEW2] (two or three commits)" >&2
     exit 2
   fi
   if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -68,6 +73,7 @@ package() {
   rm -rf "$DIST" && mkdir -p "$DIST/lib"
   build_one old "$1" || exit 2
   build_one new "$2" || exit 2
+  if [ $# -eq 3 ]; then build_one new2 "$3" || exit 2; fi
   for lib in $GPU_HOST_LACKS_LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
   du -sh "$DIST"
 }
@@ -105,11 +111,17 @@ run() {
     echo "gpu-ab: $D/new has no $bench: run 'scripts/gpu-ab.sh package OLD NEW' here and carry $DIST" >&2
     exit 2
   fi
-  gunzip -f "$D"/old/*.gz "$D"/new/*.gz 2>/dev/null
-  chmod +x "$D"/old/lockstep* "$D"/new/lockstep*
+  local sides="old new"
+  [ -d "$D/new2" ] && sides="old new new2"
+  local side
+  for side in $sides; do
+    gunzip -f "$D/$side"/*.gz 2>/dev/null
+    chmod +x "$D/$side"/lockstep*
+  done
   export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  { echo "old $(cat "$D/old/commit.txt") new $(cat "$D/new/commit.txt")"; date -u; nvidia-smi -L; } \
+  { for side in $sides; do printf '%s %s ' "$side" "$(cat "$D/$side/commit.txt")"; done; echo
+    date -u; nvidia-smi -L; } \
     > "$OUT/ab.log" 2>&1
   local status=0 rc=0
   if [ "$tests" = run ]; then
@@ -122,9 +134,9 @@ run() {
   else
     echo "new build's GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
   fi
-  local n=0 r side
+  local n=0 r
   for ((r = 0; r < rounds; ++r)); do
-    for side in old new; do
+    for side in $sides; do
       n=$((n + 1))
       bench_once "$side" "$n" "$bench" "$@" || status=1
     done
@@ -137,7 +149,7 @@ case "${1:-}" in
   package) shift; package "$@" ;;
   run) shift; run "$@" ;;
   *)
-    echo "usage: scripts/gpu-ab.sh package OLD NEW | run ROUNDS BENCH [ARGS...]" >&2
+    echo "usage: scripts/gpu-ab.sh package OLD NEW [NEW2] | run ROUNDS BENCH [ARGS...]" >&2
     exit 2
     ;;
 esac
