@@ -19,9 +19,6 @@
 //     cores from shared memory. Against mma.sync fed by ldmatrix (this kernel until 2026-12-03)
 //     no fragment passes through registers, and the sums run in k order without the k halves that
 //     design added at the end;
-//   - a block whose K range fits the kStages buffers whole (llama-1b's q/k/v and o: 4 chunks a
-//     split) asks for all its weights before it waits for the predecessor kernel, then for all its
-//     x, and waits for memory once (multiply_resident_range): the same MMAs in the same order;
 //   - too few tiles to fill both block slots of every SM (out / 128 ≤ 132, e.g. every projection
 //     of llama-1b but the LM head) split `in` into gemm_small_m_splits(out, in) K ranges, partials
 //     added in split order by a second kernel (kernels/gemm_small_m_reduce.cuh).
@@ -268,28 +265,6 @@ __device__ __forceinline__ void copy_folded_chunk(uint32_t region, Stage<1> st, 
       *static_cast<const uint4*>(__cvta_shared_to_generic(from));
 }
 
-// The folded norm's x for a one-token product that asks for it (p.norm): the token normalised over
-// the block's K range into the region after the pipeline, and every buffer's token rows 1-7
-// zeroed. Returns the region's shared address, 0 when the stages load x instead. Called after the
-// wait for the predecessor, which writes the residual.
-template <int32_t NT>
-__device__ __forceinline__ uint32_t fold_norm_if_asked(const Params& p, uint32_t shared,
-                                                       int32_t first_chunk, int32_t stages) {
-  if constexpr (NT == 1) {
-    if (p.norm.residual != nullptr) {
-      __shared__ float scratch[32];
-      const float scale = folded_norm_scale(p, scratch);
-      const uint32_t region = shared + static_cast<uint32_t>(kSharedBytes<1>);
-      fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk,
-                     reinterpret_cast<bf16*>(__cvta_shared_to_generic(region)));
-      zero_folded_rows(shared);
-      __syncthreads();  // the region visible to every warp
-      return region;
-    }
-  }
-  return 0;
-}
-
 // The block's K range through the pipeline: kStages buffers, kMmaInFlight stages' MMAs still
 // running while the next stage's are issued, and the loads kAhead = kStages − 1 − kMmaInFlight
 // stages ahead (a buffer is refilled once every warpgroup's MMAs of it are done: each waited for
@@ -311,7 +286,18 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     if (s < stages) load_weights<NT>(p, rows, stage_at<NT>(shared, first_chunk, s), policy);
   }
   wait_for_predecessor();
-  const uint32_t region = fold_norm_if_asked<NT>(p, shared, first_chunk, stages);
+  uint32_t region = 0;  // the folded norm's x row, 0 when the stages load x
+  if constexpr (NT == 1) {
+    if (p.norm.residual != nullptr) {
+      __shared__ float scratch[32];
+      const float scale = folded_norm_scale(p, scratch);
+      region = shared + static_cast<uint32_t>(kSharedBytes<1>);
+      fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk,
+                     reinterpret_cast<bf16*>(__cvta_shared_to_generic(region)));
+      zero_folded_rows(shared);
+      __syncthreads();  // the region visible to every warp
+    }
+  }
 #pragma unroll
   for (int32_t s = 0; s < kAhead; ++s) {
     if (s < stages && region == 0) load_x<NT>(p, stage_at<NT>(shared, first_chunk, s));
@@ -334,47 +320,6 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     commit_copies();
     multiply<NT>(st, warpgroup, acc);
     wgmma::wait<kMmaInFlight>();
-  }
-  wgmma::wait<0>();
-  wgmma::hold<NT>(acc);
-}
-
-// A K range of at most kStages chunks fits the buffers whole (every block of a split shape with
-// kChunksPerSplitMin chunks a range: llama-1b's q/k/v and o). All its weights are asked for before
-// the wait for the predecessor and all its x after it, so the block waits for memory once instead
-// of once every kAhead stages: at one token such a block streams 64 KB, about one memory latency's
-// worth. Its MMAs are stream_range's, in the same k order into the same accumulators: the same
-// bits.
-template <int32_t NT>
-__device__ __forceinline__ void multiply_resident_range(const Params& p, uint32_t shared,
-                                                        int32_t tile, int32_t first_chunk,
-                                                        int32_t stages, float (&acc)[NT][4]) {
-  const uint64_t policy = evict_first_policy();
-  const int32_t warpgroup = static_cast<int32_t>(threadIdx.x) / kWarpgroupThreads;
-  const WeightRows rows = weight_rows_of(p, tile);
-#pragma unroll
-  for (int32_t s = 0; s < kStages; ++s) {
-    if (s < stages) load_weights<NT>(p, rows, stage_at<NT>(shared, first_chunk, s), policy);
-  }
-  wait_for_predecessor();
-  const uint32_t region = fold_norm_if_asked<NT>(p, shared, first_chunk, stages);
-#pragma unroll
-  for (int32_t s = 0; s < kStages; ++s) {
-    if (s >= stages) continue;
-    const Stage<NT> st = stage_at<NT>(shared, first_chunk, s);
-    if (region == 0) {
-      load_x<NT>(p, st);
-    } else if constexpr (NT == 1) {
-      copy_folded_chunk(region, st, s);
-    }
-  }
-  commit_copies();
-  wait_copies<0>();
-  wgmma::fence_shared_for_async();
-  __syncthreads();  // every stage landed for every thread
-#pragma unroll
-  for (int32_t s = 0; s < kStages; ++s) {
-    if (s < stages) multiply<NT>(stage_at<NT>(shared, first_chunk, s), warpgroup, acc);
   }
   wgmma::wait<0>();
   wgmma::hold<NT>(acc);
@@ -403,11 +348,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
 #pragma unroll
     for (int32_t e = 0; e < 4; ++e) acc[j][e] = 0.0f;
   }
-  if (stages <= kStages) {
-    multiply_resident_range<NT>(p, shared, tile, first_chunk, stages, acc);
-  } else {
-    stream_range<NT>(p, shared, tile, first_chunk, stages, acc);
-  }
+  stream_range<NT>(p, shared, tile, first_chunk, stages, acc);
   if (p.splits > 1) {
     write_partial<NT>(p, tile, split, acc);  // gemm_small_m_reduce_kernel adds and stores them
     return;
