@@ -34,16 +34,14 @@ __device__ __forceinline__ void write_partial(const Params& p, int32_t tile, int
 
 // grid (n-tiles, tiles), kThreads threads: thread tid of block (j, tile) adds element tid of
 // n-tile j of every split's partial, in split order, and stores it where the GEMM's thread tid
-// would have stored an unsplit sum. Sixteen splits' loads go out before their additions: the most
-// the production rule gives a shape of 16 or more tiles (llama-1b's down) waits for L2 once, not
-// twice.
+// would have stored an unsplit sum. Eight splits' loads go out before their additions.
 __global__ void __launch_bounds__(kThreads) gemm_small_m_reduce_kernel(const Params p,
                                                                        int32_t n_tiles) {
   allow_successor();
   wait_for_predecessor();
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
   const int32_t j = static_cast<int32_t>(blockIdx.x), tile = static_cast<int32_t>(blockIdx.y);
-  constexpr int32_t kAtOnce = 16;
+  constexpr int32_t kAtOnce = 8;
   float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int32_t s0 = 0; s0 < p.splits; s0 += kAtOnce) {
     float4 q[kAtOnce];
