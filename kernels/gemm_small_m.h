@@ -19,7 +19,9 @@
 // block of a tile writes its partial sums to the workspace, and a second kernel, launched after
 // the product on the same stream, adds every tile's partials in split order and writes y
 // (kernels/gemm_small_m_reduce.cuh). A split launch is two kernels; the workspace needs no
-// initialisation and holds nothing between launches.
+// initialisation and holds nothing between launches. At one token a split gate/up product may
+// instead leave its partials for the down product, which reduces them itself
+// (launch_gemm_small_m_swiglu_partials_bf16): one kernel boundary fewer a layer.
 #pragma once
 
 #include "kernels/decode_gemv.h"
