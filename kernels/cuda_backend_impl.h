@@ -169,17 +169,12 @@ struct CudaBackend::Impl {
   bool small_m_swiglu_runs(int32_t tokens) const;
   bool small_m_rope_kv_runs(int32_t tokens) const;
   bool small_m_folds_norm(int32_t tokens) const;
-  // One token with the norm folded into gate/up: its split partials go to the down product,
-  // which computes the SwiGLU activations itself (one kernel boundary fewer; the same bits).
-  bool small_m_swiglu_into_down(int32_t tokens) const;
   // Launch them (where they run): x the normed input, or with norm_weight the residual through
   // that norm (where small_m_folds_norm).
   void enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const float* x,
                                       const float* norm_weight, float* act_out);
   void enqueue_small_m_gate_up_swiglu(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
                                       const float* norm_weight, __nv_bfloat16* act_out);
-  // Norm, gate/up, SwiGLU and down into the residual, for one token (small_m_swiglu_into_down).
-  void enqueue_small_m_ffn_through_partials(int32_t layer);
   void enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const float* x,
                                    const float* norm_weight, float* k_layer, float* v_layer);
   void enqueue_small_m_qkv_rope_kv(int32_t layer, int32_t tokens, const __nv_bfloat16* x,
@@ -358,9 +353,6 @@ struct CudaBackend::Impl {
   // The small-M GEMM's split-K partials (kernels/gemm_small_m.h), for the largest of the linear
   // shapes; empty when no shape splits or the GEMM is off.
   DeviceArray<uint8_t> small_m_gemm_workspace;
-  // A layer's gate/up partials at one token, read by its down product (small_m_swiglu_into_down);
-  // empty where that cannot run.
-  DeviceArray<uint8_t> small_m_gate_up_partials;
   LinearShapes linears;
   // bf16 linear layers: a plan per shape and token count, all made at construction (plan_gemms).
   std::unique_ptr<kernels::GemmPlans> gemm_plans;

@@ -49,19 +49,6 @@ size_t small_m_gemm_workspace_bytes(const ModelConfig& model, const TpRankShard&
   return bytes;
 }
 
-// The gate/up product's partials at one token, handed to the down product
-// (Impl::small_m_swiglu_into_down): the (2·ffn, hidden) product's workspace at one token, where
-// that can run (bf16 with fused decode kernels and the small-M GEMM on, TP 1); else 0.
-size_t small_m_gate_up_partials_bytes(const ModelConfig& model,
-                                      const CudaBackendOptions& options) {
-  if (options.precision != CudaPrecision::kBf16 || !options.fuse_decode ||
-      small_m_gemm_tokens_max_of(options) < 1 || options.tp_degree != 1 ||
-      !kernels::small_m_swiglu_partials_fit(model.ffn_size, model.hidden_size)) {
-    return 0;
-  }
-  return kernels::gemm_small_m_workspace_bytes(2 * model.ffn_size, model.hidden_size, 1);
-}
-
 // Every device buffer of a backend over (full_model, config, options) but TpRank's (which
 // TpRank::workspace_bytes sizes), in allocation order, with its element count: the one place
 // these sizes are written. take(account, &Impl::member, count) allocates the member at
@@ -151,7 +138,6 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
   take(kS, &Impl::logits, r * v);
   take(kS, &Impl::cublas_workspace, z(options.cublas_workspace_bytes));
   take(kS, &Impl::small_m_gemm_workspace, small_m_gemm_workspace_bytes(model, shard, options));
-  take(kS, &Impl::small_m_gate_up_partials, small_m_gate_up_partials_bytes(model, options));
   take(kS, &Impl::logits_workspace,
        kernels::logits_pass_workspace_bytes(config.logits_rows_max(), model.vocab_size));
   take(kS, &Impl::argmax, r);

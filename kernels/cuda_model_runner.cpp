@@ -247,9 +247,6 @@ void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
   const size_t h = static_cast<size_t>(hidden);
   if (enqueue_fused_gate_up(i, tokens, as<T>(act))) {
     mark(CudaPhase::kGemmGateUp);
-  } else if (small_m_swiglu_into_down(tokens)) {
-    enqueue_small_m_ffn_through_partials(i);
-    return;
   } else {
     T* x = as<T>(normed);
     const float* norm_weight = ffn_norm.get() + li * h;
@@ -334,29 +331,6 @@ bool CudaBackend::Impl::small_m_rope_kv_runs(int32_t tokens) const {
 
 bool CudaBackend::Impl::small_m_folds_norm(int32_t tokens) const {
   return tokens == 1 && kernels::small_m_norm_fits(hidden);
-}
-
-bool CudaBackend::Impl::small_m_swiglu_into_down(int32_t tokens) const {
-  return !tp && small_m_gate_up_partials.bytes() > 0 && small_m_swiglu_runs(tokens) &&
-         small_m_folds_norm(tokens) && linear_by_small_m_gemm(tokens, ffn);
-}
-
-void CudaBackend::Impl::enqueue_small_m_ffn_through_partials(int32_t i) {
-  LS_ASSERT(small_m_swiglu_into_down(1), "gate/up's partials handed to down where they cannot be");
-  const size_t li = static_cast<size_t>(i);
-  const size_t h = static_cast<size_t>(hidden);
-  const kernels::SmallMNorm norm{residual.get(), ffn_norm.get() + li * h, model.rms_eps};
-  LS_CUDA(kernels::launch_gemm_small_m_norm_gate_up_partials_bf16(
-      norm, gate_up_weight<bf16>(i), ffn, hidden, small_m_gate_up_partials.get(),
-      small_m_gate_up_partials.bytes(), forward_stream()));
-  mark(CudaPhase::kGemmGateUp);
-  const kernels::SmallMSwigluPartials partials{small_m_gate_up_partials.get(), ffn, hidden};
-  const LinearShape down = linears.down;
-  LS_CUDA(kernels::launch_gemm_small_m_swiglu_partials_bf16(
-      partials, as<bf16>(w_down) + li * h * static_cast<size_t>(ffn), residual.get(), down.out,
-      down.accumulate ? 1.0f : 0.0f, small_m_gemm_workspace.get(), small_m_gemm_workspace.bytes(),
-      forward_stream()));
-  mark(CudaPhase::kGemmDown);
 }
 
 void CudaBackend::Impl::enqueue_small_m_gate_up_swiglu(int32_t, int32_t, const float*,

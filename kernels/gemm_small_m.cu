@@ -34,7 +34,6 @@
 #include "kernels/gemm_small_m_args.h"
 #include "kernels/gemm_small_m_norm.cuh"
 #include "kernels/gemm_small_m_reduce.cuh"
-#include "kernels/gemm_small_m_swiglu_in.cuh"
 #include "kernels/gemm_small_m_tuning.h"
 
 #include "kernels/launch.cuh"
@@ -247,7 +246,7 @@ __device__ __forceinline__ void multiply(Stage<NT> st, int32_t warpgroup, float 
   wgmma::commit();
 }
 
-// The folded x (one token: the norm's or the SwiGLU's): token 0 of each stage's x rows is the stage's chunk of the
+// The folded norm's x (one token): token 0 of each stage's x rows is the stage's chunk of the
 // region, copied in before the stage's barrier; tokens 1-7, zeroed once for every buffer, stay
 // zero. Without the fold, load_x's cp.async writes the same zeros past `tokens`.
 __device__ __forceinline__ void zero_folded_rows(uint32_t shared) {
@@ -287,18 +286,14 @@ __device__ __forceinline__ void stream_range(const Params& p, uint32_t shared, i
     if (s < stages) load_weights<NT>(p, rows, stage_at<NT>(shared, first_chunk, s), policy);
   }
   wait_for_predecessor();
-  uint32_t region = 0;  // the folded x row (norm or SwiGLU), 0 when the stages load x
+  uint32_t region = 0;  // the folded norm's x row, 0 when the stages load x
   if constexpr (NT == 1) {
-    if (p.norm.residual != nullptr || p.swiglu_partials != nullptr) {
+    if (p.norm.residual != nullptr) {
+      __shared__ float scratch[32];
+      const float scale = folded_norm_scale(p, scratch);
       region = shared + static_cast<uint32_t>(kSharedBytes<1>);
-      bf16* const row = reinterpret_cast<bf16*>(__cvta_shared_to_generic(region));
-      if (p.norm.residual != nullptr) {
-        __shared__ float scratch[32];
-        const float scale = folded_norm_scale(p, scratch);
-        fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk, row);
-      } else {
-        swiglu_from_partials_into(p, first_chunk * kChunk, stages * kChunk, row);
-      }
+      fold_norm_into(p, scale, first_chunk * kChunk, stages * kChunk,
+                     reinterpret_cast<bf16*>(__cvta_shared_to_generic(region)));
       zero_folded_rows(shared);
       __syncthreads();  // the region visible to every warp
     }
@@ -417,41 +412,17 @@ cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
   }
 }
 
-// Whether a block's K range of `s` fits the folded region (an x computed in the kernel).
-bool folded_range_fits(const Split& s) {
-  return int64_t{s.chunks_per_split} * kChunk <= kFoldedKMax;
-}
-
-// The split of the gate/up product whose partials `from` names; 0 for an impossible shape.
-int32_t swiglu_splits_of(const SmallMSwigluPartials& from) {
-  if (from.partials == nullptr || from.ffn < 1 || from.ffn > INT32_MAX / 2 ||
-      from.gate_up_in < 1) {
-    return 0;
-  }
-  return split_of(2 * from.ffn, from.gate_up_in).splits;
-}
-
-// Whether `from` names a split gate/up product whose activations are the `in` a product reads.
-bool swiglu_partials_match(const SmallMSwigluPartials& from, int32_t in) {
-  return from.ffn == in && from.gate_up_in % 8 == 0 && swiglu_splits_of(from) > 1;
-}
-
-// Checks the arguments and launches the product, then (a split shape, unless `to` keeps the
-// partials) its reduction.
+// Checks the arguments and launches the product, then (a split shape) its reduction.
 cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, int32_t out,
                          int32_t in, void* workspace, size_t workspace_bytes, const Split& s,
                          LaunchStream stream) {
   if (tokens < 1 || tokens > kSmallMGemmTokensMax || out < 1 || in < 8 || in % 8 != 0 ||
       !readable(from, tokens, in) || w == nullptr || !writable(to, out) || !aligned16(w) ||
-      s.tiles > 65535 || s.splits > 65535 || (to.partials_only && s.splits == 1) ||
-      (from.swiglu.partials != nullptr &&
-       (!folded_range_fits(s) || !swiglu_partials_match(from.swiglu, in)))) {
+      s.tiles > 65535 || s.splits > 65535) {
     return cudaErrorInvalidValue;
   }
-  Params p{from.x,   w,           to.y,   tokens,    out,
-           in,       to.beta,     s.chunks, s.chunks_per_split, s.splits,
-           nullptr,  to.epilogue, to.act, to.rope,   from.norm,
-           static_cast<const float4*>(from.swiglu.partials), swiglu_splits_of(from.swiglu)};
+  Params p{from.x,  w,           to.y,   tokens,  out,      in, to.beta, s.chunks,
+           s.chunks_per_split, s.splits, nullptr, to.epilogue, to.act, to.rope, from.norm};
   if (s.splits > 1) {
     if (workspace == nullptr || !aligned16(workspace) ||
         workspace_bytes < workspace_bytes_of(s, tokens)) {
@@ -461,7 +432,7 @@ cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, i
   }
   if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
   if (const cudaError_t e = launch_gemm(p, s, stream); e != cudaSuccess) return e;
-  if (s.splits == 1 || to.partials_only) return cudaSuccess;
+  if (s.splits == 1) return cudaSuccess;
   const int32_t n_tiles = n_tiles_of(tokens);
   return launch_kernel(gemm_small_m_reduce_kernel, dim3(n_tiles, s.tiles), dim3(kThreads), 0,
                        stream, p, n_tiles);
@@ -530,32 +501,6 @@ cudaError_t launch_gemm_small_m_norm_rope_kv_bf16(const SmallMNorm& norm, const 
   const int32_t rows = static_cast<int32_t>(out);
   return launch_split(through_norm(norm), w_qkv, through_rope_kv(target), 1, rows, in, workspace,
                       workspace_bytes, split_of(rows, in), stream);
-}
-
-bool small_m_swiglu_partials_fit(int32_t ffn, int32_t hidden) {
-  if (ffn < 8 || ffn > INT32_MAX / 2 || ffn % 8 != 0 || hidden < 8 || !small_m_norm_fits(hidden)) {
-    return false;
-  }
-  return split_of(2 * ffn, hidden).splits > 1 && folded_range_fits(split_of(hidden, ffn));
-}
-
-cudaError_t launch_gemm_small_m_norm_gate_up_partials_bf16(const SmallMNorm& norm,
-                                                           const bf16* w_gate_up, int32_t ffn,
-                                                           int32_t in, void* workspace,
-                                                           size_t workspace_bytes,
-                                                           LaunchStream stream) {
-  if (!small_m_swiglu_partials_fit(ffn, in)) return cudaErrorInvalidValue;
-  return launch_split(through_norm(norm), w_gate_up, swiglu_partials_only(), 1, 2 * ffn, in,
-                      workspace, workspace_bytes, split_of(2 * ffn, in), stream);
-}
-
-cudaError_t launch_gemm_small_m_swiglu_partials_bf16(const SmallMSwigluPartials& from,
-                                                     const bf16* w, float* y, int32_t out,
-                                                     float beta, void* workspace,
-                                                     size_t workspace_bytes, LaunchStream stream) {
-  if (out < 1 || from.ffn < 1) return cudaErrorInvalidValue;
-  return launch_split(through_swiglu_partials(from), w, into_y(y, beta), 1, out, from.ffn,
-                      workspace, workspace_bytes, split_of(out, from.ffn), stream);
 }
 
 int32_t gemm_small_m_splits_with(int32_t out, int32_t in, int32_t wanted) {

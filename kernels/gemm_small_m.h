@@ -19,9 +19,7 @@
 // block of a tile writes its partial sums to the workspace, and a second kernel, launched after
 // the product on the same stream, adds every tile's partials in split order and writes y
 // (kernels/gemm_small_m_reduce.cuh). A split launch is two kernels; the workspace needs no
-// initialisation and holds nothing between launches. At one token a split gate/up product may
-// instead leave its partials for the down product, which reduces them itself
-// (launch_gemm_small_m_swiglu_partials_bf16): one kernel boundary fewer a layer.
+// initialisation and holds nothing between launches.
 #pragma once
 
 #include "kernels/decode_gemv.h"
@@ -49,20 +47,6 @@ struct SmallMNorm {
 
 // Whether the folded norm covers rows of `in` elements (the vectorised norm's, in % 8 == 0).
 bool small_m_norm_fits(int32_t in);
-
-// A product's x computed in the kernel for one token from a split gate/up product's partials,
-// as launch_gemm_small_m_norm_gate_up_partials_bf16 leaves them: the SwiGLU activations its
-// reduction would have written (kernels/gemm_small_m_swiglu_in.cuh).
-struct SmallMSwigluPartials {
-  const void* partials = nullptr;  // that launch's workspace, 16-byte aligned
-  int32_t ffn = 0;                 // its ffn: the product's in
-  int32_t gate_up_in = 0;          // its in (the layer's hidden size): with ffn, its split
-};
-
-// Whether a layer of (hidden, ffn) can hand its gate/up product's partials to its down product
-// at one token instead of reducing them: gate/up [2·ffn, hidden] splits and its norm folds, and
-// every K range of down [hidden, ffn] fits the kernel's folded region.
-bool small_m_swiglu_partials_fit(int32_t ffn, int32_t hidden);
 
 // The K ranges a product of shape (out, in) is split into (1: none). Depends on out and in only.
 int32_t gemm_small_m_splits(int32_t out, int32_t in);
@@ -97,25 +81,6 @@ cudaError_t launch_gemm_small_m_norm_swiglu_bf16(const SmallMNorm& norm,
                                                  __nv_bfloat16* act, int32_t ffn, int32_t in,
                                                  void* workspace, size_t workspace_bytes,
                                                  LaunchStream stream);
-
-// launch_gemm_small_m_norm_swiglu_bf16 stopped before its split reduction: the product's partials
-// left in `workspace` (the [2·ffn, in] product's at one token) for
-// launch_gemm_small_m_swiglu_partials_bf16, one kernel instead of two. Needs
-// small_m_swiglu_partials_fit(ffn, in); nothing may write the workspace before that launch.
-cudaError_t launch_gemm_small_m_norm_gate_up_partials_bf16(const SmallMNorm& norm,
-                                                           const __nv_bfloat16* w_gate_up,
-                                                           int32_t ffn, int32_t in,
-                                                           void* workspace,
-                                                           size_t workspace_bytes,
-                                                           LaunchStream stream);
-// y[1, out] = act · wᵀ + beta · y for one token, act the SwiGLU activations of `from`'s partials:
-// bit for bit launch_gemm_small_m_norm_swiglu_bf16 into act, then
-// launch_gemm_small_m_bf16(act, w, y, 1, out, from.ffn, beta, …). The limits and the workspace
-// are those of the [out, ffn] product (its own, not the one `from` points into).
-cudaError_t launch_gemm_small_m_swiglu_partials_bf16(const SmallMSwigluPartials& from,
-                                                     const __nv_bfloat16* w, float* y,
-                                                     int32_t out, float beta, void* workspace,
-                                                     size_t workspace_bytes, LaunchStream stream);
 
 // x · w_qkvᵀ rotated and written as launch_rope_qkv writes it with rotary_dim = head_dim (Q to
 // target.q_out, K rotated and V to the caches at each token's slot), bit for bit

@@ -44,11 +44,6 @@ struct Params {
   // norm.residual not null: one token, x = rms_norm(residual) computed in the kernel
   // (kernels/gemm_small_m_norm.cuh); p.x unused.
   SmallMNorm norm;
-  // swiglu_partials not null: one token, x = the SwiGLU activations of a split gate/up product
-  // [2·in, ·] computed in the kernel from that product's partials (swiglu_splits of them a tile;
-  // kernels/gemm_small_m_swiglu_in.cuh); p.x unused.
-  const float4* swiglu_partials;
-  int32_t swiglu_splits;
 };
 
 // The width of a row pair's group: rows a + i and a + i + half (a = 2·half·group, i < half) pair.
@@ -90,17 +85,6 @@ __host__ __device__ __forceinline__ int32_t fragment_row(int32_t tid, int32_t e)
 }
 __host__ __device__ __forceinline__ int32_t fragment_token(int32_t tid, int32_t j, int32_t e) {
   return 8 * j + 2 * (tid % 4) + (e & 1);
-}
-
-// Where a split SwiGLU product's reduction finds activation `pair` of token 0 (one n-tile): the
-// tile, and the thread whose partial float4 holds the pair's gate sum in x and its up sum in z
-// (e = 0 and 2 of fragment_row's row, whose weight row tile_row_weight maps to the pair).
-struct SwigluSource {
-  int32_t tile, tid;
-};
-__host__ __device__ __forceinline__ SwigluSource swiglu_source(int32_t pair) {
-  const int32_t q = pair % (kTileRows / 2);  // a tile's pairs: 8 groups of 8, a warp each
-  return {pair / (kTileRows / 2), 32 * (q / 8) + 4 * (q % 8)};
 }
 
 }  // namespace ls::kernels::small_m
