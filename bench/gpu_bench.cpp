@@ -61,6 +61,7 @@
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
+#include "kernels/gemm.h"
 #include "kernels/gemm_plans.h"
 #include "kernels/gemm_small_m.h"
 #include "kernels/gemm_small_m_tuning.h"
@@ -855,8 +856,10 @@ class ProjectionRig {
 
 // Kernel-level figure of the small-M GEMM (kernels/gemm_small_m.h) against the pinned cuBLASLt
 // plan the backend would run, for each linear shape of the model at 1, 16 and 64 tokens
-// (ProjectionRig); lockstep's launched to overlap its predecessor, as the backend launches it.
-// GB/s of weights and the fraction of the read bandwidth measured in the same run.
+// (ProjectionRig), and at one token against the decode GEMV too (kernels/gemm.h, the default
+// mode's product at batch 1, which batch-invariant mode's cost there is measured against);
+// lockstep's kernels launched to overlap their predecessor, as the backend launches them. GB/s of
+// weights and the fraction of the read bandwidth measured in the same run.
 json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth) {
   const ModelConfig m = model_config_named(shape);
   cudaStream_t stream = nullptr;
@@ -887,11 +890,22 @@ json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth
         return static_cast<double>(rig.weight_bytes()) / (ms * 1e-3) * 1e-9;
       };
       std::printf("  %s %-7s [%6d, %5d] × %2d tokens: lockstep GEMM %.4f ms %.0f GB/s (%.1f%% of "
-                  "read BW), cuBLAS %.4f ms %.0f GB/s (%.1f%%), %d splits\n",
+                  "read BW), cuBLAS %.4f ms %.0f GB/s (%.1f%%), %d splits",
                   shape.c_str(), p.name, p.out, p.in, tokens, lockstep_ms, gbs(lockstep_ms),
                   rig.of_read(lockstep_ms, bandwidth) * 100, cublas_ms, gbs(cublas_ms),
                   rig.of_read(cublas_ms, bandwidth) * 100,
                   kernels::gemm_small_m_splits(p.out, p.in));
+      json gemv = nullptr;
+      if (tokens == 1) {
+        const double gemv_ms = rig.ms([&](const __nv_bfloat16* w) {
+          LS_CUDA(kernels::launch_gemv_bf16(rig.x(), w, rig.y(), tokens, p.out, p.in, rig.beta(),
+                                            kernels::LaunchStream(stream, true)));
+        });
+        std::printf(", GEMV %.4f ms %.0f GB/s (%.1f%%)", gemv_ms, gbs(gemv_ms),
+                    rig.of_read(gemv_ms, bandwidth) * 100);
+        gemv = {{"ms", gemv_ms}, {"read_bandwidth_fraction", rig.of_read(gemv_ms, bandwidth)}};
+      }
+      std::printf("\n");
       rows.push_back({{"shape", shape},
                       {"projection", p.name},
                       {"out", p.out},
@@ -902,7 +916,8 @@ json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth
                       {"ms_lockstep", lockstep_ms},
                       {"ms_cublas", cublas_ms},
                       {"read_bandwidth_fraction_lockstep", rig.of_read(lockstep_ms, bandwidth)},
-                      {"read_bandwidth_fraction_cublas", rig.of_read(cublas_ms, bandwidth)}});
+                      {"read_bandwidth_fraction_cublas", rig.of_read(cublas_ms, bandwidth)},
+                      {"gemv", gemv}});
     }
   }
   cudaFree(cublas_workspace);
