@@ -856,8 +856,9 @@ class ProjectionRig {
 
 // Kernel-level figure of the small-M GEMM (kernels/gemm_small_m.h) against the pinned cuBLASLt
 // plan the backend would run, for each linear shape of the model at 1, 16 and 64 tokens
-// (ProjectionRig), and at one token against the decode GEMV too (kernels/gemm.h, the default
-// mode's product at batch 1, which batch-invariant mode's cost there is measured against);
+// (ProjectionRig), and at one token against the decode GEMV too (kernels/gemm.h: the default
+// mode's o and down at batch 1, and the kernel its fused q/k/v and gate/up forms are made of —
+// what batch-invariant mode's cost there is measured against);
 // lockstep's kernels launched to overlap their predecessor, as the backend launches them. GB/s of
 // weights and the fraction of the read bandwidth measured in the same run.
 json small_m_kernel_figures(const std::string& shape, const Bandwidth& bandwidth) {
