@@ -84,9 +84,13 @@ template <int32_t NT>
 constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
 // What a kernel lays out in its dynamic shared memory: the pipeline, and for one n-tile the
 // folded norm's region after it (kernels/gemm_small_m_norm.cuh); and the alignment's slack.
+// One n-tile's blocks put their partial sums there for the cluster's reduction (reduce_in_cluster),
+// after the folded norm's region.
+constexpr size_t kClusterPartialsBytes = kThreads * sizeof(float4);
 template <int32_t NT>
 constexpr size_t kKernelSharedBytes =
-    kSharedBytes<NT> + (NT == 1 ? kFoldedRegionBytes : 0) + kSwizzleAtom - 16;
+    kSharedBytes<NT> + (NT == 1 ? kFoldedRegionBytes + kClusterPartialsBytes : 0) + kSwizzleAtom -
+    16;
 static_assert(blocks_sharing_an_sm(kSharedBytes<kNTilesMax>) >= 2, "two blocks fit an SM");
 // What a launch reserves: at least kTwoBlocksAnSm, so that no SM takes a third block. One or two
 // n-tiles' pipelines (70-74 KB) would otherwise let three blocks share an SM (kernels/launch.h),
@@ -98,7 +102,10 @@ static_assert(blocks_sharing_an_sm(kTwoBlocksAnSm) == 2, "two blocks an SM, neve
 template <int32_t NT>
 constexpr size_t kLaunchSharedBytes = std::max(kKernelSharedBytes<NT>, kTwoBlocksAnSm);
 static_assert(blocks_sharing_an_sm(kLaunchSharedBytes<1> + 128) == 2,
-              "one n-tile with the folded norm's region (and block_sum's scratch): two an SM");
+              "one n-tile with the folded norm's region, the cluster's partials (and block_sum's "
+              "scratch): two an SM");
+// The most split blocks a cluster holds (16 is past the portable 8: the kernel asks for it).
+constexpr int32_t kClusterSplitsMax = 16;
 
 struct Split {
   int32_t tiles = 0, chunks = 0, splits = 1, chunks_per_split = 0;
@@ -350,6 +357,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   }
   stream_range<NT>(p, shared, tile, first_chunk, stages, acc);
   if (p.splits > 1) {
+    if constexpr (NT == 1) {
+      if (p.cluster_reduction) {
+        const uint32_t partials = shared + static_cast<uint32_t>(kSharedBytes<1> + kFoldedRegionBytes);
+        reduce_in_cluster(p, tile, split, static_cast<float4*>(__cvta_shared_to_generic(partials)),
+                          acc[0]);
+        return;
+      }
+    }
     write_partial<NT>(p, tile, split, acc);  // gemm_small_m_reduce_kernel adds and stores them
     return;
   }
@@ -368,6 +383,11 @@ cudaError_t allow_shared() {
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(kLaunchSharedBytes<NT>));
   if (size != cudaSuccess) return size;
+  if (NT == 1) {  // clusters of up to kClusterSplitsMax blocks (reduce_in_cluster)
+    const cudaError_t wide =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (wide != cudaSuccess) return wide;
+  }
   return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                               cudaSharedmemCarveoutMaxShared);
 }
@@ -395,8 +415,9 @@ cudaError_t allow_shared_once() {
 
 template <int32_t NT>
 cudaError_t launch_as(const Params& p, const Split& s, LaunchStream stream) {
-  return launch_kernel(gemm_small_m_kernel<NT>, dim3(s.splits, s.tiles), dim3(kThreads),
-                       kLaunchSharedBytes<NT>, stream, p);
+  const uint32_t cluster = p.cluster_reduction ? static_cast<uint32_t>(s.splits) : 1;
+  return launch_kernel_in_clusters(gemm_small_m_kernel<NT>, dim3(s.splits, s.tiles),
+                                   dim3(kThreads), kLaunchSharedBytes<NT>, stream, cluster, p);
 }
 
 cudaError_t launch_gemm(const Params& p, const Split& s, LaunchStream stream) {
@@ -421,8 +442,9 @@ cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, i
       s.tiles > 65535 || s.splits > 65535) {
     return cudaErrorInvalidValue;
   }
-  Params p{from.x,  w,           to.y,   tokens,  out,      in, to.beta, s.chunks,
-           s.chunks_per_split, s.splits, nullptr, to.epilogue, to.act, to.rope, from.norm};
+  Params p{from.x,   w,          to.y,     tokens,      out,    in,     to.beta,
+           s.chunks, s.chunks_per_split, s.splits, nullptr, false, to.epilogue, to.act,
+           to.rope,  from.norm};
   if (s.splits > 1) {
     if (workspace == nullptr || !aligned16(workspace) ||
         workspace_bytes < workspace_bytes_of(s, tokens)) {
@@ -431,8 +453,10 @@ cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, i
     p.partials = static_cast<float4*>(workspace);
   }
   if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
+  // One n-tile: the split blocks add their partials in a cluster, no second kernel.
+  p.cluster_reduction = n_tiles_of(tokens) == 1 && s.splits > 1 && s.splits <= kClusterSplitsMax;
   if (const cudaError_t e = launch_gemm(p, s, stream); e != cudaSuccess) return e;
-  if (s.splits == 1) return cudaSuccess;
+  if (s.splits == 1 || p.cluster_reduction) return cudaSuccess;
   const int32_t n_tiles = n_tiles_of(tokens);
   return launch_kernel(gemm_small_m_reduce_kernel, dim3(n_tiles, s.tiles), dim3(kThreads), 0,
                        stream, p, n_tiles);

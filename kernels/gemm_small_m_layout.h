@@ -33,6 +33,10 @@ struct Params {
   float beta;
   int32_t chunks, chunks_per_split, splits;
   float4* partials;  // [tiles, splits, n-tiles, kThreads] when splits > 1
+  // One n-tile, splits > 1: a tile's split blocks form a thread block cluster and add their
+  // partials in its shared memory (kernels/gemm_small_m_reduce.cuh reduce_in_cluster) instead of
+  // the workspace and the reduction kernel.
+  bool cluster_reduction;
   Epilogue epilogue;
   // kSwiglu: w is gate/up [out = 2·ffn, in], and act[t, j] = bf16(silu(g) · u) for g, u = rows j
   // and ffn + j of the product.

@@ -16,6 +16,8 @@
 #include "kernels/gemm_small_m_store.cuh"
 #include "kernels/launch.cuh"
 
+#include <cooperative_groups.h>
+
 namespace ls::kernels::small_m {
 
 __device__ __forceinline__ float4* partial_at(const Params& p, int32_t tile, int32_t split,
@@ -60,6 +62,47 @@ __global__ void __launch_bounds__(kThreads) gemm_small_m_reduce_kernel(const Par
     }
   }
   store_fragment(p, tile, tid, j, total);
+}
+
+// The reduction without the workspace and the second kernel, for one n-tile (at most 8 tokens,
+// partials of 4 KB a block): the tile's split blocks are one thread block cluster (split s its
+// block s), each puts its sums in its own shared memory (`mine`, kThreads float4s), and after the
+// cluster's barrier each block adds, for its share of the thread slots that hold a token (slot
+// groups of four, (slot / 4) % splits == split), every split's float4 of that slot in split order
+// over distributed shared memory, and stores it as gemm_small_m_reduce_kernel's thread `slot`
+// does: the same values added in the same order, so the same bits. The second barrier keeps every
+// block's shared memory until its peers have read it. What it saves at one token is a kernel
+// boundary and the partials' round trip through global memory for each split product.
+__device__ __forceinline__ void reduce_in_cluster(const Params& p, int32_t tile, int32_t split,
+                                                  float4* mine, const float (&sum)[4]) {
+  namespace cg = cooperative_groups;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int32_t slot = static_cast<int32_t>(threadIdx.x);
+  mine[slot] = make_float4(sum[0], sum[1], sum[2], sum[3]);
+  cluster.sync();
+  if (fragment_token(slot, 0, 0) < p.tokens && (slot / 4) % p.splits == split) {
+    constexpr int32_t kAtOnce = 8;
+    float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int32_t s0 = 0; s0 < p.splits; s0 += kAtOnce) {
+      float4 q[kAtOnce];
+#pragma unroll
+      for (int32_t b = 0; b < kAtOnce; ++b) {
+        q[b] = s0 + b < p.splits
+                   ? *cluster.map_shared_rank(mine + slot, static_cast<unsigned>(s0 + b))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int32_t b = 0; b < kAtOnce; ++b) {
+        const int32_t s = s0 + b;
+        if (s >= p.splits) break;
+        const float v[4] = {q[b].x, q[b].y, q[b].z, q[b].w};
+#pragma unroll
+        for (int32_t e = 0; e < 4; ++e) total[e] = s == 0 ? v[e] : total[e] + v[e];
+      }
+    }
+    store_fragment(p, tile, slot, 0, total);
+  }
+  cluster.sync();
 }
 
 }  // namespace ls::kernels::small_m

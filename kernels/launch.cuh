@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <utility>
 
 namespace ls::kernels {
@@ -31,21 +32,41 @@ __device__ __forceinline__ void wait_for_predecessor() {
 }
 
 // kernel<<<grid, block, shared, stream>>>(args...), overlapping the predecessor when the stream
-// says so; returns the launch status.
+// says so, its blocks in thread block clusters of `cluster_x` along x when that is above 1 (the
+// grid's x a multiple of it); returns the launch status.
 template <typename... Params, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
-                          LaunchStream stream, Args&&... args) {
+cudaError_t launch_kernel_in_clusters(void (*kernel)(Params...), dim3 grid, dim3 block,
+                                      size_t shared, LaunchStream stream, uint32_t cluster_x,
+                                      Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared;
   config.stream = stream.stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = stream.overlap ? &attribute : nullptr;
-  config.numAttrs = stream.overlap ? 1 : 0;
+  cudaLaunchAttribute attributes[2]{};
+  uint32_t count = 0;
+  if (stream.overlap) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count].val.programmaticStreamSerializationAllowed = 1;
+    ++count;
+  }
+  if (cluster_x > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster_x;
+    attributes[count].val.clusterDim.y = 1;
+    attributes[count].val.clusterDim.z = 1;
+    ++count;
+  }
+  config.attrs = count > 0 ? attributes : nullptr;
+  config.numAttrs = count;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
+                          LaunchStream stream, Args&&... args) {
+  return launch_kernel_in_clusters(kernel, grid, block, shared, stream, 1,
+                                   std::forward<Args>(args)...);
 }
 
 }  // namespace ls::kernels
