@@ -104,8 +104,11 @@ constexpr size_t kLaunchSharedBytes = std::max(kKernelSharedBytes<NT>, kTwoBlock
 static_assert(blocks_sharing_an_sm(kLaunchSharedBytes<1> + 128) == 2,
               "one n-tile with the folded norm's region, the cluster's partials (and block_sum's "
               "scratch): two an SM");
-// The most split blocks a cluster holds (16 is past the portable 8: the kernel asks for it).
-constexpr int32_t kClusterSplitsMax = 16;
+// The most split blocks a cluster holds. Two: clusters of 8 and 16 were measured slower at one
+// token (H200 run of 4ab4092, lockstep_gpu_bench --small-m, llama-1b: o at 8 splits 5.7 → 6.1 µs,
+// down at 16 splits 11.9 → 17.7 µs, q/k/v at 8 unchanged; gate/up at 2 splits 18.5 → 17.8 µs):
+// a wide cluster waits for room on one GPC for all its blocks.
+constexpr int32_t kClusterSplitsMax = 2;
 
 struct Split {
   int32_t tiles = 0, chunks = 0, splits = 1, chunks_per_split = 0;
@@ -383,11 +386,6 @@ cudaError_t allow_shared() {
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(kLaunchSharedBytes<NT>));
   if (size != cudaSuccess) return size;
-  if (NT == 1) {  // clusters of up to kClusterSplitsMax blocks (reduce_in_cluster)
-    const cudaError_t wide =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (wide != cudaSuccess) return wide;
-  }
   return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                               cudaSharedmemCarveoutMaxShared);
 }
@@ -453,7 +451,8 @@ cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, i
     p.partials = static_cast<float4*>(workspace);
   }
   if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
-  // One n-tile: the split blocks add their partials in a cluster, no second kernel.
+  // One n-tile in at most kClusterSplitsMax splits: the split blocks add their partials in a
+  // cluster, no second kernel.
   p.cluster_reduction = n_tiles_of(tokens) == 1 && s.splits > 1 && s.splits <= kClusterSplitsMax;
   if (const cudaError_t e = launch_gemm(p, s, stream); e != cudaSuccess) return e;
   if (s.splits == 1 || p.cluster_reduction) return cudaSuccess;
