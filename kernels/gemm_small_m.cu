@@ -21,7 +21,8 @@
 //     design added at the end;
 //   - too few tiles to fill both block slots of every SM (out / 128 ≤ 132, e.g. every projection
 //     of llama-1b but the LM head) split `in` into gemm_small_m_splits(out, in) K ranges, partials
-//     added in split order by a second kernel (kernels/gemm_small_m_reduce.cuh).
+//     added in split order by a second kernel (kernels/gemm_small_m_reduce.cuh), or, at one n-tile
+//     in two splits, by the tile's two blocks as one cluster (reduce_in_cluster there).
 // Shared memory rows are 128 bytes (one chunk of a weight row or of a token): the eight 16-byte
 // pieces of row r are stored at piece ^ (r % 8) from a 1024-aligned stage, wgmma's 128-byte
 // swizzle, so cp.async's writes of eight rows fall in eight different bank groups and the tensor
@@ -82,11 +83,11 @@ template <int32_t NT>
 constexpr size_t kStageBytes = size_t{kTileRows + 8 * NT} * kRowBytes;
 template <int32_t NT>
 constexpr size_t kSharedBytes = kStages * kStageBytes<NT>;
-// What a kernel lays out in its dynamic shared memory: the pipeline, and for one n-tile the
-// folded norm's region after it (kernels/gemm_small_m_norm.cuh); and the alignment's slack.
-// One n-tile's blocks put their partial sums there for the cluster's reduction (reduce_in_cluster),
-// after the folded norm's region.
+// A block's partial sums at one n-tile, for the cluster's reduction (reduce_in_cluster).
 constexpr size_t kClusterPartialsBytes = kThreads * sizeof(float4);
+// What a kernel lays out in its dynamic shared memory: the pipeline, and for one n-tile the
+// folded norm's region (kernels/gemm_small_m_norm.cuh) and the cluster's partials after it; and
+// the alignment's slack.
 template <int32_t NT>
 constexpr size_t kKernelSharedBytes =
     kSharedBytes<NT> + (NT == 1 ? kFoldedRegionBytes + kClusterPartialsBytes : 0) + kSwizzleAtom -
@@ -362,7 +363,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   if (p.splits > 1) {
     if constexpr (NT == 1) {
       if (p.cluster_reduction) {
-        const uint32_t partials = shared + static_cast<uint32_t>(kSharedBytes<1> + kFoldedRegionBytes);
+        const uint32_t partials =
+            shared + static_cast<uint32_t>(kSharedBytes<1> + kFoldedRegionBytes);
         reduce_in_cluster(p, tile, split, static_cast<float4*>(__cvta_shared_to_generic(partials)),
                           acc[0]);
         return;

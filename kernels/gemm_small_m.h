@@ -19,7 +19,9 @@
 // block of a tile writes its partial sums to the workspace, and a second kernel, launched after
 // the product on the same stream, adds every tile's partials in split order and writes y
 // (kernels/gemm_small_m_reduce.cuh). A split launch is two kernels; the workspace needs no
-// initialisation and holds nothing between launches.
+// initialisation and holds nothing between launches. At one n-tile (≤ 8 tokens) in two splits a
+// tile's two blocks are one thread block cluster and add their partials in shared memory instead,
+// in the same order (one kernel; the workspace unused).
 #pragma once
 
 #include "kernels/decode_gemv.h"

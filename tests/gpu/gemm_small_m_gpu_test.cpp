@@ -49,8 +49,8 @@ struct Shape {
 // (333, 264): one split, out past 2 tiles, in = 4 chunks + 8; (67, 8200): one tile, 26 splits of
 // 5 chunks, the last of 4 (8200 = 128 · 64 + 8); (300, 4096): 3 tiles × 16 splits; (3072, 2048):
 // llama-1b's q/k/v (24 tiles × 8 splits); (200, 520): 2 tiles × 2 splits of 5 and 4 chunks (the
-// last ending 8 into its chunk) — at up to 8 tokens reduced in a cluster (kernels/gemm_small_m_reduce.cuh), above by the
-// reduction kernel.
+// last ending 8 into its chunk), at up to 8 tokens reduced in a cluster
+// (kernels/gemm_small_m_reduce.cuh), above by the reduction kernel.
 constexpr Shape kShapes[] = {{333, 264}, {67, 8200}, {300, 4096}, {3072, 2048}, {200, 520}};
 
 // Device workspace for `shape` at up to 64 tokens (zeroed, though nothing needs it: the partials
