@@ -107,8 +107,8 @@ static_assert(blocks_sharing_an_sm(kLaunchSharedBytes<1> + 128) == 2,
               "scratch): two an SM");
 // The most split blocks a cluster holds. Two: clusters of 8 and 16 were measured slower at one
 // token (H200 run of 4ab4092, lockstep_gpu_bench --small-m, llama-1b: o at 8 splits 5.7 → 6.1 µs,
-// down at 16 splits 11.9 → 17.7 µs, q/k/v at 8 unchanged; gate/up at 2 splits 18.5 → 17.8 µs):
-// a wide cluster waits for room on one GPC for all its blocks.
+// down at 16 splits 11.9 → 17.7 µs, q/k/v at 8 unchanged; gate/up at 2 splits 18.5 → 17.8 µs).
+// Not profiled; likely a wide cluster waits for room on one GPC for all its blocks at once.
 constexpr int32_t kClusterSplitsMax = 2;
 
 struct Split {
