@@ -34,33 +34,42 @@ __device__ __forceinline__ void write_partial(const Params& p, int32_t tile, int
   }
 }
 
+// Every split's float4 of one thread slot, partial(s), added in split order s = 0, 1, ... into
+// total (eight loads out before their additions): the one order both reductions below use.
+template <typename Partial>
+__device__ __forceinline__ void add_in_split_order(int32_t splits, Partial&& partial,
+                                                   float (&total)[4]) {
+  constexpr int32_t kAtOnce = 8;
+  for (int32_t s0 = 0; s0 < splits; s0 += kAtOnce) {
+    float4 q[kAtOnce];
+#pragma unroll
+    for (int32_t b = 0; b < kAtOnce; ++b) {
+      q[b] = s0 + b < splits ? partial(s0 + b) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int32_t b = 0; b < kAtOnce; ++b) {
+      const int32_t s = s0 + b;
+      if (s >= splits) break;
+      const float v[4] = {q[b].x, q[b].y, q[b].z, q[b].w};
+#pragma unroll
+      for (int32_t e = 0; e < 4; ++e) total[e] = s == 0 ? v[e] : total[e] + v[e];
+    }
+  }
+}
+
 // grid (n-tiles, tiles), kThreads threads: thread tid of block (j, tile) adds element tid of
 // n-tile j of every split's partial, in split order, and stores it where the GEMM's thread tid
-// would have stored an unsplit sum. Eight splits' loads go out before their additions.
+// would have stored an unsplit sum.
 __global__ void __launch_bounds__(kThreads) gemm_small_m_reduce_kernel(const Params p,
                                                                        int32_t n_tiles) {
   allow_successor();
   wait_for_predecessor();
   const int32_t tid = static_cast<int32_t>(threadIdx.x);
   const int32_t j = static_cast<int32_t>(blockIdx.x), tile = static_cast<int32_t>(blockIdx.y);
-  constexpr int32_t kAtOnce = 8;
   float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int32_t s0 = 0; s0 < p.splits; s0 += kAtOnce) {
-    float4 q[kAtOnce];
-#pragma unroll
-    for (int32_t b = 0; b < kAtOnce; ++b) {
-      q[b] = s0 + b < p.splits ? __ldcg(partial_at(p, tile, s0 + b, n_tiles, j))
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int32_t b = 0; b < kAtOnce; ++b) {
-      const int32_t s = s0 + b;
-      if (s >= p.splits) break;
-      const float v[4] = {q[b].x, q[b].y, q[b].z, q[b].w};
-#pragma unroll
-      for (int32_t e = 0; e < 4; ++e) total[e] = s == 0 ? v[e] : total[e] + v[e];
-    }
-  }
+  add_in_split_order(
+      p.splits, [&](int32_t split) { return __ldcg(partial_at(p, tile, split, n_tiles, j)); },
+      total);
   store_fragment(p, tile, tid, j, total);
 }
 
@@ -81,25 +90,13 @@ __device__ __forceinline__ void reduce_in_cluster(const Params& p, int32_t tile,
   mine[slot] = make_float4(sum[0], sum[1], sum[2], sum[3]);
   cluster.sync();
   if (fragment_token(slot, 0, 0) < p.tokens && (slot / 4) % p.splits == split) {
-    constexpr int32_t kAtOnce = 8;
     float total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int32_t s0 = 0; s0 < p.splits; s0 += kAtOnce) {
-      float4 q[kAtOnce];
-#pragma unroll
-      for (int32_t b = 0; b < kAtOnce; ++b) {
-        q[b] = s0 + b < p.splits
-                   ? *cluster.map_shared_rank(mine + slot, static_cast<unsigned>(s0 + b))
-                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int32_t b = 0; b < kAtOnce; ++b) {
-        const int32_t s = s0 + b;
-        if (s >= p.splits) break;
-        const float v[4] = {q[b].x, q[b].y, q[b].z, q[b].w};
-#pragma unroll
-        for (int32_t e = 0; e < 4; ++e) total[e] = s == 0 ? v[e] : total[e] + v[e];
-      }
-    }
+    add_in_split_order(
+        p.splits,
+        [&](int32_t peer) {
+          return *cluster.map_shared_rank(mine + slot, static_cast<unsigned>(peer));
+        },
+        total);
     store_fragment(p, tile, slot, 0, total);
   }
   cluster.sync();
