@@ -18,6 +18,13 @@
 #                                       # each run limited to AB_RUN_SECONDS (240);
 #                                       # AB_TESTS=skip leaves the tests out (a diagnostic
 #                                       # run: ~100 s less; no merge on its figures alone).
+#                                       # AB_CROSS=MODEL (e.g. llama-1b) ends the run with the
+#                                       # bits check of a kernel change: the old build records
+#                                       # MODEL in batch-invariant mode on CUDA (every prompt of
+#                                       # examples/prompts.jsonl; the first alone), and each
+#                                       # candidate replays both traces exactly, the batch one
+#                                       # whole and its request 1 --isolate'd ($OUT/cross.log,
+#                                       # ~40 s; a replay that differs fails the run).
 #                                       # Writes $OUT/ab.log (both commits, every run's output)
 #                                       # and $OUT/new_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
@@ -142,6 +149,42 @@ run() {
     done
   done
   grep -E '^==|exit|% step time|us/launch' "$OUT/ab.log"
+  if [ -n "${AB_CROSS:-}" ]; then
+    cross_replay "$AB_CROSS" "$sides" || status=1
+    grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
+  fi
+  return $status
+}
+
+# One command of the cross-build check, logged with its exit status; returns it.
+cross_step() {
+  local rc=0
+  timeout 120 "$@" >> "$OUT/cross.log" 2>&1 || rc=$?
+  echo "exit $rc" >> "$OUT/cross.log"
+  return $rc
+}
+
+# AB_CROSS: traces of `model` recorded by the old build in batch-invariant mode, replayed exactly
+# by every candidate in `sides` (whole, request 1 alone, and the one-prompt trace).
+cross_replay() {
+  local model="$1" sides="$2" status=0 side
+  local batch="$OUT/cross-batch.trace" one="$OUT/cross-one.trace" prompt="$OUT/cross-one.jsonl"
+  head -1 examples/prompts.jsonl > "$prompt"
+  : > "$OUT/cross.log"
+  echo "== old $(cat "$D/old/commit.txt"): generate $model --determinism invariant --record" \
+    >> "$OUT/cross.log"
+  local recorded=(generate --model "$model" --backend cuda --determinism invariant -q --record)
+  cross_step "$D/old/lockstep" "${recorded[@]}" "$batch" --prompts examples/prompts.jsonl &&
+    cross_step "$D/old/lockstep" "${recorded[@]}" "$one" --prompts "$prompt" || return 1
+  for side in $sides; do
+    [ "$side" = old ] && continue
+    echo "== $side $(cat "$D/$side/commit.txt"): replay --backend cuda (whole, --isolate 1, one prompt)" \
+      >> "$OUT/cross.log"
+    cross_step "$D/$side/lockstep" replay "$batch" --backend cuda || status=1
+    cross_step "$D/$side/lockstep" replay "$batch" --backend cuda --isolate 1 || status=1
+    cross_step "$D/$side/lockstep" replay "$one" --backend cuda || status=1
+  done
+  rm -f "$batch" "$one" "$prompt"
   return $status
 }
 
