@@ -1,6 +1,7 @@
 // The small-M GEMM's split reduction (kernels/gemm_small_m.cu launches it): a split shape's
 // blocks each write their K range's partial sum to the workspace and return; a second kernel over
-// every tile adds the partials in split order and stores y.
+// every tile adds the partials in split order and stores y; or, at one n-tile in two splits, the
+// tile's two blocks do so as one cluster (reduce_in_cluster, below).
 //
 // Why a second kernel. The first design had the tile's last block to arrive (a counter per tile)
 // add the other blocks' partials: at 64 tokens a tile's partials are 32 KB a split, so that one
