@@ -49,6 +49,10 @@
 #                                # `lockstep_gpu_bench --fusion` (llama-1b, llama-8b; batch 1, 4,
 #                                # 8; context 1024; fused and unfused), ~4 min. Writes env.txt,
 #                                # gpu_tests.log/json, hf_oracle.log/json, fusion_bench.log/json.
+#   scripts/gpu-run.sh attention-profile
+#                                # on the H200: Nsight Compute (--set full) over decode attention's
+#                                # split kernel at batch 64, context 1024, llama-1b and llama-8b
+#                                # heads, ~1 min. Writes env.txt, attention_ncu.log.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -640,6 +644,30 @@ run_fusion() {
   return $status
 }
 
+# Nsight Compute over decode attention at batch 64, context 1024 (llama-1b's heads, then
+# llama-8b's): `lockstep_gpu_attention_bench --iterations 5` launches each case's split kernel 8
+# times (3 warm-up + 5), in the bench's order, so the launch counted past warm-up is fixed: the
+# fourth of llama-1b's batch-64 case (split-kernel launch 19) and of llama-8b's (99). `--set full`
+# on each, its details page (throughput, occupancy, warp stall reasons) in attention_ncu.log.
+run_attention_profile() {
+  begin_mode lockstep_gpu_attention_bench
+  local ncu="${NCU:-/usr/local/cuda/bin/ncu}" status=0 skip name
+  [ -x "$ncu" ] || { echo "gpu-run: no Nsight Compute at $ncu (NCU=...)" >&2; exit 2; }
+  : > "$OUT/attention_ncu.log"
+  for case in "llama-1b 19" "llama-8b 99"; do
+    read -r name skip <<< "$case"
+    echo "== $name decode batch 64 context 1024: split kernel launch $skip" | tee -a "$OUT/attention_ncu.log"
+    run_part "$OUT/attention_ncu.log" 240 "$ncu" --set full -k regex:attention_mma_kernel \
+        --launch-skip "$skip" --launch-count 1 -f -o "/tmp/attention-$name" \
+        "$DIST/bin/lockstep_gpu_attention_bench" --iterations 5 &&
+      run_part "$OUT/attention_ncu.log" 60 "$ncu" --import "/tmp/attention-$name.ncu-rep" \
+          --page details --print-details all
+  done
+  grep -E "^== |attention_mma_kernel|DRAM Throughput|Duration|Achieved Occupancy|Memory Throughput" \
+      "$OUT/attention_ncu.log"
+  return $status
+}
+
 # A command of one's own against the package (a test filter, one bench flag): `gpu-run.sh exec
 # lockstep_gpu_tests --gtest_filter=...` runs it with the package's binaries on PATH and its
 # libraries found.
@@ -661,5 +689,6 @@ case "${1:-run}" in
   tp) run_tp ;;
   hybrid) run_hybrid ;;
   fusion) run_fusion ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
+  attention-profile) run_attention_profile ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|attention-profile|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
 esac
