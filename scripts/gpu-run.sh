@@ -654,8 +654,8 @@ run_attention_profile() {
   local ncu="${NCU:-/usr/local/cuda/bin/ncu}" status=0 skip name
   [ -x "$ncu" ] || { echo "gpu-run: no Nsight Compute at $ncu (NCU=...)" >&2; exit 2; }
   : > "$OUT/attention_ncu.log"
-  for case in "llama-1b 19" "llama-8b 99"; do
-    read -r name skip <<< "$case"
+  for pair in "llama-1b 19" "llama-8b 99"; do
+    read -r name skip <<< "$pair"
     echo "== $name decode batch 64 context 1024: split kernel launch $skip" | tee -a "$OUT/attention_ncu.log"
     run_part "$OUT/attention_ncu.log" 240 "$ncu" --set full -k regex:attention_mma_kernel \
         --launch-skip "$skip" --launch-count 1 -f -o "/tmp/attention-$name" \
