@@ -648,7 +648,10 @@ run_fusion() {
 # llama-8b's): `lockstep_gpu_attention_bench --iterations 5` launches each case's split kernel 8
 # times (3 warm-up + 5), in the bench's order, so the launch counted past warm-up is fixed: the
 # fourth of llama-1b's batch-64 case (split-kernel launch 19) and of llama-8b's (99). `--set full`
-# on each, its details page (throughput, occupancy, warp stall reasons) in attention_ncu.log.
+# on each, its details page (throughput, occupancy, warp stall reasons) in attention_ncu.log, and
+# its SASS with each instruction's executions and warp-stall samples by reason in
+# attention_sass_<model>.csv (which instructions the time waits on; the builds carry no -lineinfo,
+# so SASS, not source lines).
 run_attention_profile() {
   begin_mode lockstep_gpu_attention_bench
   local ncu="${NCU:-/usr/local/cuda/bin/ncu}" status=0 skip name
@@ -661,7 +664,9 @@ run_attention_profile() {
         --launch-skip "$skip" --launch-count 1 -f -o "/tmp/attention-$name" \
         "$DIST/bin/lockstep_gpu_attention_bench" --iterations 5 &&
       run_part "$OUT/attention_ncu.log" 60 "$ncu" --import "/tmp/attention-$name.ncu-rep" \
-          --page details --print-details all
+          --page details --print-details all &&
+      run_part --new "$OUT/attention_sass_$name.csv" 60 "$ncu" \
+          --import "/tmp/attention-$name.ncu-rep" --page source --csv --print-source sass
   done
   grep -E "^== |attention_mma_kernel|DRAM Throughput|Duration|Achieved Occupancy|Memory Throughput" \
       "$OUT/attention_ncu.log"
