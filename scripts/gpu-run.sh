@@ -52,7 +52,8 @@
 #   scripts/gpu-run.sh attention-profile
 #                                # on the H200: Nsight Compute (--set full) over decode attention's
 #                                # split kernel at batch 64, context 1024, llama-1b and llama-8b
-#                                # heads, ~1 min. Writes env.txt, attention_ncu.log.
+#                                # heads, ~1 min. Writes env.txt, attention_ncu.log,
+#                                # attention_sass_llama-{1b,8b}.csv.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
