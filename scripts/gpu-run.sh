@@ -649,10 +649,12 @@ run_fusion() {
 # llama-8b's): `lockstep_gpu_attention_bench --iterations 5` launches each case's split kernel 8
 # times (3 warm-up + 5), in the bench's order, so the launch counted past warm-up is fixed: the
 # fourth of llama-1b's batch-64 case (split-kernel launch 19) and of llama-8b's (99). `--set full`
-# on each, its details page (throughput, occupancy, warp stall reasons) in attention_ncu.log, and
-# its SASS with each instruction's executions and warp-stall samples by reason in
-# attention_sass_<model>.csv (which instructions the time waits on; the builds carry no -lineinfo,
-# so SASS, not source lines).
+# on each at the clocks the card runs (`--clock-control none`: ncu's default locks them to base,
+# and the device's rules leave the card's clocks alone; the profiles of 2f7fded and 6fd9cf0 ran at
+# base, ~1.37 GHz). Its details page (throughput, occupancy, warp stall reasons) goes to
+# attention_ncu.log; its SASS with each instruction's executions and warp-stall samples by reason
+# to attention_sass_<model>.csv (which instructions the time waits on; the builds carry no
+# -lineinfo, so SASS, not source lines).
 run_attention_profile() {
   begin_mode lockstep_gpu_attention_bench
   local ncu="${NCU:-/usr/local/cuda/bin/ncu}" status=0 skip name
@@ -661,7 +663,8 @@ run_attention_profile() {
   for pair in "llama-1b 19" "llama-8b 99"; do
     read -r name skip <<< "$pair"
     echo "== $name decode batch 64 context 1024: split kernel launch $skip" | tee -a "$OUT/attention_ncu.log"
-    run_part "$OUT/attention_ncu.log" 240 "$ncu" --set full -k regex:attention_mma_kernel \
+    run_part "$OUT/attention_ncu.log" 240 "$ncu" --clock-control none --set full \
+        -k regex:attention_mma_kernel \
         --launch-skip "$skip" --launch-count 1 -f -o "/tmp/attention-$name" \
         "$DIST/bin/lockstep_gpu_attention_bench" --iterations 5 &&
       run_part "$OUT/attention_ncu.log" 60 "$ncu" --import "/tmp/attention-$name.ncu-rep" \
