@@ -25,6 +25,12 @@
 #                                       # candidate replays both traces exactly, the batch one
 #                                       # whole and its request 1 --isolate'd ($OUT/cross.log,
 #                                       # ~40 s; a replay that differs fails the run).
+#                                       # AB_PROFILE=MODEL (llama-1b or llama-8b) ends it with
+#                                       # Nsight Compute over every build's decode attention at
+#                                       # MODEL's batch 64, context 1024 (gpu-libs.sh
+#                                       # ncu_attention; BENCH need not be the attention bench):
+#                                       # $OUT/profile.log, $OUT/profile_sass_<side>.csv; ~1 min
+#                                       # a build.
 #                                       # Writes $OUT/ab.log (both commits, every run's output)
 #                                       # and $OUT/new_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
@@ -152,6 +158,15 @@ run() {
   if [ -n "${AB_CROSS:-}" ]; then
     cross_replay "$AB_CROSS" "$sides" || status=1
     grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
+  fi
+  if [ -n "${AB_PROFILE:-}" ]; then
+    : > "$OUT/profile.log"
+    for side in $sides; do
+      echo "== $side $(cat "$D/$side/commit.txt")" >> "$OUT/profile.log"
+      ncu_attention "$D/$side/lockstep_gpu_attention_bench" "$AB_PROFILE" "$OUT/profile.log" \
+          "$OUT/profile_sass_$side.csv" || status=1
+    done
+    grep -E "^== |DRAM Throughput|Duration|Achieved Occupancy" "$OUT/profile.log"
   fi
   return $status
 }

@@ -645,32 +645,17 @@ run_fusion() {
   return $status
 }
 
-# Nsight Compute over decode attention at batch 64, context 1024 (llama-1b's heads, then
-# llama-8b's): `lockstep_gpu_attention_bench --iterations 5` launches each case's split kernel 8
-# times (3 warm-up + 5), in the bench's order, so the launch counted past warm-up is fixed: the
-# fourth of llama-1b's batch-64 case (split-kernel launch 19) and of llama-8b's (99). `--set full`
-# on each at the clocks the card runs (`--clock-control none`: ncu's default locks them to base,
-# and the device's rules leave the card's clocks alone; the profiles of 2f7fded and 6fd9cf0 ran at
-# base, ~1.37 GHz). Its details page (throughput, occupancy, warp stall reasons) goes to
-# attention_ncu.log; its SASS with each instruction's executions and warp-stall samples by reason
-# to attention_sass_<model>.csv (which instructions the time waits on; the builds carry no
-# -lineinfo, so SASS, not source lines).
+# Nsight Compute over decode attention at batch 64, context 1024, llama-1b's heads then llama-8b's
+# (gpu-libs.sh ncu_attention): details in attention_ncu.log, SASS stall tables in
+# attention_sass_<model>.csv. The profiles of 2f7fded and 6fd9cf0 ran before `--clock-control
+# none`, so locked to base clocks (~1.37 GHz).
 run_attention_profile() {
   begin_mode lockstep_gpu_attention_bench
-  local ncu="${NCU:-/usr/local/cuda/bin/ncu}" status=0 skip name
-  [ -x "$ncu" ] || { echo "gpu-run: no Nsight Compute at $ncu (NCU=...)" >&2; exit 2; }
+  local status=0 model
   : > "$OUT/attention_ncu.log"
-  for pair in "llama-1b 19" "llama-8b 99"; do
-    read -r name skip <<< "$pair"
-    echo "== $name decode batch 64 context 1024: split kernel launch $skip" | tee -a "$OUT/attention_ncu.log"
-    run_part "$OUT/attention_ncu.log" 240 "$ncu" --clock-control none --set full \
-        -k regex:attention_mma_kernel \
-        --launch-skip "$skip" --launch-count 1 -f -o "/tmp/attention-$name" \
-        "$DIST/bin/lockstep_gpu_attention_bench" --iterations 5 &&
-      run_part "$OUT/attention_ncu.log" 60 "$ncu" --import "/tmp/attention-$name.ncu-rep" \
-          --page details --print-details all &&
-      run_part --new "$OUT/attention_sass_$name.csv" 60 "$ncu" \
-          --import "/tmp/attention-$name.ncu-rep" --page source --csv --print-source sass
+  for model in llama-1b llama-8b; do
+    ncu_attention "$DIST/bin/lockstep_gpu_attention_bench" "$model" "$OUT/attention_ncu.log" \
+        "$OUT/attention_sass_$model.csv" || status=1
   done
   grep -E "^== |attention_mma_kernel|DRAM Throughput|Duration|Achieved Occupancy|Memory Throughput" \
       "$OUT/attention_ncu.log"
