@@ -1,5 +1,5 @@
-# Sourced by scripts/gpu-run.sh and scripts/gpu-ab.sh: the shared libraries a package carries
-# because the H200 host lacks them (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the trace replayed
+# Sourced by scripts/gpu-run.sh and scripts/gpu-ab.sh: what both need. The shared libraries a
+# package carries because the H200 host lacks them (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the trace replayed
 # by the determinism test), and this toolchain's libstdc++/libgcc_s for libfmt. cuBLAS comes from
 # the host (13.1).
 # shellcheck disable=SC2034
