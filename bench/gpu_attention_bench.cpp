@@ -10,8 +10,10 @@
 //   lockstep_gpu_attention_bench [--iterations N]
 //
 // The KV a decode token must read is the floor: tokens · kv_heads · keys · head_dim · 2 (K and V)
-// · 2 bytes. The step benchmark (lockstep_gpu_bench) shows attention's share of a whole step;
+// · 2 bytes; each decode figure is also given as a fraction of the streaming read bandwidth
+// measured at the start of the same run (bench/gpu_bandwidth.h, as lockstep_gpu_bench counts). The step benchmark (lockstep_gpu_bench) shows attention's share of a whole step;
 // this one isolates the kernel so its changes can be measured on their own.
+#include "bench/gpu_bandwidth.h"
 #include "bench/gpu_bench_main.h"
 #include "kernels/attention.h"
 
@@ -131,13 +133,16 @@ double time_step(const Heads& h, const Step& step, kernels::AttentionPrefill pre
 }
 
 // Decode: the KV every token must read (its keys · kv_heads · head_dim · K and V · 2 bytes) over
-// the time, the read bandwidth that is.
-void run_decode(const Heads& h, int32_t batch, int32_t context, int32_t iterations) {
+// the time, the read bandwidth that is, and its fraction of the measured streaming read.
+void run_decode(const Heads& h, int32_t batch, int32_t context, int32_t iterations,
+                double read_bandwidth) {
   const double seconds =
       time_step(h, decode_step(batch, context), kernels::AttentionPrefill::kTiles, iterations);
   const double bytes = double(batch) * h.kv_heads * (context + 1) * h.head_dim * 2 * 2;
-  std::printf("  decode  %-9s batch %2d context %4d: %8.1f us/launch, %7.1f MB KV, %5.2f TB/s\n",
-              h.name, batch, context, seconds * 1e6, bytes * 1e-6, bytes / seconds * 1e-12);
+  std::printf("  decode  %-9s batch %2d context %4d: %8.1f us/launch, %7.1f MB KV, %5.2f TB/s, "
+              "%5.1f%% of read BW\n",
+              h.name, batch, context, seconds * 1e6, bytes * 1e-6, bytes / seconds * 1e-12,
+              100.0 * bytes / seconds / read_bandwidth);
 }
 
 // Prefill: the causal products (scores and weighted values, 2 · head_dim FLOPs a key each, for
@@ -178,9 +183,16 @@ int main(int argc, char** argv) {
       .subject = "paged attention (bf16 KV, one layer)",
       .iterations = 50};
   return ls::bench::run_kernel_bench(argc, argv, bench, [](int32_t iterations) {
+    const ls::bench::Bandwidth ceiling =
+        ls::bench::measure_bandwidth(ls::bench::kBandwidthBytes, 30);
+    std::printf("  streaming read %.2f TB/s (decode's ceiling); device-to-device copy %.2f TB/s "
+                "(a read and a write); both measured in this run\n",
+                ceiling.read * 1e-12, ceiling.copy * 1e-12);
     for (const Heads& h : {Heads{"llama-1b", 32, 8, 64}, Heads{"llama-8b", 32, 8, 128}}) {
       for (const int32_t context : {1024, 4096}) {
-        for (const int32_t batch : {1, 16, 64}) run_decode(h, batch, context, iterations);
+        for (const int32_t batch : {1, 16, 64}) {
+          run_decode(h, batch, context, iterations, ceiling.read);
+        }
       }
       for (const auto prefill : {kernels::AttentionPrefill::kTiles,
                                  kernels::AttentionPrefill::kDecodeKernel}) {

@@ -57,6 +57,7 @@
 //                      [--prefill]     (prefill attention, tile vs decode kernel: llama-1b and llama-8b unless --shapes)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
+#include "bench/gpu_bandwidth.h"
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
@@ -106,58 +107,10 @@ constexpr int32_t kPrefillChunk = 2048;
 constexpr int32_t kRowsMax = 64;
 constexpr int32_t kDecodeSlack = 64;  // decode steps past the context, warm-up included
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
-struct Bandwidth {
-  double copy = 0;  // bytes/s, read + write counted
-  double read = 0;  // bytes/s
-};
-
-// The median time of `repeats` launches on `stream` (CUDA events around each), after 3 untimed;
-// launch(i) gets the launch's index, warm-ups included.
-template <typename Launch>
-double median_seconds(cudaStream_t stream, int32_t repeats, Launch launch) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  LS_CUDA(cudaEventCreate(&start));
-  LS_CUDA(cudaEventCreate(&stop));
-  std::vector<double> seconds;
-  for (int32_t i = 0; i < repeats + 3; ++i) {
-    LS_CUDA(cudaEventRecord(start, stream));
-    launch(i);
-    LS_CUDA(cudaEventRecord(stop, stream));
-    LS_CUDA(cudaEventSynchronize(stop));
-    float ms = 0;
-    LS_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    if (i >= 3) seconds.push_back(ms * 1e-3);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  return median(seconds);
-}
-
-// Device-to-device copy and a plain streaming read, each through its own kernel.
-Bandwidth measure_bandwidth(int64_t bytes, int32_t repeats) {
-  void* a = nullptr;
-  void* b = nullptr;
-  LS_CUDA(cudaMalloc(&a, static_cast<size_t>(bytes)));
-  LS_CUDA(cudaMalloc(&b, static_cast<size_t>(bytes)));
-  LS_CUDA(cudaMemset(a, 1, static_cast<size_t>(bytes)));
-  LS_CUDA(cudaMemset(b, 2, static_cast<size_t>(bytes)));
-  Bandwidth out;
-  out.copy = 2.0 * static_cast<double>(bytes) / median_seconds(nullptr, repeats, [&](int32_t i) {
-               LS_CUDA(kernels::launch_copy_bytes(i % 2 ? a : b, i % 2 ? b : a, bytes, nullptr));
-             });
-  // The sink is never written (see launch_read_bytes); b is big enough for it anyway.
-  out.read = static_cast<double>(bytes) / median_seconds(nullptr, repeats, [&](int32_t i) {
-               LS_CUDA(kernels::launch_read_bytes(i % 2 ? a : b, bytes, i % 2 ? b : a, nullptr));
-             });
-  cudaFree(a);
-  cudaFree(b);
-  return out;
-}
+using bench::Bandwidth;
+using bench::measure_bandwidth;
+using bench::median;
+using bench::median_seconds;
 
 // The bf16 matrix rate (FLOP/s) of the backend's own product (kernels/gemm_plans.h: bf16 operands,
 // fp32 accumulation and output, the algorithm cuBLASLt's heuristic gives first) on a square
@@ -1321,7 +1274,7 @@ int run_tp(const Options& o, const CudaMachineInfo& machine) {
   json per_device = json::array();
   for (size_t rank = 0; rank < (shared ? 1 : devices.size()); ++rank) {
     LS_CUDA(cudaSetDevice(devices[rank]));
-    const Bandwidth b = measure_bandwidth(int64_t{2} << 30, o.quick ? 10 : 30);
+    const Bandwidth b = measure_bandwidth(bench::kBandwidthBytes, o.quick ? 10 : 30);
     std::printf("device %d: bandwidth copy %.2f TB/s, read %.2f TB/s\n", devices[rank],
                 b.copy * 1e-12, b.read * 1e-12);
     per_device.push_back({{"device", devices[rank]},
@@ -1603,7 +1556,7 @@ int run(const Options& o) {
   std::printf("%s, %s SMs, driver %s, CUDA runtime %s, cuBLAS %s, commit %s\n",
               machine.gpu_name.c_str(), machine.sm_count.c_str(), machine.driver_version.c_str(),
               machine.runtime_version.c_str(), machine.cublas_version.c_str(), LOCKSTEP_GIT_COMMIT);
-  const Bandwidth bandwidth = measure_bandwidth(int64_t{2} << 30, o.quick ? 10 : 30);
+  const Bandwidth bandwidth = measure_bandwidth(bench::kBandwidthBytes, o.quick ? 10 : 30);
   std::printf("bandwidth: copy (read + write) %.2f TB/s, read %.2f TB/s\n", bandwidth.copy * 1e-12,
               bandwidth.read * 1e-12);
   if (o.tp_degree > 1) return run_tp(o, machine);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <functional>
 
 // A failed CUDA call in a benchmark: the call site and CUDA's message, then exit 1.
@@ -31,7 +32,7 @@ struct KernelBench {
 };
 
 // Parses the command line (exit 0 for --help, 2 for a bad flag), prints "<subject>, <GPU>, <N>
-// SMs", then runs `cases` with the iterations per case; main's exit status.
+// SMs", then runs `cases` with the iterations per case (1 when one throws); main's exit status.
 inline int run_kernel_bench(int argc, char** argv, const KernelBench& bench,
                             const std::function<void(int32_t iterations)>& cases) {
   int32_t iterations = bench.iterations;
@@ -47,7 +48,12 @@ inline int run_kernel_bench(int argc, char** argv, const KernelBench& bench,
   cudaDeviceProp prop{};
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %s, %d SMs\n", bench.subject, prop.name, prop.multiProcessorCount);
-  cases(iterations);
+  try {
+    cases(iterations);
+  } catch (const std::exception& e) {  // a failed CUDA call the shared helpers check (LS_CUDA)
+    std::fprintf(stderr, "%s: %s\n", bench.name, e.what());
+    return 1;
+  }
   return 0;
 }
 
