@@ -11,8 +11,9 @@
 //
 // The KV a decode token must read is the floor: tokens · kv_heads · keys · head_dim · 2 (K and V)
 // · 2 bytes; each decode figure is also given as a fraction of the streaming read bandwidth
-// measured at the start of the same run (bench/gpu_bandwidth.h, as lockstep_gpu_bench counts). The step benchmark (lockstep_gpu_bench) shows attention's share of a whole step;
-// this one isolates the kernel so its changes can be measured on their own.
+// measured at the start of the same run (bench/gpu_bandwidth.h, as lockstep_gpu_bench counts).
+// The step benchmark (lockstep_gpu_bench) shows attention's share of a whole step; this one
+// isolates the kernel so its changes can be measured on their own.
 #include "bench/gpu_bandwidth.h"
 #include "bench/gpu_bench_main.h"
 #include "kernels/attention.h"
