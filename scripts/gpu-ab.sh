@@ -160,14 +160,22 @@ run() {
     grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
   fi
   if [ -n "${AB_PROFILE:-}" ]; then
-    : > "$OUT/profile.log"
-    for side in $sides; do
-      echo "== $side $(cat "$D/$side/commit.txt")" >> "$OUT/profile.log"
-      ncu_attention "$D/$side/lockstep_gpu_attention_bench" "$AB_PROFILE" "$OUT/profile.log" \
-          "$OUT/profile_sass_$side.csv" || status=1
-    done
+    profile_sides "$AB_PROFILE" "$sides" || status=1
     grep -E "^== |DRAM Throughput|Duration|Achieved Occupancy" "$OUT/profile.log"
   fi
+  return $status
+}
+
+# AB_PROFILE: every build's decode attention for `model` under Nsight Compute (gpu-libs.sh
+# ncu_attention), details into $OUT/profile.log, SASS stall tables into profile_sass_<side>.csv.
+profile_sides() {
+  local model="$1" sides="$2" status=0 side
+  : > "$OUT/profile.log"
+  for side in $sides; do
+    echo "== $side $(cat "$D/$side/commit.txt")" >> "$OUT/profile.log"
+    ncu_attention "$D/$side/lockstep_gpu_attention_bench" "$model" "$OUT/profile.log" \
+        "$OUT/profile_sass_$side.csv" || status=1
+  done
   return $status
 }
 
