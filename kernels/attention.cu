@@ -1,14 +1,13 @@
 #include "kernels/attention.h"
 
 #include "core/ops/slot.h"
+#include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/storage.cuh"
 
 #include <algorithm>
-#include <mutex>
 #include <type_traits>
-#include <vector>
 
 namespace ls::kernels {
 
@@ -315,7 +314,9 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
 #pragma unroll
       for (int32_t h = 0; h < G; ++h) {
 #pragma unroll
-        for (int32_t k = 0; k < 8; ++k) acc[h][k] += __shfl_xor_sync(0xffffffffu, acc[h][k], offset);
+        for (int32_t k = 0; k < 8; ++k) {
+          acc[h][k] += __shfl_xor_sync(0xffffffffu, acc[h][k], offset);
+        }
       }
     }
     __syncthreads();  // every warp is done with the value rows: their memory takes the sums
@@ -359,58 +360,18 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
 namespace ls::kernels {
 namespace {
 
-// How many blocks of a kernel instance fit on the GPU at once (cached per instance and shared
-// memory size): a launch picks its split lanes (the tile kernel its grid) from it. Also lifts the
-// instance's dynamic shared-memory limit; refuses a block that does not fit an SM.
-struct KernelFit {
-  const void* kernel = nullptr;
-  size_t shared_bytes = 0;
-  int32_t resident_blocks = 0;
-};
-
-cudaError_t resident_blocks(const void* kernel, int32_t threads, size_t shared_bytes,
-                            int32_t* resident) {
-  static std::mutex mutex;
-  static std::vector<KernelFit> fits;
-  const std::lock_guard<std::mutex> lock(mutex);
-  for (const KernelFit& f : fits) {
-    if (f.kernel == kernel && f.shared_bytes == shared_bytes) {
-      *resident = f.resident_blocks;
-      return cudaSuccess;
-    }
-  }
-  int device = 0, sms = 0, per_sm = 0;
-  cudaError_t status = cudaGetDevice(&device);
-  if (status == cudaSuccess) {
-    status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  if (status == cudaSuccess) {
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(shared_bytes));
-  }
-  if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes);
-  }
-  if (status != cudaSuccess) return status;
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the block does not fit an SM
-  fits.push_back({kernel, shared_bytes, sms * per_sm});
-  *resident = fits.back().resident_blocks;
-  return cudaSuccess;
-}
-
-// Launches `kernel` over (split lanes, kv heads, tokens): enough split lanes to fill the GPU once,
-// never more lanes than splits.
-template <typename T>
-cudaError_t launch_splits(void (*kernel)(AttentionArgs<T>), size_t shared,
-                          const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
+// Launches `kKernel` over (split lanes, kv heads, tokens): enough split lanes to fill the GPU once
+// (kernels/kernel_fit.h: how many of its blocks it holds), never more lanes than splits.
+template <auto kKernel, typename T>
+cudaError_t launch_splits(size_t shared, const AttentionArgs<T>& args, int32_t tokens,
+                          LaunchStream stream) {
   const AttentionShape& s = args.shape;
   int32_t resident = 0;
-  const cudaError_t status =
-      resident_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared, &resident);
+  const cudaError_t status = resident_on_gpu<kKernel>(kThreads, shared, &resident);
   if (status != cudaSuccess) return status;
   const int32_t lanes = std::clamp(resident / (tokens * s.kv_heads), 1,
                                    std::min(splits_max(s), kSplitLanesMax));
-  return launch_kernel(kernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
+  return launch_kernel(kKernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
 }
 
 template <typename T, int32_t G>
@@ -418,16 +379,16 @@ cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStr
   const int32_t d = args.shape.head_dim;
   if constexpr (std::is_same_v<T, bf16>) {
     if (d == 64) {
-      return launch_splits<T>(attention_mma_kernel<64, G>, mma_shared_bytes<64>(), args, tokens,
-                              stream);
+      return launch_splits<attention_mma_kernel<64, G>>(mma_shared_bytes<64>(), args, tokens,
+                                                        stream);
     }
     if (d == 128) {
-      return launch_splits<T>(attention_mma_kernel<128, G>, mma_shared_bytes<128>(), args, tokens,
-                              stream);
+      return launch_splits<attention_mma_kernel<128, G>>(mma_shared_bytes<128>(), args, tokens,
+                                                         stream);
     }
   }
   const size_t shared = split_shared_bytes<T>(d, args.shape.query_heads / args.shape.kv_heads);
-  return launch_splits<T>(attention_split_kernel<T, G>, shared, args, tokens, stream);
+  return launch_splits<attention_split_kernel<T, G>>(shared, args, tokens, stream);
 }
 
 // grid: (query heads, tokens of the chunk). Merges a token's partials in split order: the splits'
@@ -503,8 +464,10 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
     if (launched != cudaSuccess) return launched;
     if (splits_max(s) > 1) {
       const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
-      const cudaError_t status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n),
-                                               128, shared, stream, args);
+      cudaError_t status = grant_shared<attention_combine_kernel<T>>(shared);
+      if (status != cudaSuccess) return status;
+      status = launch_kernel(attention_combine_kernel<T>, dim3(s.query_heads, n), 128, shared,
+                             stream, args);
       if (status != cudaSuccess) return status;
     }
   }
@@ -515,9 +478,8 @@ template <int32_t D>
 cudaError_t launch_tiles(const AttentionArgs<bf16>& base, int32_t tokens, size_t workspace_floats,
                          LaunchStream stream) {
   int32_t resident = 0;
-  const void* kernel = reinterpret_cast<const void*>(attention_tile_kernel<D>);
   const cudaError_t status =
-      resident_blocks(kernel, kTileThreads, tile_shared_bytes<D>(), &resident);
+      resident_on_gpu<attention_tile_kernel<D>>(kTileThreads, tile_shared_bytes<D>(), &resident);
   if (status != cudaSuccess) return status;
   return launch_tile_range<D>(base, tokens, workspace_floats, resident, stream);
 }
@@ -537,6 +499,23 @@ size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens) {
                           (shape.head_dim + 2);
   const size_t tile_list = static_cast<size_t>(kTileListHeader) + static_cast<size_t>(tokens);
   return std::max(partials, tile_list);
+}
+
+cudaError_t attention_positions_max(int64_t* positions) {
+  int device = 0, block_shared_max = 0;
+  cudaFuncAttributes combine{};
+  cudaError_t status = cudaGetDevice(&device);
+  if (status == cudaSuccess) {
+    status = cudaDeviceGetAttribute(&block_shared_max, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                    device);
+  }
+  if (status == cudaSuccess) {
+    status = cudaFuncGetAttributes(&combine, attention_combine_kernel<float>);
+  }
+  if (status != cudaSuccess) return status;
+  const int64_t dynamic = int64_t{block_shared_max} - static_cast<int64_t>(combine.sharedSizeBytes);
+  *positions = std::max<int64_t>(dynamic, 0) / int64_t{2 * sizeof(float)} * kAttentionSplitKeys;
+  return cudaSuccess;
 }
 
 template <typename T>

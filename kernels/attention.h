@@ -68,6 +68,11 @@ int32_t attention_tiled_tokens(const AttentionShape& shape, bool bf16_kv, int32_
 // shares the same floats, stream-ordered).
 size_t attention_workspace_floats(const AttentionShape& shape, int32_t tokens);
 
+// The most positions (table_width · page_size) the decode kernel serves on the current device:
+// its combine merges a token's splits holding two floats a split in shared memory, at most the
+// device's opt-in limit for a block (an H200: ~3.7 M positions). Asked at the backend's start.
+cudaError_t attention_positions_max(int64_t* positions);
+
 // q [tokens, query_heads·head_dim] fp32 (already rotated); k_cache/v_cache [slots, kv_size] T
 // (bf16, or float in the fp32 mode) of one layer; positions/token_pool_rows [tokens]; table
 // [pool rows, table_width]. out [tokens, query_heads·head_dim] T. The first prefill_tokens_count

@@ -81,6 +81,7 @@ struct CudaBackend::Impl {
 
   // cuda_backend_setup.cpp
   void refuse_unsupported() const;
+  void refuse_context_past_attention() const;  // on the device: after cudaSetDevice
   void initialise_buffers();
   void create_host_side();
 

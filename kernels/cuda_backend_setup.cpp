@@ -231,6 +231,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
   refuse_unsupported();
   index_layer_kinds();
   LS_CUDA(cudaSetDevice(options.device));
+  refuse_context_past_attention();
   stream = CudaStream::create();
   record_stream = CudaStream::create();
   record_fork = CudaEvent::create();
@@ -338,6 +339,20 @@ void CudaBackend::Impl::refuse_unsupported() const {
   LS_REQUIRE(shard.degree == 1 || options.tp_comm != nullptr,
              "cuda backend: rank {} of a TP {} group needs its communicator", shard.rank,
              shard.degree);
+}
+
+// The decode attention's combine holds two floats for each of a token's splits in a block's
+// shared memory: a context past what the device allows is refused by name here, not left to fail
+// at its first launch.
+void CudaBackend::Impl::refuse_context_past_attention() const {
+  int64_t positions_max = 0;
+  LS_CUDA(kernels::attention_positions_max(&positions_max));
+  LS_REQUIRE(positions_count <= positions_max,
+             "cuda backend: a context of {} positions (table_width {} × page_size {}) exceeds "
+             "the {} the decode attention combines on this GPU (two floats a {}-key split in one "
+             "block's shared memory)",
+             positions_count, table_width, config.page_size, positions_max,
+             kernels::kAttentionSplitKeys);
 }
 
 // The pinned buffers of the step's copies (by step parity), the host KV pages, and the events.

@@ -38,6 +38,7 @@
 #include "kernels/gemm_small_m_reduce.cuh"
 #include "kernels/gemm_small_m_tuning.h"
 
+#include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 
 #include <algorithm>
@@ -166,9 +167,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   }
   store<NT>(p, tile, acc);
 }
-
-
-constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
 
 // The kernel's dynamic shared memory allowed, and the carveout at its maximum so that two blocks
 // of ~97 KB share an SM (the L1 keeps the rest; the kernel reads global memory through cp.async).

@@ -5,13 +5,10 @@
 #include "kernels/gemm.h"
 
 #include "core/ops/layer_math.h"
+#include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 #include "kernels/rms_norm.cuh"
-
-#include <array>
-#include <atomic>
-#include <mutex>
 
 namespace ls::kernels {
 
@@ -271,72 +268,29 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
   }
 }
 
-constexpr int32_t kDevicesMax = 64;  // devices a process launches on (shared-memory grants)
-
-int32_t sm_count() {
-  int32_t device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 1;
-  }
-  return count;
-}
-
-// Blocks of `kernel` an SM holds at once with `shared` bytes of dynamic shared memory, asked once
-// per kernel and size (a launch at the same size looks it up; `cache` packs size and answer).
-template <typename Kernel>
-int32_t resident_blocks(Kernel kernel, size_t shared, std::atomic<uint64_t>& cache) {
-  const uint64_t known = cache.load(std::memory_order_relaxed);
-  if (known != 0 && known >> 16 == shared) return static_cast<int32_t>(known & 0xffff);
-  int blocks = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kGemvThreads, shared) !=
-          cudaSuccess ||
-      blocks < 1) {
-    (void)cudaGetLastError();
-    blocks = 1;
-  }
-  cache.store(uint64_t{shared} << 16 | static_cast<uint64_t>(blocks), std::memory_order_relaxed);
-  return blocks;
-}
-
 // Without the folded norm one group a block: the block scheduler balances small blocks. With it,
 // a grid that fits on the GPU at once (resident blocks × SMs), each block running the fewest
 // groups that cover the tasks, spread evenly: the norm is computed once a block.
 template <int32_t kTokens, bool kNormed, Epilogue E>
 cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
-  const auto kernel = gemv_kernel<kTokens, kNormed, E>;
+  constexpr auto kKernel = gemv_kernel<kTokens, kNormed, E>;
   const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
   const size_t shared = kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) : 0;
   int32_t per_block = 1;
   if constexpr (kNormed) {
     // Past 48 KB less the kernel's static shared memory a launch must have asked for its dynamic
-    // shared memory: asked once per kernel for the largest size launched so far (a host call, not
-    // a stream operation: a graph's capture may make it too). At exactly 48 KB (llama-8b, 6
-    // tokens) the static part already puts it over.
-    // Per device: an attribute is set in the current device's context (tensor-parallel ranks).
-    // A grant is raised under a lock (ranks sharing a GPU must not lower one another just
-    // raised); a launch within it reads one atomic and takes no lock.
-    static std::array<std::atomic<size_t>, kDevicesMax> granted{};
-    static std::mutex granting;
-    int device = 0;
-    if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess) return status;
-    if (device < 0 || device >= kDevicesMax) return cudaErrorInvalidDevice;
-    std::atomic<size_t>& asked = granted[static_cast<size_t>(device)];
-    if (shared > asked.load(std::memory_order_acquire)) {
-      const std::lock_guard<std::mutex> lock(granting);
-      if (shared > asked.load(std::memory_order_relaxed)) {
-        const cudaError_t status = cudaFuncSetAttribute(
-            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-        if (status != cudaSuccess) return status;
-        asked.store(shared, std::memory_order_release);
-      }
+    // shared memory (at exactly 48 KB, llama-8b at 6 tokens, the static part already puts it
+    // over): kernels/kernel_fit.h grants it, per device, with how many blocks fit. A host call,
+    // not a stream operation: a graph's capture may make it too.
+    int32_t cap = 0;
+    if (const cudaError_t status = resident_on_gpu<kKernel>(kGemvThreads, shared, &cap);
+        status != cudaSuccess) {
+      return status;
     }
-    static std::atomic<uint64_t> resident_cache{0};
-    const int32_t cap = resident_blocks(kernel, shared, resident_cache) * sm_count();
     per_block = p.norm.block_per_group ? 1 : (groups + cap - 1) / cap;
   }
   const int32_t blocks = (groups + per_block - 1) / per_block;
-  return launch_kernel(kernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);
+  return launch_kernel(kKernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);
 }
 
 // Instantiated at 1, 2, 4 and 8 tokens: a token's arithmetic is the same in each.

@@ -6,6 +6,7 @@
 // The prefill tile kernel (AttentionPrefill::kTiles, the default mode): against the reference,
 // run to run, through consecutive launches and beside decode rows, bit for bit; with it off
 // (kDecodeKernel, batch-invariant mode) a chunk's token has the bits it has alone at decode.
+// Shared-memory grants (kernels/kernel_fit.h) never lowered; an 800,000-position context combined.
 #include "kernels/attention.h"
 #include "tests/gpu/gpu_test_support.h"
 
@@ -427,6 +428,34 @@ TEST(AttentionFp32, TinyAndLlama1bHeadsMatchFp64) {
         << "bf16";
     EXPECT_GT(gpu_test::norm(ref), 0);
   }
+}
+
+// kernels/kernel_fit.h: a kernel's shared-memory grant is never lowered. The fp32 split kernel of
+// one group size runs at head_dim 256 (128 KB of value rows), then 64 (32 KB), then 256 again: a
+// grant that followed the last size asked would refuse the third launch. And a context whose
+// combine needs more than the default 48 KB (800,000 positions: 6,250 splits, 50 KB) is granted it.
+TEST(AttentionFit, GrantsAreNeverLoweredAndLongContextsCombine) {
+  LS_SKIP_WITHOUT_DEVICE();
+  constexpr double kFp32Tolerance = 1e-5;
+  const auto check = [&](const AttentionSetup& s, const std::vector<int32_t>& positions) {
+    const std::vector<int32_t> rows(positions.size(), 0);
+    const AttentionShape& a = s.shape;
+    const std::vector<float> q =
+        gpu_test::random_floats(positions.size() * size_t(a.query_heads) * a.head_dim, 7, -1, 1);
+    Launch fp32 = decode_launch(
+        kernels::attention_workspace_floats(a, static_cast<int32_t>(positions.size())));
+    fp32.fp32 = true;
+    EXPECT_LT(relative_error(run(s, q, positions, rows, fp32), reference(s, q, positions, rows)),
+              kFp32Tolerance)
+        << "head dim " << a.head_dim << ", " << a.positions_count << " positions";
+  };
+  for (const int32_t d : {256, 64, 256}) {
+    check(make_setup(2, 1, d, 4, 16, 1, 500 + static_cast<uint32_t>(d)), {3, 40, 63});
+  }
+  int64_t positions_max = 0;
+  ASSERT_EQ(kernels::attention_positions_max(&positions_max), cudaSuccess);
+  EXPECT_GT(positions_max, 800'000) << "an sm_90 block may have 227 KB of shared memory";
+  check(make_setup(2, 1, 16, 12'500, 64, 1, 9), {5, 300, 130'000});
 }
 
 }  // namespace

@@ -3,13 +3,17 @@
 // graphs and eager alike; state ops step by step
 // (table writes clamped at the width, vcl resets, decode overrides, force-single rows, W = 3
 // verification, the context clamp) compared field by field; NaN/inf poison and forced outputs;
-// retraction by swap (copy_pages); run-to-run and graph-vs-eager bit identity.
+// retraction by swap (copy_pages); run-to-run and graph-vs-eager bit identity; a context past what
+// the decode attention combines refused by name.
+#include "core/check.h"
 #include "core/cpu_backend.h"
+#include "kernels/attention.h"
 #include "kernels/cuda_backend.h"
 #include "tests/gpu/backend_test_support.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/test_support.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -392,6 +396,21 @@ TEST(CudaMemory, KvPagesTakeTheStatedFractionOfWhatIsLeft) {
   if (total_bytes >= size_t{100} << 30) {
     EXPECT_GE(tokens, 100000);
   }
+}
+
+// A context the decode attention cannot combine on this GPU (kernels/attention.h
+// attention_positions_max: ~3.7 M positions on an sm_90 GPU) is refused by name when the backend is
+// built, before anything is allocated, not at its first launch.
+TEST(CudaRefusals, AContextPastWhatTheAttentionCombinesIsRefusedByName) {
+  LS_SKIP_WITHOUT_DEVICE();
+  ExecutorConfig ec = executor_config_for(tiny_scheduler());
+  int64_t positions_max = 0;
+  ASSERT_EQ(kernels::attention_positions_max(&positions_max), cudaSuccess);
+  ec.context_length = static_cast<int32_t>(positions_max + 1);
+  ASSERT_LE(ec.context_length, kContextLengthMax);
+  EXPECT_THAT([&] { CudaBackend cuda(tiny(), ec, CudaBackendOptions{}); },
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::HasSubstr("the decode attention combines on this GPU")));
 }
 
 }  // namespace
