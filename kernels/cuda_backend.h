@@ -53,7 +53,7 @@ enum class CudaPhase : uint8_t {
 };
 std::string_view to_string(CudaPhase phase);
 
-constexpr int32_t kSmallMGemmTokensDefault = 8;
+constexpr int32_t kSmallMGemmTokensDefault = 32;
 // The small-M GEMM's most tokens a launch (kernels::kSmallMGemmTokensMax; this header includes no
 // CUDA header, cuda_backend_setup.cpp asserts the two equal): batch-invariant mode's setting.
 constexpr int32_t kSmallMGemmTokensInvariant = 64;
@@ -95,9 +95,12 @@ struct CudaBackendOptions {
   // through lockstep's tensor-core GEMM (kernels/gemm_small_m.h; bf16 only, a non-zero value is
   // refused in fp32): the weights streamed once whatever the token count, one summation order for
   // every token count (batch invariant). 0: cuBLAS. Unset: kSmallMGemmTokensDefault in bf16, 0 in
-  // fp32 — the H200 bench (`lockstep_gpu_bench`, batch 2 to 64 in every full run) measured it
-  // 3–8% faster a step than cuBLAS at batch 2, 4 and 8 and slower from batch 16
-  // (bench/results/2026-12-01-h200-c41e4227d721-small-m-bench.log).
+  // fp32 — the H200 bench (`lockstep_gpu_bench`, batch 2 to 64 in every full run, both backends
+  // alternating in one run) measured the wgmma form (55efa00) faster a step than cuBLAS up to
+  // batch 32 and slower at 64: llama-1b −10.1 / −10.8 / −10.8 / −8.3 / −3.9 / +3.4% at batch 2 /
+  // 4 / 8 / 16 / 32 / 64, llama-8b −7.4 / −7.6 / −6.4 / −5.5 / −3.1 / +1.0%
+  // (bench/results/2026-12-03-h200-55efa001b178-gpu-bench.log; the mma.sync form it replaced was
+  // slower than cuBLAS from batch 16, …-c41e4227d721-small-m-bench.log, whence the old default 8).
   std::optional<int32_t> small_m_gemm_tokens_max;
   // Batch-invariant mode (issue 15, `--determinism invariant`): every linear layer of every step,
   // decode and prefill alike, runs the small-M GEMM — whose sums' order depends on (out, in) only —

@@ -529,7 +529,7 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max -1 is outside [0, 64]")));
   EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_tokens_max = 8}); },
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max 8 needs bf16 precision")));
-  // Unset, it is the precision's default: 8 in bf16, 0 (cuBLAS) in fp32, where it is no refusal.
+  // Unset, it is the precision's default: 32 in bf16, 0 (cuBLAS) in fp32, where it is no refusal.
   EXPECT_EQ(small_m_gemm_tokens_max_of({}), kSmallMGemmTokensDefault);
   EXPECT_EQ(small_m_gemm_tokens_max_of({.precision = CudaPrecision::kFp32}), 0);
   build({.precision = CudaPrecision::kFp32});
