@@ -17,7 +17,8 @@
 #                                       # argument `@json` becomes a JSON path under $OUT per run;
 #                                       # each run limited to AB_RUN_SECONDS (240);
 #                                       # AB_TESTS=skip leaves the tests out (a diagnostic
-#                                       # run: ~100 s less; no merge on its figures alone).
+#                                       # run: ~100 s less; no merge on its figures alone),
+#                                       # AB_TESTS=new2 runs the new2 build's instead.
 #                                       # AB_CROSS=MODEL (e.g. llama-1b) ends the run with the
 #                                       # bits check of a kernel change: the old build records
 #                                       # MODEL in batch-invariant mode on CUDA (every prompt of
@@ -32,7 +33,7 @@
 #                                       # $OUT/profile.log, $OUT/profile_sass_<side>.csv; ~1 min
 #                                       # a build.
 #                                       # Writes $OUT/ab.log (both commits, every run's output)
-#                                       # and $OUT/new_gpu_tests.log; exits 1 when the tests or a
+#                                       # and $OUT/SIDE_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
 #
 # Example (the SwiGLU epilogue's cost in batch-invariant mode):
@@ -113,10 +114,12 @@ run() {
   fi
   local rounds="$1" bench="$2" tests="${AB_TESTS:-run}"
   shift 2
-  if [ "$tests" != run ] && [ "$tests" != skip ]; then
-    echo "gpu-ab: AB_TESTS is '$tests': 'run' (the default) or 'skip'" >&2
-    exit 2
-  fi
+  case "$tests" in
+    run) tests=new ;;
+    skip | new | new2) ;;
+    *) echo "gpu-ab: AB_TESTS is '$tests': 'run' (the default: the new build's), 'new2' or 'skip'" >&2
+       exit 2 ;;
+  esac
   OUT="${OUT:-out/gpu-ab}"
   mkdir -p "$OUT"
   D=$(realpath "$DIST")
@@ -126,6 +129,10 @@ run() {
   fi
   local sides="old new"
   [ -d "$D/new2" ] && sides="old new new2"
+  if [ "$tests" = new2 ] && [ ! -d "$D/new2" ]; then
+    echo "gpu-ab: AB_TESTS=new2 but $DIST has no new2 build" >&2
+    exit 2
+  fi
   local side
   for side in $sides; do
     gunzip -f "$D/$side"/*.gz 2>/dev/null
@@ -137,15 +144,15 @@ run() {
     date -u; nvidia-smi -L; } \
     > "$OUT/ab.log" 2>&1
   local status=0 rc=0
-  if [ "$tests" = run ]; then
+  if [ "$tests" != skip ]; then
     # The localisation tests run the CLI and the planted build from here.
-    LOCKSTEP_BIN_DIR="$D/new" timeout 240 "$D/new/lockstep_gpu_tests" > "$OUT/new_gpu_tests.log" \
-      2>&1 || rc=$?
-    echo "new build's GPU tests: exit $rc" >> "$OUT/ab.log"
+    LOCKSTEP_BIN_DIR="$D/$tests" timeout 240 "$D/$tests/lockstep_gpu_tests" \
+      > "$OUT/${tests}_gpu_tests.log" 2>&1 || rc=$?
+    echo "$tests build's GPU tests: exit $rc" >> "$OUT/ab.log"
     [ $rc -eq 0 ] || status=1
-    grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/new_gpu_tests.log" | tail -12
+    grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/${tests}_gpu_tests.log" | tail -12
   else
-    echo "new build's GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
+    echo "GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
   fi
   local n=0 r
   for ((r = 0; r < rounds; ++r)); do
