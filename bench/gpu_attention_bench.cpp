@@ -111,26 +111,14 @@ double time_step(const Heads& h, const Step& step, kernels::AttentionPrefill pre
                                           step.prefill_tokens, prefill, workspace,
                                           workspace_floats, out, nullptr));
   };
-  for (int32_t i = 0; i < 3; ++i) launch();
-  cudaEvent_t begin = nullptr, end = nullptr;
-  CHECK(cudaEventCreate(&begin));
-  CHECK(cudaEventCreate(&end));
-  CHECK(cudaEventRecord(begin));
-  for (int32_t i = 0; i < iterations; ++i) launch();
-  CHECK(cudaEventRecord(end));
-  CHECK(cudaEventSynchronize(end));
-  CHECK(cudaGetLastError());
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, begin, end));
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
+  const double seconds = ls::bench::time_launches(launch, iterations);
   for (void* p : {static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(out),
                   static_cast<void*>(q), static_cast<void*>(workspace),
                   static_cast<void*>(d_table), static_cast<void*>(d_positions),
                   static_cast<void*>(d_rows)}) {
     cudaFree(p);
   }
-  return ms * 1e-3 / iterations;
+  return seconds;
 }
 
 // Decode: the KV every token must read (its keys · kv_heads · head_dim · K and V · 2 bytes) over
@@ -184,11 +172,7 @@ int main(int argc, char** argv) {
       .subject = "paged attention (bf16 KV, one layer)",
       .iterations = 50};
   return ls::bench::run_kernel_bench(argc, argv, bench, [](int32_t iterations) {
-    const ls::bench::Bandwidth ceiling =
-        ls::bench::measure_bandwidth(ls::bench::kBandwidthBytes, 30);
-    std::printf("  streaming read %.2f TB/s (decode's ceiling); device-to-device copy %.2f TB/s "
-                "(a read and a write); both measured in this run\n",
-                ceiling.read * 1e-12, ceiling.copy * 1e-12);
+    const ls::bench::Bandwidth ceiling = ls::bench::measure_and_print_bandwidth(30);
     for (const Heads& h : {Heads{"llama-1b", 32, 8, 64}, Heads{"llama-8b", 32, 8, 128}}) {
       for (const int32_t context : {1024, 4096}) {
         for (const int32_t batch : {1, 16, 64}) {

@@ -1,7 +1,7 @@
 // The memory ceilings a GPU benchmark counts its figures against, measured in the same run
 // (GPU.md): a plain streaming read — the ceiling of a decode step, which only reads — and a
-// device-to-device copy (a read and a write), each through its own kernel. Shared by
-// lockstep_gpu_bench and lockstep_gpu_attention_bench so both count against the same kernels.
+// device-to-device copy (a read and a write), each through its own kernel. Shared by every GPU
+// benchmark so all count against the same kernels.
 #pragma once
 
 #include "kernels/cuda_check.h"
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 namespace ls::bench {
@@ -69,6 +70,16 @@ inline Bandwidth measure_bandwidth(int64_t bytes, int32_t repeats) {
   cudaFree(a);
   cudaFree(b);
   return out;
+}
+
+// What a kernel-alone benchmark counts against (lockstep_gpu_attention_bench,
+// lockstep_gpu_mamba_bench): both ceilings measured over kBandwidthBytes, printed on one line.
+inline Bandwidth measure_and_print_bandwidth(int32_t repeats) {
+  const Bandwidth b = measure_bandwidth(kBandwidthBytes, repeats);
+  std::printf("  streaming read %.2f TB/s (decode's ceiling); device-to-device copy %.2f TB/s "
+              "(a read and a write); both measured in this run\n",
+              b.read * 1e-12, b.copy * 1e-12);
+  return b;
 }
 
 }  // namespace ls::bench

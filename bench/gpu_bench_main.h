@@ -1,6 +1,6 @@
 // The start every kernel-alone GPU benchmark shares (lockstep_gpu_attention_bench,
-// lockstep_gpu_mamba_bench): a CUDA check that exits, `--iterations N`, and the header line that
-// names the subject and the device.
+// lockstep_gpu_mamba_bench): a CUDA check that exits, `--iterations N`, the header line that
+// names the subject and the device, and how a case's launches are timed.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -23,6 +23,25 @@
   } while (0)
 
 namespace ls::bench {
+
+// Seconds per launch of `launch`: three untimed, then `iterations` back to back between two CUDA
+// events (the launches' own overlap included, as a step runs them).
+inline double time_launches(const std::function<void()>& launch, int32_t iterations) {
+  for (int32_t i = 0; i < 3; ++i) launch();
+  cudaEvent_t begin = nullptr, end = nullptr;
+  CHECK(cudaEventCreate(&begin));
+  CHECK(cudaEventCreate(&end));
+  CHECK(cudaEventRecord(begin));
+  for (int32_t i = 0; i < iterations; ++i) launch();
+  CHECK(cudaEventRecord(end));
+  CHECK(cudaEventSynchronize(end));
+  CHECK(cudaGetLastError());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, begin, end));
+  cudaEventDestroy(begin);
+  cudaEventDestroy(end);
+  return ms * 1e-3 / iterations;
+}
 
 struct KernelBench {
   const char* name;          // the binary, for --help

@@ -3,7 +3,7 @@
 // 64 and 128, a prefill chunk of 512 and 2048 tokens of one row through the sequential scan and the
 // chunked (SSD) scan, and the slot copy, timed with CUDA events over back-to-back launches, with
 // the bytes that must move and the bandwidth that is, against the device's streaming read
-// bandwidth measured first in the same run (kernels/weight_init.h launch_read_bytes).
+// bandwidth measured first in the same run (bench/gpu_bandwidth.h, as every GPU benchmark counts).
 //
 //   lockstep_gpu_mamba_bench [--iterations N]
 //
@@ -12,24 +12,23 @@
 // that stream of the states (its line gives the fraction of the read bandwidth; half the bytes are
 // writes, so the floor is somewhat above a pure read's); prefill is compute-bound, so its lines
 // give the time per layer, sequential against chunked.
+#include "bench/gpu_bandwidth.h"
 #include "bench/gpu_bench_main.h"
 #include "kernels/mamba_ops.h"
 #include "kernels/mamba_scan.h"
-#include "kernels/weight_init.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <vector>
 
 namespace {
 
 namespace kernels = ls::kernels;
+using ls::bench::time_launches;
 
 const kernels::MambaShape kBamba9b{.heads_count = 128, .head_dim = 64, .groups_count = 1,
                                    .state_size = 128, .conv_kernel = 4, .dt_min = 0.0f,
@@ -56,38 +55,6 @@ struct Device {
     for (void* p : owned) cudaFree(p);
   }
 };
-
-// Seconds per launch of `launch`, after three warm-up launches.
-double time_launches(const std::function<void()>& launch, int32_t iterations) {
-  for (int32_t i = 0; i < 3; ++i) launch();
-  cudaEvent_t begin = nullptr, end = nullptr;
-  CHECK(cudaEventCreate(&begin));
-  CHECK(cudaEventCreate(&end));
-  CHECK(cudaEventRecord(begin));
-  for (int32_t i = 0; i < iterations; ++i) launch();
-  CHECK(cudaEventRecord(end));
-  CHECK(cudaEventSynchronize(end));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, begin, end));
-  cudaEventDestroy(begin);
-  cudaEventDestroy(end);
-  return ms * 1e-3 / iterations;
-}
-
-// The streaming read bandwidth of a 2 GiB buffer, bytes/s (the median of `iterations` reads).
-double read_bandwidth(int32_t iterations) {
-  constexpr int64_t kBytes = int64_t{2} << 30;
-  Device d;
-  const uint8_t* src = d.alloc<uint8_t>(size_t(kBytes), 1);
-  uint8_t* sink = d.alloc<uint8_t>(size_t(kernels::kReadBlocks) * 16, 0);
-  std::vector<double> seconds;
-  for (int32_t i = 0; i < iterations; ++i) {
-    seconds.push_back(time_launches(
-        [&] { CHECK(kernels::launch_read_bytes(src, kBytes, sink, nullptr)); }, 1));
-  }
-  std::sort(seconds.begin(), seconds.end());
-  return static_cast<double>(kBytes) / seconds[seconds.size() / 2];
-}
 
 void print_line(const char* what, int32_t rows, int32_t tokens, double seconds, double bytes,
                 double read_bw) {
@@ -178,8 +145,7 @@ int main(int argc, char** argv) {
       .subject = "Mamba2 mixer (one Bamba-9B layer, bf16 out, fp32 state)",
       .iterations = 20};
   return ls::bench::run_kernel_bench(argc, argv, bench, [](int32_t iterations) {
-    const double read_bw = read_bandwidth(iterations);
-    std::printf("  streaming read bandwidth (2 GiB): %.2f TB/s\n", read_bw * 1e-12);
+    const double read_bw = ls::bench::measure_and_print_bandwidth(30).read;
     for (const int32_t batch : {1, 16, 64, 128}) {
       run_mixer(batch, 1, Scan::kSequential, iterations, read_bw);
     }
