@@ -58,6 +58,7 @@
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "bench/gpu_bandwidth.h"
+#include "bench/gpu_run_header.h"
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
@@ -73,8 +74,6 @@
 #include "trace/recorder.h"
 #include "trace/trace_observer.h"
 
-#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_GIT_COMMIT
-
 #include <CLI/CLI.hpp>
 #include <cuda_runtime.h>
 #include <nlohmann/json.hpp>
@@ -84,7 +83,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <limits>
@@ -93,7 +91,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
 
 namespace ls {
 namespace {
@@ -1228,7 +1225,6 @@ json recording_shape(const std::string& shape, const Options& o, const Bandwidth
   return {{"shape", shape}, {"recording", rows_out}};
 }
 
-std::string utc_now();
 
 // Decode at TP N: batch 1 and 64 at context 1024 (batch 1 and 16 at 192 with --quick).
 json tp_shape(const std::string& shape, const Options& o, const std::vector<int32_t>& devices,
@@ -1287,17 +1283,11 @@ int run_tp(const Options& o, const CudaMachineInfo& machine) {
   std::printf("TP %d on %s: summed read bandwidth %.2f TB/s\n", o.tp_degree,
               shared ? "one GPU (every rank on device 0: not a speed figure)" : "one GPU per rank",
               group.read * 1e-12);
-  json out = {{"date", utc_now()},
-              {"gpu", machine.gpu_name},
-              {"driver", machine.driver_version},
-              {"cuda_runtime", machine.runtime_version},
-              {"cublas", machine.cublas_version},
-              {"commit", LOCKSTEP_GIT_COMMIT},
-              {"command", fmt::format("lockstep_gpu_bench --tp {}", o.tp_degree)},
-              {"ranks_share_one_gpu", shared},
+  json out = bench::run_json(machine, fmt::format("lockstep_gpu_bench --tp {}", o.tp_degree));
+  out.update({{"ranks_share_one_gpu", shared},
               {"devices", per_device},
               {"group_read_bandwidth_bytes_per_s", group.read},
-              {"tp", json::array()}};
+              {"tp", json::array()}});
   const std::vector<std::string> shapes =
       o.shapes_given ? o.shapes : std::vector<std::string>{"llama-8b"};
   for (const std::string& shape : shapes) {
@@ -1487,13 +1477,6 @@ json prefill_attention_shape(const std::string& shape, const MatrixRate& matrix_
           {"variants", variants}};
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return text;
-}
-
 void add_options(CLI::App& app, Options& o) {
   app.add_option("out", o.out_path, "Where the figures go (JSON)")->required();
   app.add_flag("--quick", o.quick, "Fewer iterations");
@@ -1553,9 +1536,7 @@ void add_options(CLI::App& app, Options& o) {
 
 int run(const Options& o) {
   const CudaMachineInfo machine = cuda_machine_info();
-  std::printf("%s, %s SMs, driver %s, CUDA runtime %s, cuBLAS %s, commit %s\n",
-              machine.gpu_name.c_str(), machine.sm_count.c_str(), machine.driver_version.c_str(),
-              machine.runtime_version.c_str(), machine.cublas_version.c_str(), LOCKSTEP_GIT_COMMIT);
+  bench::print_machine(machine);
   const Bandwidth bandwidth = measure_bandwidth(bench::kBandwidthBytes, o.quick ? 10 : 30);
   std::printf("bandwidth: copy (read + write) %.2f TB/s, read %.2f TB/s\n", bandwidth.copy * 1e-12,
               bandwidth.read * 1e-12);
@@ -1564,15 +1545,8 @@ int run(const Options& o) {
   std::printf("bf16 matrix rate (cuBLASLt, fp32 accumulate and output): %.0f TFLOP/s at "
               "[8192, 8192] x [8192, 8192], %.0f TFLOP/s at [2048, 4096] x [28672, 4096]\n",
               matrix_rate.square * 1e-12, matrix_rate.prefill * 1e-12);
-  json out = {{"date", utc_now()},
-              {"gpu", machine.gpu_name},
-              {"sm_count", machine.sm_count},
-              {"driver", machine.driver_version},
-              {"cuda_runtime", machine.runtime_version},
-              {"cublas", machine.cublas_version},
-              {"commit", LOCKSTEP_GIT_COMMIT},
-              {"command", "lockstep_gpu_bench"},
-              {"copy_bandwidth_bytes_per_s", bandwidth.copy},
+  json out = bench::run_json(machine, "lockstep_gpu_bench");
+  out.update({{"copy_bandwidth_bytes_per_s", bandwidth.copy},
               {"read_bandwidth_bytes_per_s", bandwidth.read},
               {"matrix_rate_flop_per_s", {{"square_8192", matrix_rate.square},
                                           {"prefill_2048x28672x4096", matrix_rate.prefill}}},
@@ -1585,7 +1559,7 @@ int run(const Options& o) {
               {"gemv_vs_cublas", json::array()},
               {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
-              {"linear_layers_peer", json::array()}};
+              {"linear_layers_peer", json::array()}});
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
   if (o.hybrid) {
     out["command"] = "lockstep_gpu_bench --hybrid";

@@ -11,11 +11,10 @@
 // W = 4 needs to break even (its step time over W = 1's) — the figure that carries over.
 //
 //   lockstep_gpu_spec_bench OUT.json [--quick]
+#include "bench/gpu_run_header.h"
 #include "core/check.h"
 #include "core/executor.h"
 #include "kernels/cuda_backend.h"
-
-#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_GIT_COMMIT
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -23,11 +22,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
-
 
 namespace ls {
 namespace {
@@ -195,38 +192,23 @@ int32_t rows_agreeing(const CaseFigures& a, const CaseFigures& b, size_t count) 
   return equal;
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return text;
-}
-
 int run(const std::string& out_path, bool quick) {
   const int32_t steps = quick ? 24 : 64;
   const CudaMachineInfo machine = cuda_machine_info();
-  std::printf("%s, %s SMs, driver %s, CUDA runtime %s, cuBLAS %s, commit %s\n",
-              machine.gpu_name.c_str(), machine.sm_count.c_str(), machine.driver_version.c_str(),
-              machine.runtime_version.c_str(), machine.cublas_version.c_str(), LOCKSTEP_GIT_COMMIT);
+  ls::bench::print_machine(machine);
   const ModelConfig model = model_config_named(kShape);
   std::printf("%s (random bf16 weights, seed %lu), CUDA graphs; prompts S S with |S| = %d; %d timed "
               "decode steps after %d\n",
               kShape, static_cast<unsigned long>(kWeightsSeed), kSequenceTokens, steps, kWarmupSteps);
-  json out = {{"date", utc_now()},
-              {"gpu", machine.gpu_name},
-              {"sm_count", machine.sm_count},
-              {"driver", machine.driver_version},
-              {"cuda_runtime", machine.runtime_version},
-              {"cublas", machine.cublas_version},
-              {"commit", LOCKSTEP_GIT_COMMIT},
-              {"command", quick ? "lockstep_gpu_spec_bench --quick" : "lockstep_gpu_spec_bench"},
-              {"shape", kShape},
+  json out = ls::bench::run_json(
+      machine, quick ? "lockstep_gpu_spec_bench --quick" : "lockstep_gpu_spec_bench");
+  out.update({{"shape", kShape},
               {"weights_seed", kWeightsSeed},
               {"graphs", true},
               {"prompt", "a 256-token sequence S twice (S S); greedy"},
               {"context_length", kContextLength},
               {"cases", json::array()},
-              {"speedups", json::array()}};
+              {"speedups", json::array()}});
   std::vector<CaseFigures> plain, spec;
   for (const int32_t width : {1, kSpecWidth}) {
     const ExecutorConfig config = spec_config(width);
