@@ -3,13 +3,14 @@
 # (old, new, old, new, ...), so the machine's drift falls on both alike, then the new build's GPU
 # tests. What the README quotes as "A against B, alternating, one run" comes from here.
 #
-#   scripts/gpu-ab.sh package OLD NEW [NEW2]
+#   scripts/gpu-ab.sh package OLD NEW [NEW2 [NEW3]]
 #                                       # here (no GPU needed): build the commits' GPU binaries in
 #                                       # git worktrees under build-ab/src (ccache when there), and
 #                                       # pack stripped, gzipped copies with the shared libraries
-#                                       # the H200 host lacks into build-ab/dist (~25 MB, ~35 with
-#                                       # NEW2: carry it); NEW2, a second candidate, alternates
-#                                       # with the other two in `run` (old, new, new2, old, ...)
+#                                       # the H200 host lacks into build-ab/dist (~27 MB, ~43 with
+#                                       # NEW2, ~59 with NEW3: carry it; over 64 MiB is refused);
+#                                       # NEW2 and NEW3, more candidates, alternate with the
+#                                       # others in `run` (old, new, new2, new3, old, ...)
 #   scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...]
 #                                       # on the H200: the new build's lockstep_gpu_tests, then
 #                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench)
@@ -18,7 +19,7 @@
 #                                       # each run limited to AB_RUN_SECONDS (240);
 #                                       # AB_TESTS=skip leaves the tests out (a diagnostic
 #                                       # run: ~100 s less; no merge on its figures alone),
-#                                       # AB_TESTS=new2 runs the new2 build's instead.
+#                                       # AB_TESTS=new2 (or new3) runs that build's instead.
 #                                       # AB_CROSS=MODEL (e.g. llama-1b) ends the run with the
 #                                       # bits check of a kernel change: the old build records
 #                                       # MODEL in batch-invariant mode on CUDA (every prompt of
@@ -32,7 +33,7 @@
 #                                       # ncu_attention; BENCH need not be the attention bench):
 #                                       # $OUT/profile.log, $OUT/profile_sass_<side>.csv; ~1 min
 #                                       # a build.
-#                                       # Writes $OUT/ab.log (both commits, every run's output)
+#                                       # Writes $OUT/ab.log (every commit, every run's output)
 #                                       # and $OUT/SIDE_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
 #
@@ -75,8 +76,8 @@ build_one() {
 }
 
 package() {
-  if [ $# -ne 2 ] && [ $# -ne 3 ]; then
-    echo "usage: scripts/gpu-ab.sh package OLD NEW [NEW2] (two or three commits)" >&2
+  if [ $# -lt 2 ] || [ $# -gt 4 ]; then
+    echo "usage: scripts/gpu-ab.sh package OLD NEW [NEW2 [NEW3]] (two to four commits)" >&2
     exit 2
   fi
   if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -87,9 +88,17 @@ package() {
   rm -rf "$DIST" && mkdir -p "$DIST/lib"
   build_one old "$1" || exit 2
   build_one new "$2" || exit 2
-  if [ $# -eq 3 ]; then build_one new2 "$3" || exit 2; fi
+  if [ $# -ge 3 ]; then build_one new2 "$3" || exit 2; fi
+  if [ $# -ge 4 ]; then build_one new3 "$4" || exit 2; fi
   for lib in $GPU_HOST_LACKS_LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
   du -sh "$DIST"
+  # The device takes at most 64 MiB of carried files.
+  local kib
+  kib=$(du -sk "$DIST" | cut -f1)
+  if [ "$kib" -gt $((64 * 1024)) ]; then
+    echo "gpu-ab: $DIST is $((kib / 1024)) MiB, over the 64 MiB a device run carries" >&2
+    exit 2
+  fi
 }
 
 # One benchmark run of `side`, its output appended to ab.log; @json → $OUT/<bench>_<n>_<side>.json.
@@ -116,8 +125,9 @@ run() {
   shift 2
   case "$tests" in
     run) tests=new ;;
-    skip | new | new2) ;;
-    *) echo "gpu-ab: AB_TESTS is '$tests': 'run' (the default: the new build's), 'new2' or 'skip'" >&2
+    skip | new | new2 | new3) ;;
+    *) echo "gpu-ab: AB_TESTS is '$tests': 'run' (the default: the new build's), 'new2', 'new3'" \
+            "or 'skip'" >&2
        exit 2 ;;
   esac
   OUT="${OUT:-out/gpu-ab}"
@@ -128,9 +138,10 @@ run() {
     exit 2
   fi
   local sides="old new"
-  [ -d "$D/new2" ] && sides="old new new2"
-  if [ "$tests" = new2 ] && [ ! -d "$D/new2" ]; then
-    echo "gpu-ab: AB_TESTS=new2 but $DIST has no new2 build" >&2
+  [ -d "$D/new2" ] && sides="$sides new2"
+  [ -d "$D/new3" ] && sides="$sides new3"
+  if [ "$tests" != skip ] && [ ! -d "$D/$tests" ]; then
+    echo "gpu-ab: AB_TESTS=$tests but $DIST has no $tests build" >&2
     exit 2
   fi
   local side
@@ -222,7 +233,7 @@ case "${1:-}" in
   package) shift; package "$@" ;;
   run) shift; run "$@" ;;
   *)
-    echo "usage: scripts/gpu-ab.sh package OLD NEW [NEW2] | run ROUNDS BENCH [ARGS...]" >&2
+    echo "usage: scripts/gpu-ab.sh package OLD NEW [NEW2 [NEW3]] | run ROUNDS BENCH [ARGS...]" >&2
     exit 2
     ;;
 esac
