@@ -3,6 +3,7 @@
 #include "cli/backend_factory.h"
 #include "cli/model_options.h"
 #include "cli/exit_status.h"
+#include "cli/progress_line.h"
 #include "core/check.h"
 #include "core/executor.h"
 #include "core/prompts.h"
@@ -90,12 +91,18 @@ int run_generate(GenerateOptions& o) {
   ServingLoopOptions loop;
   loop.observer = observer.get();
   loop.clock = &clock;
+  ProgressLine progress;
   loop.on_step = [&](const ServingProgress& p) {
     if (o.quiet || p.steps_count % 64 != 0) return;
-    fmt::print(stderr, "\rgenerate: step {}, {}/{} requests finished, {} tokens", p.steps_count,
-               p.finished_count, requests.size(), p.tokens_generated);
+    progress.show(fmt::format("generate: step {}, {}/{} requests finished, {} tokens",
+                              p.steps_count, p.finished_count, requests.size(),
+                              p.tokens_generated),
+                  requests.empty() ? 1.0
+                                   : static_cast<double>(p.finished_count) /
+                                         static_cast<double>(requests.size()));
   };
   const ServingProgress done = run_serving_loop(scheduler, executor, loop);
+  progress.finish(/*keep=*/false);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (o.output == "-") {
@@ -107,14 +114,14 @@ int run_generate(GenerateOptions& o) {
   }
   if (recorder) {
     recorder->close();
-    if (!o.quiet) fmt::print(stderr, "\rgenerate: recorded {} steps to {}\n", done.steps_count, o.record);
+    if (!o.quiet) fmt::print(stderr, "generate: recorded {} steps to {}\n", done.steps_count, o.record);
   }
   if (!o.quiet) {
     std::string spec = limits.verify_width > 1
                            ? fmt::format(", W {}, drafter {}", limits.verify_width, o.model.drafter)
                            : std::string();
     if (o.model.tp_degree > 1) spec += fmt::format(", TP {}", o.model.tp_degree);
-    fmt::print(stderr, "\rgenerate: {} requests, {} tokens in {} steps on {} ({}{}, {:.3f} s)\n",
+    fmt::print(stderr, "generate: {} requests, {} tokens in {} steps on {} ({}{}, {:.3f} s)\n",
                requests.size(), done.tokens_generated, done.steps_count, backend->name(),
                weights.config.name, spec, seconds);
   }

@@ -4,6 +4,7 @@
 #include "cli/model_options.h"
 #include "cli/number_flags.h"
 #include "cli/exit_status.h"
+#include "cli/progress_line.h"
 #include "core/check.h"
 #include "core/tensor_parallel.h"
 #include "replay/localise.h"
@@ -19,7 +20,6 @@
 #include <optional>
 #include <fstream>
 #include <memory>
-#include <unistd.h>
 
 namespace ls::cli {
 
@@ -247,24 +247,27 @@ int run_replay(const ReplayCliOptions& o) {
   if (!o.weights_dir.empty()) options.weights_directory = o.weights_dir;
   if (o.tp_degree > 0) options.tp_degree = o.tp_degree;
   options.make_backend = backend_maker(o.backend, batch_invariant);
-  const bool tty = isatty(STDERR_FILENO) != 0;
+  ProgressLine progress;
   if (!o.quiet) {
-    options.on_progress = [tty](int64_t steps, uint64_t bytes, uint64_t total) {
-      fmt::print(stderr, "{}replay: {} steps, {:.0f}% of the trace{}", tty ? "\r" : "", steps,
-                 total ? 100.0 * double(bytes) / double(total) : 100.0, tty ? "" : "\n");
+    options.on_progress = [&progress](int64_t steps, uint64_t bytes, uint64_t total) {
+      const double fraction = total ? double(bytes) / double(total) : 1.0;
+      progress.show(fmt::format("replay: {} steps, {:.0f}% of the trace", steps, 100.0 * fraction),
+                    fraction);
     };
   }
   replay::ReplayReport report;
   try {
     report = replay::replay_trace(o.trace, options);
   } catch (const replay::EmptySelection& e) {
-    fmt::print(stderr, "{}lockstep replay: error: {}\n", tty && !o.quiet ? "\n" : "", e.what());
+    progress.finish(/*keep=*/true);
+    fmt::print(stderr, "lockstep replay: error: {}\n", e.what());
     return kExitUnusable;
   } catch (const Error& e) {
-    fmt::print(stderr, "{}lockstep replay: unusable trace: {}\n", tty && !o.quiet ? "\n" : "", e.what());
+    progress.finish(/*keep=*/true);
+    fmt::print(stderr, "lockstep replay: unusable trace: {}\n", e.what());
     return kExitUnusable;
   }
-  if (!o.quiet && tty) fmt::print(stderr, "\r\033[K");
+  progress.finish(/*keep=*/false);
   std::optional<replay::Localisation> localisation;
   const std::optional<int64_t> step = o.localise ? step_to_localise(report, options.mode) : std::nullopt;
   if (step) {

@@ -4,6 +4,7 @@
 #include "cli/exit_status.h"
 #include "cli/model_options.h"
 #include "cli/number_flags.h"
+#include "cli/progress_line.h"
 #include "cli/sweep_results.h"
 #include "core/check.h"
 #include "core/model/weights.h"
@@ -265,6 +266,7 @@ int run_sweep(const SimOptions& o, const ModelWeights& weights) {
   std::vector<std::string> failed;
   int64_t steps = 0, tokens = 0, retractions = 0, faults = 0;
   const auto start = std::chrono::steady_clock::now();
+  ProgressLine progress;
   for (size_t done = 0; done < seeds.size(); ++done) {
     const sim::SimParams params = sim::derive_params(seeds[done], overrides);
     const auto seed_start = std::chrono::steady_clock::now();
@@ -276,12 +278,14 @@ int run_sweep(const SimOptions& o, const ModelWeights& weights) {
     for (int64_t n : v.summary.faults_fired) faults += n;
     if (!result.passed()) failed.push_back(failure_line(result));
     files.add(std::move(result));
-    fmt::print(stderr, "\rsim: [{:<30}] {}/{} seeds, {} failed", std::string(30 * (done + 1) / seeds.size(), '#'),
-               done + 1, seeds.size(), failed.size());
+    progress.show(fmt::format("sim: [{:<30}] {}/{} seeds, {} failed",
+                              std::string(30 * (done + 1) / seeds.size(), '#'), done + 1,
+                              seeds.size(), failed.size()),
+                  static_cast<double>(done + 1) / static_cast<double>(seeds.size()));
   }
   files.close();
   const double seconds = seconds_since(start);
-  fmt::print(stderr, "\n");
+  progress.finish(/*keep=*/true);
   fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9} {:>8}\n", "seeds", "failed", "steps", "tokens",
              "retractions", "faults", "seconds", "run");
   fmt::print("{:<10} {:>8} {:>10} {:>10} {:>12} {:>8} {:>9.1f} {:>8}\n", label, failed.size(), steps, tokens,
