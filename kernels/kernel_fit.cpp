@@ -3,8 +3,9 @@
 namespace ls::kernels {
 namespace {
 
-constexpr uint64_t pack(size_t shared, int32_t blocks) {
-  return uint64_t{shared} << 32 | static_cast<uint32_t>(blocks);
+// What an answer is kept under (its upper 48 bits) and the answer (its lower 16).
+constexpr uint64_t key(size_t shared, int32_t threads) {
+  return uint64_t{shared} << 32 | uint64_t{static_cast<uint16_t>(threads)} << 16;
 }
 
 }  // namespace
@@ -46,8 +47,8 @@ cudaError_t KernelFit::resident_on_gpu(const void* kernel, int32_t threads, size
   const auto known = [&]() -> bool {
     for (const std::atomic<uint64_t>& answer : device->answers) {
       const uint64_t a = answer.load(std::memory_order_acquire);
-      if (a != 0 && a >> 32 == shared) {
-        *blocks = static_cast<int32_t>(a & 0xffffffffu);
+      if (a != 0 && (a & ~uint64_t{0xffff}) == key(shared, threads)) {
+        *blocks = static_cast<int32_t>(a & 0xffff);
         return true;
       }
     }
@@ -57,17 +58,19 @@ cudaError_t KernelFit::resident_on_gpu(const void* kernel, int32_t threads, size
   const std::lock_guard<std::mutex> lock(asking_);
   if (known()) return cudaSuccess;
   if (status = grant_locked(*device, kernel, shared); status != cudaSuccess) return status;
-  int device_index = 0, sms = 0, per_sm = 0;
-  if (status = cudaGetDevice(&device_index); status != cudaSuccess) return status;
+  const int device_index = static_cast<int>(device - devices_.data());
+  int sms = 0, per_sm = 0;
   status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index);
   if (status != cudaSuccess) return status;
   status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared);
   if (status != cudaSuccess) return status;
   if (per_sm < 1) return cudaErrorInvalidConfiguration;  // the block does not fit an SM
   *blocks = sms * per_sm;
+  if (*blocks > 0xffff || threads > 0xffff) return cudaSuccess;  // no GPU yet: asked each time
   for (std::atomic<uint64_t>& answer : device->answers) {
     if (answer.load(std::memory_order_relaxed) == 0) {
-      answer.store(pack(shared, *blocks), std::memory_order_release);
+      answer.store(key(shared, threads) | static_cast<uint16_t>(*blocks),
+                   std::memory_order_release);
       break;
     }
   }

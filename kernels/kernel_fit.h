@@ -20,7 +20,7 @@ constexpr int32_t kDevicesMax = 64;  // devices a process launches on (grants ar
 // One kernel's grants and answers. An attribute belongs to the current device's context
 // (tensor-parallel ranks on other GPUs set their own), and a grant is only ever raised: a smaller
 // size asked later (another model's head_dim in the same process) must not take away what a
-// launch already relies on. The block size must be the same at every call for one kernel.
+// launch already relies on. An answer is kept for a (shared memory, block size) pair.
 class KernelFit {
  public:
   // Grants `shared` bytes of dynamic shared memory on the current device, then sets `*blocks` to
@@ -33,10 +33,11 @@ class KernelFit {
   cudaError_t grant(const void* kernel, size_t shared);
 
  private:
-  static constexpr size_t kSizesMax = 8;  // sizes remembered per device; more are asked each time
+  static constexpr size_t kSizesMax = 8;  // pairs remembered per device; more are asked each time
   struct Device {
     std::atomic<size_t> granted{0};
-    std::array<std::atomic<uint64_t>, kSizesMax> answers{};  // shared << 32 | blocks; 0: none
+    // shared << 32 | threads << 16 | blocks (each below 2^16 on any GPU); 0: none yet
+    std::array<std::atomic<uint64_t>, kSizesMax> answers{};
   };
   Device* current_device(cudaError_t* status);
   cudaError_t grant_locked(Device& device, const void* kernel, size_t shared);
