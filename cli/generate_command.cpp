@@ -114,7 +114,9 @@ int run_generate(GenerateOptions& o) {
   }
   if (recorder) {
     recorder->close();
-    if (!o.quiet) fmt::print(stderr, "generate: recorded {} steps to {}\n", done.steps_count, o.record);
+    if (!o.quiet) {
+      fmt::print(stderr, "generate: recorded {} steps to {}\n", done.steps_count, o.record);
+    }
   }
   if (!o.quiet) {
     std::string spec = limits.verify_width > 1

@@ -16,7 +16,8 @@ if(count GREATER 11 OR count LESS 2 OR NOT err MATCHES "200/200 seeds, 0 failed"
   message(FATAL_ERROR "expected at most 11 progress lines ending at 200/200, got ${count}:\n${err}")
 endif()
 set(trace ${WORKDIR}/cli_progress.trace)
-execute_process(COMMAND ${LOCKSTEP} generate --prompts ${PROMPTS} --record ${trace} -o ${WORKDIR}/cli_progress.jsonl
+execute_process(COMMAND ${LOCKSTEP} generate --prompts ${PROMPTS} --record ${trace}
+                        -o ${WORKDIR}/cli_progress.jsonl
                 ERROR_VARIABLE err RESULT_VARIABLE status)
 string(FIND "${err}" "\r" cr)
 if(NOT status EQUAL 0 OR NOT cr EQUAL -1 OR NOT err MATCHES "generate: [0-9]+ requests")
