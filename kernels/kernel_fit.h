@@ -1,8 +1,8 @@
 // How a kernel fits the GPU: the dynamic shared memory it is granted (over 48 KB a launch must
 // have asked for it) and how many of its blocks the GPU holds at once (the decode attention and
-// the folded-norm GEMV size their grids by it). The driver is asked once per kernel, device and
-// size; a launch that finds its answer reads atomics and takes no lock (no mutex on a launch
-// path, issue 14).
+// the folded-norm GEMV size their grids by it). The driver is asked once per kernel, device,
+// shared-memory size and block size; a launch that finds its answer reads atomics and takes no
+// lock (no mutex on a launch path, issue 14).
 #pragma once
 
 #include <cuda_runtime.h>
