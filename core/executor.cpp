@@ -224,10 +224,10 @@ void Executor::plan_sampling(const ForwardOp& op, StepPlan& plan) const {
   for (int32_t i = 0; i < op.rows_count(); ++i) {
     const OpRow& row = op.rows[i];
     const bool fresh = !owned_[row.pool_row] || owner_[row.pool_row] != row.request_id;
-    LS_REQUIRE(!fresh || row.sampling.has_value(),
-               "forward op row {} (request {}, {}): the request is new to pool row {} but the row "
-               "carries no sampling parameters",
-               i, row.request_id, to_string(row.kind), row.pool_row);
+    LS_REQUIRE_FIELD(!fresh || row.sampling.has_value(), OpFieldAt(OpField::kSampling, i),
+                     "forward op row {} (request {}, {}): the request is new to pool row {} but "
+                     "the row carries no sampling parameters",
+                     i, row.request_id, to_string(row.kind), row.pool_row);
     plan.sampling.push_back(row.sampling ? resolve_sampling(*row.sampling, row.request_id)
                                          : sampling_[row.pool_row]);
   }

@@ -2,6 +2,7 @@
 // contract"). Prefill rows come first, then decode rows; the mode follows from the counts.
 #pragma once
 
+#include "core/check.h"
 #include "core/config.h"
 #include "core/sampling_params.h"
 
@@ -65,8 +66,59 @@ struct ForwardOp {
   bool operator==(const ForwardOp&) const = default;
 };
 
-// Checks everything about the op that the host can check without device state. Throws ls::Error
-// naming the field, the row and the limit. `vocab_size` bounds token ids.
+// The field of a forward op that a refusal is about.
+enum class OpField : uint8_t {
+  kRows,             // the op as a whole: its row count
+  kPrefillTokens,    // the op as a whole: its prefill rows' input_length summed
+  kPrefillTokenIds,  // element: the id's index in prefill_token_ids; −1: their count
+  kKind,
+  kPoolRow,
+  kRequestId,
+  kInputLength,
+  kPrefixLength,
+  kPromptLength,
+  kDecodeOverride,
+  kHistTokenLength,
+  kRefreshBegin,
+  kRefreshPages,  // element: the index in refresh.pages
+  kSampling,      // part: the parameter, when one is out of range
+  kMambaWorking,
+  kMambaCheckpointDst,
+  kMambaCowSrc,
+  kMambaBranchingSeqlen,
+};
+
+// Where in an op a refusal points: the field, its row (−1: none) and the element of a list field
+// (−1: none).
+struct OpFieldAt {
+  constexpr OpFieldAt(OpField f, int32_t r = -1, int64_t e = -1, std::string_view p = {})
+      : field(f), row(r), element(e), part(p) {}
+  OpField field;
+  int32_t row;
+  int64_t element;
+  std::string_view part;  // a static string, or empty
+};
+
+// A refused forward op. The message names the field in lockstep's words; at() says the same to
+// a caller with names of its own (the Python module answers with the seed's FlatForwardOp names).
+class OpFieldError : public Error {
+ public:
+  OpFieldError(const std::string& message, OpFieldAt at) : Error(message), at_(at) {}
+  const OpFieldAt& at() const { return at_; }
+
+ private:
+  OpFieldAt at_;
+};
+
+// LS_REQUIRE for a forward op's field: throws OpFieldError carrying `at`, an OpFieldAt(...).
+#define LS_REQUIRE_FIELD(cond, at, ...)                               \
+  do {                                                                \
+    if (!(cond)) [[unlikely]]                                         \
+      throw ::ls::OpFieldError(::fmt::format(__VA_ARGS__), at);       \
+  } while (0)
+
+// Checks everything about the op that the host can check without device state. Throws
+// OpFieldError naming the field, the row and the limit. `vocab_size` bounds token ids.
 void validate_forward_op(const ForwardOp& op, const ExecutorConfig& config, int32_t vocab_size,
                          bool recurrent_state = false);
 

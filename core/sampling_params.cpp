@@ -17,16 +17,30 @@ constexpr float kTemperatureMax = 100.0f;
 
 }  // namespace
 
-void SamplingParams::validate(const std::string& where) const {
+std::optional<std::pair<std::string_view, std::string>> SamplingParams::refusal() const {
   // Every check is written so that NaN fails it: NaN compares false with everything.
-  LS_REQUIRE(std::isfinite(temperature), "{}: temperature must be finite, got {}", where,
-             temperature);
-  LS_REQUIRE(temperature >= 0.0f && temperature <= kTemperatureMax,
-             "{}: temperature must be in [0, {}], got {}", where, kTemperatureMax, temperature);
-  LS_REQUIRE(top_k == -1 || (top_k >= 1 && top_k <= kTopKMax),
-             "{}: top_k must be -1 (disabled) or in [1, {}], got {}", where, kTopKMax, top_k);
-  LS_REQUIRE(top_p > 0.0f && top_p <= 1.0f, "{}: top_p must be in (0, 1], got {}", where, top_p);
-  LS_REQUIRE(min_p >= 0.0f && min_p <= 1.0f, "{}: min_p must be in [0, 1], got {}", where, min_p);
+  if (!std::isfinite(temperature)) {
+    return std::pair{"temperature", fmt::format("temperature must be finite, got {}", temperature)};
+  }
+  if (!(temperature >= 0.0f && temperature <= kTemperatureMax)) {
+    return std::pair{"temperature", fmt::format("temperature must be in [0, {}], got {}",
+                                                kTemperatureMax, temperature)};
+  }
+  if (!(top_k == -1 || (top_k >= 1 && top_k <= kTopKMax))) {
+    return std::pair{"top_k", fmt::format("top_k must be -1 (disabled) or in [1, {}], got {}",
+                                          kTopKMax, top_k)};
+  }
+  if (!(top_p > 0.0f && top_p <= 1.0f)) {
+    return std::pair{"top_p", fmt::format("top_p must be in (0, 1], got {}", top_p)};
+  }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return std::pair{"min_p", fmt::format("min_p must be in [0, 1], got {}", min_p)};
+  }
+  return std::nullopt;
+}
+
+void SamplingParams::validate(const std::string& where) const {
+  if (const auto refused = refusal()) throw Error(fmt::format("{}: {}", where, refused->second));
 }
 
 uint64_t default_request_seed(RequestId id) {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace ls {
 
@@ -22,7 +24,10 @@ struct SamplingParams {
 
   bool operator==(const SamplingParams&) const = default;
   bool is_greedy() const { return temperature < kGreedyTemperature || top_k == 1; }
-  // Throws ls::Error naming the parameter, its value and its range; `where` prefixes the message.
+  // The first parameter outside its range ("temperature", "top_k", "top_p" or "min_p") and a
+  // message naming its value and range; std::nullopt when every parameter is in range.
+  std::optional<std::pair<std::string_view, std::string>> refusal() const;
+  // Throws ls::Error with refusal()'s message; `where` prefixes it.
   void validate(const std::string& where) const;
 };
 

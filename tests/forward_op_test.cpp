@@ -166,5 +166,57 @@ TEST(ForwardOpValidation, RejectsBadSamplingParameters) {
   EXPECT_THAT(error_of(op), AllOf(HasSubstr("row 0"), HasSubstr("top_p")));
 }
 
+// The refusal carries its field, row and element as values (what the Python module names the
+// seed's field from), the same as its message says in words.
+OpFieldAt refused_at(const ForwardOp& op) {
+  try {
+    validate_forward_op(op, small_config(), kVocab);
+  } catch (const OpFieldError& e) {
+    return e.at();
+  }
+  ADD_FAILURE() << "the op was accepted";
+  return OpFieldAt(OpField::kKind, -2);
+}
+
+TEST(ForwardOpValidation, ARefusalCarriesItsFieldRowAndElement) {
+  ForwardOp op = valid_op();
+  op.rows[0].refresh.pages[1] = 999;
+  OpFieldAt at = refused_at(op);
+  EXPECT_EQ(at.field, OpField::kRefreshPages);
+  EXPECT_EQ(at.row, 0);
+  EXPECT_EQ(at.element, 1);
+
+  op = valid_op();
+  op.prefill_token_ids[2] = kVocab;
+  at = refused_at(op);
+  EXPECT_EQ(at.field, OpField::kPrefillTokenIds);
+  EXPECT_EQ(at.element, 2);
+
+  op = valid_op();
+  op.rows[1].sampling = SamplingParams{.temperature = 1.0f, .min_p = 2.0f};
+  at = refused_at(op);
+  EXPECT_EQ(at.field, OpField::kSampling);
+  EXPECT_EQ(at.row, 1);
+  EXPECT_EQ(at.part, "min_p");
+
+  op = valid_op();
+  op.rows[1].hist_token_length = 5;  // a recovered row without its last token
+  at = refused_at(op);
+  EXPECT_EQ(at.field, OpField::kHistTokenLength);
+  EXPECT_EQ(at.row, 1);
+
+  op = valid_op();
+  op.rows[1].prompt_length = 3;  // on a decode row
+  EXPECT_EQ(refused_at(op).field, OpField::kPromptLength);
+  op.rows[1].prefix_length = 2;
+  EXPECT_EQ(refused_at(op).field, OpField::kPrefixLength);
+
+  op = valid_op();
+  op.rows.push_back(decode_row(12, 2));  // pool row 2 again
+  at = refused_at(op);
+  EXPECT_EQ(at.field, OpField::kPoolRow);
+  EXPECT_EQ(at.row, 2);
+}
+
 }  // namespace
 }  // namespace ls

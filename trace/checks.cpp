@@ -69,44 +69,53 @@ void check_header(const TraceHeader& h) {
 
 namespace {
 
-void check_row_indices(const OpRow& row, size_t i, const TraceHeader& h) {
+void check_row_indices(const OpRow& row, int32_t i, const TraceHeader& h) {
   const ExecutorConfig& c = h.executor;
-  LS_REQUIRE(row.pool_row >= 1 && row.pool_row <= c.max_batch_rows,
-             "rows[{}].pool_row = {} is outside 1..max_batch_rows = {}", i, row.pool_row,
-             c.max_batch_rows);
-  LS_REQUIRE(row.input_length >= 1 && row.input_length <= std::max(c.prefill_chunk_tokens, c.verify_width),
-             "rows[{}].input_length = {} is outside [1, {}]", i, row.input_length,
-             std::max(c.prefill_chunk_tokens, c.verify_width));
-  LS_REQUIRE(row.prefix_length >= 0 && row.prefix_length <= c.context_length,
-             "rows[{}].prefix_length = {} is outside [0, context_length = {}]", i,
-             row.prefix_length, c.context_length);
-  LS_REQUIRE(row.prompt_length >= 0 && row.prompt_length <= c.context_length,
-             "rows[{}].prompt_length = {} is outside [0, context_length = {}]", i,
-             row.prompt_length, c.context_length);
-  LS_REQUIRE(row.decode_override >= -1 && row.decode_override < h.model.vocab_size,
-             "rows[{}].decode_override = {} is outside [-1, vocab_size = {})", i,
-             row.decode_override, h.model.vocab_size);
-  LS_REQUIRE(row.hist_token_length >= -1 && row.hist_token_length <= c.context_length,
-             "rows[{}].hist_token_length = {} is outside [-1, context_length = {}]", i,
-             row.hist_token_length, c.context_length);
-  LS_REQUIRE(row.refresh.begin >= 0, "rows[{}].refresh.begin = {} is negative", i,
-             row.refresh.begin);
-  const auto check_slot = [&](int32_t slot, const char* field) {
-    LS_REQUIRE(slot >= -1 && slot < c.mamba_slots_count,
-               "rows[{}].{} = {} is outside [-1, mamba_slots_count = {})", i, field, slot,
-               c.mamba_slots_count);
+  LS_REQUIRE_FIELD(row.pool_row >= 1 && row.pool_row <= c.max_batch_rows,
+                   OpFieldAt(OpField::kPoolRow, i),
+                   "rows[{}].pool_row = {} is outside 1..max_batch_rows = {}", i, row.pool_row,
+                   c.max_batch_rows);
+  LS_REQUIRE_FIELD(
+      row.input_length >= 1 && row.input_length <= std::max(c.prefill_chunk_tokens, c.verify_width),
+      OpFieldAt(OpField::kInputLength, i), "rows[{}].input_length = {} is outside [1, {}]", i,
+      row.input_length, std::max(c.prefill_chunk_tokens, c.verify_width));
+  LS_REQUIRE_FIELD(row.prefix_length >= 0 && row.prefix_length <= c.context_length,
+                   OpFieldAt(OpField::kPrefixLength, i),
+                   "rows[{}].prefix_length = {} is outside [0, context_length = {}]", i,
+                   row.prefix_length, c.context_length);
+  LS_REQUIRE_FIELD(row.prompt_length >= 0 && row.prompt_length <= c.context_length,
+                   OpFieldAt(OpField::kPromptLength, i),
+                   "rows[{}].prompt_length = {} is outside [0, context_length = {}]", i,
+                   row.prompt_length, c.context_length);
+  LS_REQUIRE_FIELD(row.decode_override >= -1 && row.decode_override < h.model.vocab_size,
+                   OpFieldAt(OpField::kDecodeOverride, i),
+                   "rows[{}].decode_override = {} is outside [-1, vocab_size = {})", i,
+                   row.decode_override, h.model.vocab_size);
+  LS_REQUIRE_FIELD(row.hist_token_length >= -1 && row.hist_token_length <= c.context_length,
+                   OpFieldAt(OpField::kHistTokenLength, i),
+                   "rows[{}].hist_token_length = {} is outside [-1, context_length = {}]", i,
+                   row.hist_token_length, c.context_length);
+  LS_REQUIRE_FIELD(row.refresh.begin >= 0, OpFieldAt(OpField::kRefreshBegin, i),
+                   "rows[{}].refresh.begin = {} is negative", i, row.refresh.begin);
+  const auto check_slot = [&](int32_t slot, OpField field, const char* name) {
+    LS_REQUIRE_FIELD(slot >= -1 && slot < c.mamba_slots_count, OpFieldAt(field, i),
+                     "rows[{}].{} = {} is outside [-1, mamba_slots_count = {})", i, name, slot,
+                     c.mamba_slots_count);
   };
-  check_slot(row.mamba_working, "mamba_working");
-  check_slot(row.mamba_checkpoint_dst, "mamba_checkpoint_dst");
-  check_slot(row.mamba_cow_src, "mamba_cow_src");
-  LS_REQUIRE(row.mamba_branching_seqlen >= -1 && row.mamba_branching_seqlen <= c.context_length,
-             "rows[{}].mamba_branching_seqlen = {} is outside [-1, context_length = {}]", i,
-             row.mamba_branching_seqlen, c.context_length);
+  check_slot(row.mamba_working, OpField::kMambaWorking, "mamba_working");
+  check_slot(row.mamba_checkpoint_dst, OpField::kMambaCheckpointDst, "mamba_checkpoint_dst");
+  check_slot(row.mamba_cow_src, OpField::kMambaCowSrc, "mamba_cow_src");
+  LS_REQUIRE_FIELD(
+      row.mamba_branching_seqlen >= -1 && row.mamba_branching_seqlen <= c.context_length,
+      OpFieldAt(OpField::kMambaBranchingSeqlen, i),
+      "rows[{}].mamba_branching_seqlen = {} is outside [-1, context_length = {}]", i,
+      row.mamba_branching_seqlen, c.context_length);
   for (size_t j = 0; j < row.refresh.pages.size(); ++j) {
     const int32_t page = row.refresh.pages[j];
-    LS_REQUIRE(page >= 1 && page < c.pages_count,
-               "rows[{}].refresh.pages[{}] = {} is outside [1, pages_count = {})", i, j, page,
-               c.pages_count);
+    LS_REQUIRE_FIELD(page >= 1 && page < c.pages_count,
+                     OpFieldAt(OpField::kRefreshPages, i, static_cast<int64_t>(j)),
+                     "rows[{}].refresh.pages[{}] = {} is outside [1, pages_count = {})", i, j, page,
+                     c.pages_count);
   }
 }
 
@@ -135,22 +144,24 @@ void check_cache_op(const CacheOp& c, size_t k, const TraceHeader& h) {
 void check_step_input(const StepInputRecord& record, const TraceHeader& h, bool full) {
   const ForwardOp& op = record.op;
   LS_REQUIRE(record.step >= 0, "step = {} is negative", record.step);
-  LS_REQUIRE(op.rows.size() <= static_cast<size_t>(h.executor.max_batch_rows),
-             "rows: {} rows exceed max_batch_rows = {}", op.rows.size(),
-             h.executor.max_batch_rows);
+  LS_REQUIRE_FIELD(op.rows.size() <= static_cast<size_t>(h.executor.max_batch_rows),
+                   OpFieldAt(OpField::kRows), "rows: {} rows exceed max_batch_rows = {}",
+                   op.rows.size(), h.executor.max_batch_rows);
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < op.rows.size(); ++i) {
-    check_row_indices(op.rows[i], i, h);
+    check_row_indices(op.rows[i], static_cast<int32_t>(i), h);
     if (op.rows[i].kind == RowKind::kPrefill) prefill_tokens += op.rows[i].input_length;
   }
-  LS_REQUIRE(static_cast<int64_t>(op.prefill_token_ids.size()) == prefill_tokens,
-             "prefill_token_ids holds {} ids but the prefill rows' input_length sum to {}",
-             op.prefill_token_ids.size(), prefill_tokens);
+  LS_REQUIRE_FIELD(static_cast<int64_t>(op.prefill_token_ids.size()) == prefill_tokens,
+                   OpFieldAt(OpField::kPrefillTokenIds),
+                   "prefill_token_ids holds {} ids but the prefill rows' input_length sum to {}",
+                   op.prefill_token_ids.size(), prefill_tokens);
   for (size_t t = 0; t < op.prefill_token_ids.size(); ++t) {
     const int32_t id = op.prefill_token_ids[t];
-    LS_REQUIRE(id >= 0 && id < h.model.vocab_size,
-               "prefill_token_ids[{}] = {} is outside [0, vocab_size = {})", t, id,
-               h.model.vocab_size);
+    LS_REQUIRE_FIELD(id >= 0 && id < h.model.vocab_size,
+                     OpFieldAt(OpField::kPrefillTokenIds, -1, static_cast<int64_t>(t)),
+                     "prefill_token_ids[{}] = {} is outside [0, vocab_size = {})", t, id,
+                     h.model.vocab_size);
   }
   for (size_t k = 0; k < record.cache_ops.size(); ++k) check_cache_op(record.cache_ops[k], k, h);
   for (int32_t row : record.faults.poisoned_rows) {

@@ -71,10 +71,10 @@ py::dict model_config_to_dict(const ModelConfig& config);
 // Hugging Face directory. `weights_seed` given with a directory is an ls::Error.
 bool is_model_directory(const std::string& model);
 
-// An executor error about an op names lockstep's row fields (pool_row, hist_token_length, ...);
-// this appends the seed's name of what the caller passed, e.g. " [ForwardOp field:
-// hist_token_lens[1]]". `message` unchanged when it names no op field.
-std::string with_seed_field(const std::string& message, const ForwardOp& op);
+// An executor error about an op (an OpFieldError) names lockstep's row fields (pool_row,
+// hist_token_length, ...); this appends the seed's name of what the caller passed, e.g.
+// " [ForwardOp field: hist_token_lens[1]]". The message unchanged for any other error.
+std::string with_seed_field(const Error& error, const ForwardOp& op);
 
 // The wrapper every ForwardOp is held in on the Python side.
 struct PyForwardOp {

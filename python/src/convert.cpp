@@ -164,7 +164,9 @@ SamplingParams sampling_from_python(py::handle value, const std::string& where) 
   if (auto v = field(f, "top_p")) s.top_p = to_float(*v, where + ".top_p");
   if (auto v = field(f, "min_p")) s.min_p = to_float(*v, where + ".min_p");
   if (auto v = field(f, "seed")) s.seed = to_uint64(*v, where + ".seed");
-  s.validate(where);
+  if (const auto refused = s.refusal()) {
+    throw Error(fmt::format("{}.{}: {}", where, refused->first, refused->second));
+  }
   return s;
 }
 

@@ -163,7 +163,7 @@ class PyExecutor {
       } catch (const Error& e) {
         // The step index stays used (a trace allows gaps): a recorder may hold its input.
         if (recorder_ && op_is_valid(op)) recorder_->record_rejection(state->step, e.what());
-        throw Error(with_seed_field(e.what(), op));
+        throw Error(with_seed_field(e, op));
       }
       in_flight_.push_back({state, op});
       if (synchronous()) collect_oldest();

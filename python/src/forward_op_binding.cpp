@@ -208,101 +208,52 @@ py::dict forward_op_to_dict(const ForwardOp& op) {
 
 namespace {
 
-// The decimal number at `at` in `text` (std::nullopt when there is none). Plain parsing rather than
-// std::regex: libstdc++'s regex crashed inside this function in the module the H200's g++ 13 built.
-std::optional<int32_t> number_at(const std::string& text, size_t at, size_t* end = nullptr) {
-  size_t i = at;
-  int64_t value = 0;
-  while (i < text.size() && i - at < 9 && text[i] >= '0' && text[i] <= '9') value = value * 10 + (text[i++] - '0');
-  if (i == at) return std::nullopt;
-  if (end != nullptr) *end = i;
-  return static_cast<int32_t>(value);
-}
-
-// "NAME[N]" anywhere in `text` → N.
-std::optional<int32_t> index_after(const std::string& text, const std::string& name) {
-  const size_t at = text.find(name + "[");
-  return at == std::string::npos ? std::nullopt : number_at(text, at + name.size() + 1);
-}
-
-// validate_forward_op's "forward op row R (...): " or trace/checks.cpp's "rows[R]." → R and the
-// text after the prefix.
-std::optional<std::pair<int32_t, std::string>> row_prefix(const std::string& message) {
-  static const std::string kOpRow = "forward op row ";
-  size_t end = 0;
-  if (const size_t at = message.find(kOpRow); at != std::string::npos) {
-    const auto row = number_at(message, at + kOpRow.size(), &end);
-    const size_t close = message.find("): ", end);
-    if (row && end < message.size() && message[end] == ' ' && close != std::string::npos) {
-      return std::pair{*row, message.substr(close + 3)};
-    }
-  }
-  if (const size_t at = message.find("rows["); at != std::string::npos) {
-    const auto row = number_at(message, at + 5, &end);
-    if (row && message.compare(end, 2, "].") == 0) return std::pair{*row, message.substr(end + 2)};
-  }
-  return std::nullopt;
-}
-
-// validate_mamba_row's refusal of slots on a model without Mamba layers lists all four: the
-// seed's name of the first one given.
-std::string first_mamba_field(const OpRow& row, int32_t index) {
-  const std::pair<int32_t, const char*> fields[] = {
-      {row.mamba_working, "mamba_pool_indices"},
-      {row.mamba_checkpoint_dst, "mamba_checkpoint_dst_indices"},
-      {row.mamba_cow_src, "mamba_cow_src_indices"},
-      {row.mamba_branching_seqlen, "mamba_branching_seqlens"}};
-  for (const auto& [value, name] : fields) {
-    if (value != -1) return fmt::format("{}[{}]", name, index);
+// The seed's FlatForwardOp name of `at`, with its indices; empty for a field the seed has no name
+// for (a row kind: the seed's rows are ordered by their counts).
+std::string seed_field_name(const OpFieldAt& at, const ForwardOp& op) {
+  const bool row = at.row >= 0 && at.row < op.rows_count();
+  const int32_t decode_index = at.row - op.prefill_rows_count();
+  const auto per_row = [&](std::string_view name) {
+    return row ? fmt::format("{}[{}]", name, at.row) : std::string(name);
+  };
+  const auto per_decode_row = [&](std::string_view name) {  // decode_input_ids, hist_token_lens
+    return row && decode_index >= 0 ? fmt::format("{}[{}]", name, decode_index) : std::string(name);
+  };
+  switch (at.field) {
+    case OpField::kRows: return "request_ids";
+    case OpField::kPrefillTokens: return "input_lengths";
+    case OpField::kPrefillTokenIds:
+      return at.element < 0 ? "input_ids" : fmt::format("input_ids[{}]", at.element);
+    case OpField::kKind: return "";
+    case OpField::kPoolRow: return per_row("request_pool_indices");
+    case OpField::kRequestId: return per_row("request_ids");
+    case OpField::kInputLength: return per_row("input_lengths");
+    case OpField::kPrefixLength: return per_row("extend_prefix_lens");
+    case OpField::kPromptLength: return per_row("prefill_lengths");
+    case OpField::kDecodeOverride: return per_decode_row("decode_input_ids");
+    case OpField::kHistTokenLength: return per_decode_row("hist_token_lens");
+    case OpField::kRefreshBegin: return per_row("begins");
+    case OpField::kRefreshPages:  // the seed's occupied_pages are the whole table row
+      if (!row || at.element < 0) return per_row("occupied_pages");
+      return fmt::format("occupied_pages[{}][{}]", at.row,
+                         op.rows[at.row].refresh.begin + at.element);
+    case OpField::kSampling:
+      return at.part.empty() ? per_row("sampling_params")
+                             : fmt::format("{}.{}", per_row("sampling_params"), at.part);
+    case OpField::kMambaWorking: return per_row("mamba_pool_indices");
+    case OpField::kMambaCheckpointDst: return per_row("mamba_checkpoint_dst_indices");
+    case OpField::kMambaCowSrc: return per_row("mamba_cow_src_indices");
+    case OpField::kMambaBranchingSeqlen: return per_row("mamba_branching_seqlens");
   }
   return "";
 }
 
 }  // namespace
 
-std::string with_seed_field(const std::string& message, const ForwardOp& op) {
-  // validate_forward_op's "forward op row R (...): " and trace/checks.cpp's "rows[R]."
-  std::string name;
-  if (const auto token = index_after(message, "prefill_token_ids")) {
-    name = fmt::format("input_ids[{}]", *token);
-  } else if (const auto prefixed = row_prefix(message)) {
-    const auto& [row, tail] = *prefixed;
-    if (row < 0 || row >= op.rows_count()) return message;
-    const int32_t decode_index = row - op.prefill_rows_count();
-    const auto page = tail.rfind("refresh.pages[", 0) == 0 ? index_after(tail, "refresh.pages") : std::nullopt;
-    if (page) {
-      name = fmt::format("occupied_pages[{}][{}]", row, op.rows[row].refresh.begin + *page);
-    } else {
-      // The field each message leads with, in lockstep's name, and the seed's name for it.
-      static const std::vector<std::pair<std::string, std::string>> leads = {
-          {"refresh.begin", "begins"},         {"input_length", "input_lengths"},
-          {"prefix_length", "extend_prefix_lens"}, {"prompt_length", "prefill_lengths"},
-          {"decode_override", "decode_input_ids"}, {"hist_token_length", "hist_token_lens"},
-          {"a recovered row", "hist_token_lens"},  {"pool_row", "request_pool_indices"},
-          {"request id", "request_ids"},       {"temperature", "sampling_params"},
-          {"top_k", "sampling_params"},        {"top_p", "sampling_params"},
-          {"min_p", "sampling_params"},        {"mamba_working_index", "mamba_pool_indices"},
-          {"mamba_checkpoint_dst_index", "mamba_checkpoint_dst_indices"},
-          {"mamba_cow_src_index", "mamba_cow_src_indices"},
-          {"mamba_branching_seqlen", "mamba_branching_seqlens"}};
-      if (tail.find("carries no sampling") != std::string::npos) name = fmt::format("sampling_params[{}]", row);
-      if (tail.rfind("the model has no Mamba layers", 0) == 0) name = first_mamba_field(op.rows[row], row);
-      for (const auto& [lead, seed] : leads) {
-        if (!name.empty() || tail.rfind(lead, 0) != 0) continue;
-        const bool per_decode_row = seed == "decode_input_ids" || seed == "hist_token_lens";
-        name = fmt::format("{}[{}]", seed, per_decode_row ? decode_index : row);
-        if (seed == "sampling_params") name += "." + lead;
-        break;
-      }
-    }
-  } else if (message.find("prefill_token_ids holds") != std::string::npos) {
-    name = "input_ids";
-  } else if (message.find("exceed max_batch_rows") != std::string::npos) {
-    name = "request_ids";
-  } else if (message.find("exceed prefill_chunk_tokens") != std::string::npos) {
-    name = "input_lengths";
-  }
-  return name.empty() ? message : fmt::format("{} [ForwardOp field: {}]", message, name);
+std::string with_seed_field(const Error& error, const ForwardOp& op) {
+  const auto* refusal = dynamic_cast<const OpFieldError*>(&error);
+  const std::string name = refusal == nullptr ? "" : seed_field_name(refusal->at(), op);
+  return name.empty() ? error.what() : fmt::format("{} [ForwardOp field: {}]", error.what(), name);
 }
 
 namespace {

@@ -169,7 +169,7 @@ class PyTraceWriter {
     try {
       trace::check_step_input(input, header_, true);
     } catch (const Error& e) {
-      throw Error(fmt::format("write_step: {}", with_seed_field(e.what(), op)));
+      throw Error(fmt::format("write_step: {}", with_seed_field(e, op)));
     }
     trace::StepOutputRecord output = foreign_output(next_step_, op, outputs, header_);
     trace::check_step_output(output, trace::OpenStep{next_step_, op.rows_count(), op.prefill_rows_count()}, header_);
