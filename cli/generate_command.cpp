@@ -1,6 +1,6 @@
 #include "cli/generate_command.h"
 
-#include "cli/backend_factory.h"
+#include "backends/backend_factory.h"
 #include "cli/model_options.h"
 #include "cli/exit_status.h"
 #include "cli/progress_line.h"
@@ -65,8 +65,12 @@ int run_generate(GenerateOptions& o) {
   const bool recording = !o.record.empty();
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
   const std::unique_ptr<Backend> backend =
-      make_backend(o.model.backend, weights, limits, o.model.drafter, /*time_steps=*/recording,
-                   o.model.tp_degree, o.model.determinism == "invariant");
+      make_backend(BackendSpec{.name = o.model.backend,
+                               .drafter = o.model.drafter,
+                               .tp_degree = o.model.tp_degree,
+                               .batch_invariant = o.model.determinism == "invariant",
+                               .time_steps = recording},
+                   weights, limits);
   Executor executor(limits, weights.config.vocab_size, *backend,
                     recording ? trace::recording_executor_options(o.record_activations)
                               : ExecutorOptions{});

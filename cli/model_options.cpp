@@ -1,6 +1,6 @@
 #include "cli/model_options.h"
 
-#include "cli/backend_factory.h"
+#include "backends/backend_factory.h"
 #include "cli/number_flags.h"
 #include "core/check.h"
 #include "core/drafter.h"
@@ -130,8 +130,11 @@ ModelWeights load_model(ModelOptions& o, WeightSource& source) {
   if (o.pages_count > 0) {
     c.pages_count = o.pages_count;
   } else if (const std::optional<int32_t> sized =
-                 kv_pages_from_memory(o.backend, weights.config, c, o.kv_memory_fraction,
-                                      o.drafter, o.tp_degree, o.determinism == "invariant")) {
+                 kv_pages_from_memory(BackendSpec{.name = o.backend,
+                                                  .drafter = o.drafter,
+                                                  .tp_degree = o.tp_degree,
+                                                  .batch_invariant = o.determinism == "invariant"},
+                                      weights.config, c, o.kv_memory_fraction)) {
     c.pages_count = *sized;
   } else {
     c.pages_count = c.max_batch_rows * pages_per_row + 1;

@@ -10,6 +10,15 @@
 
 namespace ls::cli {
 
+// The --determinism flag's values: "default" (the backend's fastest kernels; on CUDA a token's
+// bits may depend on its batch) and "invariant" (a token's results depend on its own inputs alone).
+inline constexpr const char* kDeterminismHelp =
+    "default: the backend's fastest kernels (on CUDA a token's low bits may depend on its batch); "
+    "invariant: every result of a row depends on that row's inputs alone, whatever the batch or "
+    "the prefill chunking (CUDA: lockstep's small-M GEMM for every linear layer; bf16, TP 1, no "
+    "drafter, no Mamba layers; the CPU reference always is), recorded in a trace's header so that "
+    "replay rebuilds the mode and `replay --isolate` can reproduce one request alone";
+
 struct ModelOptions {
   std::string model = "tiny";  // a named shape (random weights from --weights-seed) or a directory
   uint64_t weights_seed = 0;
@@ -26,7 +35,7 @@ struct ModelOptions {
 
 void add_model_options(CLI::App& app, ModelOptions& options);
 
-// Accepts the backends of this build (cli/backend_factory.h); its message says why another is not.
+// Accepts the backends of this build (backends/backend_factory.h); its message says why another is not.
 CLI::Validator backend_validator();
 
 // Loads or generates the weights; fills executor.pages_count when it was left at 0: on the CUDA

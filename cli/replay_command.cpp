@@ -1,6 +1,6 @@
 #include "cli/replay_command.h"
 
-#include "cli/backend_factory.h"
+#include "backends/backend_factory.h"
 #include "cli/model_options.h"
 #include "cli/number_flags.h"
 #include "cli/exit_status.h"
@@ -47,7 +47,11 @@ backend_maker(const std::string& name, bool batch_invariant) {
   if (name == "cpu") return nullptr;
   return [name, batch_invariant](const ModelWeights& weights, const ExecutorConfig& limits,
                                  const std::string& drafter, int32_t tp_degree) {
-    return make_backend(name, weights, limits, drafter, false, tp_degree, batch_invariant);
+    return make_backend(BackendSpec{.name = name,
+                                    .drafter = drafter,
+                                    .tp_degree = tp_degree,
+                                    .batch_invariant = batch_invariant},
+                        weights, limits);
   };
 }
 

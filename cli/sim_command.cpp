@@ -1,6 +1,6 @@
 #include "cli/sim_command.h"
 
-#include "cli/backend_factory.h"
+#include "backends/backend_factory.h"
 #include "cli/exit_status.h"
 #include "cli/model_options.h"
 #include "cli/number_flags.h"
@@ -109,7 +109,11 @@ sim::WorldOptions world_options(const SimOptions& o) {
                "proposes the simulated run's reference continuations); --backend {} runs the "
                "n-gram drafter or none: add --drafter ngram, or drop --backend {} for this seed",
                p.seed, name, name);
-    return make_backend(name, weights, limits, p.drafter_name(), false, p.tp_degree, invariant);
+    return make_backend(BackendSpec{.name = name,
+                                    .drafter = p.drafter_name(),
+                                    .tp_degree = p.tp_degree,
+                                    .batch_invariant = invariant},
+                        weights, limits);
   };
   return world;
 }

@@ -1,12 +1,13 @@
 # `cmake --install build --prefix DIR`: the `lockstep` binary, the libraries an application links
-# (executor, scheduler, recorder/reader, replay; the CUDA backend where built), their headers under
-# include/lockstep, a CMake package config (find_package(lockstep) → lockstep::core,
-# lockstep::trace, ...), and the Python module (python/CMakeLists.txt).
+# (executor, scheduler, recorder/reader, replay, backends by name; the CUDA backend where built),
+# their headers under include/lockstep, a CMake package config (find_package(lockstep) →
+# lockstep::core, lockstep::trace, ...), and the Python module (python/CMakeLists.txt).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(lockstep_installed_libs lockstep_core lockstep_scheduler lockstep_trace lockstep_replay lockstep_warnings)
-set(lockstep_export_names core scheduler trace replay warnings)
+set(lockstep_installed_libs lockstep_core lockstep_scheduler lockstep_trace lockstep_replay
+                            lockstep_backends lockstep_warnings)
+set(lockstep_export_names core scheduler trace replay backends warnings)
 set(LOCKSTEP_EXPORT_KERNELS OFF)
 if(TARGET lockstep_kernels)
   list(APPEND lockstep_installed_libs lockstep_kernels)
@@ -20,7 +21,7 @@ endforeach()
 # The libraries' include directories are the source tree (and, for the trace, the build tree's
 # generated header) while building; installed, the headers live under include/lockstep.
 set(lockstep_install_includes "$<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}/lockstep>")
-foreach(target lockstep_core lockstep_replay lockstep_kernels)
+foreach(target lockstep_core lockstep_replay lockstep_backends lockstep_kernels)
   if(TARGET ${target})
     set_target_properties(${target} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES
                           "$<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>;${lockstep_install_includes}")
@@ -32,7 +33,7 @@ set_target_properties(lockstep_trace PROPERTIES INTERFACE_INCLUDE_DIRECTORIES
 install(TARGETS ${lockstep_installed_libs} EXPORT lockstepTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS lockstep RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-foreach(dir core trace replay)
+foreach(dir core trace replay backends)
   install(DIRECTORY ${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/lockstep/${dir}
           FILES_MATCHING PATTERN "*.h")
 endforeach()

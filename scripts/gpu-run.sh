@@ -90,7 +90,7 @@ DIST=${DIST:-build-gpu/dist}
 export LOCKSTEP_BIN_DIR=${LOCKSTEP_BIN_DIR:-$(realpath -m "$DIST/bin")}
 GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep lockstep_planted_cuda lockstep_bench_recording"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
-PY_ARCHIVES="lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
+PY_ARCHIVES="lockstep_backends lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
 
 # The start of every device mode: $OUT made, the carried binaries there (the first argument is

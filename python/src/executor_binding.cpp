@@ -5,8 +5,8 @@
 // collected.
 #include "bindings.h"
 
+#include "backends/backend_factory.h"
 #include "core/check.h"
-#include "core/cpu_backend.h"
 #include "core/tensor_parallel.h"
 #include "core/drafter.h"
 #include "core/executor.h"
@@ -16,8 +16,7 @@
 #include "trace/trace_observer.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
-#include "kernels/cuda_backend.h"
-#include "kernels/tp_cuda_backend.h"
+#include "kernels/cuda_backend.h"  // cuda_device_available
 #endif
 
 #include <pybind11/numpy.h>
@@ -142,7 +141,11 @@ class PyExecutor {
     check_context_length(weights_.config, config_.context_length, beyond_max_positions);
     LS_REQUIRE(drafter_ == kNoDrafterName || config_.verify_width > 1,
                "Executor: drafter '{}' proposes W - 1 drafts per step: it needs verify_width >= 2", drafter_);
-    backend_ = make_backend(graphs);
+    backend_ = make_backend(BackendSpec{.name = backend_name_,
+                                        .drafter = drafter_,
+                                        .tp_degree = tp_degree_,
+                                        .cuda_graphs = graphs},
+                            weights_, config_);
     executor_ = std::make_unique<Executor>(config_, weights_.config.vocab_size, *backend_, options_);
   }
 
@@ -216,19 +219,11 @@ class PyExecutor {
     LS_REQUIRE(!recorder_, "Executor.record: already recording; call stop_recording() first");
     LS_REQUIRE(in_flight_.empty(), "Executor.record: {} steps are in flight; sync them first", in_flight_.size());
     trace::TraceHeader header =
-        trace::make_trace_header(weights_, source_, config_, backend_->name(), machine_info());
+        trace::make_trace_header(weights_, source_, config_, backend_->name(), machine_info_for(backend_name_));
     header.executor_options = options_;  // what this executor captures, not what a recording would ask
     header.drafter = drafter_;
     header.tp_degree = tp_degree_;
-#ifdef LOCKSTEP_HAVE_CUDA
-    if (const auto* group = dynamic_cast<const TpCudaBackend*>(backend_.get())) {
-      if (const std::optional<NcclPinning>& nccl = group->nccl_pinning()) {  // NCCL ran them
-        header.nccl_version = nccl->version;
-        header.nccl_algo = nccl->algo;
-        header.nccl_proto = nccl->proto;
-      }
-    }
-#endif
+    describe_collectives(backend_name_, tp_degree_, header);
     if (!options_.capture_logits) header.top_logits_count = 0;
     recorder_ = trace::Recorder::open(path, header);
   }
@@ -345,54 +340,8 @@ class PyExecutor {
     recorder_->record_output(p.state->step, p.state->result, touched);
   }
 
-  std::optional<trace::MachineInfo> machine_info() const {
-#ifdef LOCKSTEP_HAVE_CUDA
-    if (backend_name_ == "cuda") {
-      const CudaMachineInfo cuda = cuda_machine_info();
-      trace::MachineInfo info;
-      info.gpu_name = cuda.gpu_name;
-      info.sm_count = std::stoi(cuda.sm_count);
-      info.driver_version = cuda.driver_version;
-      info.cuda_version = cuda.runtime_version;
-      info.cublas_version = cuda.cublas_version;
-      return info;
-    }
-#endif
-    return std::nullopt;
-  }
-
-  std::unique_ptr<Backend> make_backend(bool graphs) {
-    if (backend_name_ == "cpu") {
-      return std::make_unique<CpuBackend>(weights_, config_, nullptr, false, make_drafter(drafter_),
-                                          tp_degree_);
-    }
-#ifdef LOCKSTEP_HAVE_CUDA
-    if (backend_name_ == "cuda") {
-      CudaBackendOptions options{.graphs = graphs};
-      options.drafter = drafter_;
-      if (tp_degree_ > 1) {  // one rank per GPU over NCCL (sharing GPU 0 when there are fewer)
-        prepare_tp_environment();  // in time when this is the process's first CUDA use
-        return std::make_unique<TpCudaBackend>(weights_, config_, options, tp_devices(tp_degree_));
-      }
-      return make_cuda_backend(weights_, config_, options);
-    }
-#else
-    (void)graphs;
-    LS_REQUIRE(backend_name_ != "cuda",
-               "Executor: backend 'cuda': this build of the lockstep module has no CUDA backend");
-#endif
-    throw Error(fmt::format("Executor: unknown backend '{}' (this build has: {})", backend_name_,
-                            has_cuda() ? "cpu, cuda" : "cpu"));
-  }
-
  public:
-  static bool has_cuda() {
-#ifdef LOCKSTEP_HAVE_CUDA
-    return true;
-#else
-    return false;
-#endif
-  }
+  static bool has_cuda() { return backend_name_error("cuda").empty(); }
 
  private:
   ModelWeights weights_;

@@ -5,7 +5,7 @@
 // the slots the device's mixer launches read — and mamba-state-owner the device's slot digests;
 // the twin run must give the same fingerprint. Labelled `gpu`: run on the H200, skipped without a
 // device.
-#include "kernels/cuda_backend.h"
+#include "backends/backend_factory.h"
 #include "sim/sweep.h"
 #include "tests/gpu/gpu_test_support.h"
 #include "tests/test_support.h"
@@ -18,14 +18,12 @@
 namespace ls {
 namespace {
 
-// What cli/backend_factory.cpp builds for `--backend cuda`: graphs on, the seed's drafter.
+// What `lockstep sim --backend cuda` builds: graphs on, the seed's drafter.
 sim::WorldOptions cuda_world() {
   sim::WorldOptions world;
   world.make_backend = [](const sim::SimParams& p, const ModelWeights& weights,
-                          const ExecutorConfig& limits) -> std::unique_ptr<Backend> {
-    CudaBackendOptions options{.graphs = true};
-    options.drafter = p.drafter_name();
-    return std::make_unique<CudaBackend>(weights, limits, options);
+                          const ExecutorConfig& limits) {
+    return make_backend(BackendSpec{.name = "cuda", .drafter = p.drafter_name()}, weights, limits);
   };
   return world;
 }

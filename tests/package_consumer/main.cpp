@@ -1,6 +1,7 @@
-// Links an installed lockstep: runs two steps on the executor over the CPU reference, records
-// them with the recorder, reads the trace back with the reader and prints what it counted.
-#include <core/cpu_backend.h>
+// Links an installed lockstep: runs two steps on the executor over the CPU reference (built by
+// name, as the command builds its backends), records them with the recorder, reads the trace back
+// with the reader and prints what it counted.
+#include <backends/backend_factory.h>
 #include <core/executor.h>
 #include <core/model/weights.h>
 #include <trace/reader.h>
@@ -15,12 +16,14 @@ int main(int argc, char** argv) {
   const std::filesystem::path path = argc > 1 ? argv[1] : "consumer.trace";
   const ls::ModelWeights weights = ls::weights_from_seed(ls::model_config_named("tiny"), 0);
   const ls::ExecutorConfig config{{.max_batch_rows = 2, .context_length = 64, .pages_count = 16}};
-  ls::CpuBackend backend(weights, config);
+  const std::unique_ptr<ls::Backend> made = ls::make_backend({.name = "cpu"}, weights, config);
+  ls::Backend& backend = *made;
   // The options the trace header names: the step computes what the records carry.
   ls::Executor executor(config, weights.config.vocab_size, backend,
                         ls::trace::recording_executor_options());
   auto recorder = ls::trace::Recorder::open(
-      path, ls::trace::make_trace_header(weights, {}, config, backend.name()));
+      path, ls::trace::make_trace_header(weights, {}, config, backend.name(),
+                                         ls::machine_info_for(backend.name())));
   ls::ForwardOp prefill;
   prefill.rows.push_back(ls::OpRow{.kind = ls::RowKind::kPrefill, .request_id = 1, .pool_row = 1,
                                    .input_length = 3, .prompt_length = 3,

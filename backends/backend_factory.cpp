@@ -1,4 +1,4 @@
-#include "cli/backend_factory.h"
+#include "backends/backend_factory.h"
 
 #include "core/check.h"
 #include "core/cpu_backend.h"
@@ -17,12 +17,23 @@
 
 #include <algorithm>
 
-namespace ls::cli {
+namespace ls {
 
 namespace {
 
 constexpr const char* kNoCuda =
     "this build has no CUDA backend (nvcc was not found at configure time)";
+
+#ifdef LOCKSTEP_HAVE_CUDA
+// The CUDA backend's options for `spec` (its KV memory fraction left at the default).
+CudaBackendOptions cuda_options(const BackendSpec& spec) {
+  CudaBackendOptions options{.graphs = spec.cuda_graphs};
+  if (spec.batch_invariant) options = batch_invariant_options(options);
+  options.drafter = spec.drafter;
+  options.time_steps = spec.time_steps;
+  return options;
+}
+#endif
 
 }  // namespace
 
@@ -41,28 +52,23 @@ std::string backend_name_error(const std::string& name) {
   return fmt::format("unknown backend '{}'; this build has: {}", name, fmt::join(names, ", "));
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const ExecutorConfig& limits, const std::string& drafter,
-                                      bool time_steps, int32_t tp_degree, bool batch_invariant) {
-  const std::string error = backend_name_error(name);
-  LS_REQUIRE(error.empty(), "--backend {}: {}", name, error);
-  if (name == "cpu") {
-    return std::make_unique<CpuBackend>(weights, limits, nullptr, false, make_drafter(drafter),
-                                        tp_degree);
+std::unique_ptr<Backend> make_backend(const BackendSpec& spec, const ModelWeights& weights,
+                                      const ExecutorConfig& limits) {
+  const std::string error = backend_name_error(spec.name);
+  LS_REQUIRE(error.empty(), "{}", error);
+  make_tp_layout(weights.config, spec.tp_degree);  // the model's refusal first: it names the field
+  if (spec.name == "cpu") {
+    return std::make_unique<CpuBackend>(weights, limits, nullptr, false,
+                                        make_drafter(spec.drafter), spec.tp_degree);
   }
-  make_tp_layout(weights.config, tp_degree);  // the model's refusal first: it names the field
-  prepare_backend_environment(name, tp_degree);  // in time unless CUDA already started
+  prepare_backend_environment(spec.name, spec.tp_degree);  // in time unless CUDA already started
 #ifdef LOCKSTEP_HAVE_CUDA
-  CudaBackendOptions options{.graphs = true};
-  if (batch_invariant) options = batch_invariant_options(options);
-  options.drafter = drafter;
-  options.time_steps = time_steps;
-  if (tp_degree > 1) {
-    return std::make_unique<TpCudaBackend>(weights, limits, options, tp_devices(tp_degree));
+  CudaBackendOptions options = cuda_options(spec);
+  if (spec.tp_degree > 1) {
+    return std::make_unique<TpCudaBackend>(weights, limits, options, tp_devices(spec.tp_degree));
   }
   return make_cuda_backend(weights, limits, options);
 #else
-  (void)time_steps, (void)batch_invariant;
   throw Error(kNoCuda);
 #endif
 }
@@ -75,22 +81,18 @@ void prepare_backend_environment(const std::string& name, int32_t tp_degree) {
 #endif
 }
 
-std::optional<int32_t> kv_pages_from_memory(const std::string& name, const ModelConfig& model,
-                                            const ExecutorConfig& limits, double fraction,
-                                            const std::string& drafter, int32_t tp_degree,
-                                            bool batch_invariant) {
-  if (name != "cuda") return std::nullopt;
+std::optional<int32_t> kv_pages_from_memory(const BackendSpec& spec, const ModelConfig& model,
+                                            const ExecutorConfig& limits, double fraction) {
+  if (spec.name != "cuda") return std::nullopt;
 #ifdef LOCKSTEP_HAVE_CUDA
-  CudaBackendOptions options{.graphs = true};
-  if (batch_invariant) options = batch_invariant_options(options);
+  CudaBackendOptions options = cuda_options(spec);
   options.kv_memory_fraction = fraction;
-  options.drafter = drafter;
-  if (tp_degree > 1) {
-    return tp_cuda_kv_sizing(model, limits, options, tp_devices(tp_degree)).pages_count;
+  if (spec.tp_degree > 1) {
+    return tp_cuda_kv_sizing(model, limits, options, tp_devices(spec.tp_degree)).pages_count;
   }
   return cuda_kv_sizing(model, limits, options).pages_count;
 #else
-  (void)model, (void)limits, (void)fraction, (void)drafter, (void)tp_degree, (void)batch_invariant;
+  (void)model, (void)limits, (void)fraction;
   throw Error(kNoCuda);
 #endif
 }
@@ -126,4 +128,4 @@ void describe_collectives(const std::string& name, int32_t tp_degree, trace::Tra
 #endif
 }
 
-}  // namespace ls::cli
+}  // namespace ls
