@@ -1,4 +1,5 @@
 // `lockstep`: the command line. main builds everything and passes it down (STYLE.md §12).
+#include "backends/backend_factory.h"
 #include "cli/check_command.h"
 #include "cli/generate_command.h"
 #include "cli/replay_command.h"
@@ -8,9 +9,11 @@
 #include "cli/trace_command.h"
 #include "cli/exit_status.h"
 #include "core/check.h"
+#include "trace/trace_observer.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <functional>
 #include <vector>
@@ -18,6 +21,10 @@
 int main(int argc, char** argv) {
   CLI::App app{"lockstep — a deterministic LLM model executor with record, replay, simulation and "
                "property testing"};
+  // The build a trace header names as its writer (`trace inspect`'s "written by"), and the
+  // backends this build has.
+  app.set_version_flag("--version", fmt::format("{}; backends: {}", ls::trace::build_id(),
+                                                fmt::join(ls::backend_names(), ", ")));
   app.require_subcommand(1);
   app.footer(ls::cli::kExitStatusHelp);
   std::vector<std::function<int()>> commands;
