@@ -18,6 +18,7 @@ endif()
 file(CONFIGURE OUTPUT "${OUTPUT}" CONTENT [[
 // Written by cmake/commit_stamp.cmake at build time: the commit of the sources built.
 #pragma once
+#define LOCKSTEP_VERSION "@VERSION@"
 #define LOCKSTEP_GIT_COMMIT "@commit@"
 #define LOCKSTEP_BUILD_ID "lockstep @VERSION@ (git @commit@)"
 ]] @ONLY)

@@ -1,6 +1,6 @@
 #include "trace/trace_observer.h"
 
-#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_BUILD_ID
+#include "lockstep_commit.h"  // generated at build time: LOCKSTEP_BUILD_ID, LOCKSTEP_VERSION
 
 #include <fmt/format.h>
 
@@ -92,6 +92,8 @@ ExecutorOptions recording_executor_options(bool activations) {
 }
 
 std::string build_id() { return LOCKSTEP_BUILD_ID; }
+
+std::string version() { return LOCKSTEP_VERSION; }
 
 std::string determinism_mode_of(const std::string& backend, bool batch_invariant) {
   return backend == "cpu" || batch_invariant ? std::string(kBatchInvariantMode) : "default";

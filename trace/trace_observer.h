@@ -41,8 +41,10 @@ TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& s
 // (TraceHeader::activation_digests, --record-activations).
 ExecutorOptions recording_executor_options(bool activations = false);
 
-// "lockstep 0.1.0 (git abc1234)", fixed at configure time.
+// "lockstep 0.1.0 (git abc1234)", fixed at build time.
 std::string build_id();
+// "0.1.0", the project's version.
+std::string version();
 
 // TraceHeader::determinism_mode of a run on `backend`: kBatchInvariantMode for the CPU reference
 // (always) and for CUDA in batch-invariant mode, "default" otherwise — the only modes whose

@@ -12,12 +12,14 @@ a subclass of ValueError, whose message names the field.
 """
 
 from ._lockstep import (  # noqa: F401
+    __version__,
     Error,
     Executor,
     ForwardOp,
     Result,
     SamplingParams,
     TraceWriter,
+    build_id,
     cuda_device_available,
     has_cuda,
     model_config,
@@ -28,5 +30,5 @@ from .records import Event, Footer, Header, Record, StepInput, StepOutput, StepS
 __all__ = [
     "Error", "Executor", "ForwardOp", "Result", "SamplingParams", "TraceWriter", "open_trace",
     "TraceFile", "Header", "StepInput", "StepOutput", "Event", "Footer", "StepStats", "Record",
-    "cuda_device_available", "has_cuda", "model_config", "model_names",
+    "build_id", "cuda_device_available", "has_cuda", "model_config", "model_names",
 ]

@@ -196,3 +196,12 @@ def test_open_trace_reports_corruption_with_the_offset(lockstep_bin, tmp_path):
     trace = lockstep.open_trace(cut)
     list(trace)
     assert trace.truncation is not None and "trace ends" in trace.truncation["describe"]
+
+
+def test_the_module_names_its_build_as_traces_and_the_cli_do(lockstep_bin, tmp_path):
+    path = tmp_path / "version.trace"
+    record_foreign(path, steps=1)
+    assert lockstep.open_trace(path).header.build_id == lockstep.build_id
+    assert lockstep.build_id.startswith(f"lockstep {lockstep.__version__} (git ")
+    printed = run_cli(lockstep_bin, "--version").stdout
+    assert printed.startswith(lockstep.build_id + "; backends: cpu"), printed
