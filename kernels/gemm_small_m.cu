@@ -42,9 +42,7 @@
 #include "kernels/launch.cuh"
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <mutex>
 
 namespace ls::kernels {
 
@@ -168,42 +166,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemm_small_m_kernel(const Params 
   store<NT>(p, tile, acc);
 }
 
-// The kernel's dynamic shared memory allowed, and the carveout at its maximum so that two blocks
-// of ~97 KB share an SM (the L1 keeps the rest; the kernel reads global memory through cp.async).
-template <int32_t NT>
-cudaError_t allow_shared() {
-  const auto kernel = gemm_small_m_kernel<NT>;
-  const cudaError_t size = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-      static_cast<int>(kLaunchSharedBytes<NT>));
-  if (size != cudaSuccess) return size;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                              cudaSharedmemCarveoutMaxShared);
-}
-
-// Every n-tile count's kernel allowed its shared memory (over 48 KB needs the opt-in), once per
-// device: an attribute belongs to the current device's context (tensor-parallel ranks).
-cudaError_t allow_shared_once() {
-  static std::array<std::once_flag, kDevicesMax> once;
-  static std::array<cudaError_t, kDevicesMax> status{};
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (device < 0 || device >= kDevicesMax) return cudaErrorInvalidDevice;
-  const size_t d = static_cast<size_t>(device);
-  std::call_once(once[d], [&] {
-    const cudaError_t all[] = {allow_shared<1>(), allow_shared<2>(), allow_shared<3>(),
-                               allow_shared<4>(), allow_shared<5>(), allow_shared<6>(),
-                               allow_shared<7>(), allow_shared<8>()};
-    status[d] = cudaSuccess;
-    for (const cudaError_t e : all) {
-      if (e != cudaSuccess && status[d] == cudaSuccess) status[d] = e;
-    }
-  });
-  return status[d];
-}
-
 template <int32_t NT>
 cudaError_t launch_as(const Params& p, const Split& s, LaunchStream stream) {
+  // Over 48 KB of dynamic shared memory needs the opt-in; the carveout at its most shared memory
+  // lets two blocks of ~97 KB share an SM (the L1 keeps the rest; the kernel reads global memory
+  // through cp.async).
+  if (const cudaError_t e = grant_shared<gemm_small_m_kernel<NT>>(kLaunchSharedBytes<NT>, true);
+      e != cudaSuccess) {
+    return e;
+  }
   const uint32_t cluster = p.cluster_reduction ? static_cast<uint32_t>(s.splits) : 1;
   return launch_kernel_in_clusters(gemm_small_m_kernel<NT>, dim3(s.splits, s.tiles),
                                    dim3(kThreads), kLaunchSharedBytes<NT>, stream, cluster, p);
@@ -241,7 +212,6 @@ cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, i
     }
     p.partials = static_cast<float4*>(workspace);
   }
-  if (const cudaError_t e = allow_shared_once(); e != cudaSuccess) return e;
   // One n-tile in at most kClusterSplitsMax splits: the split blocks add their partials in a
   // cluster, no second kernel.
   p.cluster_reduction = n_tiles_of(tokens) == 1 && s.splits > 1 && s.splits <= kClusterSplitsMax;

@@ -21,21 +21,26 @@ KernelFit::Device* KernelFit::current_device(cudaError_t* status) {
   return &devices_[static_cast<size_t>(device)];
 }
 
-cudaError_t KernelFit::grant_locked(Device& device, const void* kernel, size_t shared) {
+cudaError_t KernelFit::grant_locked(Device& device, const void* kernel, size_t shared,
+                                    bool carveout_max) {
   if (shared <= device.granted.load(std::memory_order_relaxed)) return cudaSuccess;
-  const cudaError_t status = cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  cudaError_t status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            static_cast<int>(shared));
+  if (status == cudaSuccess && carveout_max) {
+    status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared);
+  }
   if (status == cudaSuccess) device.granted.store(shared, std::memory_order_release);
   return status;
 }
 
-cudaError_t KernelFit::grant(const void* kernel, size_t shared) {
+cudaError_t KernelFit::grant(const void* kernel, size_t shared, bool carveout_max) {
   cudaError_t status = cudaSuccess;
   Device* device = current_device(&status);
   if (device == nullptr) return status;
   if (shared <= device->granted.load(std::memory_order_acquire)) return cudaSuccess;
   const std::lock_guard<std::mutex> lock(asking_);
-  return grant_locked(*device, kernel, shared);
+  return grant_locked(*device, kernel, shared, carveout_max);
 }
 
 cudaError_t KernelFit::resident_on_gpu(const void* kernel, int32_t threads, size_t shared,
@@ -57,7 +62,7 @@ cudaError_t KernelFit::resident_on_gpu(const void* kernel, int32_t threads, size
   if (known()) return cudaSuccess;
   const std::lock_guard<std::mutex> lock(asking_);
   if (known()) return cudaSuccess;
-  if (status = grant_locked(*device, kernel, shared); status != cudaSuccess) return status;
+  if (status = grant_locked(*device, kernel, shared, false); status != cudaSuccess) return status;
   const int device_index = static_cast<int>(device - devices_.data());
   int sms = 0, per_sm = 0;
   status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_index);

@@ -29,8 +29,9 @@ class KernelFit {
   cudaError_t resident_on_gpu(const void* kernel, int32_t threads, size_t shared, int32_t* blocks);
 
   // Grants `shared` bytes on the current device, nothing more (a kernel whose grid does not
-  // depend on occupancy).
-  cudaError_t grant(const void* kernel, size_t shared);
+  // depend on occupancy). `carveout_max`: with the grant, the SM's unified memory split at its
+  // most shared memory (so that several large blocks share an SM; the L1 keeps the rest).
+  cudaError_t grant(const void* kernel, size_t shared, bool carveout_max = false);
 
  private:
   static constexpr size_t kSizesMax = 8;  // pairs remembered per device; more are asked each time
@@ -40,7 +41,7 @@ class KernelFit {
     std::array<std::atomic<uint64_t>, kSizesMax> answers{};
   };
   Device* current_device(cudaError_t* status);
-  cudaError_t grant_locked(Device& device, const void* kernel, size_t shared);
+  cudaError_t grant_locked(Device& device, const void* kernel, size_t shared, bool carveout_max);
 
   std::array<Device, kDevicesMax> devices_{};
   std::mutex asking_;  // held while the driver is asked: on a miss, never on a hit
@@ -60,8 +61,9 @@ cudaError_t resident_on_gpu(int32_t threads, size_t shared, int32_t* blocks) {
 }
 
 template <auto kKernel>
-cudaError_t grant_shared(size_t shared) {
-  return kernel_fit<kKernel>().grant(reinterpret_cast<const void*>(kKernel), shared);
+cudaError_t grant_shared(size_t shared, bool carveout_max = false) {
+  return kernel_fit<kKernel>().grant(reinterpret_cast<const void*>(kKernel), shared,
+                                     carveout_max);
 }
 
 }  // namespace ls::kernels
