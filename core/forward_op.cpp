@@ -21,6 +21,30 @@ std::string_view to_string(RowKind kind) {
   return kind == RowKind::kPrefill ? "prefill" : "decode";
 }
 
+std::string_view to_string(OpField field) {
+  switch (field) {
+    case OpField::kRows: return "rows";
+    case OpField::kPrefillTokens: return "prefill tokens";
+    case OpField::kPrefillTokenIds: return "prefill_token_ids";
+    case OpField::kKind: return "kind";
+    case OpField::kPoolRow: return "pool_row";
+    case OpField::kRequestId: return "request_id";
+    case OpField::kInputLength: return "input_length";
+    case OpField::kPrefixLength: return "prefix_length";
+    case OpField::kPromptLength: return "prompt_length";
+    case OpField::kDecodeOverride: return "decode_override";
+    case OpField::kHistTokenLength: return "hist_token_length";
+    case OpField::kRefreshBegin: return "refresh.begin";
+    case OpField::kRefreshPages: return "refresh.pages";
+    case OpField::kSampling: return "sampling";
+    case OpField::kMambaWorking: return "mamba_working";
+    case OpField::kMambaCheckpointDst: return "mamba_checkpoint_dst";
+    case OpField::kMambaCowSrc: return "mamba_cow_src";
+    case OpField::kMambaBranchingSeqlen: return "mamba_branching_seqlen";
+  }
+  return "?";
+}
+
 ForwardMode forward_mode_of(int32_t prefill_rows_count, int32_t rows_count) {
   if (rows_count <= 0) return ForwardMode::kIdle;
   if (prefill_rows_count == rows_count) return ForwardMode::kExtend;

@@ -70,7 +70,8 @@ struct ForwardOp {
 enum class OpField : uint8_t {
   kRows,             // the op as a whole: its row count
   kPrefillTokens,    // the op as a whole: its prefill rows' input_length summed
-  kPrefillTokenIds,  // element: the id's index in prefill_token_ids; −1: their count
+  kPrefillTokenIds,  // element: the id's index in prefill_token_ids, row: its prefill row;
+                     // both −1: their count
   kKind,
   kPoolRow,
   kRequestId,
@@ -87,6 +88,9 @@ enum class OpField : uint8_t {
   kMambaCowSrc,
   kMambaBranchingSeqlen,
 };
+
+// lockstep's name of the field ("pool_row", "refresh.pages", "prefill_token_ids", ...).
+std::string_view to_string(OpField field);
 
 // Where in an op a refusal points: the field, its row (−1: none) and the element of a list field
 // (−1: none).

@@ -61,6 +61,16 @@ std::string describe(const Script& s) {
 
 namespace {
 
+// Empty when a refusal points where the mutation broke the op; else what it pointed at instead.
+std::string misnamed_refusal(const OpFieldAt& got, const OpFieldAt& expected) {
+  if (got.field == expected.field && got.row == expected.row && got.element == expected.element) {
+    return "";
+  }
+  return fmt::format("the refusal names {} (row {}, element {}), expected {} (row {}, element {})",
+                     to_string(got.field), got.row, got.element, to_string(expected.field),
+                     expected.row, expected.element);
+}
+
 enum class Phase : uint8_t { kWaiting, kPrefilling, kDecoding, kRetracted, kDone };
 
 struct Live {
@@ -390,7 +400,8 @@ class Driver {
   void try_invalid(const ForwardOp& op, int32_t kind) {
     ForwardOp bad = op;
     std::string what;
-    if (!mutate_op(bad, kind, config_, vocab_, what)) return;
+    std::optional<OpFieldAt> expected;
+    if (!mutate_op(bad, kind, config_, vocab_, what, expected)) return;
     // The executor asks for sampling only from a request new to its pool row: the same request
     // back on the row it last held (retraction and recovery) may omit them.
     for (size_t i = 0; kind % kMutationKinds == 11 && i < op.rows.size(); ++i) {
@@ -402,13 +413,19 @@ class Driver {
     const InputSnapshot inputs_before = backend_.read_inputs();
     const int64_t calls = backend_.rule_calls();
     bool rejected = false;
+    std::string misnamed;  // the refusal pointed elsewhere than the broken field
     try {
       executor_.step(options_.lenient_front ? op : bad);
-    } catch (const Error&) {
+    } catch (const OpFieldError& e) {
       rejected = true;
+      if (expected) misnamed = misnamed_refusal(e.at(), *expected);
+    } catch (const Error& e) {
+      rejected = true;
+      if (expected) misnamed = fmt::format("a refusal that names no field: {}", e.what());
     }
     const StateSnapshot after = backend_.read_state(all_rows);
     if (!rejected) return fail(-1, nullptr, "contract", "an op with " + what + " was executed, not rejected");
+    if (!misnamed.empty()) return fail(-1, nullptr, "contract", "an op with " + what + ": " + misnamed);
     if (backend_.rule_calls() != calls) return fail(-1, nullptr, "contract", "a rejected op (" + what + ") reached the backend");
     if (after.valid_cache_length != before.valid_cache_length || after.table != before.table ||
         after.future_inputs != before.future_inputs || backend_.read_inputs().slots != inputs_before.slots) {
@@ -572,62 +589,85 @@ RunResult run_script(const Script& script, const RunOptions& options) {
   return r;
 }
 
-bool mutate_op(ForwardOp& op, int32_t kind, const ExecutorConfig& c, int32_t vocab, std::string& what) {
+bool mutate_op(ForwardOp& op, int32_t kind, const ExecutorConfig& c, int32_t vocab, std::string& what,
+               std::optional<OpFieldAt>& refused_at) {
   const int32_t bs = op.rows_count();
   const int32_t ne = op.prefill_rows_count();
   if (bs == 0) return false;
   OpRow& first = op.rows[0];
   OpRow* prefill = ne > 0 ? &op.rows[0] : nullptr;
   OpRow* decode = ne < bs ? &op.rows[ne] : nullptr;
+  const auto refused = [&](OpField field, int32_t row, int64_t element = -1) {
+    refused_at = OpFieldAt(field, row, element);
+    return true;
+  };
+  refused_at.reset();
   switch (kind % kMutationKinds) {
-    case 0: first.pool_row = 0, what = "pool row 0 (reserved)"; return true;
-    case 1: first.pool_row = c.sentinel_pool_row(), what = "the padding sentinel as pool row"; return true;
+    case 0: first.pool_row = 0, what = "pool row 0 (reserved)"; return refused(OpField::kPoolRow, 0);
+    case 1:
+      first.pool_row = c.sentinel_pool_row(), what = "the padding sentinel as pool row";
+      return refused(OpField::kPoolRow, 0);
     case 2:
       if (bs < 2) return false;
-      op.rows[1].pool_row = first.pool_row, what = "a pool row used twice"; return true;
+      op.rows[1].pool_row = first.pool_row, what = "a pool row used twice";
+      return refused(OpField::kPoolRow, 1);
     case 3:
       if (!prefill) return false;
       prefill->input_length += 1, what = "input_length one past the prefill ids"; return true;
     case 4:
       if (!prefill) return false;
-      prefill->prefix_length = c.context_length, what = "prefix + input past L"; return true;
+      prefill->prefix_length = c.context_length, what = "prefix + input past L";
+      return refused(OpField::kPrefixLength, 0);
     case 5:
       if (!decode) return false;
-      decode->input_length = c.verify_width + 1, what = "a decode row of W + 1 tokens"; return true;
+      decode->input_length = c.verify_width + 1, what = "a decode row of W + 1 tokens";
+      return refused(OpField::kInputLength, ne);
     case 6:
       if (!decode) return false;
-      decode->decode_override = vocab, what = "decode_override = V"; return true;
+      decode->decode_override = vocab, what = "decode_override = V";
+      return refused(OpField::kDecodeOverride, ne);
     case 7:
       if (!decode) return false;
       decode->hist_token_length = c.context_length + 1, decode->decode_override = 1;
-      what = "hist_token_length = L + 1"; return true;
+      what = "hist_token_length = L + 1";
+      return refused(OpField::kHistTokenLength, ne);
     case 8:
       if (!decode) return false;
       decode->hist_token_length = 0, decode->decode_override = -1;
-      what = "hist_token_length without an override"; return true;
-    case 9: first.refresh.pages.push_back(c.pages_count), what = "a refresh page = pages_count"; return true;
-    case 10: first.refresh.pages.push_back(0), what = "a refresh of the dummy page 0"; return true;
+      what = "hist_token_length without an override";
+      return refused(OpField::kHistTokenLength, ne);
+    case 9:
+      first.refresh.pages.push_back(c.pages_count), what = "a refresh page = pages_count";
+      return refused(OpField::kRefreshPages, 0, static_cast<int64_t>(first.refresh.pages.size()) - 1);
+    case 10:
+      first.refresh.pages.push_back(0), what = "a refresh of the dummy page 0";
+      return refused(OpField::kRefreshPages, 0, static_cast<int64_t>(first.refresh.pages.size()) - 1);
     case 11:
-      for (OpRow& row : op.rows) {
-        if (!row.sampling) continue;
-        row.sampling.reset(), what = "no sampling parameters for a request new to its pool row";
-        return true;
+      for (int32_t i = 0; i < bs; ++i) {
+        if (!op.rows[i].sampling) continue;
+        op.rows[i].sampling.reset(), what = "no sampling parameters for a request new to its pool row";
+        return refused(OpField::kSampling, i);
       }
       return false;
     case 12:
       if (!prefill || !decode) return false;
       std::rotate(op.rows.begin(), op.rows.begin() + 1, op.rows.end());
-      what = "a prefill row after a decode row"; return true;
+      what = "a prefill row after a decode row";
+      return refused(OpField::kKind, bs - 1);  // the rotated-out prefill row, now last
     case 13:
       if (op.prefill_token_ids.empty()) return false;
-      op.prefill_token_ids.back() = vocab, what = "a prefill id = V"; return true;
+      op.prefill_token_ids.back() = vocab, what = "a prefill id = V";
+      return refused(OpField::kPrefillTokenIds, ne - 1,  // the last prefill row's last id
+                     static_cast<int64_t>(op.prefill_token_ids.size()) - 1);
     case 14:
       if (!prefill) return false;
       prefill->prompt_length = prefill->prefix_length + prefill->input_length - 1;
-      what = "prompt_length shorter than prefix + input"; return true;
+      what = "prompt_length shorter than prefix + input";
+      return refused(OpField::kPromptLength, 0);
     case 15:
       if (bs < 2) return false;
-      op.rows[1].request_id = first.request_id, what = "a request id on two rows"; return true;
+      op.rows[1].request_id = first.request_id, what = "a request id on two rows";
+      return refused(OpField::kRequestId, 1);
   }
   return false;
 }

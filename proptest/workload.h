@@ -101,10 +101,13 @@ Coverage& coverage();
 
 RunResult run_script(const Script& script, const RunOptions& options = {});
 
-// A contract mutation of a valid op: one field broken. Returns false when `kind` does not apply.
+// A contract mutation of a valid op: one field broken, `what` says which, and `refused_at` where
+// the refusal must point (std::nullopt where several fields may answer first: an input_length
+// one past its ids may break the chunk budget, the context or the prompt length). Returns false
+// when `kind` does not apply.
 inline constexpr int32_t kMutationKinds = 16;
 bool mutate_op(ForwardOp& op, int32_t kind, const ExecutorConfig& config, int32_t vocab_size,
-               std::string& what);
+               std::string& what, std::optional<OpFieldAt>& refused_at);
 
 // Every request's outputs in `a` that `b` also has must be equal; the first difference, or empty.
 std::string compare_outputs(const std::map<RequestId, RequestOutput>& a,

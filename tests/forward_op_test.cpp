@@ -190,6 +190,7 @@ TEST(ForwardOpValidation, ARefusalCarriesItsFieldRowAndElement) {
   op.prefill_token_ids[2] = kVocab;
   at = refused_at(op);
   EXPECT_EQ(at.field, OpField::kPrefillTokenIds);
+  EXPECT_EQ(at.row, 0);
   EXPECT_EQ(at.element, 2);
 
   op = valid_op();

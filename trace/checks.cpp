@@ -156,12 +156,18 @@ void check_step_input(const StepInputRecord& record, const TraceHeader& h, bool 
                    OpFieldAt(OpField::kPrefillTokenIds),
                    "prefill_token_ids holds {} ids but the prefill rows' input_length sum to {}",
                    op.prefill_token_ids.size(), prefill_tokens);
-  for (size_t t = 0; t < op.prefill_token_ids.size(); ++t) {
-    const int32_t id = op.prefill_token_ids[t];
-    LS_REQUIRE_FIELD(id >= 0 && id < h.model.vocab_size,
-                     OpFieldAt(OpField::kPrefillTokenIds, -1, static_cast<int64_t>(t)),
-                     "prefill_token_ids[{}] = {} is outside [0, vocab_size = {})", t, id,
-                     h.model.vocab_size);
+  // The ids row by row (their count is the prefill rows' input_length summed).
+  size_t t = 0;
+  for (size_t i = 0; i < op.rows.size(); ++i) {
+    if (op.rows[i].kind != RowKind::kPrefill) continue;
+    for (int32_t k = 0; k < op.rows[i].input_length; ++k, ++t) {
+      const int32_t id = op.prefill_token_ids[t];
+      LS_REQUIRE_FIELD(id >= 0 && id < h.model.vocab_size,
+                       OpFieldAt(OpField::kPrefillTokenIds, static_cast<int32_t>(i),
+                                 static_cast<int64_t>(t)),
+                       "prefill_token_ids[{}] = {} is outside [0, vocab_size = {})", t, id,
+                       h.model.vocab_size);
+    }
   }
   for (size_t k = 0; k < record.cache_ops.size(); ++k) check_cache_op(record.cache_ops[k], k, h);
   for (int32_t row : record.faults.poisoned_rows) {

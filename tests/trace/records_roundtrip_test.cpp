@@ -266,6 +266,23 @@ TEST(TraceRoundTrip, HybridHeaderAndStateSlotsReadBack) {
                   "mamba_working_index is -1, but the model has Mamba layers")));
 }
 
+// A record's index checks point at the broken field as values too (what the Python writer names
+// the seed's field from): a prefill id past the vocabulary, with its row and its index.
+TEST(TraceChecks, AnIdPastTheVocabularyNamesItsRowAndIndex) {
+  const TraceHeader h = header_for(ls::testing::small_config());
+  StepInputRecord record{.step = 0};
+  record.op.rows = {ls::testing::prefill_row(1, 1, 0, 2, 2), ls::testing::prefill_row(2, 2, 0, 3, 3)};
+  record.op.prefill_token_ids = {1, 2, 3, h.model.vocab_size, 5};
+  try {
+    check_step_input(record, h, /*full=*/false);
+    ADD_FAILURE() << "accepted";
+  } catch (const OpFieldError& e) {
+    EXPECT_EQ(e.at().field, OpField::kPrefillTokenIds);
+    EXPECT_EQ(e.at().row, 1);
+    EXPECT_EQ(e.at().element, 3);
+  }
+}
+
 // trace.capnp's "DIGESTS" definition of a logits row's digest, written out again from the text
 // (64-bit sums truncated at the end), so that a change of either shows.
 uint64_t spec_logits_digest(const std::vector<float>& row) {
