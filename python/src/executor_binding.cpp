@@ -25,8 +25,10 @@
 #include <fmt/format.h>
 
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
+#include <string_view>
 
 namespace ls::py_bindings {
 
@@ -150,6 +152,7 @@ class PyExecutor {
   }
 
   std::shared_ptr<StepState> submit(const ForwardOp& op) {
+    require_open("submit");
     auto state = std::make_shared<StepState>();
     state->step = next_step_++;
     state->prefill_rows = op.prefill_rows_count();
@@ -185,6 +188,7 @@ class PyExecutor {
   }
 
   std::shared_ptr<StepState> collect() {
+    require_open("collect");
     LS_REQUIRE(!in_flight_.empty(), "Executor: collect() with no step in flight");
     std::shared_ptr<StepState> state = in_flight_.front().state;
     py::gil_scoped_release release;
@@ -194,6 +198,8 @@ class PyExecutor {
   }
 
   void sync(const std::shared_ptr<StepState>& state) {
+    if (state->done) return;
+    require_open("sync");  // close() finished every step, unless finishing one failed
     py::gil_scoped_release release;
     const std::lock_guard<std::mutex> lock(mutex_);
     while (!state->done) collect_oldest();
@@ -209,6 +215,7 @@ class PyExecutor {
     LS_REQUIRE(op.device_pages.size() == op.host_pages.size(),
                "copy_pages: {} device_pages but {} host_pages (they pair up)", op.device_pages.size(),
                op.host_pages.size());
+    require_open("copy_pages");
     py::gil_scoped_release release;
     const std::lock_guard<std::mutex> lock(mutex_);
     executor_->copy_pages(op);
@@ -216,6 +223,7 @@ class PyExecutor {
   }
 
   void record(const std::string& path) {
+    require_open("record");
     LS_REQUIRE(!recorder_, "Executor.record: already recording; call stop_recording() first");
     LS_REQUIRE(in_flight_.empty(), "Executor.record: {} steps are in flight; sync them first", in_flight_.size());
     trace::TraceHeader header =
@@ -240,6 +248,7 @@ class PyExecutor {
   int32_t tp_degree() const { return tp_degree_; }
 
   py::dict read_state(const std::vector<int32_t>& pool_rows) {
+    require_open("read_state");
     for (size_t i = 0; i < pool_rows.size(); ++i) {
       LS_REQUIRE(pool_rows[i] >= 0 && pool_rows[i] < config_.pool_rows_count(),
                  "read_state: pool_rows[{}] = {} is outside [0, {})", i, pool_rows[i], config_.pool_rows_count());
@@ -260,6 +269,7 @@ class PyExecutor {
   }
 
   py::dict last_inputs() {
+    require_open("last_inputs");
     InputSnapshot s;
     {
       py::gil_scoped_release release;
@@ -289,7 +299,37 @@ class PyExecutor {
   const ModelWeights& weights() const { return weights_; }
   const std::string& backend_name() const { return backend_name_; }
   int32_t in_flight_count() const { return static_cast<int32_t>(in_flight_.size()); }
-  bool runs_ahead() const { return executor_->runs_ahead() && !synchronous(); }
+  bool runs_ahead() const { return executor_ && executor_->runs_ahead() && !synchronous(); }
+  bool closed() const { return executor_ == nullptr; }
+
+  // Finishes the steps in flight and closes a recording (its footer written), then frees the
+  // backend — on CUDA its weights, KV pool and workspaces — without waiting for Python to collect
+  // the object. Once closed, every call that needs the executor is an Error; closing again does
+  // nothing. Whatever finishing the steps or the recording raises is raised after the backend is
+  // freed.
+  void close() {
+    if (closed()) return;
+    std::exception_ptr error;
+    {
+      py::gil_scoped_release release;
+      const std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        drain();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      try {
+        if (recorder_) recorder_->close();
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+      recorder_.reset();
+      in_flight_.clear();
+      executor_.reset();
+      backend_.reset();
+    }
+    if (error) std::rethrow_exception(error);
+  }
   bool recording() const { return recorder_ != nullptr; }
   bool captures_next_input_ids() const { return capture_next_; }
 
@@ -298,6 +338,10 @@ class PyExecutor {
     std::shared_ptr<StepState> state;
     ForwardOp op;
   };
+
+  void require_open(std::string_view call) const {
+    LS_REQUIRE(!closed(), "Executor.{}: the executor is closed", call);
+  }
 
   // Recording and next_input_ids read the device state a step left, so such steps complete
   // before the next one is submitted (the C++ serving loop does the same with an observer).
@@ -440,6 +484,12 @@ void bind_executor(py::module_& m) {
       .def("stop_recording", &PyExecutor::stop_recording)
       .def("read_state", &PyExecutor::read_state, py::arg("pool_rows"))
       .def("last_inputs", &PyExecutor::last_inputs)
+      .def("close", &PyExecutor::close,
+           "Finish the steps in flight and the recording, then free the backend (device memory on "
+           "CUDA). Idempotent; the executor refuses every later step.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyExecutor& e, py::handle, py::handle, py::handle) { e.close(); })
+      .def_property_readonly("closed", &PyExecutor::closed)
       .def_property_readonly("in_flight_count", &PyExecutor::in_flight_count)
       .def_property_readonly("runs_ahead", &PyExecutor::runs_ahead)
       .def_property_readonly("recording", &PyExecutor::recording)

@@ -164,3 +164,31 @@ def test_copy_pages():
         ex.copy_pages("swap_out", device_pages=[3], host_pages=[9])
     with pytest.raises(lockstep.Error, match="kind"):
         ex.copy_pages("swap_sideways", device_pages=[3], host_pages=[0])
+
+
+def test_close_finishes_the_steps_and_the_recording_then_refuses(backend, lockstep_bin, tmp_path):
+    """`with lockstep.Executor(...)` closes it on the way out: the steps in flight are finished,
+    the recording is complete (footer written, it replays), and the executor refuses any later
+    call by name; closing again does nothing."""
+    from conftest import run_cli
+    path = tmp_path / "closed.trace"
+    decode = lockstep.ForwardOp(request_ids=[5], request_pool_indices=[1], input_lengths=[1],
+                                sampling_params=[None])
+    with lockstep.Executor(model="tiny", backend=backend, max_batch_rows=2) as ex:
+        assert not ex.closed
+        ex.record(path)
+        ex.step(lockstep.ForwardOp(**prefill(5, 1, [1, 2, 3], [1])))
+        last = ex.submit(decode)
+    assert ex.closed and last.ready and last.output_lengths.tolist() == [1]
+    assert run_cli(lockstep_bin, "check", path).returncode == 0
+    replayed = run_cli(lockstep_bin, "replay", path, "--backend", backend, "-q").stdout
+    assert "IDENTICAL" in replayed and "2 steps" in replayed, replayed
+    for call in (lambda: ex.submit(decode), lambda: ex.read_state([1]), lambda: ex.record(path)):
+        with pytest.raises(lockstep.Error, match="the executor is closed"):
+            call()
+    ex.close()
+    # Not recording: the steps in flight are finished too.
+    ex = lockstep.Executor(model="tiny", backend=backend, max_batch_rows=2)
+    first = ex.submit(lockstep.ForwardOp(**prefill(5, 1, [1, 2, 3], [1])))
+    ex.close()
+    assert first.ready and first.output_lengths.tolist() == [1]
