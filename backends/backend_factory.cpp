@@ -22,7 +22,7 @@ namespace ls {
 namespace {
 
 constexpr const char* kNoCuda =
-    "this build has no CUDA backend (nvcc was not found at configure time)";
+    "this build has no CUDA backend (configured without nvcc, or with -DLOCKSTEP_CUDA=OFF)";
 
 #ifdef LOCKSTEP_HAVE_CUDA
 // The CUDA backend's options for `spec` (its KV memory fraction left at the default).
