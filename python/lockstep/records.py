@@ -85,7 +85,8 @@ _MAKE = {"step_input": StepInput, "step_output": StepOutput, "event": Event, "fo
 class TraceFile:
     """An opened trace: `header`, then iterate for the records after it. A corrupt record raises
     lockstep.Error naming the record, its byte offset, the step and the field; a cut-off tail ends
-    the iteration and `truncation` says where."""
+    the iteration and `truncation` says where. `close()`, or the with statement, unmaps the
+    file."""
 
     def __init__(self, path):
         self._reader = _TraceReader(str(path), _MAKE)
@@ -96,6 +97,21 @@ class TraceFile:
 
     def __next__(self):
         return self._reader.next()
+
+    def close(self):
+        """Unmaps the file (before Python collects this object); reading on is a lockstep.Error.
+        `with lockstep.open_trace(path) as trace:` closes it on the way out."""
+        self._reader.close()
+
+    @property
+    def closed(self):
+        return self._reader.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     @property
     def truncation(self):

@@ -336,13 +336,14 @@ class PyTraceReader {
   PyTraceReader(const std::string& path, py::dict make)
       : reader_(trace::TraceReader::open(path)), make_(std::move(make)) {}
 
-  py::dict header() const { return header_to_dict(reader_.header()); }
+  py::dict header() const { return header_to_dict(open().header()); }
 
   py::object next() {
     bool more = false;
     {
+      trace::TraceReader& reader = open();
       py::gil_scoped_release release;
-      more = reader_.next(record_);
+      more = reader.next(record_);
     }
     if (!more) throw py::stop_iteration();
     if (auto* in = std::get_if<trace::StepInputRecord>(&record_)) return make_["step_input"](input_to_dict(*in));
@@ -353,7 +354,7 @@ class PyTraceReader {
   }
 
   py::object truncation() const {
-    const auto t = reader_.truncation();
+    const auto t = open().truncation();
     if (!t) return py::none();
     py::dict d;
     d["complete_steps"] = t->complete_steps;
@@ -364,12 +365,24 @@ class PyTraceReader {
     return d;
   }
 
-  int64_t records_read() const { return reader_.records_read(); }
-  uint64_t offset() const { return reader_.offset(); }
-  uint64_t file_bytes() const { return reader_.file_bytes(); }
+  int64_t records_read() const { return open().records_read(); }
+  uint64_t offset() const { return open().offset(); }
+  uint64_t file_bytes() const { return open().file_bytes(); }
+  // Unmaps the file; closing again does nothing.
+  void close() { reader_.reset(); }
+  bool closed() const { return !reader_.has_value(); }
 
  private:
-  trace::TraceReader reader_;
+  const trace::TraceReader& open() const {
+    LS_REQUIRE(reader_.has_value(), "open_trace: the trace is closed");
+    return *reader_;
+  }
+  trace::TraceReader& open() {
+    LS_REQUIRE(reader_.has_value(), "open_trace: the trace is closed");
+    return *reader_;
+  }
+
+  std::optional<trace::TraceReader> reader_;
   py::dict make_;
   trace::TraceRecord record_;
 };
@@ -399,6 +412,8 @@ void bind_trace(py::module_& m) {
       .def("header", &PyTraceReader::header)
       .def("next", &PyTraceReader::next)
       .def("truncation", &PyTraceReader::truncation)
+      .def("close", &PyTraceReader::close)
+      .def_property_readonly("closed", &PyTraceReader::closed)
       .def_property_readonly("records_read", &PyTraceReader::records_read)
       .def_property_readonly("offset", &PyTraceReader::offset)
       .def_property_readonly("file_bytes", &PyTraceReader::file_bytes);

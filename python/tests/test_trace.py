@@ -205,3 +205,21 @@ def test_the_module_names_its_build_as_traces_and_the_cli_do(lockstep_bin, tmp_p
     assert lockstep.build_id.startswith(f"lockstep {lockstep.__version__} (git ")
     printed = run_cli(lockstep_bin, "--version").stdout
     assert printed.startswith(lockstep.build_id + "; backends: cpu"), printed
+
+
+def test_a_closed_trace_is_unmapped_and_refuses_to_read_on(tmp_path):
+    path = tmp_path / "closed.trace"
+    record_foreign(path, steps=2)
+
+    def mapped():
+        with open("/proc/self/maps") as maps:
+            return str(path) in maps.read()
+
+    with lockstep.open_trace(path) as trace:
+        assert mapped() and not trace.closed
+        first = next(trace)
+    assert trace.closed and not mapped()
+    assert first.kind == "event" and trace.header.model["name"] == "tiny"
+    with pytest.raises(lockstep.Error, match="the trace is closed"):
+        next(trace)
+    trace.close()
