@@ -8,7 +8,8 @@
 #                                       # git worktrees under build-ab/src (ccache when there), and
 #                                       # pack stripped, gzipped copies with the shared libraries
 #                                       # the H200 host lacks into build-ab/dist (~27 MB, ~43 with
-#                                       # NEW2, ~59 with NEW3: carry it; over 64 MiB is refused);
+#                                       # NEW2, ~59 with NEW3: carry it; refused when it and the
+#                                       # working tree (~16 MB) pass the device's 64 MiB a call);
 #                                       # NEW2 and NEW3, more candidates, alternate with the
 #                                       # others in `run` (old, new, new2, new3, old, ...)
 #   scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...]
@@ -91,14 +92,7 @@ package() {
   if [ $# -ge 3 ]; then build_one new2 "$3" || exit 2; fi
   if [ $# -ge 4 ]; then build_one new3 "$4" || exit 2; fi
   for lib in $GPU_HOST_LACKS_LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
-  du -sh "$DIST"
-  # The device takes at most 64 MiB of carried files.
-  local kib
-  kib=$(du -sk "$DIST" | cut -f1)
-  if [ "$kib" -gt $((64 * 1024)) ]; then
-    echo "gpu-ab: $DIST is $((kib / 1024)) MiB, over the 64 MiB a device run carries" >&2
-    exit 2
-  fi
+  check_device_carry "$DIST" || exit 2
 }
 
 # One benchmark run of `side`, its output appended to ab.log; @json → $OUT/<bench>_<n>_<side>.json.

@@ -35,3 +35,21 @@ ncu_attention() {
     timeout 60 "$ncu" --import "$report.ncu-rep" --page source --csv --print-source sass \
       > "$csv" 2>&1
 }
+
+# Exit status 2, with a line saying by how much, when what a device call copies — the working tree
+# (tracked files, and untracked ones git does not ignore) and the carried folder `$1` — passes the
+# device's 64 MiB a call; otherwise a line with the total.
+check_device_carry() {
+  local dist="$1" tree_bytes dist_bytes
+  tree_bytes=$({ git ls-files -z; git ls-files -z --others --exclude-standard; } |
+               xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  dist_bytes=$(du -sb "$dist" | cut -f1)
+  local total=$((tree_bytes + dist_bytes)) mib=1048576
+  if [ "$total" -gt $((64 * mib)) ]; then
+    echo "gpu: the working tree ($((tree_bytes / mib)) MiB) and $dist ($((dist_bytes / mib)) MiB)" \
+         "pass the 64 MiB a device call copies: carry fewer builds" >&2
+    return 2
+  fi
+  echo "gpu: a device call copies $((total / mib)) MiB of 64 (working tree $((tree_bytes / mib))," \
+       "$dist $((dist_bytes / mib)))"
+}

@@ -170,7 +170,7 @@ package() {
   pack_python build-gpu
   # Packed: the binaries and archives are ~77 MB as they are, ~35 MB gzipped.
   gzip -f "$DIST"/bin/* "$DIST"/pylib/*.a
-  du -sh "$DIST"
+  check_device_carry "$DIST"
 }
 
 # What the python mode needs besides the binaries: the lockstep archives of BUILD_DIR (with the
