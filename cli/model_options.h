@@ -35,7 +35,8 @@ struct ModelOptions {
 
 void add_model_options(CLI::App& app, ModelOptions& options);
 
-// Accepts the backends of this build (backends/backend_factory.h); its message says why another is not.
+// Accepts the backends of this build (backends/backend_factory.h); its message says why another
+// is not.
 CLI::Validator backend_validator();
 
 // Loads or generates the weights; fills executor.pages_count when it was left at 0: on the CUDA

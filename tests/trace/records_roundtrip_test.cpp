@@ -271,7 +271,8 @@ TEST(TraceRoundTrip, HybridHeaderAndStateSlotsReadBack) {
 TEST(TraceChecks, AnIdPastTheVocabularyNamesItsRowAndIndex) {
   const TraceHeader h = header_for(ls::testing::small_config());
   StepInputRecord record{.step = 0};
-  record.op.rows = {ls::testing::prefill_row(1, 1, 0, 2, 2), ls::testing::prefill_row(2, 2, 0, 3, 3)};
+  record.op.rows = {ls::testing::prefill_row(1, 1, 0, 2, 2),
+                    ls::testing::prefill_row(2, 2, 0, 3, 3)};
   record.op.prefill_token_ids = {1, 2, 3, h.model.vocab_size, 5};
   try {
     check_step_input(record, h, /*full=*/false);
