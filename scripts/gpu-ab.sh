@@ -42,7 +42,7 @@
 #   scripts/gpu-ab.sh package 936dc99 69777da       # here, then on the device with build-ab/dist:
 #   scripts/gpu-ab.sh run 2 lockstep_gpu_bench @json --invariant
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 AB=build-ab
 DIST=$AB/dist
 BENCHES="lockstep_gpu_bench lockstep_gpu_attention_bench"

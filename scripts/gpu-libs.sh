@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by scripts/gpu-run.sh and scripts/gpu-ab.sh: what both need. The shared libraries a
 # package carries because the H200 host lacks them (GPU.md): fmt, xxHash, Cap'n Proto and KJ (the
 # trace replayed by the determinism test), and this toolchain's libstdc++/libgcc_s for libfmt.
