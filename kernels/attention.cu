@@ -98,6 +98,10 @@ __device__ __forceinline__ void copy_async_8_elements(float* shared, const float
 }
 __device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
+// Waits for all but the newest committed group (a two-stage ring: the older stage has landed).
+__device__ __forceinline__ void copy_async_wait_older() {
+  asm volatile("cp.async.wait_group 1;\n" ::);
+}
 
 // Key-row pieces a lane has in flight at once (registers: 4 words per bf16 piece, 8 per fp32 one).
 template <typename T>
@@ -134,14 +138,15 @@ __device__ __forceinline__ SplitBlock split_block(const AttentionArgs<T>& a) {
   return b;
 }
 
-// A split's softmax pieces, one warp a head: each head's scores[0, count) become e = exp(score −
-// m) with m their maximum, m and Σ e go to m_s / l_s (the combine merges splits from them), and
-// scores[count, padded) are zeroed (the MMA path multiplies whole 16-key tiles).
-__device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t group, int32_t count,
-                                                     int32_t padded, int32_t warp, int32_t lane,
-                                                     float* m_s, float* l_s) {
+// A split's softmax pieces, one warp a head: each head's scores[0, count) (head h's row at h ·
+// pitch) become e = exp(score − m) with m their maximum, m and Σ e go to m_s / l_s (the combine
+// merges splits from them), and scores[count, padded) are zeroed (the MMA path multiplies whole
+// 16-key tiles).
+__device__ __forceinline__ void split_softmax_pieces(float* scores, int32_t pitch, int32_t group,
+                                                     int32_t count, int32_t padded, int32_t warp,
+                                                     int32_t lane, float* m_s, float* l_s) {
   for (int32_t h = warp; h < group; h += kWarps) {
-    float* sc = scores + h * kAttentionSplitKeys;
+    float* sc = scores + h * pitch;
     float m = -INFINITY;
     for (int32_t x = lane; x < count; x += 32) m = fmaxf(m, sc[x]);
     m = warp_max(m);
@@ -284,7 +289,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     const int32_t next = split + static_cast<int32_t>(gridDim.x);
     next_slot = next < splits ? slot_of(next) : 0;
     __syncthreads();
-    split_softmax_pieces(scores, group, count, count, warp, lane, m_s, l_s);
+    split_softmax_pieces(scores, kAttentionSplitKeys, group, count, count, warp, lane, m_s, l_s);
     copy_async_wait_all();
     __syncthreads();  // probabilities and every thread's value rows visible
     // Weighted values from shared memory, the same lane layout as the keys.

@@ -14,8 +14,13 @@
 //    words 2r, 2r + 1 of that load. Q's A fragments (fp32 → bf16) are built once per block.
 //  * Softmax per split in fp32 (one warp per head), exactly as the CUDA-core kernel.
 //  * Output O = P·V with mma.m16n8k16: P (fp32 → bf16) from shared memory, V from a shared-memory
-//    tile filled by cp.async while the keys are scored, read as B fragments with ldmatrix.trans.
-//    Warp w owns dims [w·d/4, (w + 1)·d/4) over all the split's keys, so no cross-warp sum.
+//    tile filled by cp.async, read as B fragments with ldmatrix.trans. Warp w owns dims
+//    [w·d/4, (w + 1)·d/4) over all the split's keys, so no cross-warp sum.
+//  * At head_dim 64, reads run a split ahead: once a split's keys are scored, the next split's
+//    keys are loaded into the registers they leave and its values into a second value tile, so
+//    the DRAM works through this split's softmax and P·V. Not at 128: two tiles there leave room
+//    for 3 blocks an SM instead of 4, and the H200 run of 2026-12-05 measured llama-8b's batch 64
+//    at 118.5 µs against 91.0 (llama-1b's 53.7 against 55.5).
 //
 // Every order (MMA, softmax, split combine) is fixed by the token's position alone, so a token's
 // output does not depend on the batch or on how many split lanes the launch uses.
@@ -46,9 +51,26 @@ constexpr int32_t kMmaRows = 16;  // query heads of a group, padded: the MMA til
 template <int32_t D>
 constexpr int32_t kValuePitch = D + 8;
 
+// Row pitch of the scores in shared memory, in floats: 8 more than a split's keys, so that the
+// MMA's C fragments (rows g, keys 2c, 2c + 1) stored, and the P fragments loaded, fall in
+// different banks for the four rows of a group of 4 (with a pitch of 128 every row hit the same).
+constexpr int32_t kScorePitch = kAttentionSplitKeys + 8;
+
+// Elements of one split's value tile in shared memory.
+template <int32_t D>
+constexpr int32_t kValueTile = kAttentionSplitKeys * kValuePitch<D>;
+
+// Whether a split's reads start while the previous split's softmax and P·V run (see the top).
+template <int32_t D>
+constexpr bool kReadsAhead = D == 64;
+
+// Value tiles: the split being summed, and the next one in flight where reads run ahead.
+template <int32_t D>
+constexpr int32_t kValueTiles = kReadsAhead<D> ? 2 : 1;
+
 template <int32_t D>
 constexpr size_t mma_shared_bytes() {
-  return size_t{kAttentionSplitKeys} * kValuePitch<D> * sizeof(bf16);
+  return size_t{kValueTiles<D>} * kValueTile<D> * sizeof(bf16);
 }
 
 template <int32_t D, int32_t G>
@@ -61,9 +83,9 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   constexpr int32_t kDimPairs = kWarpDims / 16;   // ldmatrix.x4 per k-step (two 8-dim tiles each)
   constexpr int32_t kKeyTiles = 32 / 8;           // 8-key tiles per warp
   extern __shared__ __align__(16) unsigned char mma_shared[];
-  bf16* value_rows = reinterpret_cast<bf16*>(mma_shared);  // [split keys, kValuePitch<D>]
-  __shared__ __align__(16) float scores[G * kAttentionSplitKeys];
-  __shared__ int64_t slot_s[kAttentionSplitKeys];
+  bf16* value_rows = reinterpret_cast<bf16*>(mma_shared);  // [tiles][split keys, kValuePitch<D>]
+  __shared__ __align__(16) float scores[G * kScorePitch];
+  __shared__ int64_t slot_s[kValueTiles<D>][kAttentionSplitKeys];
   __shared__ float m_s[G];
   __shared__ float l_s[G];
   allow_successor();
@@ -106,41 +128,63 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
     if (p >= keys) return 0;
     return ops::slot_in_table(table_row, s.page_size, p);
   };
-  int64_t next_slot = slot_of(blockIdx.x);
-  for (int32_t split = blockIdx.x; split < splits; split += gridDim.x) {
-    const int32_t first = split * kAttentionSplitKeys;
-    const int32_t count = min(kAttentionSplitKeys, keys - first);
-    const int32_t padded = (count + 15) / 16 * 16;  // keys the P·V k-steps cover
-    __syncthreads();  // the previous split's slots, scores and value rows consumed
-    slot_s[threadIdx.x] = next_slot;
-    __syncthreads();
-    // Value rows → shared memory, in flight while the keys are scored; the rows past the split's
-    // keys up to the next k-step boundary are zeroed (their probabilities are zero, and 0·NaN of a
-    // stale row would not be).
-    constexpr int32_t kPieces = D / 8;
+  // Starts a split's reads, its slots in `slots`: the value rows into `values` by cp.async (one
+  // commit group), the rows past its keys up to the next k-step boundary zeroed (their
+  // probabilities are zero, and 0·NaN of a stale row would not be); the key rows into `raw`, every
+  // load of the warp's 32 keys in flight at once.
+  constexpr int32_t kPieces = D / 8;  // 16-byte pieces of a row
+  uint4 raw[kKeyTiles][kLoads];
+  const auto start_reads = [&](int32_t split, const int64_t* slots, bf16* values) {
+    const int32_t count = min(kAttentionSplitKeys, keys - split * kAttentionSplitKeys);
+    const int32_t padded = (count + 15) / 16 * 16;
     for (int32_t idx = threadIdx.x; idx < count * kPieces; idx += kThreads) {
       const int32_t x = idx / kPieces;
       const int32_t j = idx - x * kPieces;
-      copy_async_16(value_rows + x * kValuePitch<D> + 8 * j,
-                    a.v_cache + slot_s[x] * kv_size + head_offset + 8 * j);
+      copy_async_16(values + x * kValuePitch<D> + 8 * j,
+                    a.v_cache + slots[x] * kv_size + head_offset + 8 * j);
     }
     copy_async_commit();
     for (int32_t idx = count * kPieces + threadIdx.x; idx < padded * kPieces; idx += kThreads) {
       const int32_t x = idx / kPieces;
       const int32_t j = idx - x * kPieces;
-      *reinterpret_cast<uint4*>(value_rows + x * kValuePitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(values + x * kValuePitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
     }
-    // Key rows: every load of the warp's 32 keys in flight at once.
-    uint4 raw[kKeyTiles][kLoads];
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {
       const int32_t x = 32 * warp + 8 * t + g;
 #pragma unroll
       for (int32_t l = 0; l < kLoads; ++l) {
-        raw[t][l] = x < count ? *reinterpret_cast<const uint4*>(a.k_cache + slot_s[x] * kv_size +
+        raw[t][l] = x < count ? *reinterpret_cast<const uint4*>(a.k_cache + slots[x] * kv_size +
                                                                 head_offset + 32 * l + 8 * c)
                               : make_uint4(0, 0, 0, 0);
       }
+    }
+  };
+  // Where reads run ahead, while a split's softmax and P·V run the next split's keys are in flight
+  // into `raw` and its values into the other value tile, and the slots of the split after it are
+  // found (slot_s[b]: the slots of the splits taken with value tile b). Otherwise a split's reads
+  // start at its beginning, its slots found while the previous split's softmax and P·V ran.
+  const int32_t stride = static_cast<int32_t>(gridDim.x);
+  int32_t split = blockIdx.x;
+  int64_t next_slot = slot_of(split);
+  if constexpr (kReadsAhead<D>) {
+    slot_s[0][threadIdx.x] = next_slot;
+    __syncthreads();
+    start_reads(split, slot_s[0], value_rows);
+    if (split + stride < splits) slot_s[1][threadIdx.x] = slot_of(split + stride);
+  }
+  for (int32_t tile = 0; split < splits; split += stride, tile = (tile + 1) % kValueTiles<D>) {
+    const int32_t next = split + stride;
+    const int32_t first = split * kAttentionSplitKeys;
+    const int32_t count = min(kAttentionSplitKeys, keys - first);
+    const int32_t padded = (count + 15) / 16 * 16;  // keys the P·V k-steps cover
+    // The previous split's probabilities, m and l read and its value tile free; where reads run
+    // ahead, this split's slots visible.
+    __syncthreads();
+    if constexpr (!kReadsAhead<D>) {
+      slot_s[0][threadIdx.x] = next_slot;
+      __syncthreads();
+      start_reads(split, slot_s[0], value_rows);
     }
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {
@@ -155,18 +199,35 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
 #pragma unroll
       for (int32_t half = 0; half < 2; ++half) {
         const int32_t row = g + 8 * half;
-        if (row < group && row < G) {
-          if (x < count) scores[row * kAttentionSplitKeys + x] = acc[2 * half] * scale;
-          if (x + 1 < count) scores[row * kAttentionSplitKeys + x + 1] = acc[2 * half + 1] * scale;
+        if constexpr (kReadsAhead<D>) {  // a pair a store (at head_dim 128 it costs a spill)
+          // Key x + 1 may be past the split's keys (its score is then 0, from zero rows): the
+          // softmax zeroes it before P·V reads it.
+          if (row < group && row < G && x < count) {
+            *reinterpret_cast<float2*>(scores + row * kScorePitch + x) =
+                make_float2(acc[2 * half] * scale, acc[2 * half + 1] * scale);
+          }
+        } else if (row < group && row < G) {
+          if (x < count) scores[row * kScorePitch + x] = acc[2 * half] * scale;
+          if (x + 1 < count) scores[row * kScorePitch + x + 1] = acc[2 * half + 1] * scale;
         }
       }
     }
-    const int32_t next = split + static_cast<int32_t>(gridDim.x);
-    next_slot = next < splits ? slot_of(next) : 0;
+    if constexpr (kReadsAhead<D>) {
+      const int32_t other = tile ^ 1;
+      if (next < splits) start_reads(next, slot_s[other], value_rows + other * kValueTile<D>);
+    } else {
+      next_slot = next < splits ? slot_of(next) : 0;  // a table read under the softmax and P·V
+    }
     __syncthreads();
-    split_softmax_pieces(scores, group, count, padded, warp, lane, m_s, l_s);  // zero past keys
-    copy_async_wait_all();
+    split_softmax_pieces(scores, kScorePitch, group, count, padded, warp, lane, m_s,
+                         l_s);  // zeroes past the keys
+    if (kReadsAhead<D> && next < splits) {
+      copy_async_wait_older();  // this split's value rows, the next split's still in flight
+    } else {
+      copy_async_wait_all();
+    }
     __syncthreads();  // probabilities and every thread's value rows visible
+    const bf16* values = value_rows + tile * kValueTile<D>;
     float out[kDimPairs][2][4] = {};
     for (int32_t k0 = 0; k0 < padded; k0 += 16) {
       uint32_t p_frag[4];
@@ -175,8 +236,8 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
         const int32_t row = g + 8 * half;
         float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
         if (row < group && row < G) {
-          lo = *reinterpret_cast<const float2*>(scores + row * kAttentionSplitKeys + k0 + 2 * c);
-          hi = *reinterpret_cast<const float2*>(scores + row * kAttentionSplitKeys + k0 + 2 * c + 8);
+          lo = *reinterpret_cast<const float2*>(scores + row * kScorePitch + k0 + 2 * c);
+          hi = *reinterpret_cast<const float2*>(scores + row * kScorePitch + k0 + 2 * c + 8);
         }
         p_frag[half] = pack_bf16x2(lo.x, lo.y);
         p_frag[2 + half] = pack_bf16x2(hi.x, hi.y);
@@ -188,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       for (int32_t p = 0; p < kDimPairs; ++p) {
         const int32_t dim = warp * kWarpDims + 16 * p + 8 * (lane / 16);
         uint32_t b[4];
-        ldmatrix_x4_trans(b, value_rows + key * kValuePitch<D> + dim);
+        ldmatrix_x4_trans(b, values + key * kValuePitch<D> + dim);
         mma_bf16_16816(out[p][0], p_frag, b[0], b[1]);
         mma_bf16_16816(out[p][1], p_frag, b[2], b[3]);
       }
@@ -213,12 +274,16 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
             bf16* o = a.out + int64_t{token} * q_size + int64_t{head} * D + dim;
             *reinterpret_cast<__nv_bfloat162*>(o) =
                 __floats2bfloat162_rn(v0 / l_s[row], v1 / l_s[row]);
-          } else {
-            part[2 + dim] = v0;
-            part[2 + dim + 1] = v1;
+          } else {  // a partial is 8-byte aligned (head_dim + 2 floats) and dim even
+            *reinterpret_cast<float2*>(part + 2 + dim) = make_float2(v0, v1);
           }
         }
       }
+    }
+    // The slots of the split after next, where this split's were (every thread read those when it
+    // started this split's reads, before this split's first barrier).
+    if constexpr (kReadsAhead<D>) {
+      if (next + stride < splits) slot_s[tile][threadIdx.x] = slot_of(next + stride);
     }
   }
 }

@@ -43,11 +43,6 @@ constexpr int32_t kKeyTiles = kTileSplitKeys<D> / 8;  // n8 tiles of a split's s
 template <int32_t D>
 constexpr int32_t kKeySteps = kTileSplitKeys<D> / 16;  // k16 steps of P·V
 
-// Waits for all but the newest committed group (a two-stage ring: the older stage has landed).
-__device__ __forceinline__ void copy_async_wait_older() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
-}
-
 // A fragments of Q for k-steps 2s and 2s + 1 from the 16-byte pieces of rows g and g + 8 at dims
 // 32s + 8c: head_dim visited in a permuted order, the same for Q and K (so each dot product is
 // unchanged), in which one 16-byte load of a key row serves two k-steps.
