@@ -74,15 +74,32 @@ rms_norm_vec_kernel(const float* x, const int32_t* row_index, int32_t n, const f
   }
 }
 
+// Where launch_rope_qkv's kernels write: Q (fp32) and the K/V caches.
 template <typename T>
-__global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, const int64_t* slots,
-                                int32_t query_heads, int32_t kv_heads, int32_t head_dim,
-                                int32_t rotary_dim, const float* cos_table,
-                                const float* sin_table, int32_t positions_count, float* q_out,
-                                T* k_cache, T* v_cache) {
-  allow_successor();
-  wait_for_predecessor();
-  const int32_t t = blockIdx.x;
+struct RopeQkvArgs {
+  const int32_t* positions;
+  const int64_t* slots;
+  int32_t query_heads, kv_heads, head_dim, rotary_dim;
+  const float* cos_table;
+  const float* sin_table;
+  int32_t positions_count;
+  float* q_out;
+  T* k_cache;
+  T* v_cache;
+};
+
+// Token t's qkv row rotated and written (the block's threads share the row's pairs).
+template <typename T>
+__device__ void rope_qkv_row(const float* qkv, int32_t t, const RopeQkvArgs<T>& a) {
+  const int32_t query_heads = a.query_heads, kv_heads = a.kv_heads, head_dim = a.head_dim;
+  const int32_t rotary_dim = a.rotary_dim, positions_count = a.positions_count;
+  const int32_t* positions = a.positions;
+  const int64_t* slots = a.slots;
+  const float* cos_table = a.cos_table;
+  const float* sin_table = a.sin_table;
+  float* q_out = a.q_out;
+  T* k_cache = a.k_cache;
+  T* v_cache = a.v_cache;
   const int32_t half = rotary_dim / 2;
   const int32_t pass = head_dim - rotary_dim;  // dims past the rotated ones, copied as they are
   const int32_t q_size = query_heads * head_dim;
@@ -128,6 +145,14 @@ __global__ void rope_qkv_kernel(const float* qkv, const int32_t* positions, cons
   }
 }
 
+// One block a token.
+template <typename T>
+__global__ void rope_qkv_kernel(const float* qkv, RopeQkvArgs<T> a) {
+  allow_successor();
+  wait_for_predecessor();
+  rope_qkv_row(qkv, static_cast<int32_t>(blockIdx.x), a);
+}
+
 template <typename T>
 __global__ void swiglu_kernel(const float* gate_up, int32_t ffn, int64_t count, T* out) {
   allow_successor();
@@ -168,19 +193,17 @@ __global__ void residual_add_kernel(float* residual, const float* delta, int64_t
   if (i < count) residual[i] += delta[i];
 }
 
-// One block per token, in place on its qkv row. First the bias over the whole row, then one warp
-// per q or k head: each lane sums the squares of elements lane, lane + 32, ... in ascending
+// In place on one token's qkv row, by the whole block. First the bias over the whole row, then one
+// warp per q or k head: each lane sums the squares of elements lane, lane + 32, ... in ascending
 // order, a butterfly combines the lanes (a fixed order for a given head_dim), and the head is
-// scaled as rms_norm does: (x · scale) · weight.
-constexpr int32_t kHeadNormThreads = 256;
-
-__global__ void __launch_bounds__(kHeadNormThreads)
-qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int32_t head_dim,
-                          const float* bias, const float* q_norm, const float* k_norm, float eps) {
-  allow_successor();
-  wait_for_predecessor();
+// scaled as rms_norm does: (x · scale) · weight. Which warp takes a head changes no value.
+__device__ void qkv_bias_head_norm_row(float* row, int32_t query_heads, int32_t kv_heads,
+                                       int32_t head_dim, const QkvHeadPrep& prep) {
+  const float* bias = prep.bias;
+  const float* q_norm = prep.q_norm;
+  const float* k_norm = prep.k_norm;
+  const float eps = prep.eps;
   const int32_t row_size = (query_heads + 2 * kv_heads) * head_dim;
-  float* row = qkv + int64_t{blockIdx.x} * row_size;
   if (bias != nullptr) {
     for (int32_t i = threadIdx.x; i < row_size; i += blockDim.x) row[i] += bias[i];
     __syncthreads();
@@ -201,9 +224,39 @@ qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int
   }
 }
 
+constexpr int32_t kHeadNormThreads = 256;
+
+// One block a token.
+__global__ void __launch_bounds__(kHeadNormThreads)
+qkv_bias_head_norm_kernel(float* qkv, int32_t query_heads, int32_t kv_heads, int32_t head_dim,
+                          QkvHeadPrep prep) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t row_size = (query_heads + 2 * kv_heads) * head_dim;
+  qkv_bias_head_norm_row(qkv + int64_t{blockIdx.x} * row_size, query_heads, kv_heads, head_dim,
+                         prep);
+}
+
+// One block a token: its row's bias and head norms, then its rotation and KV write.
+template <typename T>
+__global__ void qkv_head_prep_rope_kernel(float* qkv, QkvHeadPrep prep, RopeQkvArgs<T> a) {
+  allow_successor();
+  wait_for_predecessor();
+  const int32_t t = static_cast<int32_t>(blockIdx.x);
+  float* row = qkv + int64_t{t} * (a.query_heads + 2 * a.kv_heads) * a.head_dim;
+  qkv_bias_head_norm_row(row, a.query_heads, a.kv_heads, a.head_dim, prep);
+  __syncthreads();  // the row's every element prepared before another thread's pair reads it
+  rope_qkv_row(qkv, t, a);
+}
+
 __global__ void fill_float_kernel(float* out, int64_t count, float value) {
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i < count) out[i] = value;
+}
+
+// Both norms or neither, a positive eps, a row to prepare.
+bool head_prep_fits(const float* qkv, const QkvHeadPrep& prep) {
+  return qkv != nullptr && (prep.q_norm == nullptr) == (prep.k_norm == nullptr) && prep.eps > 0.0f;
 }
 
 int32_t blocks_for(int64_t count, int32_t threads) {
@@ -241,21 +294,52 @@ cudaError_t launch_rms_norm(const float* x, const int32_t* row_index, int32_t ro
                        eps, out);
 }
 
+namespace {
+
+bool rope_shape_fits(int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
+                     int32_t head_dim, int32_t rotary_dim, int32_t positions_count) {
+  return tokens_count >= 0 && query_heads >= 1 && kv_heads >= 1 && head_dim >= 2 &&
+         head_dim % 2 == 0 && rotary_dim >= 2 && rotary_dim % 2 == 0 && rotary_dim <= head_dim &&
+         positions_count >= 1;
+}
+
+// 512 threads: a decode token's (heads · half) pairs take few rounds of loads.
+constexpr int32_t kRopeThreads = 512;
+
+}  // namespace
+
 template <typename T>
 cudaError_t launch_rope_qkv(const float* qkv, const int32_t* positions, const int64_t* slots,
                             int32_t tokens_count, int32_t query_heads, int32_t kv_heads,
                             int32_t head_dim, int32_t rotary_dim, const float* cos,
                             const float* sin, int32_t positions_count, float* q_out, T* k_cache,
                             T* v_cache, LaunchStream stream) {
-  if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 2 || head_dim % 2 != 0 ||
-      rotary_dim < 2 || rotary_dim % 2 != 0 || rotary_dim > head_dim || positions_count < 1) {
+  if (!rope_shape_fits(tokens_count, query_heads, kv_heads, head_dim, rotary_dim,
+                       positions_count)) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
-  // 512 threads: a decode token's (heads · half) pairs take few rounds of loads.
-  return launch_kernel(rope_qkv_kernel<T>, tokens_count, 512, 0, stream, qkv, positions, slots,
-                       query_heads, kv_heads, head_dim, rotary_dim, cos, sin, positions_count,
-                       q_out, k_cache, v_cache);
+  const RopeQkvArgs<T> args{positions, slots, query_heads, kv_heads, head_dim, rotary_dim, cos,
+                            sin, positions_count, q_out, k_cache, v_cache};
+  return launch_kernel(rope_qkv_kernel<T>, tokens_count, kRopeThreads, 0, stream, qkv, args);
+}
+
+template <typename T>
+cudaError_t launch_qkv_prep_rope(float* qkv, const QkvHeadPrep& prep, const int32_t* positions,
+                                 const int64_t* slots, int32_t tokens_count, int32_t query_heads,
+                                 int32_t kv_heads, int32_t head_dim, int32_t rotary_dim,
+                                 const float* cos, const float* sin, int32_t positions_count,
+                                 float* q_out, T* k_cache, T* v_cache, LaunchStream stream) {
+  if (!rope_shape_fits(tokens_count, query_heads, kv_heads, head_dim, rotary_dim,
+                       positions_count) ||
+      !head_prep_fits(qkv, prep)) {
+    return cudaErrorInvalidValue;
+  }
+  if (tokens_count == 0) return cudaSuccess;
+  const RopeQkvArgs<T> args{positions, slots, query_heads, kv_heads, head_dim, rotary_dim, cos,
+                            sin, positions_count, q_out, k_cache, v_cache};
+  return launch_kernel(qkv_head_prep_rope_kernel<T>, tokens_count, kRopeThreads, 0, stream, qkv,
+                       prep, args);
 }
 
 template <typename T>
@@ -281,6 +365,9 @@ cudaError_t launch_swiglu(const float* gate_up, int32_t tokens_count, int32_t ff
                                           int32_t, int32_t, int32_t, int32_t, const float*,       \
                                           const float*,                                           \
                                           int32_t, float*, T*, T*, LaunchStream);                 \
+  template cudaError_t launch_qkv_prep_rope<T>(                                                   \
+      float*, const QkvHeadPrep&, const int32_t*, const int64_t*, int32_t, int32_t, int32_t,      \
+      int32_t, int32_t, const float*, const float*, int32_t, float*, T*, T*, LaunchStream);       \
   template cudaError_t launch_swiglu<T>(const float*, int32_t, int32_t, T*, LaunchStream);
 LS_INSTANTIATE_LAYER_OPS(bf16)
 LS_INSTANTIATE_LAYER_OPS(float)
@@ -298,13 +385,14 @@ cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t 
                                       int32_t kv_heads, int32_t head_dim, const float* bias,
                                       const float* q_norm, const float* k_norm, float eps,
                                       LaunchStream stream) {
-  if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 1 || qkv == nullptr ||
-      (q_norm == nullptr) != (k_norm == nullptr) || !(eps > 0.0f)) {
+  const QkvHeadPrep prep{bias, q_norm, k_norm, eps};
+  if (tokens_count < 0 || query_heads < 1 || kv_heads < 1 || head_dim < 1 ||
+      !head_prep_fits(qkv, prep)) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0 || (bias == nullptr && q_norm == nullptr)) return cudaSuccess;
   return launch_kernel(qkv_bias_head_norm_kernel, tokens_count, kHeadNormThreads, 0, stream, qkv,
-                       query_heads, kv_heads, head_dim, bias, q_norm, k_norm, eps);
+                       query_heads, kv_heads, head_dim, prep);
 }
 
 cudaError_t launch_fill_float(float* out, int64_t count, float value, cudaStream_t stream) {

@@ -55,6 +55,24 @@ cudaError_t launch_qkv_bias_head_norm(float* qkv, int32_t tokens_count, int32_t 
                                       const float* q_norm, const float* k_norm, float eps,
                                       LaunchStream stream);
 
+// What Qwen2/Qwen3 do to a qkv row between the product and RoPE (launch_qkv_bias_head_norm).
+struct QkvHeadPrep {
+  const float* bias = nullptr;    // [q_size + 2·kv_size], or none
+  const float* q_norm = nullptr;  // [head_dim], both norms or neither
+  const float* k_norm = nullptr;
+  float eps = 0.0f;
+};
+
+// launch_qkv_bias_head_norm then launch_rope_qkv, in one launch (a block a token prepares its row
+// in place, then rotates and writes it): the same values in qkv, q_out and the caches, one launch
+// a layer less.
+template <typename T>
+cudaError_t launch_qkv_prep_rope(float* qkv, const QkvHeadPrep& prep, const int32_t* positions,
+                                 const int64_t* slots, int32_t tokens_count, int32_t query_heads,
+                                 int32_t kv_heads, int32_t head_dim, int32_t rotary_dim,
+                                 const float* cos, const float* sin, int32_t positions_count,
+                                 float* q_out, T* k_cache, T* v_cache, LaunchStream stream);
+
 // out[t, i] = silu(g) · u with g = gate_up[t, i], u = gate_up[t, ffn + i]; silu(g) = g/(1+e^−g).
 // gate_up [tokens, 2·ffn] fp32, out [tokens, ffn] T.
 template <typename T>

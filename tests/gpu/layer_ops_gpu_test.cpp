@@ -228,6 +228,89 @@ TEST_P(TokenCounts, QkvBiasAndHeadNormMatchTheReference) {
             cudaErrorInvalidValue);
 }
 
+// Byte for byte (a float's bits, NaN included).
+template <typename T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// launch_qkv_prep_rope against launch_qkv_bias_head_norm then launch_rope_qkv: the qkv rows, Q and
+// both caches byte for byte (the caches' unwritten slots keep the buffers' poison on both sides).
+template <typename T>
+void check_prep_rope(int32_t tokens, int32_t d, int32_t rotary, int variant) {
+  SCOPED_TRACE(::testing::Message() << "tokens " << tokens << " head_dim " << d << " rotary "
+                                    << rotary << " variant " << variant << " cache bytes "
+                                    << sizeof(T));
+  const int32_t qh = 5, kvh = 3, positions_count = 3000;
+  const int32_t q_size = qh * d, kv_size = kvh * d, width = q_size + 2 * kv_size;
+  const int64_t slots_count = 4100;
+  const float eps = 1e-6f;
+  const RopeTable rope = build_rope_table(
+      RopeConfig{RopeType::kLlama3, 500000.0f, 8.0f, 1.0f, 4.0f, 128}, rotary, positions_count);
+  const std::vector<float> qkv = random_floats(size_t(tokens) * width, 21, -3, 3);
+  const std::vector<float> bias = random_floats(size_t(width), 22, -1, 1);
+  const std::vector<float> q_norm = random_floats(size_t(d), 23, 0.5f, 1.5f);
+  const std::vector<float> k_norm = random_floats(size_t(d), 24, 0.5f, 1.5f);
+  std::vector<int32_t> positions(tokens);
+  std::vector<int64_t> slots(tokens);
+  for (int32_t t = 0; t < tokens; ++t) {
+    positions[t] = t == 0 ? positions_count + 10 : (t * 37) % positions_count;
+    slots[t] = (t * 7 + 3) % slots_count;  // distinct for tokens ≤ 2048
+  }
+  DeviceBuffer<float> d_bias(bias), d_qn(q_norm), d_kn(k_norm), d_cos(rope.cos), d_sin(rope.sin);
+  DeviceBuffer<int32_t> d_pos(positions);
+  DeviceBuffer<int64_t> d_slots(slots);
+  const bool with_bias = variant != 1, with_norm = variant != 0;
+  const kernels::QkvHeadPrep prep{with_bias ? d_bias.ptr : nullptr,
+                                  with_norm ? d_qn.ptr : nullptr, with_norm ? d_kn.ptr : nullptr,
+                                  eps};
+  DeviceBuffer<float> two_qkv(qkv), one_qkv(qkv);
+  DeviceBuffer<float> two_q(size_t(tokens) * q_size), one_q(size_t(tokens) * q_size);
+  DeviceBuffer<T> two_k(size_t(slots_count) * kv_size), two_v(size_t(slots_count) * kv_size);
+  DeviceBuffer<T> one_k(size_t(slots_count) * kv_size), one_v(size_t(slots_count) * kv_size);
+  ASSERT_EQ(kernels::launch_qkv_bias_head_norm(two_qkv.ptr, tokens, qh, kvh, d, prep.bias,
+                                               prep.q_norm, prep.k_norm, eps, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(kernels::launch_rope_qkv(two_qkv.ptr, d_pos.ptr, d_slots.ptr, tokens, qh, kvh, d,
+                                     rotary, d_cos.ptr, d_sin.ptr, positions_count, two_q.ptr,
+                                     two_k.ptr, two_v.ptr, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(kernels::launch_qkv_prep_rope(one_qkv.ptr, prep, d_pos.ptr, d_slots.ptr, tokens, qh,
+                                          kvh, d, rotary, d_cos.ptr, d_sin.ptr, positions_count,
+                                          one_q.ptr, one_k.ptr, one_v.ptr, nullptr),
+            cudaSuccess);
+  EXPECT_TRUE(same_bytes(one_qkv.download(), two_qkv.download()));
+  EXPECT_TRUE(same_bytes(one_q.download(), two_q.download()));
+  EXPECT_TRUE(same_bytes(one_k.download(), two_k.download()));
+  EXPECT_TRUE(same_bytes(one_v.download(), two_v.download()));
+  EXPECT_FALSE(same_bytes(qkv, one_qkv.download())) << "the rows were prepared in place";
+}
+
+// Qwen2 (bias only), Qwen3 (head norms only) and both; whole and partial rotation; bf16 and fp32
+// caches.
+TEST_P(TokenCounts, QkvPrepAndRopeInOneLaunchEqualTheTwoLaunchesBitForBit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  for (const int32_t d : {64, 128}) {
+    for (const int32_t rotary : {d, d / 2}) {
+      for (const int variant : {0, 1, 2}) {
+        check_prep_rope<bf16>(GetParam(), d, rotary, variant);
+        check_prep_rope<float>(GetParam(), d, rotary, variant);
+      }
+    }
+  }
+  float* null_qkv = nullptr;
+  const kernels::QkvHeadPrep no_eps{};  // eps 0: refused, as launch_qkv_bias_head_norm refuses it
+  float q = 0.0f;
+  EXPECT_EQ(kernels::launch_qkv_prep_rope<float>(&q, no_eps, nullptr, nullptr, 1, 1, 1, 2, 2,
+                                                 nullptr, nullptr, 1, nullptr, nullptr, nullptr,
+                                                 nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(kernels::launch_qkv_prep_rope<float>(null_qkv, kernels::QkvHeadPrep{.eps = 1e-6f},
+                                                 nullptr, nullptr, 1, 1, 1, 2, 2, nullptr, nullptr,
+                                                 1, nullptr, nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);
+}
+
 TEST_P(TokenCounts, SwigluMatchesTheReference) {
   LS_SKIP_WITHOUT_DEVICE();
   const int32_t tokens = GetParam(), ffn = 301;
