@@ -176,24 +176,17 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   }
   mark(CudaPhase::kGemmQkv);
   if (fused != QkvFused::kThroughKv) {
-    if (model.qkv_bias || model.qk_norm) {  // Qwen2's biases, Qwen3's head norms: one launch
-      const size_t d = static_cast<size_t>(model.head_dim);
-      const kernels::QkvHeadPrep prep{
-          model.qkv_bias ? qkv_bias.get() + li * linears.qkv.out : nullptr,
-          model.qk_norm ? q_norm.get() + li * d : nullptr,
-          model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps};
-      LS_CUDA(kernels::launch_qkv_prep_rope(qkv.get(), prep, positions.get(), slots.get(), tokens,
-                                            model.query_heads_count, model.kv_heads_count,
-                                            model.head_dim, model.rotary_dim(), rope_cos.get(),
-                                            rope_sin.get(), positions_count, q.get(), k_layer,
-                                            v_layer, s));
-    } else {
-      LS_CUDA(kernels::launch_rope_qkv(qkv.get(), positions.get(), slots.get(), tokens,
-                                       model.query_heads_count, model.kv_heads_count,
-                                       model.head_dim, model.rotary_dim(), rope_cos.get(),
-                                       rope_sin.get(), positions_count, q.get(), k_layer, v_layer,
-                                       s));
-    }
+    // Qwen2's biases and Qwen3's head norms in RoPE's launch (none for Llama).
+    const size_t d = static_cast<size_t>(model.head_dim);
+    const kernels::QkvHeadPrep prep{
+        model.qkv_bias ? qkv_bias.get() + li * linears.qkv.out : nullptr,
+        model.qk_norm ? q_norm.get() + li * d : nullptr,
+        model.qk_norm ? k_norm.get() + li * d : nullptr, model.rms_eps};
+    LS_CUDA(kernels::launch_qkv_prep_rope(qkv.get(), prep, positions.get(), slots.get(), tokens,
+                                          model.query_heads_count, model.kv_heads_count,
+                                          model.head_dim, model.rotary_dim(), rope_cos.get(),
+                                          rope_sin.get(), positions_count, q.get(), k_layer,
+                                          v_layer, s));
     mark(CudaPhase::kRope);
   }
   LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,

@@ -91,57 +91,48 @@ struct RopeQkvArgs {
 // Token t's qkv row rotated and written (the block's threads share the row's pairs).
 template <typename T>
 __device__ void rope_qkv_row(const float* qkv, int32_t t, const RopeQkvArgs<T>& a) {
-  const int32_t query_heads = a.query_heads, kv_heads = a.kv_heads, head_dim = a.head_dim;
-  const int32_t rotary_dim = a.rotary_dim, positions_count = a.positions_count;
-  const int32_t* positions = a.positions;
-  const int64_t* slots = a.slots;
-  const float* cos_table = a.cos_table;
-  const float* sin_table = a.sin_table;
-  float* q_out = a.q_out;
-  T* k_cache = a.k_cache;
-  T* v_cache = a.v_cache;
-  const int32_t half = rotary_dim / 2;
-  const int32_t pass = head_dim - rotary_dim;  // dims past the rotated ones, copied as they are
-  const int32_t q_size = query_heads * head_dim;
-  const int32_t kv_size = kv_heads * head_dim;
+  const int32_t half = a.rotary_dim / 2;
+  const int32_t pass = a.head_dim - a.rotary_dim;  // dims past the rotated ones, copied as is
+  const int32_t q_size = a.query_heads * a.head_dim;
+  const int32_t kv_size = a.kv_heads * a.head_dim;
   const float* row = qkv + int64_t{t} * (q_size + 2 * kv_size);
-  const int32_t position = min(positions[t], positions_count - 1);
-  const float* c = cos_table + int64_t{position} * half;
-  const float* s = sin_table + int64_t{position} * half;
-  const int64_t slot = slots[t];
-  const int32_t pairs = (query_heads + kv_heads) * half;
+  const int32_t position = min(a.positions[t], a.positions_count - 1);
+  const float* c = a.cos_table + int64_t{position} * half;
+  const float* s = a.sin_table + int64_t{position} * half;
+  const int64_t slot = a.slots[t];
+  const int32_t pairs = (a.query_heads + a.kv_heads) * half;
 #pragma unroll 4
   for (int32_t idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
     const int32_t head = idx / half;
     const int32_t i = idx % half;
-    const float x1 = row[head * head_dim + i];
-    const float x2 = row[head * head_dim + i + half];
+    const float x1 = row[head * a.head_dim + i];
+    const float x2 = row[head * a.head_dim + i + half];
     const ops::RotatedPair y = ops::rope_rotate(x1, x2, c[i], s[i]);
-    if (head < query_heads) {
-      float* q = q_out + int64_t{t} * q_size + head * head_dim;
+    if (head < a.query_heads) {
+      float* q = a.q_out + int64_t{t} * q_size + head * a.head_dim;
       q[i] = y.first;
       q[i + half] = y.second;
     } else {
-      T* k = k_cache + slot * kv_size + (head - query_heads) * head_dim;
+      T* k = a.k_cache + slot * kv_size + (head - a.query_heads) * a.head_dim;
       k[i] = from_float<T>(y.first);
       k[i + half] = from_float<T>(y.second);
     }
   }
   if (pass > 0) {
-    for (int32_t idx = threadIdx.x; idx < (query_heads + kv_heads) * pass; idx += blockDim.x) {
+    for (int32_t idx = threadIdx.x; idx < (a.query_heads + a.kv_heads) * pass; idx += blockDim.x) {
       const int32_t head = idx / pass;
-      const int32_t i = rotary_dim + idx % pass;
-      const float x = row[head * head_dim + i];
-      if (head < query_heads) {
-        q_out[int64_t{t} * q_size + head * head_dim + i] = x;
+      const int32_t i = a.rotary_dim + idx % pass;
+      const float x = row[head * a.head_dim + i];
+      if (head < a.query_heads) {
+        a.q_out[int64_t{t} * q_size + head * a.head_dim + i] = x;
       } else {
-        k_cache[slot * kv_size + (head - query_heads) * head_dim + i] = from_float<T>(x);
+        a.k_cache[slot * kv_size + (head - a.query_heads) * a.head_dim + i] = from_float<T>(x);
       }
     }
   }
   const float* v = row + q_size + kv_size;
   for (int32_t i = threadIdx.x; i < kv_size; i += blockDim.x) {
-    v_cache[slot * kv_size + i] = from_float<T>(v[i]);
+    a.v_cache[slot * kv_size + i] = from_float<T>(v[i]);
   }
 }
 
@@ -338,6 +329,9 @@ cudaError_t launch_qkv_prep_rope(float* qkv, const QkvHeadPrep& prep, const int3
   if (tokens_count == 0) return cudaSuccess;
   const RopeQkvArgs<T> args{positions, slots, query_heads, kv_heads, head_dim, rotary_dim, cos,
                             sin, positions_count, q_out, k_cache, v_cache};
+  if (prep.bias == nullptr && prep.q_norm == nullptr) {  // nothing to prepare: RoPE's own kernel
+    return launch_kernel(rope_qkv_kernel<T>, tokens_count, kRopeThreads, 0, stream, qkv, args);
+  }
   return launch_kernel(qkv_head_prep_rope_kernel<T>, tokens_count, kRopeThreads, 0, stream, qkv,
                        prep, args);
 }

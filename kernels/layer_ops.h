@@ -65,7 +65,7 @@ struct QkvHeadPrep {
 
 // launch_qkv_bias_head_norm then launch_rope_qkv, in one launch (a block a token prepares its row
 // in place, then rotates and writes it): the same values in qkv, q_out and the caches, one launch
-// a layer less.
+// a layer less. With nothing to prepare (no bias, no norms) it is launch_rope_qkv.
 template <typename T>
 cudaError_t launch_qkv_prep_rope(float* qkv, const QkvHeadPrep& prep, const int32_t* positions,
                                  const int64_t* slots, int32_t tokens_count, int32_t query_heads,
