@@ -34,6 +34,9 @@
 #                                       # ncu_attention; BENCH need not be the attention bench):
 #                                       # $OUT/profile.log, $OUT/profile_sass_<side>.csv; ~1 min
 #                                       # a build.
+#                                       # AB_DIR (default build-ab; build* is ignored by git) is
+#                                       # where both modes keep the worktrees and dist: two
+#                                       # packages made ahead of a device call (carry the one run).
 #                                       # Writes $OUT/ab.log (every commit, every run's output)
 #                                       # and $OUT/SIDE_gpu_tests.log; exits 1 when the tests or a
 #                                       # benchmark run failed.
@@ -43,7 +46,7 @@
 #   scripts/gpu-ab.sh run 2 lockstep_gpu_bench @json --invariant
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-AB=build-ab
+AB=${AB_DIR:-build-ab}
 DIST=$AB/dist
 BENCHES="lockstep_gpu_bench lockstep_gpu_attention_bench"
 BINARIES="$BENCHES lockstep_gpu_tests lockstep lockstep_planted_cuda"
