@@ -20,7 +20,10 @@
 #                                       # each run limited to AB_RUN_SECONDS (240);
 #                                       # AB_TESTS=skip leaves the tests out (a diagnostic
 #                                       # run: ~100 s less; no merge on its figures alone),
-#                                       # AB_TESTS=new2 (or new3) runs that build's instead.
+#                                       # AB_TESTS=new2 (or new3) runs that build's instead,
+#                                       # AB_TESTS=new,new2 each named build's (~100 s each).
+#                                       # The runs' JSON end up in $OUT/bench-json.tgz (the
+#                                       # device returns 8 files at most).
 #                                       # AB_CROSS=MODEL (e.g. llama-1b) ends the run with the
 #                                       # bits check of a kernel change: the old build records
 #                                       # MODEL in batch-invariant mode on CUDA (every prompt of
@@ -118,15 +121,19 @@ run() {
     echo "usage: scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...] (ROUNDS a positive count)" >&2
     exit 2
   fi
-  local rounds="$1" bench="$2" tests="${AB_TESTS:-run}"
+  local rounds="$1" bench="$2" tests="${AB_TESTS:-run}" t
   shift 2
-  case "$tests" in
-    run) tests=new ;;
-    skip | new | new2 | new3) ;;
-    *) echo "gpu-ab: AB_TESTS is '$tests': 'run' (the default: the new build's), 'new2', 'new3'" \
-            "or 'skip'" >&2
-       exit 2 ;;
-  esac
+  tests="${tests//,/ }"
+  [ "$tests" = run ] && tests=new
+  [ "$tests" = skip ] && tests=""
+  for t in $tests; do
+    case "$t" in
+      new | new2 | new3) ;;
+      *) echo "gpu-ab: AB_TESTS is '${AB_TESTS}': 'run' (the default: the new build's), 'skip'," \
+              "or candidates among new, new2, new3 (e.g. new,new2)" >&2
+         exit 2 ;;
+    esac
+  done
   OUT="${OUT:-out/gpu-ab}"
   mkdir -p "$OUT"
   D=$(realpath "$DIST")
@@ -137,10 +144,12 @@ run() {
   local sides="old new"
   [ -d "$D/new2" ] && sides="$sides new2"
   [ -d "$D/new3" ] && sides="$sides new3"
-  if [ "$tests" != skip ] && [ ! -d "$D/$tests" ]; then
-    echo "gpu-ab: AB_TESTS=$tests but $DIST has no $tests build" >&2
-    exit 2
-  fi
+  for t in $tests; do
+    if [ ! -d "$D/$t" ]; then
+      echo "gpu-ab: AB_TESTS names $t but $DIST has no $t build" >&2
+      exit 2
+    fi
+  done
   local side
   for side in $sides; do
     gunzip -f "$D/$side"/*.gz 2>/dev/null
@@ -151,17 +160,17 @@ run() {
   { for side in $sides; do printf '%s %s ' "$side" "$(cat "$D/$side/commit.txt")"; done; echo
     date -u; nvidia-smi -L; } \
     > "$OUT/ab.log" 2>&1
-  local status=0 rc=0
-  if [ "$tests" != skip ]; then
+  local status=0 rc
+  [ -n "$tests" ] || echo "GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
+  for t in $tests; do
+    rc=0
     # The localisation tests run the CLI and the planted build from here.
-    LOCKSTEP_BIN_DIR="$D/$tests" timeout 240 "$D/$tests/lockstep_gpu_tests" \
-      > "$OUT/${tests}_gpu_tests.log" 2>&1 || rc=$?
-    echo "$tests build's GPU tests: exit $rc" >> "$OUT/ab.log"
+    LOCKSTEP_BIN_DIR="$D/$t" timeout 240 "$D/$t/lockstep_gpu_tests" \
+      > "$OUT/${t}_gpu_tests.log" 2>&1 || rc=$?
+    echo "$t build's GPU tests: exit $rc" >> "$OUT/ab.log"
     [ $rc -eq 0 ] || status=1
-    grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/${tests}_gpu_tests.log" | tail -12
-  else
-    echo "GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
-  fi
+    grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/${t}_gpu_tests.log" | tail -12
+  done
   local n=0 r
   for ((r = 0; r < rounds; ++r)); do
     for side in $sides; do
@@ -170,6 +179,11 @@ run() {
     done
   done
   grep -E '^==|exit|% step time|us/launch' "$OUT/ab.log"
+  # The device returns at most 8 files: the runs' JSON travel as one archive.
+  local jsons=("$OUT"/*.json)
+  if [ -e "${jsons[0]}" ]; then
+    tar czf "$OUT/bench-json.tgz" -C "$OUT" "${jsons[@]##*/}" && rm -f "${jsons[@]}"
+  fi
   if [ -n "${AB_CROSS:-}" ]; then
     cross_replay "$AB_CROSS" "$sides" || status=1
     grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
