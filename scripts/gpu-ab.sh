@@ -24,7 +24,8 @@
 #                                       # AB_TESTS=new,new2 each named build's (~100 s each).
 #                                       # The runs' JSON end up in $OUT/bench-json.tgz (the
 #                                       # device returns 8 files at most).
-#                                       # AB_CROSS=MODEL (e.g. llama-1b) ends the run with the
+#                                       # AB_CROSS=MODEL (e.g. llama-1b; llama-1b,llama-8b
+#                                       # checks both head dims) ends the run with the
 #                                       # bits check of a kernel change: the old build records
 #                                       # MODEL in batch-invariant mode on CUDA (every prompt of
 #                                       # examples/prompts.jsonl; the first alone), and each
@@ -185,7 +186,11 @@ run() {
     tar czf "$OUT/bench-json.tgz" -C "$OUT" "${jsons[@]##*/}" && rm -f "${jsons[@]}"
   fi
   if [ -n "${AB_CROSS:-}" ]; then
-    cross_replay "$AB_CROSS" "$sides" || status=1
+    : > "$OUT/cross.log"
+    local model
+    for model in ${AB_CROSS//,/ }; do
+      cross_replay "$model" "$sides" || status=1
+    done
     grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
   fi
   if [ -n "${AB_PROFILE:-}" ]; then
@@ -222,7 +227,6 @@ cross_replay() {
   local model="$1" sides="$2" status=0 side
   local batch="$OUT/cross-batch.trace" one="$OUT/cross-one.trace" prompt="$OUT/cross-one.jsonl"
   head -1 examples/prompts.jsonl > "$prompt"
-  : > "$OUT/cross.log"
   echo "== old $(cat "$D/old/commit.txt"): generate $model --determinism invariant --record" \
     >> "$OUT/cross.log"
   local recorded=(generate --model "$model" --backend cuda --determinism invariant -q --record)
