@@ -55,6 +55,7 @@
 //                      [--small-m-sweep] (small-M GEMM at every split count: the same shapes)
 //                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
 //                      [--prefill]     (prefill attention, tile vs decode kernel: llama-1b and llama-8b unless --shapes)
+//                      [--decode]      (only each shape's prefill and decode table: an A/B's figures)
 //                      [--recording]   (recording: llama-1b and llama-8b unless --shapes)
 //                      [--tp N]        (TP: llama-8b unless --shapes)
 #include "bench/gpu_bandwidth.h"
@@ -365,6 +366,7 @@ struct Options {
   bool small_m_sweep = false; // only the small-M GEMM at every split count
   bool invariant = false;     // only batch-invariant mode vs the default
   bool prefill = false;       // only the prefill with and without the attention tile kernel
+  bool decode = false;        // only each shape's prefill and decode table (an A/B's figures)
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -1529,6 +1531,19 @@ void add_options(CLI::App& app, Options& o) {
       ->excludes("--small-m")
       ->excludes("--small-m-sweep")
       ->excludes("--invariant");
+  app.add_flag("--decode", o.decode,
+               "Only what the README's decode table and issue 14's lines read: each shape's "
+               "2048-token prefill and its decode steps with graphs (the Llama shapes at context "
+               "192 and 1024, batch 1, 16 and 64; the others at 1024, batch 1 and 64; --quick: "
+               "context 192, batch 1 and 64), without the profiles, peers and product tables")
+      ->excludes("--recording")
+      ->excludes("--hybrid")
+      ->excludes("--tp")
+      ->excludes("--fusion")
+      ->excludes("--small-m")
+      ->excludes("--small-m-sweep")
+      ->excludes("--invariant")
+      ->excludes("--prefill");
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
@@ -1607,6 +1622,14 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       out["prefill_attention"].push_back(prefill_attention_shape(shape, matrix_rate));
+      save();
+    }
+    return 0;
+  }
+  if (o.decode) {
+    out["command"] = "lockstep_gpu_bench --decode";
+    for (const std::string& shape : o.shapes) {
+      out["shapes"].push_back(bench_shape(shape, o, bandwidth, matrix_rate));
       save();
     }
     return 0;

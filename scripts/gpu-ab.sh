@@ -179,7 +179,7 @@ run() {
       bench_once "$side" "$n" "$bench" "$@" || status=1
     done
   done
-  grep -E '^==|exit|% step time|us/launch' "$OUT/ab.log"
+  grep -E '^==|exit|% step time|us/launch|graphs decode' "$OUT/ab.log"
   # The device returns at most 8 files: the runs' JSON travel as one archive.
   local jsons=("$OUT"/*.json)
   if [ -e "${jsons[0]}" ]; then
