@@ -4,6 +4,7 @@ bench/results/DATE-h200-COMMIT-gpu-bench.json by scripts/gpu-run.sh):
 
     python3 bench/h200_table.py bench/results/2026-12-05-h200-94756ddde2e2-gpu-bench.json
     python3 bench/h200_table.py RUN.json --targets   # issue 14's lines against the same run
+    python3 bench/h200_table.py RUN.json --against BASE.json  # each decode step against BASE's
 
 The decode table has one row a shape, batch and context, as the README's "On the H200" prints it:
 the step with CUDA graphs running ahead, its fractions of the streaming read and the copy
@@ -72,6 +73,22 @@ def decode_table(run):
     return "\n".join(lines)
 
 
+def comparison_table(run, base):
+    """Each decode row of `run` beside the same (shape, batch, context) of `base`, where it has one:
+    both step times and the change (an A/B's builds, or two full runs)."""
+    before = {(name, d["batch"], d["context"]): d for name, d in decode_rows(base)}
+    lines = [f"| shape | batch | context | {base['commit']} | {run['commit']} | step time |",
+             "|---|---|---|---|---|---|"]
+    for name, d in decode_rows(run):
+        b = before.get((name, d["batch"], d["context"]))
+        if b is None:
+            continue
+        old, new = b["step_ms_median"], d["step_ms_median"]
+        lines.append(f"| {name} | {d['batch']} | {d['context']} | {old:.3f} ms | {new:.3f} ms | "
+                     f"{100 * (new / old - 1):+.1f}% |")
+    return "\n".join(lines)
+
+
 def find_decode(run, name, batch, context):
     for shape, d in decode_rows(run):
         if (shape, d["batch"], d["context"]) == (name, batch, context):
@@ -103,11 +120,19 @@ def main(argv=None):
     parser.add_argument("run", help="a full run's gpu-bench.json")
     parser.add_argument("--targets", action="store_true",
                         help="issue 14's lines against the run instead of the decode table")
+    parser.add_argument("--against", metavar="BASE",
+                        help="each decode step beside BASE's (another gpu-bench.json)")
     args = parser.parse_args(argv)
+    if args.targets and args.against:
+        parser.error("--targets and --against are two different tables: ask for one")
     try:
         with open(args.run, encoding="utf-8") as f:
             run = json.load(f)
-        if args.targets:
+        if args.against:
+            with open(args.against, encoding="utf-8") as f:
+                base = json.load(f)
+            print(comparison_table(run, base))
+        elif args.targets:
             matrix_rate = max(run["matrix_rate_flop_per_s"].values())  # the faster product's
             print(f"issue 14 against {run['commit']} (read bandwidth "
                   f"{run['read_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, matrix rate "

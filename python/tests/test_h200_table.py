@@ -73,6 +73,27 @@ def test_issue_14_table_quotes_the_runs_fractions():
         "host critical path running ahead (the most of any decode row)"]
 
 
+def test_against_the_run_before_quotes_its_rows():
+    """The README's comparison with the run before the last full run quotes their JSON's steps."""
+    section = h200_section()
+    paragraph = section.split("Against the run before it (", 1)[1].split("\n\n", 1)[0]
+    before = re.match(r"(\w+), ", paragraph).group(1)
+    [base] = (SOURCE_DIR / "bench" / "results").glob(f"*-h200-{before}*-gpu-bench.json")
+    rows, changes = {}, {}
+    for line in script(named_run(section), "--against", base).splitlines()[2:]:
+        name, batch, context, old, new, change = [c.strip() for c in line.strip("|").split("|")]
+        rows[(name, int(batch), int(context))] = (new.removesuffix(" ms"), old.removesuffix(" ms"))
+        changes[(name, int(batch), int(context))] = float(change.removesuffix("%"))
+    # In the paragraph's order: llama-1b and llama-8b at batch 16, context 1024, then the one
+    # shape outside 1.5%.
+    quoted = re.findall(r"(\d\.\d{3}) against\s+(\d\.\d{3})", paragraph)
+    assert quoted == [rows[("llama-1b", 16, 1024)], rows[("llama-8b", 16, 1024)],
+                      rows[("llama-8b", 64, 192)]]
+    for key, change in changes.items():  # "the other shapes within 1.5%", as printed
+        if key[1] != 16 and key != ("llama-8b", 64, 192):
+            assert abs(change) <= 1.5, f"{key}: {change:+.1f}%, not within 1.5%"
+
+
 def test_bad_input_is_refused_by_name(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text("{\"shapes\": [")
