@@ -1482,68 +1482,46 @@ json prefill_attention_shape(const std::string& shape, const MatrixRate& matrix_
 void add_options(CLI::App& app, Options& o) {
   app.add_option("out", o.out_path, "Where the figures go (JSON)")->required();
   app.add_flag("--quick", o.quick, "Fewer iterations");
-  app.add_flag("--recording", o.recording, "Only the recording figures");
-  app.add_flag("--hybrid", o.hybrid,
-               "Only the hybrid decode figures (Bamba-9B's shape, batch 1 and 64)");
-  app.add_option("--tp", o.tp_degree,
-                 "Only tensor-parallel decode at this degree (llama-8b unless --shapes), against "
-                 "the summed read bandwidth of the GPUs its ranks run on")
-      ->check(CLI::Range(1, kTpDegreeMax));
-  app.add_flag("--fusion", o.fusion,
-               "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
-               "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
-               "vs one wave, batch 1)")
-      ->excludes("--recording")
-      ->excludes("--hybrid")
-      ->excludes("--tp");
-  app.add_flag("--small-m", o.small_m,
-               "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless --shapes): "
-               "decode batch 2 to 64 at context 1024, and each projection's kernel at 1, 16 and "
-               "64 tokens")
-      ->excludes("--recording")
-      ->excludes("--hybrid")
-      ->excludes("--tp")
-      ->excludes("--fusion");
-  app.add_flag("--small-m-sweep", o.small_m_sweep,
-               "Only the small-M GEMM's design space (llama-1b and llama-8b unless --shapes): "
-               "each projection at 1 to 64 tokens, K split 1 to 64 ways")
-      ->excludes("--recording")
-      ->excludes("--hybrid")
-      ->excludes("--tp")
-      ->excludes("--fusion")
-      ->excludes("--small-m");
-  app.add_flag("--invariant", o.invariant,
-               "Only batch-invariant mode (--determinism invariant) vs the default kernels "
-               "(llama-1b and llama-8b unless --shapes): decode batch 1, 16 and 64 at context 1024")
-      ->excludes("--recording")
-      ->excludes("--hybrid")
-      ->excludes("--tp")
-      ->excludes("--fusion")
-      ->excludes("--small-m")
-      ->excludes("--small-m-sweep");
-  app.add_flag("--prefill", o.prefill,
-               "Only the 2048-token prefill with prefill attention on the tile kernel and on the "
-               "decode kernel, each timed and profiled (llama-1b and llama-8b unless --shapes)")
-      ->excludes("--recording")
-      ->excludes("--hybrid")
-      ->excludes("--tp")
-      ->excludes("--fusion")
-      ->excludes("--small-m")
-      ->excludes("--small-m-sweep")
-      ->excludes("--invariant");
-  app.add_flag("--decode", o.decode,
-               "Only what the README's decode table and issue 14's lines read: each shape's "
-               "2048-token prefill and its decode steps with graphs (the Llama shapes at context "
-               "192 and 1024, batch 1, 16 and 64; the others at 1024, batch 1 and 64; --quick: "
-               "context 192, batch 1 and 64), without the profiles, peers and product tables")
-      ->excludes("--recording")
-      ->excludes("--hybrid")
-      ->excludes("--tp")
-      ->excludes("--fusion")
-      ->excludes("--small-m")
-      ->excludes("--small-m-sweep")
-      ->excludes("--invariant")
-      ->excludes("--prefill");
+  // The "only" modes: a run takes at most one (a second is refused by name, not ignored).
+  CLI::Option* const modes[] = {
+      app.add_flag("--recording", o.recording, "Only the recording figures"),
+      app.add_flag("--hybrid", o.hybrid,
+                   "Only the hybrid decode figures (Bamba-9B's shape, batch 1 and 64)"),
+      app.add_option("--tp", o.tp_degree,
+                     "Only tensor-parallel decode at this degree (llama-8b unless --shapes), "
+                     "against the summed read bandwidth of the GPUs its ranks run on")
+          ->check(CLI::Range(1, kTpDegreeMax)),
+      app.add_flag("--fusion", o.fusion,
+                   "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
+                   "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
+                   "vs one wave, batch 1)"),
+      app.add_flag("--small-m", o.small_m,
+                   "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless "
+                   "--shapes): decode batch 2 to 64 at context 1024, and each projection's kernel "
+                   "at 1, 16 and 64 tokens"),
+      app.add_flag("--small-m-sweep", o.small_m_sweep,
+                   "Only the small-M GEMM's design space (llama-1b and llama-8b unless --shapes): "
+                   "each projection at 1 to 64 tokens, K split 1 to 64 ways"),
+      app.add_flag("--invariant", o.invariant,
+                   "Only batch-invariant mode (--determinism invariant) vs the default kernels "
+                   "(llama-1b and llama-8b unless --shapes): decode batch 1, 16 and 64 at context "
+                   "1024"),
+      app.add_flag("--prefill", o.prefill,
+                   "Only the 2048-token prefill with prefill attention on the tile kernel and on "
+                   "the decode kernel, each timed and profiled (llama-1b and llama-8b unless "
+                   "--shapes)"),
+      app.add_flag("--decode", o.decode,
+                   "Only what the README's decode table and issue 14's lines read: each shape's "
+                   "2048-token prefill and its decode steps with graphs (the Llama shapes at "
+                   "context 192 and 1024, batch 1, 16 and 64; the others at 1024, batch 1 and 64; "
+                   "--quick: context 192, batch 1 and 64), without the profiles, peers and "
+                   "product tables"),
+  };
+  for (CLI::Option* mode : modes) {
+    for (CLI::Option* other : modes) {
+      if (other != mode) mode->excludes(other);
+    }
+  }
   app.add_option("--shapes", o.shapes, "Model shapes, a comma list")
       ->delimiter(',')
       ->each([&o](const std::string&) { o.shapes_given = true; });
