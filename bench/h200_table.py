@@ -55,11 +55,16 @@ def decode_rows(run):
                 yield shape["shape"], d
 
 
+def decode_index(run):
+    """(shape, batch, context) → that decode measurement, in the JSON's order."""
+    return {(name, d["batch"], d["context"]): d for name, d in decode_rows(run)}
+
+
 def decode_table(run):
     torch, hf = peer_steps(run)
     lines = [HEADER]
-    for name, d in decode_rows(run):
-        key = (name, d["batch"], d["context"])
+    for key, d in decode_index(run).items():
+        name = key[0]
         sync = d["sync"]
         cells = [
             name, str(d["batch"]), str(d["context"]), f"{d['step_ms_median']:.3f} ms",
@@ -76,31 +81,26 @@ def decode_table(run):
 def comparison_table(run, base):
     """Each decode row of `run` beside the same (shape, batch, context) of `base`, where it has one:
     both step times and the change (an A/B's builds, or two full runs)."""
-    before = {(name, d["batch"], d["context"]): d for name, d in decode_rows(base)}
+    before = decode_index(base)
     lines = [f"| shape | batch | context | {base['commit']} | {run['commit']} | step time |",
              "|---|---|---|---|---|---|"]
-    for name, d in decode_rows(run):
-        b = before.get((name, d["batch"], d["context"]))
-        if b is None:
+    for (name, batch, context), d in decode_index(run).items():
+        if (name, batch, context) not in before:
             continue
-        old, new = b["step_ms_median"], d["step_ms_median"]
-        lines.append(f"| {name} | {d['batch']} | {d['context']} | {old:.3f} ms | {new:.3f} ms | "
+        old, new = before[(name, batch, context)]["step_ms_median"], d["step_ms_median"]
+        lines.append(f"| {name} | {batch} | {context} | {old:.3f} ms | {new:.3f} ms | "
                      f"{100 * (new / old - 1):+.1f}% |")
     return "\n".join(lines)
-
-
-def find_decode(run, name, batch, context):
-    for shape, d in decode_rows(run):
-        if (shape, d["batch"], d["context"]) == (name, batch, context):
-            return d
-    raise KeyError(f"the run has no decode of {name} at batch {batch}, context {context}")
 
 
 def target_lines(run):
     """Issue 14's numeric lines: (line, target, measured, met)."""
     lines = []
+    decodes = decode_index(run)
     for name, batch, least in DECODE_TARGETS:
-        got = find_decode(run, name, batch, 1024)["read_bandwidth_fraction"]
+        if (name, batch, 1024) not in decodes:
+            raise KeyError(f"the run has no decode of {name} at batch {batch}, context 1024")
+        got = decodes[(name, batch, 1024)]["read_bandwidth_fraction"]
         lines.append((f"decode {name}, batch {batch}, context 1024", f"≥ {100 * least:.0f}%",
                       percent(got), got >= least))
     by_name = {s["shape"]: s for s in run["shapes"]}
@@ -108,7 +108,7 @@ def target_lines(run):
         got = by_name[name]["prefill_2048_matrix_rate_fraction"]
         lines.append((f"prefill 2048 tokens, {name}", f"≥ {100 * least:.0f}% of the matrix rate",
                       percent(got), got >= least))
-    worst = max(d["host_critical_path_us_median"] for _, d in decode_rows(run))
+    worst = max(d["host_critical_path_us_median"] for d in decodes.values())
     lines.append(("host critical path running ahead (the most of any decode row)",
                   f"≤ {HOST_CRITICAL_PATH_US_MAX:.0f} µs", f"{worst:.1f} µs",
                   worst <= HOST_CRITICAL_PATH_US_MAX))
@@ -133,11 +133,12 @@ def main(argv=None):
                 base = json.load(f)
             print(comparison_table(run, base))
         elif args.targets:
+            lines = target_lines(run)  # a missing row is refused before anything is printed
             matrix_rate = max(run["matrix_rate_flop_per_s"].values())  # the faster product's
             print(f"issue 14 against {run['commit']} (read bandwidth "
                   f"{run['read_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, matrix rate "
                   f"{matrix_rate / 1e12:.0f} TFLOP/s)")
-            for line, target, got, met in target_lines(run):
+            for line, target, got, met in lines:
                 print(f"{line}: {got} (target {target}): {'MET' if met else 'NOT MET'}")
         else:
             print(decode_table(run))
