@@ -6,7 +6,8 @@
 //
 //  1. Greedy (k == 1): the token is argmax l, lowest id on ties; logprob 0. Nothing below runs.
 //  2. s_i = l_i / T (a true division, not a multiply by 1/T); m = max_i s_i.
-//  3. Weights w_i = expf(s_i - m). The maximum's weight is exactly 1.
+//  3. Weights w_i = e^(s_i - m), e^ as core/ops/portable_exp.h computes it (libm's expf differs
+//     between the host and CUDA). The maximum's weight is exactly 1.
 //  4. Order: ids sorted by (w desc, id asc). This is a strict total order, so every correct sort
 //     or selection yields the same sequence o_0, o_1, ... Ties are broken on w, not on l: two
 //     distinct logits can round to one weight.
@@ -34,14 +35,11 @@
 // If every draft is accepted, out[W-1] = sample_token(row W-1, position c + W - 1) and a = W.
 // The q > 0 condition departs from the seed's bare `coin <= q`: the coin can be exactly 0, and
 // `0 <= 0` would accept a token the filters removed.
-//
-// TODO(spec): expf and logf here are the host libm's, and CUDA's expf differs from glibc's in the
-// last bits for some inputs. Bit-for-bit agreement needs one exp written out in basic operations
-// on both sides.
 #include "core/sampling.h"
 
 #include "core/check.h"
 #include "core/ops/philox.h"
+#include "core/ops/portable_exp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -98,22 +96,6 @@ void assert_stochastic(const ResolvedSampling& sampling) {
   LS_ASSERT(sampling.min_p <= 1.0f, "min_p {}", sampling.min_p);
 }
 
-// Steps 2-3: weights[i] = w_i.
-void compute_weights(std::span<const float> logits, float temperature,
-                     std::vector<float>& weights) {
-  weights.resize(logits.size());
-  float scaled_max = -std::numeric_limits<float>::infinity();
-  bool all_finite = true;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    const float scaled = logits[i] / temperature;
-    all_finite = all_finite && std::isfinite(scaled);
-    scaled_max = std::max(scaled_max, scaled);
-    weights[i] = scaled;
-  }
-  // A non-finite value would break the sort's ordering; the NaN guard should have caught it.
-  LS_ASSERT(all_finite, "logits / temperature {} has a non-finite value", temperature);
-  for (float& weight : weights) weight = std::exp(weight - scaled_max);
-}
 
 // Steps 4-5: the first K ids of the order, sorted.
 std::span<const int32_t> order_top_k(std::span<const float> weights, int32_t top_k,
@@ -163,7 +145,7 @@ FilteredDistribution filter_distribution(std::span<const float> logits,
   LS_ASSERT(logits.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
             "vocabulary of {} tokens", logits.size());
   assert_stochastic(sampling);
-  compute_weights(logits, sampling.temperature, scratch.probs);
+  sampling_weights(logits, sampling.temperature, scratch.probs);
   const std::span<const float> weights(scratch.probs);
   std::span<const int32_t> kept = order_top_k(weights, sampling.top_k, scratch.order);
   kept = kept.first(top_p_count(weights, kept, sampling.top_p));
@@ -256,6 +238,22 @@ int32_t verify_stochastic(const VerifyRow& row, std::span<int32_t> out_tokens,
 }
 
 }  // namespace
+
+void sampling_weights(std::span<const float> logits, float temperature,
+                      std::vector<float>& weights) {
+  weights.resize(logits.size());
+  float scaled_max = -std::numeric_limits<float>::infinity();
+  bool all_finite = true;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float scaled = logits[i] / temperature;
+    all_finite = all_finite && std::isfinite(scaled);
+    scaled_max = std::max(scaled_max, scaled);
+    weights[i] = scaled;
+  }
+  // A non-finite value would break the sort's ordering; the NaN guard should have caught it.
+  LS_ASSERT(all_finite, "logits / temperature {} has a non-finite value", temperature);
+  for (float& weight : weights) weight = ops::portable_exp(weight - scaled_max);
+}
 
 std::array<uint32_t, 4> philox4x32_10_raw(std::array<uint32_t, 4> counter,
                                           std::array<uint32_t, 2> key) {

@@ -36,6 +36,11 @@ struct SamplingScratch {
   std::vector<int32_t> order;
 };
 
+// Steps 2-3 of the definition (core/sampling.cpp) on one row: weights[i] = w_i, the bits the
+// device sampler's weights have too. Logits must be finite.
+void sampling_weights(std::span<const float> logits, float temperature,
+                      std::vector<float>& weights);
+
 struct SampleOutcome {
   int32_t token = 0;
   float logprob = 0.0f;  // log of the probability the token was drawn with (0 for greedy)

@@ -3,6 +3,7 @@
 
 #include "core/ops/context_clamp.h"
 #include "core/ops/philox.h"
+#include "core/ops/portable_exp.h"
 #include "kernels/record_state.cuh"
 #include "kernels/reduce.cuh"
 
@@ -50,7 +51,7 @@ sampling_weights_kernel(StepInputs in, const float* logits, int32_t vocab, Sampl
   m = block_max(m, scratch);
   uint64_t* out = keys.keys + int64_t{r} * vocab;
   for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
-    out[i] = key_of(expf(row[i] / s.temperature - m), i);
+    out[i] = key_of(ops::portable_exp(row[i] / s.temperature - m), i);
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include "core/check.h"
 #include "core/logits_digest.h"
+#include "core/ops/portable_exp.h"
 #include "core/sampling_params.h"
 
 #include <gmock/gmock.h>
@@ -319,7 +320,7 @@ SampleOutcome reference_sample(std::span<const float> logits, const ResolvedSamp
   const float m = *std::max_element(scaled.begin(), scaled.end());
   std::vector<std::pair<float, int32_t>> ranked;
   for (size_t i = 0; i < scaled.size(); ++i) {
-    ranked.emplace_back(std::exp(scaled[i] - m), static_cast<int32_t>(i));
+    ranked.emplace_back(ops::portable_exp(scaled[i] - m), static_cast<int32_t>(i));
   }
   std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);

@@ -13,17 +13,23 @@
 
 namespace ls::ops {
 
-// IEEE fp32 round-to-nearest products and sums that the device compiler may not contract into a
-// fused multiply-add (host code is built without contraction). Where the definition fixes the
-// rounding of every operation, these spell it out.
+// IEEE round-to-nearest products and sums (fp32 and fp64) that the device compiler may not
+// contract into a fused multiply-add (host code is built with -ffp-contract=off, the top
+// CMakeLists.txt). Where the definition fixes the rounding of every operation, these spell it out.
 #if defined(__CUDA_ARCH__)
 LS_HOST_DEVICE LS_INLINE float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 LS_HOST_DEVICE LS_INLINE float add_rn(float a, float b) { return __fadd_rn(a, b); }
 LS_HOST_DEVICE LS_INLINE float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+LS_HOST_DEVICE LS_INLINE double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+LS_HOST_DEVICE LS_INLINE double add_rn(double a, double b) { return __dadd_rn(a, b); }
+LS_HOST_DEVICE LS_INLINE double sub_rn(double a, double b) { return __dsub_rn(a, b); }
 #else
 LS_HOST_DEVICE LS_INLINE float mul_rn(float a, float b) { return a * b; }
 LS_HOST_DEVICE LS_INLINE float add_rn(float a, float b) { return a + b; }
 LS_HOST_DEVICE LS_INLINE float sub_rn(float a, float b) { return a - b; }
+LS_HOST_DEVICE LS_INLINE double mul_rn(double a, double b) { return a * b; }
+LS_HOST_DEVICE LS_INLINE double add_rn(double a, double b) { return a + b; }
+LS_HOST_DEVICE LS_INLINE double sub_rn(double a, double b) { return a - b; }
 #endif
 
 }  // namespace ls::ops

@@ -1,5 +1,6 @@
 // The libm functions the shared ops call: CUDA's on the device, the C library's on the host.
-// (expf differs between the two in the last bit for some inputs; see core/sampling.cpp's TODO.)
+// (expf differs between the two in the last bit for some inputs: what must agree bit for bit
+// calls core/ops/portable_exp.h instead.)
 #pragma once
 
 #include "core/ops/host_device.h"

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 namespace ls {
@@ -186,6 +187,49 @@ TEST_P(SampleRows, PrefillRowsDrawWhatTheCpuDraws) {
 }
 
 INSTANTIATE_TEST_SUITE_P(OddBatches, SampleRows, ::testing::Values(1, 3, 17, 64));
+
+// Step 3's weights (e^(l/T − m), core/ops/portable_exp.h on both sides) have the definition's bits
+// for every id: a row sweeping [−110, 0] evenly (every power of 2 down to the subnormals and 0),
+// and rows of random logits at temperatures 0.7 and 1.3. libm's expf here would differ from the
+// host's in the last bit for some of these inputs.
+TEST(SamplingWeights, EveryWeightHasTheDefinitionsBits) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const int32_t rows = 3, vocab = 1 << 20;
+  std::vector<float> logits = gpu_test::random_floats(size_t(rows) * vocab, 5, -30, 30);
+  for (int32_t i = 0; i < vocab; ++i) {
+    logits[size_t(i)] = -110.0f * float(vocab - 1 - i) / float(vocab - 1);
+  }
+  std::vector<ResolvedSampling> sampling(rows, sampling_case(2));  // temperature 1
+  sampling[1].temperature = 0.7f, sampling[2].temperature = 1.3f;
+  std::vector<int32_t> ones(rows, 1), offsets(rows), pool_rows(rows), zeros(size_t(rows) + 2, 0);
+  for (int32_t r = 0; r < rows; ++r) offsets[size_t(r)] = r, pool_rows[size_t(r)] = 1 + r;
+  Step st(rows, 1, vocab, rows + 2, 1);
+  StepHeader h;
+  h.rows_count = h.prefill_rows_count = h.logits_rows_count = rows;
+  h.verify_width = 1;
+  st.header.upload(header_words(h));
+  st.pool_rows_d.upload(pool_rows), st.lengths.upload(ones), st.offsets.upload(offsets);
+  st.prefix.upload(std::vector<int32_t>(rows, 0)), st.sampling.upload(sampling_words(sampling));
+  st.vcl.upload(zeros), st.fim.upload(zeros);
+  DeviceBuffer<float> d_logits(logits);
+  run_tail(st, d_logits, rows, rows, vocab, 1, 1 << 20);
+  const std::vector<uint64_t> keys = st.keys.download();  // by id: weight bits, then ~id
+  std::vector<float> weights;
+  int64_t differ = 0;
+  for (int32_t r = 0; r < rows; ++r) {
+    const std::span<const float> row(logits.data() + size_t(r) * vocab, size_t(vocab));
+    sampling_weights(row, sampling[size_t(r)].temperature, weights);
+    for (int32_t i = 0; i < vocab; ++i) {
+      const uint64_t key = keys[size_t(r) * vocab + size_t(i)];
+      const uint32_t expected = std::bit_cast<uint32_t>(weights[size_t(i)]);
+      if (static_cast<uint32_t>(key >> 32) != expected && differ++ < 5) {
+        ADD_FAILURE() << "row " << r << " id " << i << ": device weight bits 0x" << std::hex
+                      << (key >> 32) << ", the definition's " << weights[size_t(i)];
+      }
+    }
+  }
+  EXPECT_EQ(differ, 0);
+}
 
 class VerifyRows : public ::testing::TestWithParam<int32_t> {};
 
