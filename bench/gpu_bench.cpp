@@ -193,8 +193,10 @@ ExecutorConfig bench_config(int32_t context_max) {
 // Drives an executor with hand-made ops: prefill `rows` requests to `context` tokens, then decode.
 class Driver {
  public:
-  Driver(Executor& executor, const ExecutorConfig& config, int32_t vocab)
-      : executor_(executor), config_(config), vocab_(vocab) {}
+  // `sampling`: every request's parameters (greedy unless given).
+  Driver(Executor& executor, const ExecutorConfig& config, int32_t vocab,
+         const SamplingParams& sampling = {})
+      : executor_(executor), config_(config), vocab_(vocab), sampling_(sampling) {}
   // Every decode step's input before its submit and output after its collect, as the serving
   // loop's trace observer records them (null: no recording).
   void set_recorder(trace::Recorder* recorder) { recorder_ = recorder; }
@@ -223,7 +225,7 @@ class Driver {
         r.prompt_length = context;
         if (config_.mamba_slots_count > 0) r.mamba_working = row;  // a hybrid: slot = pool row − 1
         if (done == 0) {
-          r.sampling = SamplingParams{};
+          r.sampling = sampling_;
           for (int32_t p = 0; p < pages_per_row; ++p) r.refresh.pages.push_back(1 + row * pages_per_row + p);
           r.refresh.pages.resize(std::min<size_t>(r.refresh.pages.size(),
                                                   static_cast<size_t>(config_.table_width())));
@@ -311,6 +313,7 @@ class Driver {
   Executor& executor_;
   ExecutorConfig config_;
   int32_t vocab_;
+  SamplingParams sampling_;
   StepResult result_;  // reused by every collect
   RequestId next_id_ = 1;
   RequestId first_id_ = 1;
@@ -367,6 +370,7 @@ struct Options {
   bool invariant = false;     // only batch-invariant mode vs the default
   bool prefill = false;       // only the prefill with and without the attention tile kernel
   bool decode = false;        // only each shape's prefill and decode table (an A/B's figures)
+  bool sampling = false;      // only sampled decode rows vs greedy
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -1305,6 +1309,7 @@ int run_tp(const Options& o, const CudaMachineInfo& machine) {
 struct Variant {
   const char* key;
   CudaBackendOptions options;
+  SamplingParams sampling{};  // the requests' (greedy unless given)
 };
 
 json compare_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
@@ -1321,8 +1326,8 @@ json compare_shape(const std::string& shape, const Options& o, const Bandwidth& 
   Executor off_executor(config, model.vocab_size, off_backend);
   json rows_out = json::array();
   for (const int32_t rows : batches) {
-    Driver on(on_executor, config, model.vocab_size);
-    Driver off(off_executor, config, model.vocab_size);
+    Driver on(on_executor, config, model.vocab_size, on_variant.sampling);
+    Driver off(off_executor, config, model.vocab_size, off_variant.sampling);
     std::vector<double> on_wall, off_wall;
     for (int32_t b = 0; b < blocks; ++b) {
       for (Driver* d : abba(b, &off, &on)) {
@@ -1397,6 +1402,19 @@ json gemv_grid_shape(const std::string& shape, const Options& o, const Bandwidth
 
 // lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
 // CudaBackendOptions::gemv_tokens_max's default comes from.
+// What sampling costs a decode step against greedy rows (whose steps run the tail's argmax only):
+// the sampled rows' weights, their segmented sort over the vocabulary and the filters, with the
+// production-like temperature 0.8 and top-p 0.95, at batch 1 and 64.
+json sampling_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const CudaBackendOptions options{.graphs = true, .time_steps = true};
+  const Variant on{"sampled", options, {.temperature = 0.8f, .top_p = 0.95f}};
+  const Variant off{"greedy", options};
+  return {{"shape", shape},
+          {"sampled_vs_greedy", compare_shape(shape, o, bandwidth,
+                                              "sampled (temperature 0.8, top-p 0.95) vs greedy",
+                                              on, off, {1, 64})}};
+}
+
 // What batch-invariant mode (issue 15, CudaBackendOptions::batch_invariant: the small-M GEMM for
 // every linear layer) costs against the default kernels, decode at batch 1, 16 and 64.
 json invariant_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
@@ -1510,6 +1528,9 @@ void add_options(CLI::App& app, Options& o) {
                    "Only the 2048-token prefill with prefill attention on the tile kernel and on "
                    "the decode kernel, each timed and profiled (llama-1b and llama-8b unless "
                    "--shapes)"),
+      app.add_flag("--sampling", o.sampling,
+                   "Only decode with sampled rows (temperature 0.8, top-p 0.95) against greedy "
+                   "rows (llama-1b and llama-8b unless --shapes): batch 1 and 64, context 1024"),
       app.add_flag("--decode", o.decode,
                    "Only what the README's decode table and issue 14's lines read: each shape's "
                    "2048-token prefill and its decode steps with graphs (the Llama shapes at "
@@ -1600,6 +1621,17 @@ int run(const Options& o) {
         o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     for (const std::string& shape : shapes) {
       out["prefill_attention"].push_back(prefill_attention_shape(shape, matrix_rate));
+      save();
+    }
+    return 0;
+  }
+  if (o.sampling) {
+    out["command"] = "lockstep_gpu_bench --sampling";
+    out["sampled_vs_greedy"] = json::array();
+    const std::vector<std::string> shapes =
+        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+    for (const std::string& shape : shapes) {
+      out["sampled_vs_greedy"].push_back(sampling_shape(shape, o, bandwidth));
       save();
     }
     return 0;

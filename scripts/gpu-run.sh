@@ -49,6 +49,12 @@
 #                                # `lockstep_gpu_bench --fusion` (llama-1b, llama-8b; batch 1, 4,
 #                                # 8; context 1024; fused and unfused), ~4 min. Writes env.txt,
 #                                # gpu_tests.log/json, hf_oracle.log/json, fusion_bench.log/json.
+#   scripts/gpu-run.sh sampling  # on the H200: only the device sampler: its tests against the CPU
+#                                # definition (tokens, verify, every weight's bits) and
+#                                # `lockstep_gpu_bench --sampling` (llama-1b, llama-8b; batch 1
+#                                # and 64; context 1024; sampled at temperature 0.8, top-p 0.95
+#                                # against greedy), ~3 min. Writes env.txt, gpu_tests.log/json,
+#                                # sampling_bench.log/json.
 #   scripts/gpu-run.sh attention-profile
 #                                # on the H200: Nsight Compute (--set full) over decode attention's
 #                                # split kernel at batch 64, context 1024, llama-1b and llama-8b
@@ -645,6 +651,25 @@ run_fusion() {
   return $status
 }
 
+# The device sampler (kernels/sampling_ops.cu) against the CPU definition (core/sampling.cpp):
+# tokens, verify and every weight's bits; then what sampled rows cost a decode step against
+# greedy ones (`lockstep_gpu_bench --sampling`), ~3 min.
+run_sampling() {
+  begin_mode lockstep_gpu_bench
+  local status=0
+  echo "== sampler GPU tests"
+  run_part --new "$OUT/gpu_tests.log" 120 "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter='*SampleRows*:*VerifyRows*:SamplingWeights.*:*Sampling*' \
+      --gtest_output="json:$OUT/gpu_tests.json"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -24
+  echo "== benchmark: sampled vs greedy decode"
+  run_part --new "$OUT/sampling_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" \
+      "$OUT/sampling_bench.json" --sampling
+  cat "$OUT/sampling_bench.log"
+  echo "gpu-run sampling: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  return $status
+}
+
 # Nsight Compute over decode attention at batch 64, context 1024, llama-1b's heads then llama-8b's
 # (gpu-libs.sh ncu_attention): details in attention_ncu.log, SASS stall tables in
 # attention_sass_<model>.csv. The profiles of 2f7fded and 6fd9cf0 ran before `--clock-control
@@ -683,6 +708,7 @@ case "${1:-run}" in
   tp) run_tp ;;
   hybrid) run_hybrid ;;
   fusion) run_fusion ;;
+  sampling) run_sampling ;;
   attention-profile) run_attention_profile ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|attention-profile|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|sampling|attention-profile|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
 esac
