@@ -33,16 +33,6 @@ LS_HOST_DEVICE LS_INLINE double double_of_bits(uint64_t bits) {
 #endif
 }
 
-LS_HOST_DEVICE LS_INLINE float float_of_bits(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
-
 // Σ r^n / n! for n ≤ 11, by Horner's rule.
 LS_HOST_DEVICE LS_INLINE double exp_series(double r) {
   double p = 1.0 / 39916800;
@@ -64,7 +54,7 @@ LS_HOST_DEVICE LS_INLINE double exp_series(double r) {
 LS_HOST_DEVICE LS_INLINE float portable_exp(float x) {
   // Below −104, e^x < 2^−150, half the smallest subnormal: 0. Above 89 it overflows. NaN stays.
   if (!(x > -104.0f)) return x == x ? 0.0f : x;
-  if (x > 89.0f) return portable_exp_detail::float_of_bits(0x7F800000u);  // +inf
+  if (x > 89.0f) return __builtin_huge_valf();
   constexpr double kLog2E = 1.4426950408889634;
   constexpr double kLn2Hi = 0x1.62e42fefa3000p-1;  // ln 2's first 41 bits: k·kLn2Hi is exact
   constexpr double kLn2Lo = 0x1.3de6af278ece6p-42;  // ln 2 − kLn2Hi
