@@ -998,7 +998,8 @@ json prefill_profile(const std::string& shape, bool attention_by_decode_kernel =
 // summed per phase over the timed steps, with the backend options given (profile forced on);
 // `linear` names them in the output.
 json profile_decode(const std::string& shape, CudaBackendOptions options, const std::string& linear,
-                    const Options& o, int32_t rows, int32_t context) {
+                    const Options& o, int32_t rows, int32_t context,
+                    const SamplingParams& sampling = {}) {
   const ModelConfig model = model_config_named(shape);
   ExecutorConfig config = bench_config(context);
   config.max_batch_rows = rows;
@@ -1006,7 +1007,7 @@ json profile_decode(const std::string& shape, CudaBackendOptions options, const 
   options.profile = true;
   CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
   Executor executor(config, model.vocab_size, backend);
-  Driver driver(executor, config, model.vocab_size);
+  Driver driver(executor, config, model.vocab_size, sampling);
   driver.prefill(rows, context);
   driver.decode(rows, kWarmupSteps, backend, false);
   backend.reset_phase_times();
@@ -1403,16 +1404,24 @@ json gemv_grid_shape(const std::string& shape, const Options& o, const Bandwidth
 // lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
 // CudaBackendOptions::gemv_tokens_max's default comes from.
 // What sampling costs a decode step against greedy rows (whose steps run the tail's argmax only):
-// the sampled rows' weights, their segmented sort over the vocabulary and the filters, with the
-// production-like temperature 0.8 and top-p 0.95, at batch 1 and 64.
+// the sampled rows' weights, their sort over the vocabulary and the filters, with the
+// production-like temperature 0.8 and top-p 0.95, at batch 1 and 64; and where a sampled step's
+// time goes (the phases, eager, marks on: the tail's is "sampling").
 json sampling_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const CudaBackendOptions options{.graphs = true, .time_steps = true};
-  const Variant on{"sampled", options, {.temperature = 0.8f, .top_p = 0.95f}};
+  const SamplingParams sampled{.temperature = 0.8f, .top_p = 0.95f};
+  const Variant on{"sampled", options, sampled};
   const Variant off{"greedy", options};
+  json profiles = json::array();
+  for (const int32_t rows : {1, 64}) {
+    profiles.push_back(profile_decode(shape, {.graphs = true}, "sampled rows", o, rows, 1024,
+                                      sampled));
+  }
   return {{"shape", shape},
           {"sampled_vs_greedy", compare_shape(shape, o, bandwidth,
                                               "sampled (temperature 0.8, top-p 0.95) vs greedy",
-                                              on, off, {1, 64})}};
+                                              on, off, {1, 64})},
+          {"profiles", profiles}};
 }
 
 // What batch-invariant mode (issue 15, CudaBackendOptions::batch_invariant: the small-M GEMM for
@@ -1530,7 +1539,8 @@ void add_options(CLI::App& app, Options& o) {
                    "--shapes)"),
       app.add_flag("--sampling", o.sampling,
                    "Only decode with sampled rows (temperature 0.8, top-p 0.95) against greedy "
-                   "rows (llama-1b and llama-8b unless --shapes): batch 1 and 64, context 1024"),
+                   "rows (llama-1b and llama-8b unless --shapes): batch 1 and 64, context 1024, "
+                   "and a sampled step's phases (the tail's is 'sampling')"),
       app.add_flag("--decode", o.decode,
                    "Only what the README's decode table and issue 14's lines read: each shape's "
                    "2048-token prefill and its decode steps with graphs (the Llama shapes at "
