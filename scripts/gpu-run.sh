@@ -144,6 +144,15 @@ run_part() {
   return $rc
 }
 
+# The GPU tests matching gtest FILTER, within SECONDS, into gpu_tests.log/json; their summary
+# lines (and those matching EXTRA, an extended regex) shown. A failure sets the caller's status.
+run_gpu_tests() {
+  local filter="$1" seconds="$2" extra="${3:-}"
+  run_part --new "$OUT/gpu_tests.log" "$seconds" "$DIST/bin/lockstep_gpu_tests" \
+      --gtest_filter="$filter" --gtest_output="json:$OUT/gpu_tests.json"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST${extra:+|$extra}" "$OUT/gpu_tests.log" | tail -24
+}
+
 package() {
   set -e
   if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -326,10 +335,7 @@ run_families() {
   begin_mode lockstep_hf_oracle_check
   local status=0
   echo "== layer-op and backend GPU tests"
-  run_part --new "$OUT/gpu_tests.log" 120 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' \
-      --gtest_output="json:$OUT/gpu_tests.json"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -20
+  run_gpu_tests 'OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*' 120
   echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
   hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
   echo "== benchmark: qwen3-0.6b and qwen2.5-7b"
@@ -635,10 +641,8 @@ run_fusion() {
   begin_mode lockstep_gpu_bench
   local status=0
   echo "== decode fusion, layer-op and backend GPU tests"
-  run_part --new "$OUT/gpu_tests.log" 240 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
-      --gtest_output="json:$OUT/gpu_tests.json"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|determinism' "$OUT/gpu_tests.log" | tail -24
+  run_gpu_tests 'Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
+      240 determinism
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
     echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
     hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
@@ -658,10 +662,7 @@ run_sampling() {
   begin_mode lockstep_gpu_bench
   local status=0
   echo "== sampler GPU tests"
-  run_part --new "$OUT/gpu_tests.log" 120 "$DIST/bin/lockstep_gpu_tests" \
-      --gtest_filter='*SampleRows*:*VerifyRows*:SamplingWeights.*:*Sampling*' \
-      --gtest_output="json:$OUT/gpu_tests.json"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST' "$OUT/gpu_tests.log" | tail -24
+  run_gpu_tests '*SampleRows*:*VerifyRows*:SamplingWeights.*:*Sampling*' 120
   echo "== benchmark: sampled vs greedy decode"
   run_part --new "$OUT/sampling_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" \
       "$OUT/sampling_bench.json" --sampling
