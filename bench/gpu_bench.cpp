@@ -1591,95 +1591,72 @@ int run(const Options& o) {
     save();
     return 0;
   }
+  // An "only" mode: its flag recorded as the command, `figures(shape)` for llama-1b and llama-8b
+  // (or --shapes), the file saved after each shape.
+  const std::vector<std::string> mode_shapes =
+      o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
+  const auto only_mode = [&](const std::string& flag, const auto& figures) {
+    out["command"] = "lockstep_gpu_bench " + flag;
+    for (const std::string& shape : mode_shapes) {
+      figures(shape);
+      save();
+    }
+    return 0;
+  };
   if (o.fusion) {
-    out["command"] = "lockstep_gpu_bench --fusion";
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
-    for (const std::string& shape : shapes) {
+    return only_mode("--fusion", [&](const std::string& shape) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
       out["gemv_grid"].push_back(gemv_grid_shape(shape, o, bandwidth, {1}));
-      save();
-    }
-    return 0;
+    });
   }
   if (o.invariant) {
-    out["command"] = "lockstep_gpu_bench --invariant";
     out["invariant_vs_default"] = json::array();
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
-    for (const std::string& shape : shapes) {
+    return only_mode("--invariant", [&](const std::string& shape) {
       out["invariant_vs_default"].push_back(invariant_shape(shape, o, bandwidth));
-      save();
-    }
-    return 0;
+    });
   }
   if (o.small_m_sweep) {
-    out["command"] = "lockstep_gpu_bench --small-m-sweep";
     out["small_m_sweep"] = json::array();
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
-    for (const std::string& shape : shapes) {
+    return only_mode("--small-m-sweep", [&](const std::string& shape) {
       for (json& row : small_m_sweep(shape, bandwidth)) out["small_m_sweep"].push_back(row);
-      save();
-    }
-    return 0;
+    });
   }
   if (o.prefill) {
-    out["command"] = "lockstep_gpu_bench --prefill";
     out["prefill_attention"] = json::array();
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
-    for (const std::string& shape : shapes) {
+    return only_mode("--prefill", [&](const std::string& shape) {
       out["prefill_attention"].push_back(prefill_attention_shape(shape, matrix_rate));
-      save();
-    }
-    return 0;
+    });
   }
   if (o.sampling) {
-    out["command"] = "lockstep_gpu_bench --sampling";
     out["sampled_vs_greedy"] = json::array();
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
-    for (const std::string& shape : shapes) {
+    return only_mode("--sampling", [&](const std::string& shape) {
       out["sampled_vs_greedy"].push_back(sampling_shape(shape, o, bandwidth));
-      save();
-    }
-    return 0;
+    });
   }
   if (o.decode) {
     out["command"] = "lockstep_gpu_bench --decode";
-    for (const std::string& shape : o.shapes) {
+    for (const std::string& shape : o.shapes) {  // every family's shape unless --shapes
       out["shapes"].push_back(bench_shape(shape, o, bandwidth, matrix_rate));
       save();
     }
     return 0;
   }
   if (o.small_m) {
-    out["command"] = "lockstep_gpu_bench --small-m";
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
-    for (const std::string& shape : shapes) {
+    return only_mode("--small-m", [&](const std::string& shape) {
       out["small_m_gemm_vs_cublas"].push_back(small_m_gemm_shape(shape, o, bandwidth));
-      save();
-    }
-    return 0;
+    });
   }
   if (o.recording) {
-    out["command"] = "lockstep_gpu_bench --recording";
     out["recording"] = json::array();
     out["logits_pass_alone"] = json::array();
     for (const int32_t rows : {1, 16, 64}) out["logits_pass_alone"].push_back(logits_pass_alone(rows));
-    const std::vector<std::string> shapes =
-        o.shapes_given ? o.shapes : std::vector<std::string>{"llama-1b", "llama-8b"};
     out["recording_tail_profile"] = json::array();
-    for (const std::string& shape : shapes) {
+    return only_mode("--recording", [&](const std::string& shape) {
       out["recording"].push_back(recording_shape(shape, o, bandwidth));
       for (const int32_t rows : {1, 64}) {
         out["recording_tail_profile"].push_back(recording_tail_profile(shape, rows, o));
       }
-      save();
-    }
-    return 0;
+    });
   }
   for (const std::string& shape : o.shapes) {
     if (full_set(shape)) {
