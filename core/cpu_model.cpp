@@ -10,6 +10,7 @@
 #include "core/tensor_parallel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 namespace ls {
@@ -19,22 +20,45 @@ namespace {
 // One fixed summation order (core/ops/layer_math.h): the result never depends on the batch.
 float dot(const float* a, const float* b, int32_t n) { return ops::dot_fixed_order(a, b, n); }
 
-// The column-parallel shard of y = W x for a row-major [out, in] matrix: y[o] = W[o, :] · x for
-// the output elements o in `rows` only — each the same dot product the whole matrix computes.
-void matvec_rows(const std::vector<float>& w, const float* x, int32_t in, ShardRange rows,
-                 float* y) {
+// Tokens a layer's products take together: each weight row is dotted with every token of a tile
+// while it is in cache, so a step reads its weights once a tile instead of once a token — where
+// a layer's weights outgrow the caches (CpuModel::token_tile_); below that, a token at a time
+// (the tile's bookkeeping costs `tiny` 5-10% a step and saves no read).
+constexpr int32_t kTokenTile = 16;
+constexpr int64_t kTiledLayerBytes = int64_t{4} << 20;
+
+// y_t[o] = W[o, cols] · x_t[cols] for a tile's tokens t (x[t], y[t]) and the outputs o in `rows`,
+// W row-major [out, in]. Column-parallel shards take all of `cols` and their `rows`; row-parallel
+// partials (the all-reduce adds the ranks') every row and their `cols`. Each output is the one dot
+// product a token alone computes, so tiling changes no bit.
+void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
+              std::span<const float* const> x, std::span<float* const> y) {
+  if (x.size() == 1) {  // a token alone: the pointers held in registers, not reloaded per row
+    const float* x0 = x[0] + cols.begin;
+    float* y0 = y[0];
+    for (int32_t o = rows.begin; o < rows.end(); ++o) {
+      y0[o] = dot(w + static_cast<size_t>(o) * in + cols.begin, x0, cols.count);
+    }
+    return;
+  }
   for (int32_t o = rows.begin; o < rows.end(); ++o) {
-    y[o] = dot(w.data() + static_cast<size_t>(o) * in, x, in);
+    const float* row = w + static_cast<size_t>(o) * in + cols.begin;
+    for (size_t t = 0; t < x.size(); ++t) y[t][o] = dot(row, x[t] + cols.begin, cols.count);
   }
 }
 
-// The row-parallel partial of y = W x for a row-major [out, in] matrix: y[o] = W[o, cols] · x[cols]
-// for every output o, over the input slice `cols` of one rank; the all-reduce adds the ranks'.
-void matvec_partial(const std::vector<float>& w, const float* x, int32_t out, int32_t in,
-                    ShardRange cols, float* y) {
-  for (int32_t o = 0; o < out; ++o) {
-    y[o] = dot(w.data() + static_cast<size_t>(o) * in + cols.begin, x + cols.begin, cols.count);
-  }
+// One token's column-parallel shard of y = W x: y[o] = W[o, :] · x for o in `rows`.
+void matvec_rows(const std::vector<float>& w, const float* x, int32_t in, ShardRange rows,
+                 float* y) {
+  const float* const xs[] = {x};
+  float* const ys[] = {y};
+  products(w.data(), in, rows, ShardRange{0, in}, xs, ys);
+}
+
+// The tiles of `count` tokens: f(first, n) for [first, first + n), n <= tile <= kTokenTile.
+template <typename F>
+void for_each_tile(int32_t count, int32_t tile, F&& f) {
+  for (int32_t first = 0; first < count; first += tile) f(first, std::min(tile, count - first));
 }
 
 void rms_norm(const float* x, const std::vector<float>& weight, int32_t n, float eps, float* y) {
@@ -76,9 +100,11 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   partials_.resize(static_cast<size_t>(tp_degree) * tokens * model_.hidden_size);
   reduced_.resize(tokens * model_.hidden_size);
   q_.resize(tokens * model_.q_size());
-  attn_out_.resize(static_cast<size_t>(model_.q_size()));
-  gate_.resize(static_cast<size_t>(model_.ffn_size));
-  up_.resize(static_cast<size_t>(model_.ffn_size));
+  const int64_t ffn_bytes = int64_t{4} * model_.hidden_size * model_.ffn_size;
+  token_tile_ = ffn_bytes >= kTiledLayerBytes ? kTokenTile : 1;
+  attn_out_.resize(static_cast<size_t>(kTokenTile) * model_.q_size());
+  gate_.resize(static_cast<size_t>(kTokenTile) * model_.ffn_size);
+  up_.resize(static_cast<size_t>(kTokenTile) * model_.ffn_size);
   scores_.resize(static_cast<size_t>(rope_.positions_count));
   init_mamba_pool(config, tp_degree);
 }
@@ -279,11 +305,17 @@ void CpuModel::lm_head(std::span<const int32_t> logits_token_index, std::span<fl
   }
   for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
     const ShardRange shard = tp_.vocab(rank);
-    for (size_t r = 0; r < rows; ++r) {
-      for (int32_t o = shard.begin; o < shard.end(); ++o) {
-        logits[r * v + o] = dot(head.data() + static_cast<size_t>(o) * h, normed_.data() + r * h, h);
+    for_each_tile(static_cast<int32_t>(rows), token_tile_, [&](int32_t first, int32_t n) {
+      std::array<const float*, kTokenTile> x{};
+      std::array<float*, kTokenTile> y{};
+      for (int32_t i = 0; i < n; ++i) {
+        x[i] = normed_.data() + static_cast<size_t>(first + i) * h;
+        y[i] = logits.data() + static_cast<size_t>(first + i) * v;
       }
-    }
+      const size_t tile = static_cast<size_t>(n);
+      products(head.data(), h, shard, ShardRange{0, h}, std::span(x.data(), tile),
+               std::span(y.data(), tile));
+    });
   }
   group_.all_gather(static_cast<int64_t>(rows) * tp_.vocab(0).count);
 }
@@ -308,27 +340,43 @@ void CpuModel::attention_layer_qkv(int32_t layer, const ForwardTokens& tokens) {
   const int32_t h = model_.hidden_size;
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
   for (int32_t t = 0; t < count; ++t) {
-    float* normed = normed_.data() + static_cast<size_t>(t) * h;
-    rms_norm(residual_.data() + static_cast<size_t>(t) * h, w.attn_norm, h, model_.rms_eps, normed);
-    const int32_t position = std::min(tokens.positions[t], rope_.positions_count - 1);
-    for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
-      rank_qkv(w, normed, tp_.query_heads(rank), tp_.kv_heads(rank), position,
-               q_.data() + static_cast<size_t>(t) * model_.q_size(),
-               kv_at(tokens.slots[t], layer, 0), kv_at(tokens.slots[t], layer, 1));
-    }
+    rms_norm(residual_.data() + static_cast<size_t>(t) * h, w.attn_norm, h, model_.rms_eps,
+             normed_.data() + static_cast<size_t>(t) * h);
   }
+  for_each_tile(count, token_tile_, [&](int32_t first, int32_t n) {
+    std::array<const float*, kTokenTile> x{};
+    std::array<float*, kTokenTile> q{}, k{}, v{};
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t t = first + i;
+      x[i] = normed_.data() + static_cast<size_t>(t) * h;
+      q[i] = q_.data() + static_cast<size_t>(t) * model_.q_size();
+      k[i] = kv_at(tokens.slots[t], layer, 0);
+      v[i] = kv_at(tokens.slots[t], layer, 1);
+    }
+    const size_t tile = static_cast<size_t>(n);
+    for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
+      const ShardRange q_rows = head_elements(tp_.query_heads(rank), model_.head_dim);
+      const ShardRange kv_rows = head_elements(tp_.kv_heads(rank), model_.head_dim);
+      const std::span<const float* const> xs(x.data(), tile);
+      products(w.wq.data(), h, q_rows, ShardRange{0, h}, xs, std::span(q.data(), tile));
+      products(w.wk.data(), h, kv_rows, ShardRange{0, h}, xs, std::span(k.data(), tile));
+      products(w.wv.data(), h, kv_rows, ShardRange{0, h}, xs, std::span(v.data(), tile));
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t position = std::min(tokens.positions[first + i], rope_.positions_count - 1);
+        rank_qkv_heads(w, tp_.query_heads(rank), tp_.kv_heads(rank), position, q[i], k[i],
+                       v[i]);
+      }
+    }
+  });
 }
 
-// One rank's share of one token's q/k/v: the heads `q_heads` of q and `kv_heads` of k and v.
-void CpuModel::rank_qkv(const LayerWeights& w, const float* normed, ShardRange q_heads,
-                        ShardRange kv_heads, int32_t position, float* q, float* k, float* v) {
-  const int32_t h = model_.hidden_size;
+// One rank's share of one token's q/k/v after their products: the biases, Qwen3's head norms and
+// RoPE, on the heads `q_heads` of q and `kv_heads` of k and v.
+void CpuModel::rank_qkv_heads(const LayerWeights& w, ShardRange q_heads, ShardRange kv_heads,
+                              int32_t position, float* q, float* k, float* v) {
   const int32_t d = model_.head_dim;
   const ShardRange q_rows = head_elements(q_heads, d);
   const ShardRange kv_rows = head_elements(kv_heads, d);
-  matvec_rows(w.wq, normed, h, q_rows, q);
-  matvec_rows(w.wk, normed, h, kv_rows, k);
-  matvec_rows(w.wv, normed, h, kv_rows, v);
   if (model_.qkv_bias) {
     add_bias(w.q_bias, q_rows, q), add_bias(w.k_bias, kv_rows, k), add_bias(w.v_bias, kv_rows, v);
   }
@@ -357,19 +405,29 @@ void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
   const int32_t h = model_.hidden_size;
   const int32_t width = limits_.table_width();
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
+  const int32_t q_size = model_.q_size();
   for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
     const ShardRange heads = tp_.query_heads(rank);
-    for (int32_t t = 0; t < count; ++t) {
-      const std::span<const int32_t> table_row =
-          table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
-      attend(layer, t, tokens.positions[t], table_row, heads, attn_out_.data());
-      if (capture_) {  // TP 1 (capture_activations): the one rank computed every head
-        std::copy(attn_out_.begin(), attn_out_.end(),
-                  attn_capture_->values.begin() + static_cast<ptrdiff_t>(t) * model_.q_size());
+    for_each_tile(count, token_tile_, [&](int32_t first, int32_t n) {
+      std::array<const float*, kTokenTile> x{};
+      std::array<float*, kTokenTile> y{};
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t t = first + i;
+        const std::span<const int32_t> table_row =
+            table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
+        float* out = attn_out_.data() + static_cast<size_t>(i) * q_size;
+        attend(layer, t, tokens.positions[t], table_row, heads, out);
+        if (capture_) {  // TP 1 (capture_activations): the one rank computed every head
+          std::copy(out, out + q_size,
+                    attn_capture_->values.begin() + static_cast<ptrdiff_t>(t) * q_size);
+        }
+        x[i] = out;
+        y[i] = partial_at(rank, t, count);
       }
-      matvec_partial(w.wo, attn_out_.data(), h, model_.q_size(),
-                     head_elements(heads, model_.head_dim), partial_at(rank, t, count));
-    }
+      const size_t tile = static_cast<size_t>(n);
+      products(w.wo.data(), q_size, ShardRange{0, h}, head_elements(heads, model_.head_dim),
+               std::span(x.data(), tile), std::span(y.data(), tile));
+    });
   }
   reduce_into_residual(count);
 }
@@ -419,13 +477,28 @@ void CpuModel::ffn_layer(int32_t layer, int32_t tokens_count) {
   }
   for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
     const ShardRange columns = tp_.ffn(rank);
-    for (int32_t t = 0; t < tokens_count; ++t) {
-      const float* normed = normed_.data() + static_cast<size_t>(t) * h;
-      matvec_rows(w.w_gate, normed, h, columns, gate_.data());
-      matvec_rows(w.w_up, normed, h, columns, up_.data());
-      for (int32_t i = columns.begin; i < columns.end(); ++i) gate_[i] = ops::swiglu(gate_[i], up_[i]);
-      matvec_partial(w.w_down, gate_.data(), h, f, columns, partial_at(rank, t, tokens_count));
-    }
+    for_each_tile(tokens_count, token_tile_, [&](int32_t first, int32_t n) {
+      std::array<const float*, kTokenTile> x{}, activated{};
+      std::array<float*, kTokenTile> gate{}, up{}, partial{};
+      for (int32_t i = 0; i < n; ++i) {
+        x[i] = normed_.data() + static_cast<size_t>(first + i) * h;
+        gate[i] = gate_.data() + static_cast<size_t>(i) * f;
+        up[i] = up_.data() + static_cast<size_t>(i) * f;
+        activated[i] = gate[i];
+        partial[i] = partial_at(rank, first + i, tokens_count);
+      }
+      const size_t tile = static_cast<size_t>(n);
+      const std::span<const float* const> xs(x.data(), tile);
+      products(w.w_gate.data(), h, columns, ShardRange{0, h}, xs, std::span(gate.data(), tile));
+      products(w.w_up.data(), h, columns, ShardRange{0, h}, xs, std::span(up.data(), tile));
+      for (int32_t i = 0; i < n; ++i) {
+        for (int32_t c = columns.begin; c < columns.end(); ++c) {
+          gate[i][c] = ops::swiglu(gate[i][c], up[i][c]);
+        }
+      }
+      products(w.w_down.data(), f, ShardRange{0, h}, columns, std::span(activated.data(), tile),
+               std::span(partial.data(), tile));
+    });
   }
   reduce_into_residual(tokens_count);
 }

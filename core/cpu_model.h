@@ -81,8 +81,8 @@ class CpuModel {
   void attention_layer_qkv(int32_t layer, const ForwardTokens& tokens);
   void attention_layer_out(int32_t layer, const ForwardTokens& tokens,
                            std::span<const int32_t> table);
-  void rank_qkv(const LayerWeights& w, const float* normed, ShardRange q_heads,
-                ShardRange kv_heads, int32_t position, float* q, float* k, float* v);
+  void rank_qkv_heads(const LayerWeights& w, ShardRange q_heads, ShardRange kv_heads,
+                      int32_t position, float* q, float* k, float* v);
   void ffn_layer(int32_t layer, int32_t tokens_count);
   void mamba_layer(int32_t layer, const ForwardTokens& tokens);
   void mamba_token(const LayerWeights& w, float* state, const float* normed, float* out);
@@ -114,9 +114,10 @@ class CpuModel {
   std::vector<float> partials_;   // [tp degree, step_tokens, hidden] row-parallel partial sums
   std::vector<float> reduced_;    // [step_tokens_max, hidden] their all-reduce
   std::vector<float> q_;          // [step_tokens_max, q_size]
-  std::vector<float> attn_out_;   // [q_size] one token at a time
-  std::vector<float> gate_;       // [ffn]
-  std::vector<float> up_;         // [ffn]
+  int32_t token_tile_ = 1;        // tokens a product takes at once (cpu_model.cpp kTokenTile)
+  std::vector<float> attn_out_;   // [token tile, q_size]
+  std::vector<float> gate_;       // [token tile, ffn]
+  std::vector<float> up_;         // [token tile, ffn]
   std::vector<float> scores_;     // [context_length + W]
   StepActivations* capture_ = nullptr;  // borrowed; null: no capture
   ActivationTensor* attn_capture_ = nullptr;  // the layer's attn_out while it is computed

@@ -1,5 +1,7 @@
 // The CPU reference's batch invariance, compared bit for bit: a request's logits do not depend on
-// how its prompt was chunked, on what else is in the batch, or on its pool row.
+// how its prompt was chunked, on what else is in the batch, or on its pool row — for `tiny`, whose
+// products take a token at a time, and for a model wide enough that they take tiles of tokens
+// (testing::tiled_weights), where a chunk's tokens share tiles with each other and other rows'.
 #include "core/executor.h"
 #include "tests/test_support.h"
 
@@ -44,9 +46,18 @@ bool non_degenerate(const LogitsTrace& t) {
   return t.size() == kDecodeSteps + 1 && norm > 0;
 }
 
+const ModelWeights& weights_named(const std::string& name) {
+  return name == "tiled" ? testing::tiled_weights() : testing::tiny_weights();
+}
+
+class ChunkInvariance : public ::testing::TestWithParam<std::string> {};
+class PoolRowInvariance : public ::testing::TestWithParam<std::string> {};
+class BatchInvariance : public ::testing::TestWithParam<std::string> {};
+
 // Prefills the subject in chunks of the given sizes on `pool_row`, then decodes it greedily.
-LogitsTrace run_chunked(const std::vector<int32_t>& chunks, int32_t pool_row) {
-  Harness h;
+LogitsTrace run_chunked(const std::vector<int32_t>& chunks, int32_t pool_row,
+                        const ModelWeights& weights) {
+  Harness h(testing::small_config(), nullptr, {.capture_logits = true}, weights);
   const std::vector<int32_t> prompt = prompt_for(kSubject, kPromptTokens);
   LogitsTrace trace;
   int32_t prefix = 0;
@@ -68,24 +79,27 @@ LogitsTrace run_chunked(const std::vector<int32_t>& chunks, int32_t pool_row) {
   return trace;
 }
 
-TEST(ChunkInvariance, OneTwoAndFiveChunksGiveBitIdenticalLogits) {
-  const LogitsTrace one = run_chunked({40}, 1);
+TEST_P(ChunkInvariance, OneTwoAndFiveChunksGiveBitIdenticalLogits) {
+  const ModelWeights& w = weights_named(GetParam());
+  const LogitsTrace one = run_chunked({40}, 1, w);
   ASSERT_TRUE(non_degenerate(one));
-  EXPECT_TRUE(bit_identical(one, run_chunked({20, 20}, 1)));
-  EXPECT_TRUE(bit_identical(one, run_chunked({8, 8, 8, 8, 8}, 1)));
-  EXPECT_TRUE(bit_identical(one, run_chunked({1, 13, 26}, 1)));
+  EXPECT_TRUE(bit_identical(one, run_chunked({20, 20}, 1, w)));
+  EXPECT_TRUE(bit_identical(one, run_chunked({8, 8, 8, 8, 8}, 1, w)));
+  EXPECT_TRUE(bit_identical(one, run_chunked({1, 13, 26}, 1, w)));
+  EXPECT_TRUE(bit_identical(one, run_chunked(std::vector<int32_t>(40, 1), 1, w)));  // singly
 }
 
-TEST(PoolRowInvariance, TheSameRequestOnAnotherPoolRowGivesBitIdenticalLogits) {
-  EXPECT_TRUE(bit_identical(run_chunked({40}, 1), run_chunked({40}, 7)));
+TEST_P(PoolRowInvariance, TheSameRequestOnAnotherPoolRowGivesBitIdenticalLogits) {
+  const ModelWeights& w = weights_named(GetParam());
+  EXPECT_TRUE(bit_identical(run_chunked({40}, 1, w), run_chunked({40}, 7, w)));
 }
 
 // The subject in a batch with seven other requests of different lengths, sharing every step:
 // their prefill rows in the same EXTEND op, their decode rows in the same DECODE ops.
-LogitsTrace run_crowded() {
+LogitsTrace run_crowded(const ModelWeights& weights) {
   ExecutorConfig config = testing::small_config();
   config.prefill_chunk_tokens = 128;  // all eight prompts in one op (also a different buffer size)
-  Harness h(config);
+  Harness h(config, nullptr, {.capture_logits = true}, weights);
   ForwardOp prefill;
   ForwardOp decode;
   int32_t subject_row = 0;
@@ -109,11 +123,17 @@ LogitsTrace run_crowded() {
   return trace;
 }
 
-TEST(BatchInvariance, AloneAndWithSevenOthersGiveBitIdenticalLogits) {
-  const LogitsTrace alone = run_chunked({40}, 5);
+TEST_P(BatchInvariance, AloneAndWithSevenOthersGiveBitIdenticalLogits) {
+  const ModelWeights& w = weights_named(GetParam());
+  const LogitsTrace alone = run_chunked({40}, 5, w);
   ASSERT_TRUE(non_degenerate(alone));
-  EXPECT_TRUE(bit_identical(alone, run_crowded()));
+  EXPECT_TRUE(bit_identical(alone, run_crowded(w)));
 }
+
+INSTANTIATE_TEST_SUITE_P(TokenAtATimeAndTiled, ChunkInvariance, ::testing::Values("tiny", "tiled"));
+INSTANTIATE_TEST_SUITE_P(TokenAtATimeAndTiled, PoolRowInvariance,
+                         ::testing::Values("tiny", "tiled"));
+INSTANTIATE_TEST_SUITE_P(TokenAtATimeAndTiled, BatchInvariance, ::testing::Values("tiny", "tiled"));
 
 }  // namespace
 }  // namespace ls

@@ -56,6 +56,19 @@ inline const ModelWeights& tiny_weights() {
   return weights;
 }
 
+// `tiny` with layers wide enough (hidden 512, ffn 2048: 4 MiB a product) that the CPU reference's
+// products take tokens in tiles (core/cpu_model.cpp kTiledLayerBytes); tiny's take one at a time.
+inline const ModelWeights& tiled_weights() {
+  static const ModelWeights weights = [] {
+    ModelConfig c = model_config_named("tiny");
+    c.name = "tiny-wide";
+    c.hidden_size = 512, c.query_heads_count = 8, c.kv_heads_count = 4, c.head_dim = 64;
+    c.ffn_size = 2048;
+    return weights_from_seed(c, 7);
+  }();
+  return weights;
+}
+
 // The simulator's weights of `model` (tiny or tiny-hybrid), from the seed `lockstep sim` draws
 // them from (cli/sim_command.cpp kSimWeightsSeed).
 inline constexpr uint64_t kSimWeightsSeed = 0;
@@ -69,10 +82,11 @@ inline const ModelWeights& sim_weights(const std::string& model = "tiny") {
 // A CPU backend and executor over the shared tiny weights.
 struct Harness {
   explicit Harness(ExecutorConfig c = small_config(), std::unique_ptr<Verifier> verifier = nullptr,
-                   ExecutorOptions options = {.capture_logits = true})
+                   ExecutorOptions options = {.capture_logits = true},
+                   const ModelWeights& weights = tiny_weights())
       : config(c),
-        backend(tiny_weights(), c, std::move(verifier)),
-        executor(c, tiny_weights().config.vocab_size, backend, options) {}
+        backend(weights, c, std::move(verifier)),
+        executor(c, weights.config.vocab_size, backend, options) {}
 
   int32_t vcl(int32_t pool_row) const {
     const int32_t rows[] = {pool_row};
