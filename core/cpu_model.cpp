@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <thread>
+#include <vector>
 
 namespace ls {
 
@@ -28,11 +30,9 @@ constexpr int32_t kTokenTile = 16;
 constexpr int64_t kTiledLayerBytes = int64_t{4} << 20;
 
 // y_t[o] = W[o, cols] · x_t[cols] for a tile's tokens t (x[t], y[t]) and the outputs o in `rows`,
-// W row-major [out, in]. Column-parallel shards take all of `cols` and their `rows`; row-parallel
-// partials (the all-reduce adds the ranks') every row and their `cols`. Each output is the one dot
-// product a token alone computes, so tiling changes no bit.
-void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
-              std::span<const float* const> x, std::span<float* const> y) {
+// W row-major [out, in], on this thread.
+void products_serial(const float* w, int32_t in, ShardRange rows, ShardRange cols,
+                     std::span<const float* const> x, std::span<float* const> y) {
   if (x.size() == 1) {  // a token alone: the pointers held in registers, not reloaded per row
     const float* x0 = x[0] + cols.begin;
     float* y0 = y[0];
@@ -46,6 +46,42 @@ void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
     for (size_t t = 0; t < x.size(); ++t) y[t][o] = dot(row, x[t] + cols.begin, cols.count);
   }
 }
+
+// Multiply-adds a thread takes at the least, and the most threads a product uses: a product of a
+// model whose layers outgrow the caches spreads its outputs over the machine's cores.
+constexpr int64_t kThreadWork = int64_t{1} << 22;
+constexpr int32_t kThreadsMax = 16;
+
+int32_t cores() {
+  static const int32_t count =
+      std::clamp(static_cast<int32_t>(std::thread::hardware_concurrency()), 1, kThreadsMax);
+  return count;
+}
+
+// products_serial's outputs, split into contiguous runs of rows over up to cores() threads when the
+// product is big enough to pay for them. Column-parallel shards take all of `cols` and their
+// `rows`; row-parallel partials (the all-reduce adds the ranks') every row and their `cols`. Each
+// output is the one dot product a token alone computes, on one thread: tiles and threads change
+// no bit.
+void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
+              std::span<const float* const> x, std::span<float* const> y) {
+  const int64_t work = int64_t{rows.count} * cols.count * static_cast<int64_t>(x.size());
+  if (work < 2 * kThreadWork) return products_serial(w, in, rows, cols, x, y);  // `tiny`'s all
+  const int32_t threads = static_cast<int32_t>(
+      std::min<int64_t>({cores(), work / kThreadWork, rows.count}));
+  if (threads <= 1) return products_serial(w, in, rows, cols, x, y);
+  std::vector<std::jthread> pool;
+  pool.reserve(static_cast<size_t>(threads - 1));
+  const auto part = [&](int32_t i) {  // the i-th of `threads` near-equal runs of `rows`
+    const int32_t first = rows.begin + static_cast<int32_t>(int64_t{rows.count} * i / threads);
+    const int32_t end = rows.begin + static_cast<int32_t>(int64_t{rows.count} * (i + 1) / threads);
+    return ShardRange{first, end - first};
+  };
+  for (int32_t i = 1; i < threads; ++i) {
+    pool.emplace_back([&, i] { products_serial(w, in, part(i), cols, x, y); });
+  }
+  products_serial(w, in, part(0), cols, x, y);
+}  // the pool joins here
 
 // One token's column-parallel shard of y = W x: y[o] = W[o, :] · x for o in `rows`.
 void matvec_rows(const std::vector<float>& w, const float* x, int32_t in, ShardRange rows,
