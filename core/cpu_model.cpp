@@ -70,18 +70,18 @@ void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
   const int32_t threads = static_cast<int32_t>(
       std::min<int64_t>({cores(), work / kThreadWork, rows.count}));
   if (threads <= 1) return products_serial(w, in, rows, cols, x, y);
-  std::vector<std::jthread> pool;
-  pool.reserve(static_cast<size_t>(threads - 1));
   const auto part = [&](int32_t i) {  // the i-th of `threads` near-equal runs of `rows`
     const int32_t first = rows.begin + static_cast<int32_t>(int64_t{rows.count} * i / threads);
     const int32_t end = rows.begin + static_cast<int32_t>(int64_t{rows.count} * (i + 1) / threads);
     return ShardRange{first, end - first};
   };
+  std::vector<std::jthread> pool;  // joined when it goes, before the parameters the threads read
+  pool.reserve(static_cast<size_t>(threads - 1));
   for (int32_t i = 1; i < threads; ++i) {
-    pool.emplace_back([&, i] { products_serial(w, in, part(i), cols, x, y); });
+    pool.emplace_back([=, range = part(i)] { products_serial(w, in, range, cols, x, y); });
   }
   products_serial(w, in, part(0), cols, x, y);
-}  // the pool joins here
+}
 
 // One token's column-parallel shard of y = W x: y[o] = W[o, :] · x for o in `rows`.
 void matvec_rows(const std::vector<float>& w, const float* x, int32_t in, ShardRange rows,
