@@ -153,6 +153,11 @@ run_gpu_tests() {
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST${extra:+|$extra}" "$OUT/gpu_tests.log" | tail -24
 }
 
+# A mode's last line: its name (empty for the full run), its status and what it wrote.
+mode_done() {
+  echo "gpu-run${1:+ $1}: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+}
+
 package() {
   set -e
   if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
@@ -295,7 +300,7 @@ run_python() {
     run_part "$OUT/python_loop.log" 60 "$py" bench/python_loop.py --lockstep "$LOCKSTEP_BIN" \
         --model tiny --backend cuda --batch 16 --new-tokens 64
   cat "$OUT/python_loop.log"
-  echo "gpu-run python: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done python
   return $status
 }
 
@@ -342,7 +347,7 @@ run_families() {
   run_part --new "$OUT/gpu_bench.log" 200 \
       "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json" --shapes qwen3-0.6b,qwen2.5-7b
   cat "$OUT/gpu_bench.log"
-  echo "gpu-run families: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done families
   return $status
 }
 
@@ -403,7 +408,7 @@ run_report() {
   begin_mode lockstep
   local status=0
   cuda_report "$OUT/cuda_report.tar" || status=1
-  echo "gpu-run report: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done report
   return $status
 }
 
@@ -439,7 +444,7 @@ run_spec() {
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/spec.log" | tail -30
   spec_cli "$OUT/spec.log" || status=1
   spec_bench "$OUT/spec.log" "$OUT/gpu_spec_bench.json" || status=1
-  echo "gpu-run spec: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done spec
   return $status
 }
 
@@ -543,7 +548,7 @@ for h in peer.get("hf_generate", []):
     vs = f", {h['step_ms'] / mine[k]['step_ms_median']:.1f}x lockstep's step" if k in mine else ""
     print(f"  HF generate {h['shape']} batch {h['batch']} context {h['context']}: {h['step_ms']:.2f} ms/token{vs}")
 PY
-  echo "gpu-run: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done
   return $status
 }
 
@@ -573,7 +578,7 @@ run_recording() {
     timeout 120 "$DIST/bin/lockstep_bench_recording" --benchmark_filter='Row' 2>&1 | grep -E '^BM_'
   } >> "$OUT/recording_bench.log" 2>&1 || status=1
   cat "$OUT/recording_bench.log"
-  echo "gpu-run recording: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done recording
   return $status
 }
 
@@ -600,7 +605,7 @@ run_tp() {
       "$log" | tail -30
   run_part --new "$OUT/tp_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" "$OUT/tp_bench.json" --tp 2
   cat "$OUT/tp_bench.log"
-  echo "gpu-run tp: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done tp
   return $status
 }
 
@@ -628,7 +633,7 @@ run_hybrid() {
   echo "== one Bamba-9B mixer layer alone (lockstep_gpu_mamba_bench)" >> "$bench"
   run_part "$bench" 120 "$DIST/bin/lockstep_gpu_mamba_bench"
   cat "$bench"
-  echo "gpu-run hybrid: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done hybrid
   return $status
 }
 
@@ -651,7 +656,7 @@ run_fusion() {
   run_part --new "$OUT/fusion_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" \
       "$OUT/fusion_bench.json" --fusion
   cat "$OUT/fusion_bench.log"
-  echo "gpu-run fusion: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done fusion
   return $status
 }
 
@@ -667,7 +672,7 @@ run_sampling() {
   run_part --new "$OUT/sampling_bench.log" 300 "$DIST/bin/lockstep_gpu_bench" \
       "$OUT/sampling_bench.json" --sampling
   cat "$OUT/sampling_bench.log"
-  echo "gpu-run sampling: done, status $status; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+  mode_done sampling
   return $status
 }
 
