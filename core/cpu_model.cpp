@@ -138,9 +138,9 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   q_.resize(tokens * model_.q_size());
   const int64_t ffn_bytes = int64_t{4} * model_.hidden_size * model_.ffn_size;
   token_tile_ = ffn_bytes >= kTiledLayerBytes ? kTokenTile : 1;
-  attn_out_.resize(static_cast<size_t>(kTokenTile) * model_.q_size());
-  gate_.resize(static_cast<size_t>(kTokenTile) * model_.ffn_size);
-  up_.resize(static_cast<size_t>(kTokenTile) * model_.ffn_size);
+  attn_out_.resize(static_cast<size_t>(token_tile_) * model_.q_size());
+  gate_.resize(static_cast<size_t>(token_tile_) * model_.ffn_size);
+  up_.resize(static_cast<size_t>(token_tile_) * model_.ffn_size);
   scores_.resize(static_cast<size_t>(rope_.positions_count));
   init_mamba_pool(config, tp_degree);
 }
