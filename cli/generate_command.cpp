@@ -57,7 +57,15 @@ int run_generate(GenerateOptions& o) {
              "--record-activations records into a trace: add --record FILE");
   prepare_backend_environment(o.model.backend, o.model.tp_degree);  // before CUDA starts
   WeightSource source;
+  const auto loading = std::chrono::steady_clock::now();
   const ModelWeights weights = load_model(o.model, source);
+  if (!o.quiet) {  // a large model's start takes seconds: say what they went on
+    fmt::print(stderr, "generate: {} loaded in {:.3f} s ({})\n", weights.config.name,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - loading).count(),
+               source.kind == WeightSource::Kind::kSeed
+                   ? fmt::format("random weights from seed {}", source.seed)
+                   : source.directory);
+  }
   const std::vector<RequestSpec> requests = read_prompts(o, weights.config);
   const ExecutorConfig& limits = o.model.executor;
   Scheduler scheduler(scheduler_config_for_model(limits, weights.config));

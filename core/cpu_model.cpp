@@ -53,8 +53,7 @@ constexpr int64_t kThreadWork = int64_t{1} << 22;
 constexpr int32_t kThreadsMax = 16;
 
 int32_t cores() {
-  static const int32_t count =
-      std::clamp(static_cast<int32_t>(std::thread::hardware_concurrency()), 1, kThreadsMax);
+  static const int32_t count = std::min(host_cores(), kThreadsMax);
   return count;
 }
 
@@ -126,11 +125,10 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
                       fmt::format("the CPU KV pools ({} device + {} host pages of {} tokens)",
                                   config.pages_count, config.host_pages_count, config.page_size));
   const size_t tokens = static_cast<size_t>(config.step_tokens_max());
-  kv_.assign(static_cast<size_t>(kv_slots_count_) * model_.layers_count * 2 * model_.kv_size(),
-             0.0f);
-  host_kv_.assign(static_cast<size_t>(config.host_pages_count) * config.page_size *
-                      model_.layers_count * 2 * model_.kv_size(),
-                  0.0f);
+  kv_ = ZeroedFloats(static_cast<size_t>(kv_slots_count_) * model_.layers_count * 2 *
+                     model_.kv_size());
+  host_kv_ = ZeroedFloats(static_cast<size_t>(config.host_pages_count) * config.page_size *
+                          model_.layers_count * 2 * model_.kv_size());
   residual_.resize(tokens * model_.hidden_size);
   normed_.resize(tokens * model_.hidden_size);
   partials_.resize(static_cast<size_t>(tp_degree) * tokens * model_.hidden_size);
@@ -173,8 +171,8 @@ void CpuModel::init_mamba_pool(const ExecutorConfig& config, int32_t tp_degree) 
                       fmt::format("the CPU recurrent-state pools ({} slots, {} verify-state "
                                   "slots, {} host states)", config.mamba_slots_count,
                                   config.mamba_verify_slots_count(), config.host_pages_count));
-  mamba_states_.assign(static_cast<size_t>(floats), 0.0f);
-  host_mamba_states_.assign(static_cast<size_t>(host_floats), 0.0f);
+  mamba_states_ = ZeroedFloats(static_cast<size_t>(floats));
+  host_mamba_states_ = ZeroedFloats(static_cast<size_t>(host_floats));
   proj_.resize(static_cast<size_t>(m.in_proj_size()));
   mamba_scratch_ = make_mamba_scratch(m);
   mamba_y_.resize(static_cast<size_t>(m.inner_size()));

@@ -13,6 +13,7 @@
 #include "core/activations.h"
 #include "core/cache_op.h"
 #include "core/config.h"
+#include "core/host_memory.h"
 #include "core/mamba_mixer.h"
 #include "core/model/rope.h"
 #include "core/model/weights.h"
@@ -107,8 +108,8 @@ class CpuModel {
   CpuTpGroup group_;
   int64_t kv_slots_count_ = 0;
 
-  std::vector<float> kv_;         // [slots, layers, 2, kv_size] K then V per layer
-  std::vector<float> host_kv_;    // [host pages · P, layers, 2, kv_size]
+  ZeroedFloats kv_;         // [slots, layers, 2, kv_size] K then V per layer
+  ZeroedFloats host_kv_;    // [host pages · P, layers, 2, kv_size]
   std::vector<float> residual_;   // [step_tokens_max, hidden]
   std::vector<float> normed_;     // [step_tokens_max, hidden]
   std::vector<float> partials_;   // [tp degree, step_tokens, hidden] row-parallel partial sums
@@ -128,8 +129,8 @@ class CpuModel {
   int64_t mamba_layer_floats_ = 0;    // one slot's state in one Mamba layer
   int64_t mamba_slot_floats_ = 0;     // one slot's state, all Mamba layers
   int32_t mamba_pool_slots_ = 0;      // mamba_slots_count + mamba_verify_slots_count
-  std::vector<float> mamba_states_;   // [mamba_pool_slots_, mamba layers, mamba_layer_floats_]
-  std::vector<float> host_mamba_states_;  // [host_pages_count, ...]: swapped-out states
+  ZeroedFloats mamba_states_;   // [mamba_pool_slots_, mamba layers, mamba_layer_floats_]
+  ZeroedFloats host_mamba_states_;  // [host_pages_count, ...]: swapped-out states
   std::vector<float> proj_;           // [in_proj_size] one token's in_proj output
   MambaScratch mamba_scratch_;        // one token's conv output and step sizes
   std::vector<float> mamba_y_;        // [inner]

@@ -554,8 +554,9 @@ TEST(SeededWeights, TinyDigestIsUnchangedByTheFamilies) {
   EXPECT_EQ(weights_from_seed(model_config_named("tiny"), 0).digest(), 0xfba3b684ac54ae9aull);
 }
 
-// Threads split the elements, never the values: tiny plain, tied, and with both family features
-// (odd thread counts leave a short last share; more threads than the norms have elements).
+// Threads split a large tensor's elements, never the values: tiny plain, tied, and with both
+// family features, whose tensors take one thread each, and a wide model with the features, whose
+// products (1M elements) split over up to 4 threads (3 leave a short last share; 100 take 4).
 TEST(SeededWeights, ThreadsDoNotChangeTheBits) {
   ModelConfig tied = tiny_config(false);
   tied.tied_embeddings = true;
@@ -563,8 +564,11 @@ TEST(SeededWeights, ThreadsDoNotChangeTheBits) {
   families.family = ModelFamily::kQwen2;
   families.qkv_bias = true;
   families.qk_norm = true;
-  for (const ModelConfig& config : {tiny_config(false), tied, families}) {
-    const ModelWeights one = weights_from_seed(config, 7);
+  ModelConfig wide = families;
+  wide.hidden_size = 512, wide.query_heads_count = 8, wide.kv_heads_count = 4, wide.head_dim = 64;
+  wide.ffn_size = 2048;
+  for (const ModelConfig& config : {tiny_config(false), tied, families, wide}) {
+    const ModelWeights one = weights_from_seed(config, 7, 1);
     for (const int32_t threads : {3, 4, 100}) {
       SCOPED_TRACE(fmt::format("{} threads, tied {}, qkv_bias {}", threads, config.tied_embeddings,
                                config.qkv_bias));

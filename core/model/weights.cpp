@@ -172,8 +172,11 @@ static_assert(kLayerTensorsCount == ops::kSeededLayerTensorsCount);
 static_assert(kFeatureTensorsCount == ops::kSeededFeatureTensorsCount);
 static_assert(kMambaTensors.size() == ops::kSeededMambaTensorsCount);
 
-// center + half_width·(2u − 1) for every element, split over `threads` threads (the values do not
-// depend on the split).
+// Elements a thread seeds at the least (~3 ms of Philox): smaller tensors are not worth a thread.
+constexpr int64_t kSeedsPerThreadMin = int64_t{1} << 18;
+
+// center + half_width·(2u − 1) for every element, split over up to `threads` threads (the values
+// do not depend on the split).
 std::vector<float> seeded_tensor(uint64_t seed, uint32_t tensor_index, int64_t count,
                                  ops::SeededRange range, int32_t threads) {
   std::vector<float> values(static_cast<size_t>(count));
@@ -183,7 +186,8 @@ std::vector<float> seeded_tensor(uint64_t seed, uint32_t tensor_index, int64_t c
           ops::seeded_value(seed, tensor_index, i, range.center, range.half_width);
     }
   };
-  const int64_t per_thread = (count + threads - 1) / threads;
+  const int64_t used = std::clamp<int64_t>(count / kSeedsPerThreadMin, 1, threads);
+  const int64_t per_thread = (count + used - 1) / used;
   std::vector<std::thread> workers;
   for (int64_t begin = per_thread; begin < count; begin += per_thread) {
     workers.emplace_back(fill, begin, std::min(count, begin + per_thread));

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "core/config.h"
+#include "core/host_memory.h"
 
 #include <cstdint>
 #include <filesystem>
@@ -70,9 +71,10 @@ struct WeightSource {
 // element index) through Philox4x32-10, so two machines produce bit-identical weights.
 // Linear weights are uniform in [-1/sqrt(in), 1/sqrt(in)); embeddings uniform in [-1, 1);
 // norm weights (q/k head norms too) 1 + uniform in [-1/8, 1/8); biases uniform in [-1/8, 1/8).
-// `threads` splits each tensor's elements between threads (large models: llama-1b is ~35 s on one
-// core); the values do not depend on it.
-ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t threads = 1);
+// `threads` splits each large tensor's elements between threads, by default every core this
+// process may use (llama-1b takes ~35 s on one core); the values do not depend on it.
+ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed,
+                               int32_t threads = host_cores());
 
 // A Hugging Face checkpoint directory of a supported family (Llama, Qwen2, Qwen3, Mistral, Bamba):
 // config.json plus one or more *.safetensors files (bf16, fp16 or fp32), listed by
