@@ -57,6 +57,25 @@ int32_t cores() {
   return count;
 }
 
+// f(begin, end, thread) for `threads` near-equal contiguous runs [begin, end) of [0, items), the
+// first on the calling thread, the others each on a thread of their own, all joined on return.
+template <typename F>
+void in_thread_runs(int64_t items, int32_t threads, const F& f) {
+  const auto begin_of = [=](int32_t i) { return items * i / threads; };
+  std::vector<std::jthread> pool;  // joined when it goes, before anything the threads read
+  pool.reserve(static_cast<size_t>(threads - 1));
+  for (int32_t i = 1; i < threads; ++i) {
+    pool.emplace_back([=, &f] { f(begin_of(i), begin_of(i + 1), i); });
+  }
+  f(begin_of(0), begin_of(1), 0);
+}
+
+// Threads worth giving `work` multiply-adds split into at most `items` parts.
+int32_t threads_for(int64_t work, int64_t items) {
+  if (work < 2 * kThreadWork) return 1;  // `tiny`'s every product and attention
+  return static_cast<int32_t>(std::min<int64_t>({cores(), work / kThreadWork, items}));
+}
+
 // products_serial's outputs, split into contiguous runs of rows over up to cores() threads when the
 // product is big enough to pay for them. Column-parallel shards take all of `cols` and their
 // `rows`; row-parallel partials (the all-reduce adds the ranks') every row and their `cols`. Each
@@ -65,21 +84,11 @@ int32_t cores() {
 void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
               std::span<const float* const> x, std::span<float* const> y) {
   const int64_t work = int64_t{rows.count} * cols.count * static_cast<int64_t>(x.size());
-  if (work < 2 * kThreadWork) return products_serial(w, in, rows, cols, x, y);  // `tiny`'s all
-  const int32_t threads = static_cast<int32_t>(
-      std::min<int64_t>({cores(), work / kThreadWork, rows.count}));
-  if (threads <= 1) return products_serial(w, in, rows, cols, x, y);
-  const auto part = [&](int32_t i) {  // the i-th of `threads` near-equal runs of `rows`
-    const int32_t first = rows.begin + static_cast<int32_t>(int64_t{rows.count} * i / threads);
-    const int32_t end = rows.begin + static_cast<int32_t>(int64_t{rows.count} * (i + 1) / threads);
-    return ShardRange{first, end - first};
-  };
-  std::vector<std::jthread> pool;  // joined when it goes, before the parameters the threads read
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int32_t i = 1; i < threads; ++i) {
-    pool.emplace_back([=, range = part(i)] { products_serial(w, in, range, cols, x, y); });
-  }
-  products_serial(w, in, part(0), cols, x, y);
+  in_thread_runs(rows.count, threads_for(work, rows.count), [&](int64_t begin, int64_t end, int32_t) {
+    const auto first = static_cast<int32_t>(begin);
+    products_serial(w, in, ShardRange{rows.begin + first, static_cast<int32_t>(end) - first}, cols,
+                    x, y);
+  });
 }
 
 // One token's column-parallel shard of y = W x: y[o] = W[o, :] · x for o in `rows`.
@@ -139,7 +148,8 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   attn_out_.resize(static_cast<size_t>(token_tile_) * model_.q_size());
   gate_.resize(static_cast<size_t>(token_tile_) * model_.ffn_size);
   up_.resize(static_cast<size_t>(token_tile_) * model_.ffn_size);
-  scores_.resize(static_cast<size_t>(rope_.positions_count));
+  scores_stride_ = rope_.positions_count;
+  scores_.resize(static_cast<size_t>(cores()) * scores_stride_);
   init_mamba_pool(config, tp_degree);
 }
 
@@ -437,7 +447,6 @@ void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
                                    std::span<const int32_t> table) {
   const LayerWeights& w = weights_.layers[layer];
   const int32_t h = model_.hidden_size;
-  const int32_t width = limits_.table_width();
   const int32_t count = static_cast<int32_t>(tokens.input_ids.size());
   const int32_t q_size = model_.q_size();
   for (int32_t rank = 0; rank < tp_.degree(); ++rank) {
@@ -445,12 +454,10 @@ void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
     for_each_tile(count, token_tile_, [&](int32_t first, int32_t n) {
       std::array<const float*, kTokenTile> x{};
       std::array<float*, kTokenTile> y{};
+      attend_tile(layer, tokens, table, first, n, heads);
       for (int32_t i = 0; i < n; ++i) {
         const int32_t t = first + i;
-        const std::span<const int32_t> table_row =
-            table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
         float* out = attn_out_.data() + static_cast<size_t>(i) * q_size;
-        attend(layer, t, tokens.positions[t], table_row, heads, out);
         if (capture_) {  // TP 1 (capture_activations): the one rank computed every head
           std::copy(out, out + q_size,
                     attn_capture_->values.begin() + static_cast<ptrdiff_t>(t) * q_size);
@@ -466,36 +473,65 @@ void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
   reduce_into_residual(count);
 }
 
-// Causal attention for one token over positions 0..position of its own request, keys walked in
-// ascending position: max, then exp and sum, then the weighted value sum — one fixed order.
-void CpuModel::attend(int32_t layer, int32_t token, int32_t position,
-                      std::span<const int32_t> table_row, ShardRange heads, float* out) {
+// attn_out_'s rows [0, n): tokens first..first + n - 1 attending with `heads`, each (token, head)
+// pair one attend_head, the pairs in contiguous runs over up to cores() threads when the tile's
+// attention is big enough to pay for them; each pair is computed on one thread in its one order,
+// so threads change no bit.
+void CpuModel::attend_tile(int32_t layer, const ForwardTokens& tokens,
+                           std::span<const int32_t> table, int32_t first, int32_t n,
+                           ShardRange heads) {
+  const int32_t width = limits_.table_width();
+  const int64_t pairs = int64_t{n} * heads.count;
+  int64_t keys = 0;
+  for (int32_t t = first; t < first + n; ++t) keys += keys_at(tokens.positions[t]);
+  const int64_t work = keys * heads.count * 2 * model_.head_dim;  // q·k and the weighted v
+  in_thread_runs(pairs, threads_for(work, pairs), [&](int64_t begin, int64_t end, int32_t thread) {
+    float* scores = scores_.data() + static_cast<size_t>(thread) * scores_stride_;
+    for (int64_t pair = begin; pair < end; ++pair) {
+      const auto i = static_cast<int32_t>(pair / heads.count);
+      const int32_t head = heads.begin + static_cast<int32_t>(pair % heads.count);
+      const int32_t t = first + i;
+      const std::span<const int32_t> table_row =
+          table.subspan(static_cast<size_t>(tokens.pool_rows[t]) * width, width);
+      attend_head(layer, t, tokens.positions[t], table_row, head, scores,
+                  attn_out_.data() + static_cast<size_t>(i) * model_.q_size());
+    }
+  });
+}
+
+// Keys a token at `position` attends to: positions 0..position, within the RoPE table.
+int32_t CpuModel::keys_at(int32_t position) const {
+  return std::min(position, rope_.positions_count - 1) + 1;
+}
+
+// Causal attention of query head `head` of token `token` over positions 0..position of its own
+// request, keys walked in ascending position: max, then exp and sum, then the weighted value sum
+// — one fixed order. `scores` holds keys_at(position) floats; `out` is the token's q-sized row.
+void CpuModel::attend_head(int32_t layer, int32_t token, int32_t position,
+                           std::span<const int32_t> table_row, int32_t head, float* scores,
+                           float* out) {
   const int32_t d = model_.head_dim;
-  const int32_t group = model_.query_heads_count / model_.kv_heads_count;
+  const int32_t kv_head = head / (model_.query_heads_count / model_.kv_heads_count);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int32_t keys = std::min(position, rope_.positions_count - 1) + 1;
-  const float* q_token = q_.data() + static_cast<size_t>(token) * model_.q_size();
-  for (int32_t head = heads.begin; head < heads.end(); ++head) {
-    const int32_t kv_head = head / group;
-    const float* q = q_token + head * d;
-    float max_score = -INFINITY;
-    for (int32_t p = 0; p < keys; ++p) {
-      const float* k = kv_at(slot_for(table_row, limits_.page_size, p), layer, 0) + kv_head * d;
-      scores_[p] = dot(q, k, d) * scale;
-      max_score = std::max(max_score, scores_[p]);
-    }
-    float sum = 0.0f;
-    for (int32_t p = 0; p < keys; ++p) {
-      scores_[p] = std::exp(scores_[p] - max_score);
-      sum += scores_[p];
-    }
-    float* o = out + head * d;
-    std::fill(o, o + d, 0.0f);
-    for (int32_t p = 0; p < keys; ++p) {
-      const float* v = kv_at(slot_for(table_row, limits_.page_size, p), layer, 1) + kv_head * d;
-      const float weight = scores_[p] / sum;
-      for (int32_t i = 0; i < d; ++i) o[i] += weight * v[i];
-    }
+  const int32_t keys = keys_at(position);
+  const float* q = q_.data() + static_cast<size_t>(token) * model_.q_size() + head * d;
+  float max_score = -INFINITY;
+  for (int32_t p = 0; p < keys; ++p) {
+    const float* k = kv_at(slot_for(table_row, limits_.page_size, p), layer, 0) + kv_head * d;
+    scores[p] = dot(q, k, d) * scale;
+    max_score = std::max(max_score, scores[p]);
+  }
+  float sum = 0.0f;
+  for (int32_t p = 0; p < keys; ++p) {
+    scores[p] = std::exp(scores[p] - max_score);
+    sum += scores[p];
+  }
+  float* o = out + head * d;
+  std::fill(o, o + d, 0.0f);
+  for (int32_t p = 0; p < keys; ++p) {
+    const float* v = kv_at(slot_for(table_row, limits_.page_size, p), layer, 1) + kv_head * d;
+    const float weight = scores[p] / sum;
+    for (int32_t i = 0; i < d; ++i) o[i] += weight * v[i];
   }
 }
 

@@ -93,8 +93,11 @@ class CpuModel {
   void lm_head(std::span<const int32_t> logits_token_index, std::span<float> logits);
   void reduce_into_residual(int32_t tokens_count);
   float* partial_at(int32_t rank, int32_t token, int32_t tokens_count);
-  void attend(int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
-              ShardRange heads, float* out);
+  void attend_tile(int32_t layer, const ForwardTokens& tokens, std::span<const int32_t> table,
+                   int32_t first, int32_t n, ShardRange heads);
+  int32_t keys_at(int32_t position) const;
+  void attend_head(int32_t layer, int32_t token, int32_t position,
+                   std::span<const int32_t> table_row, int32_t head, float* scores, float* out);
   float* kv_at(int64_t slot, int32_t layer, int32_t which);
   void capture_qkv(int32_t layer, const ForwardTokens& tokens);
   void capture_rows(int32_t layer, ActivationKind kind, const float* rows, int32_t count,
@@ -119,7 +122,8 @@ class CpuModel {
   std::vector<float> attn_out_;   // [token tile, q_size]
   std::vector<float> gate_;       // [token tile, ffn]
   std::vector<float> up_;         // [token tile, ffn]
-  std::vector<float> scores_;     // [context_length + W]
+  int32_t scores_stride_ = 0;     // a thread's scores: one per position (context_length + W)
+  std::vector<float> scores_;     // [cores, scores_stride_]: attend_tile's threads' scores
   StepActivations* capture_ = nullptr;  // borrowed; null: no capture
   ActivationTensor* attn_capture_ = nullptr;  // the layer's attn_out while it is computed
 

@@ -54,24 +54,27 @@ class ChunkInvariance : public ::testing::TestWithParam<std::string> {};
 class PoolRowInvariance : public ::testing::TestWithParam<std::string> {};
 class BatchInvariance : public ::testing::TestWithParam<std::string> {};
 
-// Prefills the subject in chunks of the given sizes on `pool_row`, then decodes it greedily.
+// Prefills the subject (a prompt of `prompt_tokens`) in chunks of the given sizes on `pool_row`,
+// then decodes it greedily.
 LogitsTrace run_chunked(const std::vector<int32_t>& chunks, int32_t pool_row,
-                        const ModelWeights& weights) {
-  Harness h(testing::small_config(), nullptr, {.capture_logits = true}, weights);
-  const std::vector<int32_t> prompt = prompt_for(kSubject, kPromptTokens);
+                        const ModelWeights& weights, int32_t prompt_tokens = kPromptTokens,
+                        const ExecutorConfig& config = testing::small_config()) {
+  Harness h(config, nullptr, {.capture_logits = true}, weights);
+  const std::vector<int32_t> prompt = prompt_for(kSubject, prompt_tokens);
+  const int32_t pages = (prompt_tokens + kDecodeSteps + config.page_size - 1) / config.page_size;
   LogitsTrace trace;
   int32_t prefix = 0;
   for (int32_t chunk : chunks) {
     ForwardOp op;
-    op.rows.push_back(prefill_row(kSubject, pool_row, prefix, chunk, kPromptTokens));
+    op.rows.push_back(prefill_row(kSubject, pool_row, prefix, chunk, prompt_tokens));
     if (prefix == 0) {
-      op.rows[0].refresh = {0, pages_from(20, 14)};
+      op.rows[0].refresh = {0, pages_from(20, pages)};
       op.rows[0].sampling = SamplingParams{};
     }
     op.prefill_token_ids.assign(prompt.begin() + prefix, prompt.begin() + prefix + chunk);
     const StepResult r = h.executor.step(op);
     prefix += chunk;
-    if (prefix == kPromptTokens) trace.push_back(row_logits(r, 0));
+    if (prefix == prompt_tokens) trace.push_back(row_logits(r, 0));
   }
   ForwardOp decode;
   decode.rows.push_back(decode_row(kSubject, pool_row));
@@ -128,6 +131,26 @@ TEST_P(BatchInvariance, AloneAndWithSevenOthersGiveBitIdenticalLogits) {
   const LogitsTrace alone = run_chunked({40}, 5, w);
   ASSERT_TRUE(non_degenerate(alone));
   EXPECT_TRUE(bit_identical(alone, run_crowded(w)));
+}
+
+// A tiled model with 16 query heads of 64, so that a prefill tile's attention past ~256 keys
+// splits its (token, head) pairs over threads (CpuModel::attend_tile, on 2 cores or more), while
+// a token alone attends on one thread: a 300-token prompt in one chunk and a token at a time give
+// bit-identical logits.
+TEST(ThreadedAttention, OneChunkAndATokenAtATimeGiveBitIdenticalLogits) {
+  static const ModelWeights weights = [] {
+    ModelConfig c = testing::tiled_weights().config;
+    c.name = "tiny-wide-heads";
+    c.query_heads_count = 16;
+    return weights_from_seed(c, 7);
+  }();
+  constexpr int32_t kPrompt = 300;
+  ExecutorConfig config = testing::small_config();
+  config.context_length = 512, config.prefill_chunk_tokens = kPrompt;
+  const LogitsTrace one = run_chunked({kPrompt}, 1, weights, kPrompt, config);
+  ASSERT_TRUE(non_degenerate(one));
+  EXPECT_TRUE(bit_identical(one, run_chunked(std::vector<int32_t>(kPrompt, 1), 1, weights,
+                                             kPrompt, config)));
 }
 
 INSTANTIATE_TEST_SUITE_P(TokenAtATimeAndTiled, ChunkInvariance, ::testing::Values("tiny", "tiled"));
