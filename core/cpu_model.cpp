@@ -30,8 +30,10 @@ constexpr int32_t kTokenTile = 16;
 constexpr int64_t kTiledLayerBytes = int64_t{4} << 20;
 
 // y_t[o] = W[o, cols] · x_t[cols] for a tile's tokens t (x[t], y[t]) and the outputs o in `rows`,
-// W row-major [out, in], on this thread.
-void products_serial(const float* w, int32_t in, ShardRange rows, ShardRange cols,
+// W row-major [out, in], on this thread. The AVX2 clone does dot_fixed_order's 8 accumulators in
+// one 256-bit register instead of two SSE ones: the same multiplies and adds (host code never
+// contracts them into FMAs), so the same bits.
+[[gnu::target_clones("avx2", "default")]] void products_serial(const float* w, int32_t in, ShardRange rows, ShardRange cols,
                      std::span<const float* const> x, std::span<float* const> y) {
   if (x.size() == 1) {  // a token alone: the pointers held in registers, not reloaded per row
     const float* x0 = x[0] + cols.begin;
@@ -507,7 +509,8 @@ int32_t CpuModel::keys_at(int32_t position) const {
 // Causal attention of query head `head` of token `token` over positions 0..position of its own
 // request, keys walked in ascending position: max, then exp and sum, then the weighted value sum
 // — one fixed order. `scores` holds keys_at(position) floats; `out` is the token's q-sized row.
-void CpuModel::attend_head(int32_t layer, int32_t token, int32_t position,
+// An AVX2 clone as products_serial's: the same operations, so the same bits.
+[[gnu::target_clones("avx2", "default")]] void CpuModel::attend_head(int32_t layer, int32_t token, int32_t position,
                            std::span<const int32_t> table_row, int32_t head, float* scores,
                            float* out) {
   const int32_t d = model_.head_dim;
