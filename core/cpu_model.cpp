@@ -33,8 +33,9 @@ constexpr int64_t kTiledLayerBytes = int64_t{4} << 20;
 // W row-major [out, in], on this thread. The AVX2 clone does dot_fixed_order's 8 accumulators in
 // one 256-bit register instead of two SSE ones: the same multiplies and adds (host code never
 // contracts them into FMAs), so the same bits.
-[[gnu::target_clones("avx2", "default")]] void products_serial(const float* w, int32_t in, ShardRange rows, ShardRange cols,
-                     std::span<const float* const> x, std::span<float* const> y) {
+[[gnu::target_clones("avx2", "default")]] void products_serial(
+    const float* w, int32_t in, ShardRange rows, ShardRange cols, std::span<const float* const> x,
+    std::span<float* const> y) {
   if (x.size() == 1) {  // a token alone: the pointers held in registers, not reloaded per row
     const float* x0 = x[0] + cols.begin;
     float* y0 = y[0];
@@ -86,11 +87,12 @@ int32_t threads_for(int64_t work, int64_t items) {
 void products(const float* w, int32_t in, ShardRange rows, ShardRange cols,
               std::span<const float* const> x, std::span<float* const> y) {
   const int64_t work = int64_t{rows.count} * cols.count * static_cast<int64_t>(x.size());
-  in_thread_runs(rows.count, threads_for(work, rows.count), [&](int64_t begin, int64_t end, int32_t) {
+  const auto run = [&](int64_t begin, int64_t end, int32_t) {
     const auto first = static_cast<int32_t>(begin);
     products_serial(w, in, ShardRange{rows.begin + first, static_cast<int32_t>(end) - first}, cols,
                     x, y);
-  });
+  };
+  in_thread_runs(rows.count, threads_for(work, rows.count), run);
 }
 
 // One token's column-parallel shard of y = W x: y[o] = W[o, :] · x for o in `rows`.
@@ -487,7 +489,7 @@ void CpuModel::attend_tile(int32_t layer, const ForwardTokens& tokens,
   int64_t keys = 0;
   for (int32_t t = first; t < first + n; ++t) keys += keys_at(tokens.positions[t]);
   const int64_t work = keys * heads.count * 2 * model_.head_dim;  // q·k and the weighted v
-  in_thread_runs(pairs, threads_for(work, pairs), [&](int64_t begin, int64_t end, int32_t thread) {
+  const auto run = [&](int64_t begin, int64_t end, int32_t thread) {
     float* scores = scores_.data() + static_cast<size_t>(thread) * scores_stride_;
     for (int64_t pair = begin; pair < end; ++pair) {
       const auto i = static_cast<int32_t>(pair / heads.count);
@@ -498,7 +500,8 @@ void CpuModel::attend_tile(int32_t layer, const ForwardTokens& tokens,
       attend_head(layer, t, tokens.positions[t], table_row, head, scores,
                   attn_out_.data() + static_cast<size_t>(i) * model_.q_size());
     }
-  });
+  };
+  in_thread_runs(pairs, threads_for(work, pairs), run);
 }
 
 // Keys a token at `position` attends to: positions 0..position, within the RoPE table.
@@ -510,9 +513,9 @@ int32_t CpuModel::keys_at(int32_t position) const {
 // request, keys walked in ascending position: max, then exp and sum, then the weighted value sum
 // — one fixed order. `scores` holds keys_at(position) floats; `out` is the token's q-sized row.
 // An AVX2 clone as products_serial's: the same operations, so the same bits.
-[[gnu::target_clones("avx2", "default")]] void CpuModel::attend_head(int32_t layer, int32_t token, int32_t position,
-                           std::span<const int32_t> table_row, int32_t head, float* scores,
-                           float* out) {
+[[gnu::target_clones("avx2", "default")]] void CpuModel::attend_head(
+    int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
+    int32_t head, float* scores, float* out) {
   const int32_t d = model_.head_dim;
   const int32_t kv_head = head / (model_.query_heads_count / model_.kv_heads_count);
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
