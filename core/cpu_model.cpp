@@ -3,6 +3,7 @@
 #include "core/check.h"
 #include "core/logits_digest.h"
 #include "core/host_memory.h"
+#include "core/host_threads.h"
 #include "core/mamba_mixer.h"
 #include "core/ops/layer_math.h"
 #include "core/seams.h"
@@ -12,7 +13,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <thread>
 #include <vector>
 
 namespace ls {
@@ -58,19 +58,6 @@ constexpr int32_t kThreadsMax = 16;
 int32_t cores() {
   static const int32_t count = std::min(host_cores(), kThreadsMax);
   return count;
-}
-
-// f(begin, end, thread) for `threads` near-equal contiguous runs [begin, end) of [0, items), the
-// first on the calling thread, the others each on a thread of their own, all joined on return.
-template <typename F>
-void in_thread_runs(int64_t items, int32_t threads, const F& f) {
-  const auto begin_of = [=](int32_t i) { return items * i / threads; };
-  std::vector<std::jthread> pool;  // joined when it goes, before anything the threads read
-  pool.reserve(static_cast<size_t>(threads - 1));
-  for (int32_t i = 1; i < threads; ++i) {
-    pool.emplace_back([=, &f] { f(begin_of(i), begin_of(i + 1), i); });
-  }
-  f(begin_of(0), begin_of(1), 0);
 }
 
 // Threads worth giving `work` multiply-adds split into at most `items` parts.

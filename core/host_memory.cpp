@@ -2,11 +2,7 @@
 
 #include "core/check.h"
 
-#include <sched.h>
 #include <unistd.h>
-
-#include <algorithm>
-#include <thread>
 
 namespace ls {
 
@@ -22,15 +18,6 @@ void require_host_memory(uint64_t bytes, std::string_view what) {
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   LS_REQUIRE(bytes <= limit, "{} needs {:.1f} GiB of host memory; this machine allows {:.1f} GiB",
              what, static_cast<double>(bytes) / kGiB, static_cast<double>(limit) / kGiB);
-}
-
-int32_t host_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int count = sched_getaffinity(0, sizeof(set), &set) == 0
-                        ? CPU_COUNT(&set)
-                        : static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(count, 1);
 }
 
 ZeroedFloats::ZeroedFloats(size_t count)

@@ -1,6 +1,6 @@
-// What this machine offers the CPU reference: a guard for allocations sized by untrusted input (a
-// trace header, a config.json), which refuses with a clear error what this machine cannot hold
-// instead of thrashing or being killed; lazily mapped zeros; the cores this process may use.
+// A guard for allocations sized by untrusted input (a trace header, a config.json): refuse, with
+// a clear error, what this machine cannot hold instead of thrashing or being killed. And zeros
+// whose pages the OS maps only where they are written.
 #pragma once
 
 #include <cstddef>
@@ -16,10 +16,6 @@ uint64_t host_memory_bytes();
 
 // Throws ls::Error naming `what` when `bytes` exceeds three quarters of physical memory.
 void require_host_memory(uint64_t bytes, std::string_view what);
-
-// The cores this process may run on (its CPU affinity; std::thread::hardware_concurrency() where
-// that is unknown), at least 1.
-int32_t host_cores();
 
 // `count` floats, all zero, whose pages the OS maps on first touch: calloc takes a large block
 // from fresh pages, known to be zero, without writing it, so a pool sized for every row's whole

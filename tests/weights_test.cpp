@@ -556,7 +556,7 @@ TEST(SeededWeights, TinyDigestIsUnchangedByTheFamilies) {
 
 // Threads split a large tensor's elements, never the values: tiny plain, tied, and with both
 // family features, whose tensors take one thread each, and a wide model with the features, whose
-// products (1M elements) split over up to 4 threads (3 leave a short last share; 100 take 4).
+// products (1M elements) split over up to 4 threads (3 into unequal runs; 100 take 4).
 TEST(SeededWeights, ThreadsDoNotChangeTheBits) {
   ModelConfig tied = tiny_config(false);
   tied.tied_embeddings = true;

@@ -23,7 +23,6 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <thread>
 
 namespace ls {
 namespace {
@@ -186,14 +185,9 @@ std::vector<float> seeded_tensor(uint64_t seed, uint32_t tensor_index, int64_t c
           ops::seeded_value(seed, tensor_index, i, range.center, range.half_width);
     }
   };
-  const int64_t used = std::clamp<int64_t>(count / kSeedsPerThreadMin, 1, threads);
-  const int64_t per_thread = (count + used - 1) / used;
-  std::vector<std::thread> workers;
-  for (int64_t begin = per_thread; begin < count; begin += per_thread) {
-    workers.emplace_back(fill, begin, std::min(count, begin + per_thread));
-  }
-  fill(0, std::min(count, per_thread));
-  for (std::thread& worker : workers) worker.join();
+  in_thread_runs(count, static_cast<int32_t>(std::clamp<int64_t>(count / kSeedsPerThreadMin, 1,
+                                                                  threads)),
+                 [&](int64_t begin, int64_t end, int32_t) { fill(begin, end); });
   return values;
 }
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "core/config.h"
-#include "core/host_memory.h"
+#include "core/host_threads.h"
 
 #include <cstdint>
 #include <filesystem>
