@@ -139,8 +139,7 @@ CpuModel::CpuModel(const ModelWeights& weights, const ExecutorConfig& config, in
   attn_out_.resize(static_cast<size_t>(token_tile_) * model_.q_size());
   gate_.resize(static_cast<size_t>(token_tile_) * model_.ffn_size);
   up_.resize(static_cast<size_t>(token_tile_) * model_.ffn_size);
-  scores_stride_ = rope_.positions_count;
-  scores_.resize(static_cast<size_t>(cores()) * scores_stride_);
+  scores_.resize(static_cast<size_t>(cores()) * rope_.positions_count);
   init_mamba_pool(config, tp_degree);
 }
 
@@ -397,7 +396,7 @@ void CpuModel::attention_layer_qkv(int32_t layer, const ForwardTokens& tokens) {
       products(w.wk.data(), h, kv_rows, ShardRange{0, h}, xs, std::span(k.data(), tile));
       products(w.wv.data(), h, kv_rows, ShardRange{0, h}, xs, std::span(v.data(), tile));
       for (int32_t i = 0; i < n; ++i) {
-        const int32_t position = std::min(tokens.positions[first + i], rope_.positions_count - 1);
+        const int32_t position = rope_position(tokens.positions[first + i]);
         rank_qkv_heads(w, tp_.query_heads(rank), tp_.kv_heads(rank), position, q[i], k[i],
                        v[i]);
       }
@@ -477,7 +476,7 @@ void CpuModel::attend_tile(int32_t layer, const ForwardTokens& tokens,
   for (int32_t t = first; t < first + n; ++t) keys += keys_at(tokens.positions[t]);
   const int64_t work = keys * heads.count * 2 * model_.head_dim;  // q·k and the weighted v
   const auto run = [&](int64_t begin, int64_t end, int32_t thread) {
-    float* scores = scores_.data() + static_cast<size_t>(thread) * scores_stride_;
+    float* scores = scores_.data() + static_cast<size_t>(thread) * rope_.positions_count;
     for (int64_t pair = begin; pair < end; ++pair) {
       const auto i = static_cast<int32_t>(pair / heads.count);
       const int32_t head = heads.begin + static_cast<int32_t>(pair % heads.count);
@@ -491,10 +490,13 @@ void CpuModel::attend_tile(int32_t layer, const ForwardTokens& tokens,
   in_thread_runs(pairs, threads_for(work, pairs), run);
 }
 
-// Keys a token at `position` attends to: positions 0..position, within the RoPE table.
-int32_t CpuModel::keys_at(int32_t position) const {
-  return std::min(position, rope_.positions_count - 1) + 1;
+// `position` within the RoPE table (a position past it takes the table's last).
+int32_t CpuModel::rope_position(int32_t position) const {
+  return std::min(position, rope_.positions_count - 1);
 }
+
+// Keys a token at `position` attends to: positions 0..position, within the RoPE table.
+int32_t CpuModel::keys_at(int32_t position) const { return rope_position(position) + 1; }
 
 // Causal attention of query head `head` of token `token` over positions 0..position of its own
 // request, keys walked in ascending position: max, then exp and sum, then the weighted value sum

@@ -95,6 +95,7 @@ class CpuModel {
   float* partial_at(int32_t rank, int32_t token, int32_t tokens_count);
   void attend_tile(int32_t layer, const ForwardTokens& tokens, std::span<const int32_t> table,
                    int32_t first, int32_t n, ShardRange heads);
+  int32_t rope_position(int32_t position) const;
   int32_t keys_at(int32_t position) const;
   void attend_head(int32_t layer, int32_t token, int32_t position,
                    std::span<const int32_t> table_row, int32_t head, float* scores, float* out);
@@ -122,8 +123,7 @@ class CpuModel {
   std::vector<float> attn_out_;   // [token tile, q_size]
   std::vector<float> gate_;       // [token tile, ffn]
   std::vector<float> up_;         // [token tile, ffn]
-  int32_t scores_stride_ = 0;     // a thread's scores: one per position (context_length + W)
-  std::vector<float> scores_;     // [cores, scores_stride_]: attend_tile's threads' scores
+  std::vector<float> scores_;     // [cores, positions]: each attend_tile thread's scores
   StepActivations* capture_ = nullptr;  // borrowed; null: no capture
   ActivationTensor* attn_capture_ = nullptr;  // the layer's attn_out while it is computed
 
