@@ -11,26 +11,28 @@
 //  4. Order: ids sorted by (w desc, id asc). This is a strict total order, so every correct sort
 //     or selection yields the same sequence o_0, o_1, ... Ties are broken on w, not on l: two
 //     distinct logits can round to one weight.
-//  5. Top-k: keep o_0 .. o_{K-1}, K = min(k, V). S_k = w_{o_0} + ... + w_{o_{K-1}}, summed left
-//     to right.
-//  6. Top-p, only when top_p < 1: c = 0; for j = 0 .. K-1: c += w_{o_j} / S_k; the first j with
-//     c >= top_p cuts the prefix to n = j + 1. If c never reaches top_p (rounding), n = K.
-//     top_p == 1 skips the step, so rounding can never drop a token that has mass.
+//  Sums over the order are prefix(j) = w_{o_0} + ... + w_{o_j} added in blocks of 128 as
+//  core/ops/order_sums.h defines (each block left to right, the blocks' sums left to right):
+//  fixed fp32 operations that a device computes from the blocks' sums in parallel.
+//  5. Top-k: keep o_0 .. o_{K-1}, K = min(k, V). S_k = prefix(K-1).
+//  6. Top-p, only when top_p < 1: the prefix is cut to n = j + 1 for the first j with
+//     prefix(j) >= top_p * S_k (one fp32 product, at most S_k, so some j reaches it). top_p == 1
+//     skips the step, so rounding can never drop a token that has mass.
 //  7. Min-p: keep the longest prefix of o_0 .. o_{n-1} with w_{o_j} >= min_p * w_{o_0}
 //     (o_0 always stays). min_p == 0 keeps all n.
-//  8. The kept ids are o_0 .. o_{n-1}; S = their weights summed left to right. The filtered
-//     distribution is q(t) = w_t / S (one fp32 division) for a kept t, and 0 for any other t.
-//  9. Inverting the CDF at u in [0, 1): target = u * S; c = 0; walk the kept ids in order with
-//     c += w_{o_j}; the token is the first o_j with c > target, or, should none qualify, the last
-//     kept id. sample_token uses u = draw_uniform(seed, position, 0); its logprob is
-//     logf(w_t / S).
+//  8. The kept ids are o_0 .. o_{n-1}; S = prefix(n-1). The filtered distribution is
+//     q(t) = w_t / S (one fp32 division) for a kept t, and 0 for any other t.
+//  9. Inverting the CDF at u in [0, 1): target = u * S; the token is o_j for the first j < n with
+//     prefix(j) > target, or, should none qualify, the last kept id. sample_token uses
+//     u = draw_uniform(seed, position, 0); its logprob is logf(w_t / S).
 //
 // Verify, stochastic rows (target-only rejection sampling, seed spec §5). Row i of the logits
 // (i = 0 .. W-1) predicts position c + i, c = first_position, inputs = [t0, d_1 .. d_{W-1}],
 // and q_i is row i's filtered distribution (steps 2-8). For i = 1 .. W-1 in order:
 //    coin = draw_uniform(seed, c + i - 1, 1); d_i is accepted iff q_{i-1}(d_i) > 0 and
 //    coin <= q_{i-1}(d_i); then out[i-1] = d_i. At the first rejection, out[i-1] is step 9 on
-//    q_{i-1} with d_i skipped — its weight left out of both S and the walk — at
+//    q_{i-1} with d_i skipped — its weight taken as 0 in S and every prefix, and never the
+//    token (nor the last kept id the walk falls back on) — at
 //    u = draw_uniform(seed, c + i - 1, 2), and a = i.
 // If every draft is accepted, out[W-1] = sample_token(row W-1, position c + W - 1) and a = W.
 // The q > 0 condition departs from the seed's bare `coin <= q`: the coin can be exactly 0, and
@@ -38,6 +40,7 @@
 #include "core/sampling.h"
 
 #include "core/check.h"
+#include "core/ops/order_sums.h"
 #include "core/ops/philox.h"
 #include "core/ops/portable_exp.h"
 
@@ -61,14 +64,26 @@ bool precedes(std::span<const float> weights, int32_t a, int32_t b) {
   return weights[a] > weights[b] || (weights[a] == weights[b] && a < b);
 }
 
-float sum_in_order(std::span<const float> weights, std::span<const int32_t> ids,
-                   int32_t skipped) {
-  float sum = 0.0f;
-  for (const int32_t id : ids) {
-    if (id != skipped) sum += weights[id];
+// The ordered weights w(j) = w_{o_j} of `ids` (a prefix of step 4's order) and their blocks'
+// sums, for core/ops/order_sums.h; the device reads the same sums precomputed.
+struct OrderedWeights {
+  std::span<const float> weights;
+  std::span<const int32_t> ids;
+
+  float operator()(int32_t j) const { return weights[ids[static_cast<size_t>(j)]]; }
+  float block(int32_t c) const {
+    const int32_t first = c * ops::kOrderSumBlock;
+    return ops::order_part(*this, first, first + ops::kOrderSumBlock - 1, ops::kNoSkip);
   }
-  return sum;
-}
+  int32_t size() const { return static_cast<int32_t>(ids.size()); }
+  ops::OrderPrefix reaching(float x, bool strictly, int32_t skip) const {
+    return ops::order_prefix_reaching(*this, [this](int32_t c) { return block(c); }, size(), x,
+                                      strictly, skip);
+  }
+  float sum(int32_t skip) const {
+    return ops::order_prefix_sum(*this, [this](int32_t c) { return block(c); }, size(), skip);
+  }
+};
 
 // Step 8's q: borrows the scratch buffers, so it is valid until the scratch is used again.
 struct FilteredDistribution {
@@ -119,22 +134,17 @@ std::span<const int32_t> order_top_k(std::span<const float> weights, int32_t top
 size_t top_p_count(std::span<const float> weights, std::span<const int32_t> ordered,
                    float top_p) {
   if (top_p >= 1.0f) return ordered.size();
-  const float total = sum_in_order(weights, ordered, kNoToken);
-  float cumulative = 0.0f;
-  for (size_t j = 0; j < ordered.size(); ++j) {
-    cumulative += weights[ordered[j]] / total;
-    if (cumulative >= top_p) return j + 1;
-  }
-  return ordered.size();
+  const OrderedWeights w{weights, ordered};
+  const ops::OrderPrefix cut = w.reaching(top_p * w.sum(ops::kNoSkip), false, ops::kNoSkip);
+  LS_ASSERT(cut.index < w.size(), "top_p {} of S_k reached by no prefix", top_p);
+  return static_cast<size_t>(cut.index) + 1;
 }
 
 // Step 7: how many of the ordered ids min-p keeps.
 size_t min_p_count(std::span<const float> weights, std::span<const int32_t> ordered,
                    float min_p) {
-  const float threshold = min_p * weights[ordered[0]];
-  size_t count = 1;
-  while (count < ordered.size() && weights[ordered[count]] >= threshold) ++count;
-  return count;
+  const OrderedWeights w{weights, ordered};
+  return static_cast<size_t>(ops::order_count_at_least(w, w.size(), min_p * w(0)));
 }
 
 // Steps 2-8 on one logits row, for sample_token and verify alike.
@@ -150,24 +160,23 @@ FilteredDistribution filter_distribution(std::span<const float> logits,
   std::span<const int32_t> kept = order_top_k(weights, sampling.top_k, scratch.order);
   kept = kept.first(top_p_count(weights, kept, sampling.top_p));
   kept = kept.first(min_p_count(weights, kept, sampling.min_p));
-  return {weights, kept, sum_in_order(weights, kept, kNoToken)};
+  return {weights, kept, OrderedWeights{weights, kept}.sum(ops::kNoSkip)};
 }
 
 // Step 9, with `skipped` (or kNoToken) left out of the distribution.
 int32_t invert_cdf(const FilteredDistribution& q, float u, int32_t skipped) {
-  const float total =
-      skipped == kNoToken ? q.kept_sum : sum_in_order(q.weights, q.kept, skipped);
-  const float target = u * total;
-  float cumulative = 0.0f;
-  int32_t last = kNoToken;
-  for (const int32_t token : q.kept) {
-    if (token == skipped) continue;
-    cumulative += q.weights[token];
-    if (cumulative > target) return token;
-    last = token;
-  }
-  LS_ASSERT(last != kNoToken, "no token left to sample once {} is removed", skipped);
-  return last;
+  const OrderedWeights w{q.weights, q.kept};
+  const auto at = std::find(q.kept.begin(), q.kept.end(), skipped);
+  const int32_t skip =
+      at == q.kept.end() ? ops::kNoSkip : static_cast<int32_t>(at - q.kept.begin());
+  const float total = skip == ops::kNoSkip ? q.kept_sum : w.sum(skip);
+  // The skipped position adds 0, so it never raises the prefix past the target first.
+  const ops::OrderPrefix hit = w.reaching(u * total, true, skip);
+  LS_ASSERT(hit.index != skip, "the skipped position {} reached the target", skip);
+  if (hit.index < w.size()) return q.kept[static_cast<size_t>(hit.index)];
+  const int32_t last = w.size() - 1 == skip ? w.size() - 2 : w.size() - 1;
+  LS_ASSERT(last >= 0, "no token left to sample once {} is removed", skipped);
+  return q.kept[static_cast<size_t>(last)];
 }
 
 bool accepts(const FilteredDistribution& q, int32_t draft, float coin) {

@@ -366,6 +366,8 @@ struct CudaBackend::Impl {
   DeviceArray<float> row_sum;          // [logits_rows_max]
   DeviceArray<uint64_t> keys;          // [logits_rows_max, vocab]
   DeviceArray<uint64_t> sorted_keys;   // [logits_rows_max, vocab]
+  DeviceArray<float> block_sums;       // [logits_rows_max, ops::order_sum_stride(vocab)]
+  DeviceArray<float> block_prefixes;   // [logits_rows_max, ops::order_sum_stride(vocab)]
   DeviceArray<int32_t> segment_offsets;  // [logits_rows_max + 1]
   DeviceArray<uint8_t> sort_temp;
   // State and the step's token buffers.

@@ -146,6 +146,8 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
   take(kS, &Impl::row_sum, r);
   take(kS, &Impl::keys, r * v);
   take(kS, &Impl::sorted_keys, r * v);
+  take(kS, &Impl::block_sums, r * z(ops::order_sum_stride(model.vocab_size)));
+  take(kS, &Impl::block_prefixes, r * z(ops::order_sum_stride(model.vocab_size)));
   take(kS, &Impl::segment_offsets, r + 1);
   const size_t sort_bytes =
       kernels::sort_sampling_keys_temp_bytes(config.logits_rows_max(), model.vocab_size);

@@ -57,12 +57,14 @@ void CudaBackend::Impl::enqueue_tail_kernels(int32_t logits_rows, int32_t rows, 
   const kernels::RecordFork fork{record_stream.get(), record_fork.get()};
   LS_CUDA(kernels::launch_logits_pass(pass, s, record ? &fork : nullptr));
   mark(CudaPhase::kGuard);
-  const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get()};
+  const kernels::SamplingKeys sampler{keys.get(), sorted_keys.get(), block_sums.get(),
+                                      block_prefixes.get()};
   if (stochastic) {
     LS_CUDA(kernels::launch_sampling_weights(step_inputs(), logits.get(), logits_rows, vocab,
                                              sampler, s));
     LS_CUDA(kernels::launch_sort_sampling_keys(sort_temp.get(), sort_temp.bytes(), sampler,
                                                logits_rows, vocab, segment_offsets.get(), s));
+    LS_CUDA(kernels::launch_sampling_block_sums(step_inputs(), logits_rows, vocab, sampler, s));
   }
   const kernels::FinishArgs args{
       .in = step_inputs(),

@@ -2,6 +2,7 @@
 #include "kernels/sampling_ops.h"
 
 #include "core/ops/context_clamp.h"
+#include "core/ops/order_sums.h"
 #include "core/ops/philox.h"
 #include "core/ops/portable_exp.h"
 #include "kernels/record_state.cuh"
@@ -55,15 +56,87 @@ sampling_weights_kernel(StepInputs in, const float* logits, int32_t vocab, Sampl
   }
 }
 
+constexpr int32_t kBlockSumThreads = 1024;
+
+// grid: logits rows. The threads of a stochastic row's block sum its order blocks left to right
+// (B_c of core/ops/order_sums.h, one block a thread at a time); then thread 0 chains them into P_c,
+// left to right from 0 — the additions order_prefix_reaching makes, once for every query.
+__global__ void __launch_bounds__(kBlockSumThreads)
+sampling_block_sums_kernel(StepInputs in, int32_t vocab, SamplingKeys keys) {
+  const StepHeader& h = *in.header;
+  const int32_t r = blockIdx.x;
+  if (r >= h.logits_rows_count || in.sampling[op_row_of(h, r)].top_k == 1) return;
+  const int32_t blocks = ops::order_sum_blocks(vocab);
+  const uint64_t* sorted = keys.sorted_keys + int64_t{r} * vocab;
+  float* sums = keys.block_sums + int64_t{r} * ops::order_sum_stride(vocab);
+  float* prefixes = keys.block_prefixes + int64_t{r} * ops::order_sum_stride(vocab);
+  const auto w = [sorted](int32_t j) { return weight_of(sorted[j]); };
+  for (int32_t c = threadIdx.x; c < blocks; c += blockDim.x) {
+    const int32_t first = c * ops::kOrderSumBlock;
+    sums[c] = ops::order_part(w, first, min(first + ops::kOrderSumBlock, vocab) - 1, ops::kNoSkip);
+  }
+  __syncthreads();  // every B_c written, and visible to the block
+  if (threadIdx.x != 0) return;
+  float before = 0.0f;
+  prefixes[0] = before;
+  for (int32_t c = 0; c < blocks; ++c) prefixes[c + 1] = before = ops::add_rn(before, sums[c]);
+}
+
+// One row's weights in step 4's order and their blocks' sums, for core/ops/order_sums.h.
+struct DeviceOrder {
+  const uint64_t* sorted;    // [vocab] keys in step 4's order
+  const float* blocks;       // [order_sum_blocks(vocab)] B_c
+  const float* prefixes;     // [order_sum_blocks(vocab) + 1] P_c
+
+  __device__ float operator()(int32_t j) const { return weight_of(sorted[j]); }
+  // order_prefix_reaching's answer. With nothing skipped the P_c are the precomputed ones, which
+  // never decrease: the block is found by a binary search, then walked. A skip changes every P
+  // after its block: then the blocks are chained one by one, as the definition reads.
+  __device__ ops::OrderPrefix reaching(int32_t n, float x, bool strictly, int32_t skip) const {
+    if (skip != ops::kNoSkip) {
+      const float* b = blocks;
+      return ops::order_prefix_reaching(*this, [b](int32_t c) { return b[c]; }, n, x, strictly,
+                                        skip);
+    }
+    int32_t low = 0, high = (n - 1) / ops::kOrderSumBlock;  // the first block whose P_{c+1} reaches
+    while (low < high) {
+      const int32_t mid = low + (high - low) / 2;
+      if (ops::order_reaches(prefixes[mid + 1], x, strictly)) {
+        high = mid;
+      } else {
+        low = mid + 1;
+      }
+    }
+    return ops::order_walk_block(*this, low, prefixes[low], n, x, strictly, ops::kNoSkip);
+  }
+  __device__ float sum(int32_t n, int32_t skip) const {
+    return reaching(n, __builtin_huge_valf(), false, skip).value;  // nothing reaches +inf
+  }
+};
+
 // Steps 5–8 on one sorted row: the kept prefix and its sum S.
 struct Filtered {
   const uint64_t* by_id;   // [vocab] keys by id
-  const uint64_t* sorted;  // [vocab] keys in step 4's order
+  DeviceOrder order;
   int32_t kept;            // n >= 1
   float kept_sum;          // S
 
   __device__ bool contains(int32_t token) const {
-    return by_id[token] >= sorted[kept - 1];  // keys are distinct: the kept set is a key prefix
+    return by_id[token] >= order.sorted[kept - 1];  // distinct keys: the kept set is a prefix
+  }
+  // Where a kept token stands in the order: how many keys precede its own (binary search).
+  __device__ int32_t position(int32_t token) const {
+    const uint64_t key = by_id[token];
+    int32_t low = 0, high = kept - 1;
+    while (low < high) {
+      const int32_t mid = low + (high - low) / 2;
+      if (order.sorted[mid] > key) {
+        low = mid + 1;
+      } else {
+        high = mid;
+      }
+    }
+    return low;
   }
   __device__ float probability(int32_t token) const {
     return contains(token) ? weight_of(by_id[token]) / kept_sum : 0.0f;
@@ -72,48 +145,30 @@ struct Filtered {
 
 __device__ Filtered filter(const FinishArgs& a, int32_t logits_row, const SamplingRow& s) {
   const int64_t base = int64_t{logits_row} * a.vocab;
-  Filtered q{a.keys.keys + base, a.keys.sorted_keys + base, 0, 0.0f};
+  const int64_t sums = int64_t{logits_row} * ops::order_sum_stride(a.vocab);
+  const DeviceOrder order{a.keys.sorted_keys + base, a.keys.block_sums + sums,
+                          a.keys.block_prefixes + sums};
+  Filtered q{a.keys.keys + base, order, 0, 0.0f};
   const int32_t k = min(s.top_k, a.vocab);
   int32_t n = k;
-  if (s.top_p < 1.0f) {
-    float total = 0.0f;
-    for (int32_t j = 0; j < k; ++j) total += weight_of(q.sorted[j]);
-    float cumulative = 0.0f;
-    for (int32_t j = 0; j < k; ++j) {
-      cumulative += weight_of(q.sorted[j]) / total;
-      if (cumulative >= s.top_p) {
-        n = j + 1;
-        break;
-      }
-    }
+  if (s.top_p < 1.0f) {  // top_p · S_k <= S_k: some prefix reaches it
+    n = min(order.reaching(k, s.top_p * order.sum(k, ops::kNoSkip), false, ops::kNoSkip).index + 1,
+            k);
   }
-  const float threshold = s.min_p * weight_of(q.sorted[0]);
-  int32_t count = 1;
-  while (count < n && weight_of(q.sorted[count]) >= threshold) ++count;
-  q.kept = count;
-  for (int32_t j = 0; j < count; ++j) q.kept_sum += weight_of(q.sorted[j]);
+  q.kept = ops::order_count_at_least(order, n, s.min_p * order(0));
+  q.kept_sum = order.sum(q.kept, ops::kNoSkip);
   return q;
 }
 
 __device__ int32_t invert_cdf(const Filtered& q, float u, int32_t skipped) {
-  float total = q.kept_sum;
-  if (skipped != kNoToken) {
-    total = 0.0f;
-    for (int32_t j = 0; j < q.kept; ++j) {
-      if (id_of(q.sorted[j]) != skipped) total += weight_of(q.sorted[j]);
-    }
-  }
-  const float target = u * total;
-  float cumulative = 0.0f;
-  int32_t last = kNoToken;
-  for (int32_t j = 0; j < q.kept; ++j) {
-    const int32_t token = id_of(q.sorted[j]);
-    if (token == skipped) continue;
-    cumulative += weight_of(q.sorted[j]);
-    if (cumulative > target) return token;
-    last = token;
-  }
-  return last;
+  const int32_t skip =
+      skipped != kNoToken && q.contains(skipped) ? q.position(skipped) : ops::kNoSkip;
+  const float total = skip == ops::kNoSkip ? q.kept_sum : q.order.sum(q.kept, skip);
+  // The skipped position adds 0, so it never raises the prefix past the target first.
+  const int32_t hit = q.order.reaching(q.kept, u * total, true, skip).index;
+  if (hit < q.kept) return id_of(q.order.sorted[hit]);
+  const int32_t last = q.kept - 1 == skip ? q.kept - 2 : q.kept - 1;
+  return last >= 0 ? id_of(q.order.sorted[last]) : kNoToken;
 }
 
 __device__ int32_t sample_token(const FinishArgs& a, int32_t logits_row, const SamplingRow& s,
@@ -156,7 +211,8 @@ __device__ int32_t verify_row(const FinishArgs& a, int32_t first_logits, const i
   return w;
 }
 
-// Rules 6–9 for one op row, on one thread: its work is sequential by definition.
+// Rules 6–9 for one op row, on one thread: the order is sorted and its blocks summed already, so
+// each of the definition's sums is a binary search over the P_c and at most one block's walk.
 __device__ void finish_row(const FinishArgs& a, int32_t row) {
   const StepHeader& h = *a.in.header;
   const int32_t ne = h.prefill_rows_count;
@@ -234,6 +290,17 @@ cudaError_t launch_sampling_weights(StepInputs in, const float* logits, int32_t 
   }
   if (rows_grid == 0) return cudaSuccess;
   sampling_weights_kernel<<<rows_grid, kWeightThreads, 0, stream>>>(in, logits, vocab, keys);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sampling_block_sums(StepInputs in, int32_t rows_grid, int32_t vocab,
+                                       SamplingKeys keys, cudaStream_t stream) {
+  if (rows_grid < 0 || vocab < 1 || keys.sorted_keys == nullptr || keys.block_sums == nullptr ||
+      keys.block_prefixes == nullptr) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows_grid == 0) return cudaSuccess;
+  sampling_block_sums_kernel<<<rows_grid, kBlockSumThreads, 0, stream>>>(in, vocab, keys);
   return cudaGetLastError();
 }
 

@@ -5,9 +5,12 @@
 //
 // Stochastic rows need their ids in the order (weight desc, id asc): launch_sampling_weights
 // writes one 64-bit key per (logits row, id) — the weight's bits above, ~id below, so the order is
-// a strict total order — and launch_sort_sampling_keys sorts each row's keys descending.
+// a strict total order — and launch_sort_sampling_keys sorts each row's keys descending;
+// launch_sampling_block_sums then sums each row's sorted weights in the definition's blocks
+// (core/ops/order_sums.h), in parallel, so that no thread walks a row's whole vocabulary.
 #pragma once
 
+#include "core/ops/order_sums.h"
 #include "kernels/record_ops.h"
 #include "kernels/step_layout.h"
 
@@ -22,9 +25,15 @@ namespace ls::kernels {
 struct SamplingKeys {
   uint64_t* keys;         // [logits_rows_max, vocab] by id
   uint64_t* sorted_keys;  // [logits_rows_max, vocab] descending per row
+  // Per row, at a stride of ops::order_sum_stride(vocab): B_c (core/ops/order_sums.h) of the row's
+  // sorted weights, and P_c = B_0 + ... + B_{c-1} left to right (c <= the blocks).
+  float* block_sums;
+  float* block_prefixes;
 };
 
-// Steps 2–3 for every stochastic logits row of the step: keys[r, i] from w_i = expf(l_i/T − m).
+
+// Steps 2–3 for every stochastic logits row of the step: keys[r, i] from w_i = e^(l_i/T − m)
+// (core/ops/portable_exp.h).
 // Greedy and padded rows are skipped. logits [rows_grid, vocab] fp32 (already sanitised).
 cudaError_t launch_sampling_weights(StepInputs in, const float* logits, int32_t rows_grid,
                                     int32_t vocab, SamplingKeys keys, cudaStream_t stream);
@@ -36,6 +45,11 @@ size_t sort_sampling_keys_temp_bytes(int32_t rows_max, int32_t vocab);
 cudaError_t launch_sort_sampling_keys(void* temp, size_t temp_bytes, SamplingKeys keys,
                                       int32_t rows, int32_t vocab, const int32_t* segment_offsets,
                                       cudaStream_t stream);
+
+// B_c and P_c of every stochastic row's sorted weights (core/ops/order_sums.h), after the sort:
+// a block a row, each thread summing order blocks, then one thread chaining P.
+cudaError_t launch_sampling_block_sums(StepInputs in, int32_t rows_grid, int32_t vocab,
+                                       SamplingKeys keys, cudaStream_t stream);
 
 struct FinishArgs {
   StepInputs in;

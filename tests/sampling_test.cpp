@@ -311,8 +311,21 @@ TEST(SampleToken, WarmedScratchIsNotReallocated) {
   EXPECT_EQ(scratch.order.data(), order);
 }
 
+// Every prefix sum of the definition's order (core/ops/order_sums.h) written the plain way, one
+// pass: a block's running part from 0, added to the sum of the blocks before it.
+std::vector<float> plain_prefixes(const std::vector<std::pair<float, int32_t>>& ranked) {
+  std::vector<float> prefixes;
+  float blocks_before = 0.0f, part = 0.0f;
+  for (size_t j = 0; j < ranked.size(); ++j) {
+    if (j % 128 == 0 && j > 0) blocks_before += part, part = 0.0f;
+    part += ranked[j].first;
+    prefixes.push_back(blocks_before + part);
+  }
+  return prefixes;
+}
+
 // The definition in sampling.cpp written the plain way: a full sort of (weight, id) pairs, fresh
-// vectors, no selection shortcut. The two must agree bit for bit.
+// vectors, every prefix sum computed, linear searches. The two must agree bit for bit.
 SampleOutcome reference_sample(std::span<const float> logits, const ResolvedSampling& s,
                                int64_t position) {
   std::vector<float> scaled(logits.size());
@@ -327,26 +340,20 @@ SampleOutcome reference_sample(std::span<const float> logits, const ResolvedSamp
   });
   ranked.resize(std::min(ranked.size(), static_cast<size_t>(s.top_k)));
   if (s.top_p < 1.0f) {
-    float total = 0.0f;
-    for (const auto& r : ranked) total += r.first;
-    float cumulative = 0.0f;
+    const std::vector<float> prefixes = plain_prefixes(ranked);
+    const float cut = s.top_p * prefixes.back();
     size_t n = 0;
-    while (n < ranked.size()) {
-      cumulative += ranked[n++].first / total;
-      if (cumulative >= s.top_p) break;
-    }
-    ranked.resize(n);
+    while (prefixes[n] < cut) ++n;
+    ranked.resize(n + 1);
   }
   size_t n = 1;
   while (n < ranked.size() && ranked[n].first >= s.min_p * ranked[0].first) ++n;
   ranked.resize(n);
-  float kept = 0.0f;
-  for (const auto& r : ranked) kept += r.first;
+  const std::vector<float> prefixes = plain_prefixes(ranked);
+  const float kept = prefixes.back();
   const float target = draw_uniform(s.seed, position, 0) * kept;
-  float cumulative = 0.0f;
-  for (const auto& r : ranked) {
-    cumulative += r.first;
-    if (cumulative > target) return {r.second, std::log(r.first / kept)};
+  for (size_t j = 0; j < ranked.size(); ++j) {
+    if (prefixes[j] > target) return {ranked[j].second, std::log(ranked[j].first / kept)};
   }
   return {ranked.back().second, std::log(ranked.back().first / kept)};
 }
@@ -354,7 +361,7 @@ SampleOutcome reference_sample(std::span<const float> logits, const ResolvedSamp
 TEST(SampleToken, SelectionMatchesThePlainFullSortDefinition) {
   SamplingScratch scratch;
   int differing_tokens = 0;
-  for (const size_t vocab : {1u, 7u, 111u, 500u}) {
+  for (const size_t vocab : {1u, 7u, 111u, 500u, 2000u}) {
     for (const bool ties : {false, true}) {
       const uint32_t data_seed = static_cast<uint32_t>(vocab) + (ties ? 1000u : 0u);
       const std::vector<float> logits =

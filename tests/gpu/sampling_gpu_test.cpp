@@ -61,6 +61,8 @@ struct Step {
         input_ids(size_t(tokens)), results(size_t(rows) * (2 * w + 3)), keys(size_t(rows) * w * vocab),
         sorted(size_t(rows) * w * vocab), argmax(size_t(rows) * w), nan(size_t(rows) * w),
         row_max(size_t(rows) * w), row_sum(size_t(rows) * w),
+        block_sums(size_t(rows) * w * size_t(ops::order_sum_stride(vocab))),
+        block_prefixes(size_t(rows) * w * size_t(ops::order_sum_stride(vocab))),
         offsets_seg(size_t(rows) * w + 1) {}
 
   kernels::StepInputs inputs() const {
@@ -74,7 +76,7 @@ struct Step {
       forced, dummy, table, vcl, fim, vcl_before, input_ids, results;
   DeviceBuffer<uint64_t> keys, sorted;
   DeviceBuffer<int32_t> argmax, nan;
-  DeviceBuffer<float> row_max, row_sum;
+  DeviceBuffer<float> row_max, row_sum, block_sums, block_prefixes;
   DeviceBuffer<int32_t> offsets_seg;
 };
 
@@ -96,7 +98,8 @@ std::vector<int32_t> sampling_words(const std::vector<ResolvedSampling>& rows) {
 // Runs guard → weights → sort → finish; returns the packed results.
 std::vector<int32_t> run_tail(Step& st, DeviceBuffer<float>& logits, int32_t rows,
                               int32_t logits_rows, int32_t vocab, int32_t w, int32_t context) {
-  const kernels::SamplingKeys keys{st.keys.ptr, st.sorted.ptr};
+  const kernels::SamplingKeys keys{st.keys.ptr, st.sorted.ptr, st.block_sums.ptr,
+                                   st.block_prefixes.ptr};
   std::vector<int32_t> seg(size_t(logits_rows) + 1);
   for (size_t i = 0; i < seg.size(); ++i) seg[i] = static_cast<int32_t>(i) * vocab;
   st.offsets_seg.upload(seg);
@@ -113,6 +116,8 @@ std::vector<int32_t> run_tail(Step& st, DeviceBuffer<float>& logits, int32_t row
   DeviceBuffer<uint8_t> temp(temp_bytes);
   EXPECT_EQ(kernels::launch_sort_sampling_keys(temp.ptr, temp_bytes, keys, logits_rows, vocab,
                                                st.offsets_seg.ptr, nullptr),
+            cudaSuccess);
+  EXPECT_EQ(kernels::launch_sampling_block_sums(st.inputs(), logits_rows, vocab, keys, nullptr),
             cudaSuccess);
   const size_t r = size_t(logits_rows), b = size_t(rows);
   int32_t* base = st.results.ptr;
