@@ -8,6 +8,8 @@
 #include "kernels/record_state.cuh"
 #include "kernels/reduce.cuh"
 
+#include <algorithm>
+
 namespace ls::kernels {
 
 namespace {
@@ -37,7 +39,11 @@ __device__ int32_t op_row_of(const StepHeader& h, int32_t logits_row) {
 }
 
 constexpr int32_t kWeightThreads = 1024;
+constexpr int32_t kWeightBlocksMax = 128;  // a row's blocks share about this many (H200: 132 SMs)
 
+// grid: (logits rows, chunks of a row's ids). Each block finds its row's maximum (the whole row,
+// read again from the L2 by each of the row's blocks: a maximum is exact, so every block finds the
+// same) and writes its chunk's keys: a row's fp64 exponentials spread over several SMs.
 __global__ void __launch_bounds__(kWeightThreads)
 sampling_weights_kernel(StepInputs in, const float* logits, int32_t vocab, SamplingKeys keys) {
   __shared__ float scratch[32];
@@ -51,7 +57,10 @@ sampling_weights_kernel(StepInputs in, const float* logits, int32_t vocab, Sampl
   for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, row[i] / s.temperature);
   m = block_max(m, scratch);
   uint64_t* out = keys.keys + int64_t{r} * vocab;
-  for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) {
+  const int32_t chunks = static_cast<int32_t>(gridDim.y), piece = static_cast<int32_t>(blockIdx.y);
+  const int32_t chunk = (vocab + chunks - 1) / chunks;
+  const int32_t end = min(vocab, (piece + 1) * chunk);
+  for (int32_t i = piece * chunk + static_cast<int32_t>(threadIdx.x); i < end; i += blockDim.x) {
     out[i] = key_of(ops::portable_exp(row[i] / s.temperature - m), i);
   }
 }
@@ -289,7 +298,9 @@ cudaError_t launch_sampling_weights(StepInputs in, const float* logits, int32_t 
     return cudaErrorInvalidValue;
   }
   if (rows_grid == 0) return cudaSuccess;
-  sampling_weights_kernel<<<rows_grid, kWeightThreads, 0, stream>>>(in, logits, vocab, keys);
+  const int32_t chunks = std::clamp(kWeightBlocksMax / rows_grid, 1, 16);
+  sampling_weights_kernel<<<dim3(rows_grid, chunks), kWeightThreads, 0, stream>>>(in, logits,
+                                                                                  vocab, keys);
   return cudaGetLastError();
 }
 
