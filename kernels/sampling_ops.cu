@@ -98,25 +98,17 @@ struct DeviceOrder {
   const float* prefixes;     // [order_sum_blocks(vocab) + 1] P_c
 
   __device__ float operator()(int32_t j) const { return weight_of(sorted[j]); }
-  // order_prefix_reaching's answer. With nothing skipped the P_c are the precomputed ones, which
-  // never decrease: the block is found by a binary search, then walked. A skip changes every P
-  // after its block: then the blocks are chained one by one, as the definition reads.
+  // order_prefix_reaching's answer. With nothing skipped, by a binary search over the P_c
+  // computed once (sampling_block_sums_kernel); a skip changes every P after its block: then the
+  // blocks are chained one by one, as the definition reads.
   __device__ ops::OrderPrefix reaching(int32_t n, float x, bool strictly, int32_t skip) const {
-    if (skip != ops::kNoSkip) {
-      const float* b = blocks;
-      return ops::order_prefix_reaching(*this, [b](int32_t c) { return b[c]; }, n, x, strictly,
-                                        skip);
+    if (skip == ops::kNoSkip) {
+      const float* p = prefixes;
+      return ops::order_prefix_searched(*this, [p](int32_t c) { return p[c]; }, n, x, strictly);
     }
-    int32_t low = 0, high = (n - 1) / ops::kOrderSumBlock;  // the first block whose P_{c+1} reaches
-    while (low < high) {
-      const int32_t mid = low + (high - low) / 2;
-      if (ops::order_reaches(prefixes[mid + 1], x, strictly)) {
-        high = mid;
-      } else {
-        low = mid + 1;
-      }
-    }
-    return ops::order_walk_block(*this, low, prefixes[low], n, x, strictly, ops::kNoSkip);
+    const float* b = blocks;
+    return ops::order_prefix_reaching(*this, [b](int32_t c) { return b[c]; }, n, x, strictly,
+                                      skip);
   }
   __device__ float sum(int32_t n, int32_t skip) const {
     return reaching(n, __builtin_huge_valf(), false, skip).value;  // nothing reaches +inf

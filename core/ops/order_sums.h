@@ -85,6 +85,24 @@ LS_HOST_DEVICE OrderPrefix order_prefix_reaching(const Weight& w, const Block& b
   return order_walk_block(w, c, before, n, x, strictly, skip);
 }
 
+// order_prefix_reaching with nothing skipped, given the P_c (`prefix(c)` for c up to the block of
+// n − 1, chained from the B_c left to right, as the device computes them once a row): P never
+// decreases, so the block is found by a binary search over them, then walked.
+template <typename Weight, typename Prefix>
+LS_HOST_DEVICE OrderPrefix order_prefix_searched(const Weight& w, const Prefix& prefix, int32_t n,
+                                                 float x, bool strictly) {
+  int32_t low = 0, high = (n - 1) / kOrderSumBlock;  // the first block whose P_{c+1} reaches x
+  while (low < high) {
+    const int32_t mid = low + (high - low) / 2;
+    if (order_reaches(prefix(mid + 1), x, strictly)) {
+      high = mid;
+    } else {
+      low = mid + 1;
+    }
+  }
+  return order_walk_block(w, low, prefix(low), n, x, strictly, kNoSkip);
+}
+
 // prefix(n − 1): the sum of the first n ordered weights. n >= 1.
 template <typename Weight, typename Block>
 LS_HOST_DEVICE float order_prefix_sum(const Weight& w, const Block& block, int32_t n,
