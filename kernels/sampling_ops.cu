@@ -23,15 +23,22 @@ __device__ float draw_uniform(const SamplingRow& s, int64_t position, uint32_t d
   return ops::draw_uniform((uint64_t{s.seed_hi} << 32) | s.seed_lo, position, draw);
 }
 
-__device__ __forceinline__ uint64_t key_of(float w, int32_t id) {
-  return (uint64_t{__float_as_uint(w)} << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(id));
-}
-__device__ __forceinline__ float weight_of(uint64_t key) {
-  return __uint_as_float(static_cast<uint32_t>(key >> 32));
-}
-__device__ __forceinline__ int32_t id_of(uint64_t key) {
-  return static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(key));
-}
+// A row's keys (sampling_ops.h): the weight's bits above the id's complement.
+struct KeyCodec {
+  int32_t id_bits;
+
+  __device__ explicit KeyCodec(int32_t vocab) : id_bits(sampling_key_id_bits(vocab)) {}
+  __device__ uint64_t mask() const { return (uint64_t{1} << id_bits) - 1; }
+  __device__ uint64_t key(float w, int32_t id) const {
+    return (uint64_t{__float_as_uint(w)} << id_bits) | (mask() - static_cast<uint64_t>(id));
+  }
+  __device__ float weight(uint64_t key) const {
+    return __uint_as_float(static_cast<uint32_t>(key >> id_bits));
+  }
+  __device__ int32_t id(uint64_t key) const {
+    return static_cast<int32_t>(mask() - (key & mask()));
+  }
+};
 
 __device__ int32_t op_row_of(const StepHeader& h, int32_t logits_row) {
   const int32_t ne = h.prefill_rows_count;
@@ -57,11 +64,12 @@ sampling_weights_kernel(StepInputs in, const float* logits, int32_t vocab, Sampl
   for (int32_t i = threadIdx.x; i < vocab; i += blockDim.x) m = fmaxf(m, row[i] / s.temperature);
   m = block_max(m, scratch);
   uint64_t* out = keys.keys + int64_t{r} * vocab;
+  const KeyCodec codec(vocab);
   const int32_t chunks = static_cast<int32_t>(gridDim.y), piece = static_cast<int32_t>(blockIdx.y);
   const int32_t chunk = (vocab + chunks - 1) / chunks;
   const int32_t end = min(vocab, (piece + 1) * chunk);
   for (int32_t i = piece * chunk + static_cast<int32_t>(threadIdx.x); i < end; i += blockDim.x) {
-    out[i] = key_of(ops::portable_exp(row[i] / s.temperature - m), i);
+    out[i] = codec.key(ops::portable_exp(row[i] / s.temperature - m), i);
   }
 }
 
@@ -79,7 +87,8 @@ sampling_block_sums_kernel(StepInputs in, int32_t vocab, SamplingKeys keys) {
   const uint64_t* sorted = keys.sorted_keys + int64_t{r} * vocab;
   float* sums = keys.block_sums + int64_t{r} * ops::order_sum_stride(vocab);
   float* prefixes = keys.block_prefixes + int64_t{r} * ops::order_sum_stride(vocab);
-  const auto w = [sorted](int32_t j) { return weight_of(sorted[j]); };
+  const KeyCodec codec(vocab);
+  const auto w = [sorted, codec](int32_t j) { return codec.weight(sorted[j]); };
   for (int32_t c = threadIdx.x; c < blocks; c += blockDim.x) {
     const int32_t first = c * ops::kOrderSumBlock;
     sums[c] = ops::order_part(w, first, min(first + ops::kOrderSumBlock, vocab) - 1, ops::kNoSkip);
@@ -96,8 +105,9 @@ struct DeviceOrder {
   const uint64_t* sorted;    // [vocab] keys in step 4's order
   const float* blocks;       // [order_sum_blocks(vocab)] B_c
   const float* prefixes;     // [order_sum_blocks(vocab) + 1] P_c
+  KeyCodec codec;
 
-  __device__ float operator()(int32_t j) const { return weight_of(sorted[j]); }
+  __device__ float operator()(int32_t j) const { return codec.weight(sorted[j]); }
   // order_prefix_reaching's answer. With nothing skipped, by a binary search over the P_c
   // computed once (sampling_block_sums_kernel); a skip changes every P after its block: then the
   // blocks are chained one by one, as the definition reads.
@@ -140,7 +150,7 @@ struct Filtered {
     return low;
   }
   __device__ float probability(int32_t token) const {
-    return contains(token) ? weight_of(by_id[token]) / kept_sum : 0.0f;
+    return contains(token) ? order.codec.weight(by_id[token]) / kept_sum : 0.0f;
   }
 };
 
@@ -148,7 +158,7 @@ __device__ Filtered filter(const FinishArgs& a, int32_t logits_row, const Sampli
   const int64_t base = int64_t{logits_row} * a.vocab;
   const int64_t sums = int64_t{logits_row} * ops::order_sum_stride(a.vocab);
   const DeviceOrder order{a.keys.sorted_keys + base, a.keys.block_sums + sums,
-                          a.keys.block_prefixes + sums};
+                          a.keys.block_prefixes + sums, KeyCodec(a.vocab)};
   Filtered q{a.keys.keys + base, order, 0, 0.0f};
   const int32_t k = min(s.top_k, a.vocab);
   int32_t n = k;
@@ -167,9 +177,9 @@ __device__ int32_t invert_cdf(const Filtered& q, float u, int32_t skipped) {
   const float total = skip == ops::kNoSkip ? q.kept_sum : q.order.sum(q.kept, skip);
   // The skipped position adds 0, so it never raises the prefix past the target first.
   const int32_t hit = q.order.reaching(q.kept, u * total, true, skip).index;
-  if (hit < q.kept) return id_of(q.order.sorted[hit]);
+  if (hit < q.kept) return q.order.codec.id(q.order.sorted[hit]);
   const int32_t last = q.kept - 1 == skip ? q.kept - 2 : q.kept - 1;
-  return last >= 0 ? id_of(q.order.sorted[last]) : kNoToken;
+  return last >= 0 ? q.order.codec.id(q.order.sorted[last]) : kNoToken;
 }
 
 __device__ int32_t sample_token(const FinishArgs& a, int32_t logits_row, const SamplingRow& s,

@@ -4,8 +4,9 @@
 // draw index); greedy rows use the guard's argmax (lowest id on ties).
 //
 // Stochastic rows need their ids in the order (weight desc, id asc): launch_sampling_weights
-// writes one 64-bit key per (logits row, id) — the weight's bits above, ~id below, so the order is
-// a strict total order — and launch_sort_sampling_keys sorts each row's keys descending;
+// writes one 64-bit key per (logits row, id) — the weight's bits above the id's complement, so
+// the order is a strict total order — and launch_sort_sampling_keys sorts each row's keys
+// descending;
 // launch_sampling_block_sums then sums each row's sorted weights in the definition's blocks
 // (core/ops/order_sums.h), in parallel, so that no thread walks a row's whole vocabulary.
 #pragma once
@@ -20,6 +21,18 @@
 #include <cstdint>
 
 namespace ls::kernels {
+
+// The id's complement takes the low sampling_key_id_bits(vocab) bits of a key, the weight's bits
+// (w in [0, 1]: below 2^30) the 30 above them, so a sort reads sampling_key_bits(vocab) bits (47
+// for a 128k vocabulary) instead of 64.
+LS_HOST_DEVICE LS_INLINE int32_t sampling_key_id_bits(int32_t vocab) {
+  int32_t bits = 0;
+  while (bits < 31 && (int64_t{1} << bits) < vocab) ++bits;
+  return bits;
+}
+LS_HOST_DEVICE LS_INLINE int32_t sampling_key_bits(int32_t vocab) {
+  return 30 + sampling_key_id_bits(vocab);
+}
 
 // The key of weight w (>= 0) and id: the order of keys is step 4's order of (w desc, id asc).
 struct SamplingKeys {

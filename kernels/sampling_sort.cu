@@ -52,14 +52,14 @@ cudaError_t launch_sort_sampling_keys(void* temp, size_t temp_bytes, SamplingKey
       size_t bytes = temp_bytes;
       const cudaError_t status = cub::DeviceRadixSort::SortKeysDescending(
           temp, bytes, keys.keys + int64_t{r} * vocab, keys.sorted_keys + int64_t{r} * vocab,
-          vocab, 0, 64, stream);
+          vocab, 0, sampling_key_bits(vocab), stream);
       if (status != cudaSuccess) return status;
     }
     return cudaSuccess;
   }
   return cub::DeviceSegmentedRadixSort::SortKeysDescending(
       temp, temp_bytes, keys.keys, keys.sorted_keys, rows * vocab, rows,
-      segment_offsets, segment_offsets + 1, 0, 64, stream);
+      segment_offsets, segment_offsets + 1, 0, sampling_key_bits(vocab), stream);
 }
 
 }  // namespace ls::kernels

@@ -218,7 +218,8 @@ TEST(SamplingWeights, EveryWeightHasTheDefinitionsBits) {
   st.vcl.upload(zeros), st.fim.upload(zeros);
   DeviceBuffer<float> d_logits(logits);
   run_tail(st, d_logits, rows, rows, vocab, 1, 1 << 20);
-  const std::vector<uint64_t> keys = st.keys.download();  // by id: weight bits, then ~id
+  const std::vector<uint64_t> keys = st.keys.download();  // by id: weight bits, then the id's
+  const int32_t id_bits = kernels::sampling_key_id_bits(vocab);  // complement in id_bits
   std::vector<float> weights;
   int64_t differ = 0;
   for (int32_t r = 0; r < rows; ++r) {
@@ -227,9 +228,9 @@ TEST(SamplingWeights, EveryWeightHasTheDefinitionsBits) {
     for (int32_t i = 0; i < vocab; ++i) {
       const uint64_t key = keys[size_t(r) * vocab + size_t(i)];
       const uint32_t expected = std::bit_cast<uint32_t>(weights[size_t(i)]);
-      if (static_cast<uint32_t>(key >> 32) != expected && differ++ < 5) {
+      if (static_cast<uint32_t>(key >> id_bits) != expected && differ++ < 5) {
         ADD_FAILURE() << "row " << r << " id " << i << ": device weight bits 0x" << std::hex
-                      << (key >> 32) << ", the definition's " << weights[size_t(i)];
+                      << (key >> id_bits) << ", the definition's " << weights[size_t(i)];
       }
     }
   }
