@@ -1,8 +1,9 @@
 // The per-element arithmetic of the layers, one definition for the CPU reference
 // (core/cpu_model.cpp, core/model/rope.cpp), the CUDA kernels (kernels/layer_ops.cu) and the GPU
 // tests' references. The kernels keep their own parallel reductions (a block sum is not the
-// CPU's eight-lane dot), so the two backends agree to rounding of the sum of squares, and exactly
-// in everything written here.
+// CPU's eight-lane dot), so the two backends agree to rounding of the sum of squares. RoPE is
+// exact on both (every operation rounded on its own); SwiGLU's e^x is each side's expf, whose
+// host and CUDA bits may differ.
 #pragma once
 
 #include "core/ops/host_device.h"
@@ -28,8 +29,11 @@ struct RotatedPair {
   float second;
 };
 
+// Each product and sum rounded on its own (host_device.h): nvcc left to itself fuses one product
+// into the sum or difference, at whichever site it sees fit, so the RoPE kernel, the GEMV's and
+// the small-M GEMM's epilogues and the CPU could each round the pair differently.
 LS_HOST_DEVICE LS_INLINE RotatedPair rope_rotate(float x1, float x2, float c, float s) {
-  return RotatedPair{x1 * c - x2 * s, x2 * c + x1 * s};
+  return RotatedPair{sub_rn(mul_rn(x1, c), mul_rn(x2, s)), add_rn(mul_rn(x2, c), mul_rn(x1, s))};
 }
 
 // SwiGLU on one element: silu(gate) · up, silu(g) = g / (1 + e^(−g)).
