@@ -6,6 +6,9 @@
 #                                # build-gpu/dist (every device mode unpacks them first), within
 #                                # the device tool's 64 MiB beside the working tree
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
+#   scripts/gpu-run.sh tests     # on the H200: the full run's checks without its figures (every
+#                                # GPU test, the CLI on CUDA, the report, the HF oracle and
+#                                # fixtures), ~5 min: a merge's gate when device time is short
 #   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
 #                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
 #   scripts/gpu-run.sh report    # on the H200: only the report of a CUDA trace (cuda_report.tar), ~20 s
@@ -448,9 +451,9 @@ run_spec() {
   return $status
 }
 
-run() {
-  begin_mode lockstep_gpu_tests
-  local status=0
+# The full run's checks: every GPU test, the CLI on CUDA, a CUDA trace's report, the sanitizer's
+# subset, the HF oracle and fixtures. Sets status (the caller's local) to 1 on a failure.
+run_checks() {
   {
     for b in "$DIST"/bin/*; do echo "== ldd $b"; ldd "$b"; done
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 || true
@@ -503,7 +506,11 @@ run() {
     echo "== HF fixtures (tests/fixtures/hf) on CUDA fp32 and bf16"
     hf_fixtures "$OUT/hf_oracle.log" "$OUT/hf_oracle.json" || status=1
   fi
+}
 
+# The full run's figures: the benchmark, speculative decoding, paged attention alone, the PyTorch
+# peer and HF generate side by side.
+run_benchmarks() {
   echo "== benchmark"
   run_part --new "$OUT/gpu_bench.log" 360 "$DIST/bin/lockstep_gpu_bench" "$OUT/gpu_bench.json"
   cat "$OUT/gpu_bench.log"
@@ -548,7 +555,23 @@ for h in peer.get("hf_generate", []):
     vs = f", {h['step_ms'] / mine[k]['step_ms_median']:.1f}x lockstep's step" if k in mine else ""
     print(f"  HF generate {h['shape']} batch {h['batch']} context {h['context']}: {h['step_ms']:.2f} ms/token{vs}")
 PY
+}
+
+run() {
+  begin_mode lockstep_gpu_tests
+  local status=0
+  run_checks
+  run_benchmarks
   mode_done
+  return $status
+}
+
+# The full run's checks alone (no figures): what a change needs before it merges, ~5 min.
+run_tests() {
+  begin_mode lockstep_gpu_tests
+  local status=0
+  run_checks
+  mode_done tests
   return $status
 }
 
@@ -705,6 +728,7 @@ case "${1:-run}" in
   package) package ;;
   exec) shift; run_exec "$@" ;;
   run) run ;;
+  tests) run_tests ;;
   spec) run_spec ;;
   families) run_families ;;
   python) run_python ;;
@@ -716,5 +740,5 @@ case "${1:-run}" in
   fusion) run_fusion ;;
   sampling) run_sampling ;;
   attention-profile) run_attention_profile ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|spec|families|report|python|recording|tp|hybrid|fusion|sampling|attention-profile|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|tests|spec|families|report|python|recording|tp|hybrid|fusion|sampling|attention-profile|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
 esac
