@@ -30,7 +30,9 @@ namespace ls {
 namespace {
 
 using gpu_test::DeviceBuffer;
+using gpu_test::differing;
 using gpu_test::random_floats;
+using gpu_test::same_bits;
 using kernels::bf16;
 
 struct LayerShape {
@@ -46,21 +48,6 @@ constexpr LayerShape kLlama8b{"llama-8b", "Llama8b", 4096, 32, 8, 128, 14336};
 constexpr float kEps = 1e-5f;
 constexpr int32_t kSlots = 40;
 constexpr int32_t kPositions = 300;
-
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-
-// How many elements differ (for the failure message).
-template <typename T>
-size_t differing(const std::vector<T>& a, const std::vector<T>& b) {
-  size_t n = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    n += std::memcmp(&a[i], &b[i], sizeof(T)) != 0 ? 1 : 0;
-  }
-  return n + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
-}
 
 // Seeded bf16 weights made on the device (the benchmark's generator), ±0.05 around 0.
 void seed_weights(bf16* w, int64_t rows, int64_t cols, uint32_t tensor) {

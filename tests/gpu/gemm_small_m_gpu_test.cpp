@@ -33,6 +33,7 @@ using gpu_test::linear_ref;
 using gpu_test::random_bf16_values;
 using gpu_test::random_floats;
 using gpu_test::relative_error;
+using gpu_test::same_bits;
 using bf16 = __nv_bfloat16;
 
 // fp32 accumulation of exact bf16 products: each sum is ~in / 16 chained MMA results plus the
@@ -289,11 +290,6 @@ TEST(SmallMGemmLayout, PairedTilesCoverEveryRowOnceWithPartnersHalfApart) {
     }
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), c.out) << c.out << " rows";
   }
-}
-
-template <typename T>
-bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
 }
 
 // The RoPE + KV-write epilogue (launch_gemm_small_m_rope_kv_bf16) against the product into a qkv

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -94,6 +95,22 @@ inline std::vector<float> random_bf16_values(size_t n, uint32_t seed, float lo, 
   std::vector<float> v = random_floats(n, seed, lo, hi);
   for (float& x : v) x = round_bf16(x);
   return v;
+}
+
+// Whether two vectors hold the same bits, and how many elements differ (a size difference counts
+// each missing element), for bit-for-bit comparisons and their failure messages.
+template <typename T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+template <typename T>
+size_t differing(const std::vector<T>& a, const std::vector<T>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    n += std::memcmp(&a[i], &b[i], sizeof(T)) != 0 ? 1 : 0;
+  }
+  return n + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
 }
 
 inline double norm(std::span<const float> v) {

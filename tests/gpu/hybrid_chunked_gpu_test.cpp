@@ -28,6 +28,7 @@ namespace ls {
 namespace {
 
 namespace fs = std::filesystem;
+using gpu_test::same_bits;
 
 constexpr int32_t kPrompt = 200;
 constexpr int32_t kDecodeSteps = 3;
@@ -113,10 +114,6 @@ std::vector<std::vector<float>> run(const std::vector<ForwardOp>& ops, CudaPreci
   out.push_back(cuda.read_mamba_state(kX.slot));
   out.push_back(cuda.read_mamba_state(kY.slot));
   return out;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 TEST(HybridChunkedPrefill, CutsOnTheBlockGridGiveTheSameBits) {

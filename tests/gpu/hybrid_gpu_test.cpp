@@ -38,6 +38,7 @@ namespace ls {
 namespace {
 
 namespace fs = std::filesystem;
+using gpu_test::same_bits;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 using testing::decode_row;
@@ -48,10 +49,6 @@ using testing::prompt_for;
 constexpr int32_t kVocab = 512;
 
 const ModelWeights& hybrid() { return testing::hybrid_checkpoint_weights(); }
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, base = 0;

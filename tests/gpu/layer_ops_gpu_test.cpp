@@ -99,16 +99,6 @@ TEST_P(TokenCounts, RmsNormMatchesTheReference) {
   }
 }
 
-// How many elements of two float vectors of one size differ in their bits.
-int64_t differing_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  int64_t differ = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    differ += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-  }
-  return differ;
-}
-
 // `rotary`: the dims of each head RoPE rotates (head_dim, or Bamba's partial rotary); the CPU's
 // apply_rope over a table of that width is the reference, the dims past it pass through.
 void check_rope(int32_t tokens, int32_t rotary) {
@@ -157,9 +147,9 @@ void check_rope(int32_t tokens, int32_t rotary) {
   for (std::vector<float>* cached : {&k_ref, &v_ref}) {
     for (float& x : *cached) x = gpu_test::round_bf16(x);
   }
-  EXPECT_EQ(differing_bits(q_out, q_ref), 0) << "of Q differ, rotary " << rotary;
-  EXPECT_EQ(differing_bits(k_out, k_ref), 0) << "of K differ, rotary " << rotary;
-  EXPECT_EQ(differing_bits(v_out, v_ref), 0) << "of V differ, rotary " << rotary;
+  EXPECT_EQ(gpu_test::differing(q_out, q_ref), 0u) << "of Q differ, rotary " << rotary;
+  EXPECT_EQ(gpu_test::differing(k_out, k_ref), 0u) << "of K differ, rotary " << rotary;
+  EXPECT_EQ(gpu_test::differing(v_out, v_ref), 0u) << "of V differ, rotary " << rotary;
   EXPECT_GT(gpu_test::norm(q_ref), 0);
 }
 
