@@ -8,7 +8,7 @@
 #   scripts/gpu-run.sh [run]     # on the H200, with build-gpu/dist carried: run everything
 #   scripts/gpu-run.sh tests     # on the H200: the full run's checks without its figures (every
 #                                # GPU test, the CLI on CUDA, the report, the HF oracle and
-#                                # fixtures), ~5 min: a merge's gate when device time is short
+#                                # fixtures), ~3 min: a merge's gate when device time is short
 #   scripts/gpu-run.sh spec      # on the H200: only speculative decoding (drafter tests, generate
 #                                # and replay with W = 4, sim on CUDA, the spec benchmark), ~1 min
 #   scripts/gpu-run.sh report    # on the H200: only the report of a CUDA trace (cuda_report.tar), ~20 s
@@ -566,7 +566,7 @@ run() {
   return $status
 }
 
-# The full run's checks alone (no figures): what a change needs before it merges, ~5 min.
+# The full run's checks alone (no figures): what a change needs before it merges, ~3 min.
 run_tests() {
   begin_mode lockstep_gpu_tests
   local status=0
