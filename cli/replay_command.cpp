@@ -141,12 +141,19 @@ void print_header(const replay::ReplayReport& r, const ReplayCliOptions& o) {
   }
 }
 
+void print_other_build_note(const replay::ReplayReport& r) {
+  if (const auto note = replay::other_build_note(r.header, trace::build_id())) {
+    fmt::print("{}\n", *note);
+  }
+}
+
 int report_exact(const replay::ReplayReport& r, const ReplayCliOptions& o) {
   if (r.divergence) {
     const replay::Divergence& d = *r.divergence;
     fmt::print("DIVERGED at step {}\n  request  {} (op row {})\n  field    {}\n  expected {}\n  actual   {}\n",
                d.step, d.request_id, d.row, d.field, d.expected, d.actual);
     fmt::print("replay up to it: {}\n", replay_command_until(o, d.step));
+    print_other_build_note(r);
     return kExitFinding;
   }
   fmt::print("IDENTICAL: every compared output and digest matches bit for bit\n");
@@ -167,7 +174,9 @@ int report_teacher_forced(const replay::ReplayReport& r) {
     fmt::print("  step {}: {}/{} tokens equal, max |Δlogit| {:.6g}\n", a.step, a.tokens_equal,
                a.tokens_count, a.logit_delta_max);
   }
-  return r.identical() ? kExitOk : kExitFinding;
+  if (r.identical()) return kExitOk;
+  print_other_build_note(r);
+  return kExitFinding;
 }
 
 void write_json(const replay::ReplayReport& report, replay::ReplayMode mode, const ReplayCliOptions& o,

@@ -6,6 +6,8 @@
 #include "core/serving_loop.h"
 #include "trace/digests.h"
 
+#include <fmt/format.h>
+
 #include <cmath>
 #include <algorithm>
 #include <deque>
@@ -380,6 +382,14 @@ std::optional<int64_t> ReplayReport::first_disagreeing_step() const {
     if (a.tokens_equal != a.tokens_count) return a.step;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> other_build_note(const trace::TraceHeader& header,
+                                            const std::string& replaying_build) {
+  if (header.is_foreign() || header.build_id == replaying_build) return std::nullopt;
+  return fmt::format("note: recorded by {}, replayed by {}: replay is bit for bit on the build "
+                     "that recorded it; a kernel or sampler change between builds differs too",
+                     header.build_id, replaying_build);
 }
 
 int32_t replay_tp_degree(const ReplayOptions& options, const trace::TraceHeader& header) {

@@ -89,6 +89,13 @@ struct ReplayReport {
   bool identical() const { return !divergence && tokens_equal == tokens_count; }
 };
 
+// What a verdict that is not identical says when `header`'s trace was written by another build
+// of lockstep than `replaying_build`: bit-identical replay is promised for the same build on the
+// same machine (DESIGN.md), so a kernel or sampler change between the two builds diverges as a
+// bug would. None for this build's traces and for a foreign executor's.
+std::optional<std::string> other_build_note(const trace::TraceHeader& header,
+                                            const std::string& replaying_build);
+
 // The degree a replay runs at: options.tp_degree, else the recorded one.
 int32_t replay_tp_degree(const ReplayOptions& options, const trace::TraceHeader& header);
 

@@ -3,7 +3,9 @@
 # lockstep_planted_cpu (layer 1's output perturbed, tests/planted/perturb_layer_output.h) it
 # diverges and --localise names layer 1 mlp_out, in exact and teacher-forced mode and in --json;
 # a trace without digests is compared with a second replay; bad flag combinations exit 2 naming
-# the flag. (scripts/gpu-run.sh: tests/gpu/localise_gpu_test.cpp does CUDA.)
+# the flag; a divergence on a trace another build wrote (2cbf2ac's fixture) names both builds,
+# one on this build's trace does not. (scripts/gpu-run.sh: tests/gpu/localise_gpu_test.cpp does
+# CUDA.)
 function(run name)
   execute_process(COMMAND ${ARGN} OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status)
   set(${name}_out "${out}" PARENT_SCOPE)
@@ -88,3 +90,11 @@ run(sim_replay ${LOCKSTEP} replay ${sim_trace} --localise --quiet)
 expect(sim_replay 0 "IDENTICAL.*nothing to localise")
 run(sim_planted ${PLANTED} replay ${sim_trace} --localise --quiet)
 expect(sim_planted 1 "first difference: layer 1 mlp_out")
+
+# Which build wrote a trace, when a verdict is not identical: the planted build is this build
+# (no note on this build's trace), the fixture was written by 2cbf2ac.
+if("${sim_planted_out}" MATCHES "note: recorded by")
+  message(FATAL_ERROR "a note of another build on this build's trace:\n${sim_planted_out}")
+endif()
+run(other_build ${PLANTED} replay ${OTHER_BUILD_TRACE} --quiet)
+expect(other_build 1 "DIVERGED.*note: recorded by lockstep 0.1.0 \\(git 2cbf2accc536\\), replayed by lockstep")

@@ -315,6 +315,24 @@ TEST(ReplayCompatibility, ATraceFromBeforeTheStateSlotStillReplays) {
   EXPECT_EQ(r.steps_compared, 55);
 }
 
+// A verdict on another build's trace says so (the fixture above was written by 2cbf2ac); this
+// build's traces and a foreign executor's carry no such note.
+TEST(ReplayVerdict, ATraceFromAnotherBuildIsNamedAsSuch) {
+  const fs::path fixture =
+      fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/trace/format3-tiny-swap-no-state-slot.trace";
+  trace::TraceHeader header = trace::TraceReader::open(fixture).header();
+  const std::optional<std::string> note = replay::other_build_note(header, trace::build_id());
+  ASSERT_TRUE(note.has_value());
+  EXPECT_NE(note->find("recorded by lockstep 0.1.0 (git 2cbf2accc536)"), std::string::npos)
+      << *note;
+  EXPECT_NE(note->find("replayed by " + trace::build_id()), std::string::npos) << *note;
+  header.build_id = trace::build_id();
+  EXPECT_FALSE(replay::other_build_note(header, trace::build_id()).has_value());
+  header.build_id = "sglang 0.5";
+  header.foreign_executor = "sglang";
+  EXPECT_FALSE(replay::other_build_note(header, trace::build_id()).has_value());
+}
+
 TEST(ReplayRefuses, WeightsWithAnotherDigestNamingBoth) {
   const fs::path path = temp_path("digest.trace");
   record_seed(4, {}, path);
