@@ -75,14 +75,14 @@ struct OrderedWeights {
     const int32_t first = c * ops::kOrderSumBlock;
     return ops::order_part(*this, first, first + ops::kOrderSumBlock - 1, ops::kNoSkip);
   }
+  auto blocks() const {
+    return [this](int32_t c) { return block(c); };
+  }
   int32_t size() const { return static_cast<int32_t>(ids.size()); }
   ops::OrderPrefix reaching(float x, bool strictly, int32_t skip) const {
-    return ops::order_prefix_reaching(*this, [this](int32_t c) { return block(c); }, size(), x,
-                                      strictly, skip);
+    return ops::order_prefix_reaching(*this, blocks(), size(), x, strictly, skip);
   }
-  float sum(int32_t skip) const {
-    return ops::order_prefix_sum(*this, [this](int32_t c) { return block(c); }, size(), skip);
-  }
+  float sum(int32_t skip) const { return ops::order_prefix_sum(*this, blocks(), size(), skip); }
 };
 
 // Step 8's q: borrows the scratch buffers, so it is valid until the scratch is used again.

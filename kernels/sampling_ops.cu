@@ -47,6 +47,7 @@ __device__ int32_t op_row_of(const StepHeader& h, int32_t logits_row) {
 
 constexpr int32_t kWeightThreads = 1024;
 constexpr int32_t kWeightBlocksMax = 128;  // a row's blocks share about this many (H200: 132 SMs)
+constexpr int32_t kWeightChunksMax = 16;   // the most blocks one row's weights are split over
 
 // grid: (logits rows, chunks of a row's ids). Each block finds its row's maximum (the whole row,
 // read again from the L2 by each of the row's blocks: a maximum is exact, so every block finds the
@@ -300,7 +301,7 @@ cudaError_t launch_sampling_weights(StepInputs in, const float* logits, int32_t 
     return cudaErrorInvalidValue;
   }
   if (rows_grid == 0) return cudaSuccess;
-  const int32_t chunks = std::clamp(kWeightBlocksMax / rows_grid, 1, 16);
+  const int32_t chunks = std::clamp(kWeightBlocksMax / rows_grid, 1, kWeightChunksMax);
   sampling_weights_kernel<<<dim3(rows_grid, chunks), kWeightThreads, 0, stream>>>(in, logits,
                                                                                   vocab, keys);
   return cudaGetLastError();

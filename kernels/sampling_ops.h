@@ -6,9 +6,8 @@
 // Stochastic rows need their ids in the order (weight desc, id asc): launch_sampling_weights
 // writes one 64-bit key per (logits row, id) — the weight's bits above the id's complement, so
 // the order is a strict total order — and launch_sort_sampling_keys sorts each row's keys
-// descending;
-// launch_sampling_block_sums then sums each row's sorted weights in the definition's blocks
-// (core/ops/order_sums.h), in parallel, so that no thread walks a row's whole vocabulary.
+// descending; launch_sampling_block_sums then sums each row's sorted weights in the definition's
+// blocks (core/ops/order_sums.h), in parallel, so that no thread walks a row's whole vocabulary.
 #pragma once
 
 #include "core/ops/order_sums.h"
@@ -43,7 +42,6 @@ struct SamplingKeys {
   float* block_sums;
   float* block_prefixes;
 };
-
 
 // Steps 2–3 for every stochastic logits row of the step: keys[r, i] from w_i = e^(l_i/T − m)
 // (core/ops/portable_exp.h).
