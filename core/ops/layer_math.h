@@ -37,8 +37,10 @@ LS_HOST_DEVICE LS_INLINE RotatedPair rope_rotate(float x1, float x2, float c, fl
 }
 
 // SwiGLU on one element: silu(gate) · up, silu(g) = g / (1 + e^(−g)).
+// The sum and the product rounded on their own: nvcc fuses `1 +` into expf's last scaling multiply
+// (an fma in swiglu_kernel's PTX) wherever it sees fit, as it did RoPE's products.
 LS_HOST_DEVICE LS_INLINE float swiglu(float gate, float up) {
-  return gate / (1.0f + exp_f(-gate)) * up;
+  return mul_rn(gate / add_rn(1.0f, exp_f(-gate)), up);
 }
 
 // The CPU reference's dot product: eight interleaved partial sums combined pairwise, one fixed
