@@ -746,9 +746,8 @@ timeline_case() {
 run_timeline() {
   begin_mode lockstep
   local status=0 nsys
-  # The H200 host has no Nsight Systems of its own; Nsight Compute's host folder carries an nsys.
-  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys \
-      /opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys 2>/dev/null | head -1)
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys \
+      /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
   [ -x "$nsys" ] || { echo "gpu-run: no Nsight Systems (nsys) on this host" >&2; return 2; }
   env -u LD_LIBRARY_PATH python3 - /tmp/timeline-one.jsonl /tmp/timeline-64.jsonl <<'PY'
 import json, random, sys
