@@ -729,8 +729,7 @@ run_attention_profile() {
 # kernel of a layer adds to the step). ~3 min.
 timeline_case() {
   local name="$1" model="$2" prompts="$3" rows="$4" nsys="$5" report="/tmp/timeline-$1"
-  echo "== $name: $model, $(wc -l < "$prompts") prompts, --max-batch-rows $rows" \
-      >> "$OUT/timeline.log"
+  echo "== $name: $model, $(wc -l < "$prompts") prompts, --max-batch-rows $rows" >> "$OUT/timeline.log"
   run_part "$OUT/timeline.log" 240 "$nsys" profile --cuda-graph-trace=node -t cuda \
       --force-overwrite true -o "$report" "$DIST/bin/lockstep" generate --backend cuda -q \
       --model "$model" --prompts "$prompts" --max-batch-rows "$rows" --context-length 1100 \
