@@ -63,11 +63,6 @@
 #                                # split kernel at batch 64, context 1024, llama-1b and llama-8b
 #                                # heads, ~1 min. Writes env.txt, attention_ncu.log,
 #                                # attention_sass_llama-{1b,8b}.csv.
-#   scripts/gpu-run.sh timeline  # on the H200: Nsight Systems over decode steps in their graphs
-#                                # (llama-1b and llama-8b at batch 1, llama-8b at 64; context
-#                                # ~1024): what each kernel of a layer adds to a step
-#                                # (bench/timeline_summary.py), ~3 min. Writes env.txt,
-#                                # timeline.log, timeline_<case>.csv.gz.
 #   scripts/gpu-run.sh pack-python [BUILD_DIR]
 #                                # here: what `package` adds for the python mode, from BUILD_DIR
 #                                # (default build-gpu) into $DIST; with DIST=/tmp/d and
@@ -721,51 +716,6 @@ run_attention_profile() {
   return $status
 }
 
-# Nsight Systems over decode steps in their CUDA graphs (`--cuda-graph-trace=node`: every node a
-# row, under programmatic dependent launch as served): `lockstep generate --backend cuda` with
-# one 1000-token prompt and 40 new tokens on llama-1b and llama-8b (batch 1, context 1100), and
-# 64 such prompts with 16 new tokens on llama-8b (batch 64). Each kernel trace goes to
-# timeline_<case>.csv.gz, bench/timeline_summary.py's reading of it to timeline.log (what each
-# kernel of a layer adds to the step). ~3 min.
-timeline_case() {
-  local name="$1" model="$2" prompts="$3" rows="$4" nsys="$5" report="/tmp/timeline-$1"
-  echo "== $name: $model, $(wc -l < "$prompts") prompts, --max-batch-rows $rows" >> "$OUT/timeline.log"
-  run_part "$OUT/timeline.log" 240 "$nsys" profile --cuda-graph-trace=node -t cuda \
-      --force-overwrite true -o "$report" "$DIST/bin/lockstep" generate --backend cuda -q \
-      --model "$model" --prompts "$prompts" --max-batch-rows "$rows" --context-length 1100 \
-      -o /dev/null &&
-    run_part "$OUT/timeline.log" 120 "$nsys" stats --report cuda_gpu_trace --format csv \
-      --force-export true --output "/tmp/timeline-$name" "$report.nsys-rep" &&
-    local csv && csv=$(ls /tmp/timeline-"$name"*cuda_gpu_trace*.csv | head -1) &&
-    env -u LD_LIBRARY_PATH python3 bench/timeline_summary.py "$csv" --label "$name" \
-      >> "$OUT/timeline.log" 2>&1 &&
-    gzip -c "$csv" > "$OUT/timeline_$name.csv.gz"
-}
-
-run_timeline() {
-  begin_mode lockstep
-  local status=0 nsys
-  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys \
-      /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  [ -x "$nsys" ] || { echo "gpu-run: no Nsight Systems (nsys) on this host" >&2; return 2; }
-  env -u LD_LIBRARY_PATH python3 - /tmp/timeline-one.jsonl /tmp/timeline-64.jsonl <<'PY'
-import json, random, sys
-r = random.Random(5)
-for path, count, new in ((sys.argv[1], 1, 40), (sys.argv[2], 64, 16)):
-    with open(path, "w") as f:
-        for i in range(count):
-            prompt = [r.randrange(3, 500) for _ in range(1000)]
-            f.write(json.dumps({"id": i, "prompt": prompt, "max_new_tokens": new}) + "\n")
-PY
-  : > "$OUT/timeline.log"
-  timeline_case llama-1b-b1 llama-1b /tmp/timeline-one.jsonl 1 "$nsys" || status=1
-  timeline_case llama-8b-b1 llama-8b /tmp/timeline-one.jsonl 1 "$nsys" || status=1
-  timeline_case llama-8b-b64 llama-8b /tmp/timeline-64.jsonl 64 "$nsys" || status=1
-  grep -v "^Generat\|^Processing\|^Exporting" "$OUT/timeline.log" | tail -80
-  mode_done timeline
-  return $status
-}
-
 # A command of one's own against the package (a test filter, one bench flag): `gpu-run.sh exec
 # lockstep_gpu_tests --gtest_filter=...` runs it with the package's binaries on PATH and its
 # libraries found.
@@ -790,6 +740,5 @@ case "${1:-run}" in
   fusion) run_fusion ;;
   sampling) run_sampling ;;
   attention-profile) run_attention_profile ;;
-  timeline) run_timeline ;;
-  *) echo "usage: scripts/gpu-run.sh [package|run|tests|spec|families|report|python|recording|tp|hybrid|fusion|sampling|attention-profile|timeline|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-run.sh [package|run|tests|spec|families|report|python|recording|tp|hybrid|fusion|sampling|attention-profile|pack-python [BUILD_DIR]|exec CMD [ARGS]]" >&2; exit 2 ;;
 esac
