@@ -21,7 +21,8 @@
 // and the fused GEMV's grid, one group a block against one wave (batch 1).
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), and time each projection's kernel both ways at 1, 16 and 64 tokens; --small-m runs only
-// that.
+// that. Last, what each kernel of a layer adds to a step inside its graph, left out of every
+// layer one at a time (batch 1 and 64, context 1024); --leave-out runs only that.
 //
 // With --invariant: batch-invariant mode (issue 15, --determinism invariant: the small-M GEMM for
 // every linear layer) against the default kernels instead, decode at batch 1, 16 and 64, context
@@ -371,6 +372,7 @@ struct Options {
   bool prefill = false;       // only the prefill with and without the attention tile kernel
   bool decode = false;        // only each shape's prefill and decode table (an A/B's figures)
   bool sampling = false;      // only sampled decode rows vs greedy
+  bool leave_out = false;     // only what each kernel adds to a step in its graph
   int32_t tp_degree = 1;      // > 1: only the tensor-parallel decode figures
   bool shapes_given = false;
   std::vector<std::string> shapes = {"llama-1b", "llama-8b", "qwen3-0.6b", "qwen2.5-7b"};
@@ -1363,6 +1365,121 @@ json compare_shape(const std::string& shape, const Options& o, const Bandwidth& 
   return rows_out;
 }
 
+// The bytes a decode step's `what` reads (weights of its product; attention's K/V rows; every
+// layer's for kLayers; the combine's partials, in L2, count as none), as decode_bytes counts them.
+int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, LeaveOut what) {
+  const int64_t h = m.hidden_size, layers = m.layers_count;
+  switch (what) {
+    case LeaveOut::kQkv: return 2 * layers * h * (m.q_size() + 2 * m.kv_size());
+    case LeaveOut::kAttention: return decode_bytes_split(m, rows, context).kv;
+    case LeaveOut::kCombine: return 0;
+    case LeaveOut::kO: return 2 * layers * h * m.q_size();
+    case LeaveOut::kGateUp: return 2 * layers * 2 * h * m.ffn_size;
+    case LeaveOut::kDown: return 2 * layers * h * m.ffn_size;
+    case LeaveOut::kLayers:
+      return decode_bytes(m, rows, context) - 2 * int64_t{m.vocab_size} * h - 4 * h;
+  }
+  return 0;
+}
+
+// What each kernel of a layer adds to a decode step inside its CUDA graph (the device has no
+// working timeline tool, bench/results/HISTORY.md): the step's time with every kernel less its
+// time with that kernel left out of every layer (CudaBackendOptions::leave_out; such a step
+// computes wrong logits, only its time counts), at context 1024, batch 1 and 64. Each kernel's
+// cost is set against its bytes at the read bandwidth measured in this run: the difference, its
+// loss, is what keeps the step from that bandwidth. With every layer left out the step keeps the
+// embedding, the final norm, the LM head and the sampling tail ("outside the layers"). One backend
+// a variant, one after another; the full step is timed first and last (drift).
+json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
+  const ModelConfig model = model_config_named(shape);
+  constexpr int32_t kContext = 1024;
+  const std::vector<int32_t> batches = {1, 64};
+  const int32_t steps = o.quick ? 10 : 20;
+  const int32_t mean_context = kContext + kWarmupSteps + steps / 2;
+  const ExecutorConfig config = bench_config(kContext);
+  const std::vector<LeaveOut> kernels = {LeaveOut::kQkv,    LeaveOut::kAttention,
+                                         LeaveOut::kCombine, LeaveOut::kO,
+                                         LeaveOut::kGateUp,  LeaveOut::kDown,
+                                         LeaveOut::kLayers};
+  // step_ms[v][b]: variant v (0: nothing left out, 1..: kernels[v − 1], last: nothing again).
+  std::vector<std::vector<double>> step_ms;
+  for (size_t v = 0; v <= kernels.size() + 1; ++v) {
+    const bool full = v == 0 || v == kernels.size() + 1;
+    CudaBackendOptions options{.graphs = true, .time_steps = true};
+    options.leave_out = full ? 0 : static_cast<uint32_t>(kernels[v - 1]);
+    CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
+    Executor executor(config, model.vocab_size, backend);
+    step_ms.emplace_back();
+    for (const int32_t rows : batches) {
+      Driver driver(executor, config, model.vocab_size);
+      driver.prefill(rows, kContext);
+      driver.decode(rows, kWarmupSteps, backend, false);
+      step_ms.back().push_back(median(driver.decode(rows, steps, backend, true).wall) * 1e3);
+    }
+  }
+  const auto at_read_us = [&](int64_t bytes) {
+    return static_cast<double>(bytes) / bandwidth.read * 1e6;
+  };
+  json rows_out = json::array();
+  for (size_t b = 0; b < batches.size(); ++b) {
+    const int32_t rows = batches[b];
+    const double full_ms = step_ms.front()[b], again_ms = step_ms.back()[b];
+    const int64_t step_bytes = decode_bytes(model, rows, mean_context);
+    std::printf("  %s decode batch %2d context %d: %.3f ms/step (%.3f last), its %.2f GB at the "
+                "read BW %.3f ms\n    %-18s %9s %9s %10s %12s %9s\n",
+                shape.c_str(), rows, kContext, full_ms, again_ms,
+                static_cast<double>(step_bytes) * 1e-9, at_read_us(step_bytes) * 1e-3,
+                "left out", "step ms", "costs us", "bytes MB", "at read us", "loss us");
+    json kernels_out = json::array();
+    double losses_us = 0;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      const double without_ms = step_ms[k + 1][b];
+      const double cost_us = (full_ms - without_ms) * 1e3;
+      const int64_t bytes = left_out_bytes(model, rows, mean_context, kernels[k]);
+      const double loss_us = cost_us - at_read_us(bytes);
+      const bool part_of_attention = kernels[k] == LeaveOut::kCombine;
+      const bool every_layer = kernels[k] == LeaveOut::kLayers;
+      if (!part_of_attention && !every_layer) losses_us += loss_us;
+      std::printf("    %-18s %9.3f %9.1f %10.1f %12.1f %9.1f%s\n",
+                  std::string(to_string(kernels[k])).c_str(), without_ms, cost_us,
+                  static_cast<double>(bytes) * 1e-6, at_read_us(bytes), loss_us,
+                  part_of_attention ? "  (part of attention's)" : "");
+      kernels_out.push_back({{"left_out", to_string(kernels[k])},
+                             {"step_ms_without", without_ms},
+                             {"cost_us", cost_us},
+                             {"bytes", bytes},
+                             {"at_read_bandwidth_us", at_read_us(bytes)},
+                             {"loss_us", loss_us}});
+    }
+    // Outside the layers: the step with every layer left out, against the LM head's weights.
+    const double outside_ms = step_ms[kernels.size()][b];
+    const int64_t outside_bytes = step_bytes - left_out_bytes(model, rows, mean_context,
+                                                              LeaveOut::kLayers);
+    const double outside_loss_us = outside_ms * 1e3 - at_read_us(outside_bytes);
+    losses_us += outside_loss_us;
+    const double step_loss_us = full_ms * 1e3 - at_read_us(step_bytes);
+    std::printf("    %-18s %9.3f %9s %10.1f %12.1f %9.1f\n    losses %.1f us of the step's %.1f "
+                "(the rest: what leaving kernels out does not add up to)\n",
+                "outside the layers", outside_ms, "", static_cast<double>(outside_bytes) * 1e-6,
+                at_read_us(outside_bytes), outside_loss_us, losses_us, step_loss_us);
+    rows_out.push_back({{"batch", rows},
+                        {"context", kContext},
+                        {"mean_context", mean_context},
+                        {"steps", steps},
+                        {"step_ms", full_ms},
+                        {"step_ms_last", again_ms},
+                        {"bytes", step_bytes},
+                        {"at_read_bandwidth_us", at_read_us(step_bytes)},
+                        {"step_loss_us", step_loss_us},
+                        {"kernels", kernels_out},
+                        {"outside_layers", {{"step_ms", outside_ms},
+                                            {"bytes", outside_bytes},
+                                            {"at_read_bandwidth_us", at_read_us(outside_bytes)},
+                                            {"loss_us", outside_loss_us}}}});
+  }
+  return {{"shape", shape}, {"leave_out", rows_out}};
+}
+
 // The forward's kernels overlapping their predecessors (CudaBackendOptions::overlap_kernels,
 // kernels/launch.h) against plain stream order.
 json overlap_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
@@ -1541,6 +1658,11 @@ void add_options(CLI::App& app, Options& o) {
                    "Only decode with sampled rows (temperature 0.8, top-p 0.95) against greedy "
                    "rows (llama-1b and llama-8b unless --shapes): batch 1 and 64, context 1024, "
                    "and a sampled step's phases (the tail's is 'sampling')"),
+      app.add_flag("--leave-out", o.leave_out,
+                   "Only what each kernel of a layer adds to a decode step inside its graph: the "
+                   "step with every kernel against the step with one left out of every layer "
+                   "(llama-1b and llama-8b unless --shapes; batch 1 and 64, context 1024), each "
+                   "against its bytes at the measured read bandwidth"),
       app.add_flag("--decode", o.decode,
                    "Only what the README's decode table and issue 14's lines read: each shape's "
                    "2048-token prefill and its decode steps with graphs (the Llama shapes at "
@@ -1583,7 +1705,8 @@ int run(const Options& o) {
               {"gemv_vs_cublas", json::array()},
               {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
-              {"linear_layers_peer", json::array()}});
+              {"linear_layers_peer", json::array()},
+              {"leave_out", json::array()}});
   auto save = [&] { std::ofstream(o.out_path) << out.dump(2) << "\n"; };
   if (o.hybrid) {
     out["command"] = "lockstep_gpu_bench --hybrid";
@@ -1631,6 +1754,11 @@ int run(const Options& o) {
     out["sampled_vs_greedy"] = json::array();
     return only_mode("--sampling", [&](const std::string& shape) {
       out["sampled_vs_greedy"].push_back(sampling_shape(shape, o, bandwidth));
+    });
+  }
+  if (o.leave_out) {
+    return only_mode("--leave-out", [&](const std::string& shape) {
+      out["leave_out"].push_back(leave_out_shape(shape, o, bandwidth));
     });
   }
   if (o.decode) {
@@ -1682,6 +1810,8 @@ int run(const Options& o) {
     }
     save();
     if (full_set(shape)) out["gemv_vs_cublas"].push_back(gemv_shape(shape, o, bandwidth));
+    save();
+    if (full_set(shape)) out["leave_out"].push_back(leave_out_shape(shape, o, bandwidth));
     save();
     if (full_set(shape)) {
       out["small_m_gemm_vs_cublas"].push_back(small_m_gemm_shape(shape, o, bandwidth));

@@ -443,11 +443,11 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   }
 }
 
-// The decode kernel (and the combine) over tokens [first, end) of `base`, in launches of at most
-// `chunk` tokens.
+// The decode kernel (and the combine, unless left out) over tokens [first, end) of `base`, in
+// launches of at most `chunk` tokens.
 template <typename T>
 cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, int32_t end,
-                                 int32_t chunk, LaunchStream stream) {
+                                 int32_t chunk, LaunchStream stream, bool combine) {
   const AttentionShape& s = base.shape;
   for (int32_t begin = first; begin < end; begin += chunk) {
     const int32_t n = std::min(chunk, end - begin);
@@ -467,7 +467,7 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
       launched = launch_split<T, 16>(args, n, stream);
     }
     if (launched != cudaSuccess) return launched;
-    if (splits_max(s) > 1) {
+    if (combine && splits_max(s) > 1) {
       const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
       cudaError_t status = grant_shared<attention_combine_kernel<T>>(shared);
       if (status != cudaSuccess) return status;
@@ -529,7 +529,8 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    const int32_t* token_pool_rows, const int32_t* table,
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
-                                   size_t workspace_floats, T* out, LaunchStream stream) {
+                                   size_t workspace_floats, T* out, LaunchStream stream,
+                                   bool combine) {
   const AttentionShape& s = shape;
   if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
       s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
@@ -560,18 +561,18 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
       if (status != cudaSuccess) return status;
     }
   }
-  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream);
+  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream, combine);
 }
 
 template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
                                                   const bf16*, const int32_t*, const int32_t*,
                                                   const int32_t*, int32_t, int32_t,
                                                   AttentionPrefill, float*, size_t, bf16*,
-                                                  LaunchStream);
+                                                  LaunchStream, bool);
 template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
                                                    const float*, const float*, const int32_t*,
                                                    const int32_t*, const int32_t*, int32_t,
                                                    int32_t, AttentionPrefill, float*, size_t,
-                                                   float*, LaunchStream);
+                                                   float*, LaunchStream, bool);
 
 }  // namespace ls::kernels

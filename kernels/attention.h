@@ -82,12 +82,16 @@ cudaError_t attention_positions_max(int64_t* positions);
 // only picks the kernel. Tokens are processed in launches that fit `workspace` (at least one
 // token's: attention_workspace_floats(shape, 1)). Needs head_dim % 8 == 0 (vector loads of key
 // rows) and (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
+// combine false leaves the decode kernel's combine of split partials out (out then holds only
+// what single-split tokens wrote): the benchmark's profile (ls::LeaveOut::kCombine), never a
+// forward that counts.
 template <typename T>
 cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
                                    const T* v_cache, const int32_t* positions,
                                    const int32_t* token_pool_rows, const int32_t* table,
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
-                                   size_t workspace_floats, T* out, LaunchStream stream);
+                                   size_t workspace_floats, T* out, LaunchStream stream,
+                                   bool combine = true);
 
 }  // namespace ls::kernels

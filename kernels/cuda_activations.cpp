@@ -50,6 +50,8 @@ void CudaBackend::capture_activations(ActivationCapture mode) {
   LS_REQUIRE(!on || !m.hybrid(), "per-layer activations: model '{}' has Mamba2 layers, which the "
              "capture does not cover", m.model.name);
   LS_REQUIRE(!on || m.shard.degree == 1, "per-layer activations: TP 1 only");
+  LS_REQUIRE(!on || m.options.leave_out == 0, "per-layer activations: the backend leaves kernels "
+             "out of every step (leave_out {:#x}, a benchmark's profile)", m.options.leave_out);
   if (mode == ActivationCapture::kDigests && m.activation_digests.count() == 0) {
     m.activation_digests = DeviceArray<uint64_t>(
         static_cast<size_t>(activation_digests_count(m.layers, m.tokens_max, m.logits_rows_max)));

@@ -53,6 +53,21 @@ enum class CudaPhase : uint8_t {
 };
 std::string_view to_string(CudaPhase phase);
 
+// Kernels a step can leave out (CudaBackendOptions::leave_out), for the benchmark's profile of
+// what each adds to a step inside its graph: the step's time with it less the step's time
+// without it (the device has no working timeline tool; bench/gpu_bench.cpp --leave-out).
+enum class LeaveOut : uint32_t {
+  kQkv = 1u << 0,        // the QKV product with its folded norm, RoPE and KV write
+  kAttention = 1u << 1,  // decode attention: the split kernel and the combine
+  kCombine = 1u << 2,    // the combine of attention's split partials only
+  kO = 1u << 3,
+  kGateUp = 1u << 4,     // the gate/up product with its folded norm and SwiGLU
+  kDown = 1u << 5,
+  kLayers = 1u << 6,     // every layer: the step keeps the embedding, final norm, LM head, tail
+};
+constexpr uint32_t kLeaveOutAll = (1u << 7) - 1;
+std::string_view to_string(LeaveOut what);
+
 constexpr int32_t kSmallMGemmTokensDefault = 32;
 // The small-M GEMM's most tokens a launch (kernels::kSmallMGemmTokensMax; this header includes no
 // CUDA header, cuda_backend_setup.cpp asserts the two equal): batch-invariant mode's setting.
@@ -141,6 +156,11 @@ struct CudaBackendOptions {
   // where it ends (step_done), so last_step_timing() can tell how long the device sat idle
   // between two steps: the host's critical path. Off: no extra events in the step.
   bool time_steps = false;
+  // Benchmark only (a profile): the kernels every step leaves out, bits of LeaveOut; 0 (the
+  // default) leaves nothing out. A step that leaves anything out computes wrong logits: refused
+  // with Mamba layers, tensor parallelism, batch-invariant mode, a drafter or fp32 (the profile
+  // covers the bf16 attention decoder at TP 1), and bits outside kLeaveOutAll.
+  uint32_t leave_out = 0;
   // The fraction of the device memory left after the weights and workspaces that KV pages take
   // when the page count is sized from memory (cuda_kv_sizing).
   double kv_memory_fraction = 0.9;

@@ -148,7 +148,11 @@ struct CudaBackend::Impl {
   template <typename T>
   void enqueue_mamba_layer(int32_t layer, int32_t tokens);
   template <typename T>
+  bool enqueue_qkv(int32_t layer, int32_t tokens, T* k_layer, T* v_layer);
+  template <typename T>
   void enqueue_ffn(int32_t layer, int32_t tokens);
+  template <typename T>
+  void enqueue_gate_up(int32_t layer, int32_t tokens);
   // The decode GEMV's fused forms (kernels/decode_gemv.h, options.fuse_decode): whether a step of
   // `tokens` tokens folds the layer norms into the products that read them.
   bool fuses_decode(int32_t tokens) const;
@@ -203,6 +207,11 @@ struct CudaBackend::Impl {
   bool hybrid() const { return mamba_layers > 0; }
   void refuse_unsupported_hybrid() const;
   void refuse_what_batch_invariance_cannot_cover() const;  // cuda_backend_setup.cpp
+  void refuse_what_leave_out_cannot_cover() const;          // cuda_backend_setup.cpp
+  // Whether every step leaves `what` out (options.leave_out: the benchmark's profile).
+  bool leaves_out(LeaveOut what) const {
+    return (options.leave_out & static_cast<uint32_t>(what)) != 0;
+  }
   void index_layer_kinds();
   void initialise_mamba();
   void enqueue_state_copy(const CacheOp& op);

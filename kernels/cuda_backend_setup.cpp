@@ -278,6 +278,20 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
 static_assert(kSmallMGemmTokensInvariant == kernels::kSmallMGemmTokensMax,
               "batch_invariant_options asks for the small-M GEMM's most tokens");
 
+// The profile's leave_out (a benchmark's option: the step computes wrong logits) covers the bf16
+// attention decoder at TP 1, whose kernels LeaveOut names; anything else is refused by name.
+void CudaBackend::Impl::refuse_what_leave_out_cannot_cover() const {
+  const char* what = "cuda backend: leave_out (a benchmark's profile)";
+  LS_REQUIRE((options.leave_out & ~kLeaveOutAll) == 0, "{}: bits {:#x} name no kernel (LeaveOut "
+             "has {:#x})", what, options.leave_out & ~kLeaveOutAll, kLeaveOutAll);
+  LS_REQUIRE(options.precision == CudaPrecision::kBf16, "{} runs bf16 only", what);
+  LS_REQUIRE(!options.batch_invariant, "{} does not cover batch-invariant mode", what);
+  LS_REQUIRE(shard.degree == 1, "{} runs at TP 1 only", what);
+  LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName,
+             "{} does not cover a drafter ('{}')", what, options.drafter);
+  LS_REQUIRE(!model.has_recurrent_state(), "{} does not cover Mamba layers", what);
+}
+
 void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {
   const char* what = "cuda backend: batch_invariant (--determinism invariant)";
   LS_REQUIRE(options.precision == CudaPrecision::kBf16, "{} runs bf16 only (the small-M GEMM)", what);
@@ -319,6 +333,7 @@ void CudaBackend::Impl::refuse_unsupported() const {
   LS_REQUIRE(int64_t{logits_rows_max} * vocab < (int64_t{1} << 31),
              "cuda backend: logits rows ({}) × vocab ({}) exceed 2^31", logits_rows_max, vocab);
   if (options.batch_invariant) refuse_what_batch_invariance_cannot_cover();  // its names first
+  if (options.leave_out != 0) refuse_what_leave_out_cannot_cover();
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
              "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
              kernels::kGemvTokensMax);

@@ -145,15 +145,14 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
   }
 }
 
+// The attention input's norm, the QKV product, RoPE and the KV write (folded together where the
+// step's products allow); whether the norm was folded (the activation capture reads `normed`
+// only where it was not).
 template <typename T>
-void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill_tokens) {
+bool CudaBackend::Impl::enqueue_qkv(int32_t i, int32_t tokens, T* k_layer, T* v_layer) {
   const kernels::LaunchStream s = forward_stream();
   const size_t li = static_cast<size_t>(i);
   const size_t h = static_cast<size_t>(hidden);
-  const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
-  const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
-  T* k_layer = as<T>(k_cache) + kv_at;
-  T* v_layer = as<T>(v_cache) + kv_at;
   QkvFused fused = enqueue_fused_qkv(i, tokens, k_layer, v_layer);
   bool norm_fused = fused != QkvFused::kNone;
   if (!norm_fused) {
@@ -189,15 +188,32 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
                                           v_layer, s));
     mark(CudaPhase::kRope);
   }
-  LS_CUDA(kernels::launch_paged_attention(attention_shape, q.get(), k_layer, v_layer,
-                                          positions.get(), token_pool_rows.get(), table.get(),
-                                          tokens, prefill_tokens, attention_prefill,
-                                          attention_workspace.get(), attention_workspace.count(),
-                                          as<T>(attn_out), s));
-  mark(CudaPhase::kAttention);
+  return norm_fused;
+}
+
+// An attention layer; the kernels options.leave_out names are left out (the benchmark's profile).
+template <typename T>
+void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill_tokens) {
+  const size_t li = static_cast<size_t>(i);
+  const size_t h = static_cast<size_t>(hidden);
+  const size_t kv_layer = static_cast<size_t>(slots_count) * kv_size;
+  const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
+  T* k_layer = as<T>(k_cache) + kv_at;
+  T* v_layer = as<T>(v_cache) + kv_at;
+  const bool norm_fused = !leaves_out(LeaveOut::kQkv) && enqueue_qkv<T>(i, tokens, k_layer, v_layer);
+  if (!leaves_out(LeaveOut::kAttention)) {
+    LS_CUDA(kernels::launch_paged_attention(
+        attention_shape, q.get(), k_layer, v_layer, positions.get(), token_pool_rows.get(),
+        table.get(), tokens, prefill_tokens, attention_prefill, attention_workspace.get(),
+        attention_workspace.count(), as<T>(attn_out), forward_stream(),
+        !leaves_out(LeaveOut::kCombine)));
+    mark(CudaPhase::kAttention);
+  }
   if (activation_capture) capture_attention<T>(i, norm_fused, k_layer, v_layer);
-  row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
-  mark(CudaPhase::kGemmO);
+  if (!leaves_out(LeaveOut::kO)) {
+    row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
+    mark(CudaPhase::kGemmO);
+  }
   enqueue_ffn<T>(i, tokens);
 }
 
@@ -237,36 +253,45 @@ void CudaBackend::Impl::enqueue_mamba_layer(int32_t i, int32_t tokens) {
   enqueue_ffn<T>(i, tokens);
 }
 
-// Every layer's FFN: its norm, gate/up, SwiGLU and down into the residual.
+// Every layer's FFN: its norm, gate/up, SwiGLU and down into the residual (the kernels
+// options.leave_out names left out: the benchmark's profile).
 template <typename T>
 void CudaBackend::Impl::enqueue_ffn(int32_t i, int32_t tokens) {
-  const kernels::LaunchStream s = forward_stream();
-  const size_t li = static_cast<size_t>(i);
-  const size_t h = static_cast<size_t>(hidden);
+  if (!leaves_out(LeaveOut::kGateUp)) enqueue_gate_up<T>(i, tokens);
+  if (!leaves_out(LeaveOut::kDown)) {
+    const size_t li = static_cast<size_t>(i);
+    const size_t h = static_cast<size_t>(hidden);
+    row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, linears.down);
+    mark(CudaPhase::kGemmDown);
+  }
+}
+
+// The FFN's norm, gate/up and SwiGLU into `act` (folded together where the step's products allow).
+template <typename T>
+void CudaBackend::Impl::enqueue_gate_up(int32_t i, int32_t tokens) {
   if (enqueue_fused_gate_up(i, tokens, as<T>(act))) {
     mark(CudaPhase::kGemmGateUp);
-  } else {
-    T* x = as<T>(normed);
-    const float* norm_weight = ffn_norm.get() + li * h;
-    const bool swiglu = small_m_swiglu_runs(tokens);
-    const bool fold = swiglu && small_m_folds_norm(tokens);
-    if (!fold) {
-      LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden, norm_weight,
-                                       model.rms_eps, x, s));
-      mark(CudaPhase::kNorms);
-    }
-    if (swiglu) {
-      enqueue_small_m_gate_up_swiglu(i, tokens, x, fold ? norm_weight : nullptr, as<T>(act));
-      mark(CudaPhase::kGemmGateUp);
-    } else {
-      linear(x, gate_up_weight<T>(i), gate_up.get(), tokens, linears.gate_up);
-      mark(CudaPhase::kGemmGateUp);
-      LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
-      mark(CudaPhase::kSwiglu);
-    }
+    return;
   }
-  row_parallel(as<T>(act), as<T>(w_down) + li * h * ffn, tokens, linears.down);
-  mark(CudaPhase::kGemmDown);
+  const kernels::LaunchStream s = forward_stream();
+  T* x = as<T>(normed);
+  const float* norm_weight = ffn_norm.get() + static_cast<size_t>(i) * static_cast<size_t>(hidden);
+  const bool swiglu = small_m_swiglu_runs(tokens);
+  const bool fold = swiglu && small_m_folds_norm(tokens);
+  if (!fold) {
+    LS_CUDA(kernels::launch_rms_norm(residual.get(), nullptr, tokens, hidden, norm_weight,
+                                     model.rms_eps, x, s));
+    mark(CudaPhase::kNorms);
+  }
+  if (swiglu) {
+    enqueue_small_m_gate_up_swiglu(i, tokens, x, fold ? norm_weight : nullptr, as<T>(act));
+    mark(CudaPhase::kGemmGateUp);
+    return;
+  }
+  linear(x, gate_up_weight<T>(i), gate_up.get(), tokens, linears.gate_up);
+  mark(CudaPhase::kGemmGateUp);
+  LS_CUDA(kernels::launch_swiglu(gate_up.get(), tokens, ffn, as<T>(act), s));
+  mark(CudaPhase::kSwiglu);
 }
 
 bool CudaBackend::Impl::fuses_decode(int32_t tokens) const {
@@ -391,7 +416,8 @@ void CudaBackend::Impl::enqueue_forward_as(int32_t tokens, int32_t logits_rows,
   LS_CUDA(kernels::launch_embedding(as<T>(embedding), input_ids.get(), tokens, hidden,
                                     residual.get(), s));
   mark(CudaPhase::kEmbedding);
-  for (int32_t i = 0; i < layers; ++i) {
+  const int32_t layers_run = leaves_out(LeaveOut::kLayers) ? 0 : layers;
+  for (int32_t i = 0; i < layers_run; ++i) {
     if (model.layer_kind(i) == LayerKind::kMamba2) {
       enqueue_mamba_layer<T>(i, tokens);
     } else {

@@ -91,4 +91,17 @@ std::string_view to_string(CudaPhase phase) {
   return "?";
 }
 
+std::string_view to_string(LeaveOut what) {
+  switch (what) {
+    case LeaveOut::kQkv: return "qkv";
+    case LeaveOut::kAttention: return "attention";
+    case LeaveOut::kCombine: return "attention_combine";
+    case LeaveOut::kO: return "o";
+    case LeaveOut::kGateUp: return "gate_up";
+    case LeaveOut::kDown: return "down";
+    case LeaveOut::kLayers: return "layers";
+  }
+  return "?";
+}
+
 }  // namespace ls

@@ -1,0 +1,72 @@
+// The benchmark's profile option CudaBackendOptions::leave_out (`lockstep_gpu_bench --leave-out`):
+// every kernel it names is really left out of the step (the tokens a served run generates
+// change), and what it cannot cover is refused by name.
+#include "core/check.h"
+#include "kernels/cuda_backend.h"
+#include "tests/gpu/backend_test_support.h"
+#include "tests/gpu/gpu_test_support.h"
+#include "tests/hybrid_checkpoint.h"
+#include "tests/test_support.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace ls {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+constexpr LeaveOut kEveryKernel[] = {LeaveOut::kQkv, LeaveOut::kAttention, LeaveOut::kCombine,
+                                     LeaveOut::kO,   LeaveOut::kGateUp,    LeaveOut::kDown,
+                                     LeaveOut::kLayers};
+
+// Prompts past one attention split (128 keys) so that the combine runs, and short ones; served
+// at batch 16 with graphs, as the bench decodes.
+gpu_test::Outcomes served(uint32_t leave_out) {
+  const SchedulerConfig config = gpu_test::tiny_scheduler();
+  const int32_t vocab = testing::tiny_weights().config.vocab_size;
+  CudaBackend backend(testing::tiny_weights(), executor_config_for(config),
+                      CudaBackendOptions{.graphs = true, .leave_out = leave_out});
+  return gpu_test::generate(backend, config, vocab,
+                            gpu_test::greedy_requests(12, 200, 6, vocab));
+}
+
+TEST(CudaLeaveOut, EveryKernelItNamesIsLeftOutOfTheStep) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const gpu_test::Outcomes whole = served(0);
+  for (const LeaveOut what : kEveryKernel) {
+    const gpu_test::Agreement agreement = gpu_test::compare(whole, served(static_cast<uint32_t>(what)));
+    EXPECT_LT(agreement.equal_count, agreement.total_count)
+        << to_string(what) << " left out, yet every request generated the whole step's tokens";
+  }
+}
+
+TEST(CudaLeaveOut, WhatTheProfileCannotCoverIsRefusedByName) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const ExecutorConfig ec = executor_config_for(gpu_test::tiny_scheduler());
+  const auto build = [&](const CudaBackendOptions& o) { CudaBackend b(testing::tiny_weights(), ec, o); };
+  const auto attention = static_cast<uint32_t>(LeaveOut::kAttention);
+  EXPECT_THAT([&] { build({.leave_out = kLeaveOutAll + 1}); },
+              ThrowsMessage<Error>(HasSubstr("bits 0x80 name no kernel")));
+  EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .leave_out = attention}); },
+              ThrowsMessage<Error>(HasSubstr("leave_out (a benchmark's profile) runs bf16 only")));
+  EXPECT_THAT([&] { build(batch_invariant_options({.leave_out = attention})); },
+              ThrowsMessage<Error>(HasSubstr("does not cover batch-invariant mode")));
+  EXPECT_THAT([&] { build({.leave_out = attention, .drafter = "ngram"}); },
+              ThrowsMessage<Error>(HasSubstr("does not cover a drafter ('ngram')")));
+  ExecutorConfig hybrid_config = testing::small_config();
+  hybrid_config.mamba_slots_count = 12;
+  EXPECT_THAT([&] {
+    CudaBackend b(testing::hybrid_checkpoint_weights(), hybrid_config,
+                  CudaBackendOptions{.leave_out = attention});
+  }, ThrowsMessage<Error>(HasSubstr("leave_out (a benchmark's profile) does not cover Mamba")));
+  CudaBackend profiled(testing::tiny_weights(), ec, CudaBackendOptions{.leave_out = attention});
+  EXPECT_THAT([&] { profiled.capture_activations(ActivationCapture::kDigests); },
+              ThrowsMessage<Error>(HasSubstr("leaves kernels out of every step")));
+}
+
+}  // namespace
+}  // namespace ls
