@@ -200,7 +200,8 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   const size_t kv_at = static_cast<size_t>(kv_index[li]) * kv_layer;
   T* k_layer = as<T>(k_cache) + kv_at;
   T* v_layer = as<T>(v_cache) + kv_at;
-  const bool norm_fused = !leaves_out(LeaveOut::kQkv) && enqueue_qkv<T>(i, tokens, k_layer, v_layer);
+  const bool norm_fused =
+      !leaves_out(LeaveOut::kQkv) && enqueue_qkv<T>(i, tokens, k_layer, v_layer);
   if (!leaves_out(LeaveOut::kAttention)) {
     LS_CUDA(kernels::launch_paged_attention(
         attention_shape, q.get(), k_layer, v_layer, positions.get(), token_pool_rows.get(),

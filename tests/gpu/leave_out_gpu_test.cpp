@@ -38,7 +38,8 @@ TEST(CudaLeaveOut, EveryKernelItNamesIsLeftOutOfTheStep) {
   LS_SKIP_WITHOUT_DEVICE();
   const gpu_test::Outcomes whole = served(0);
   for (const LeaveOut what : kEveryKernel) {
-    const gpu_test::Agreement agreement = gpu_test::compare(whole, served(static_cast<uint32_t>(what)));
+    const gpu_test::Agreement agreement =
+        gpu_test::compare(whole, served(static_cast<uint32_t>(what)));
     EXPECT_LT(agreement.equal_count, agreement.total_count)
         << to_string(what) << " left out, yet every request generated the whole step's tokens";
   }
@@ -47,7 +48,9 @@ TEST(CudaLeaveOut, EveryKernelItNamesIsLeftOutOfTheStep) {
 TEST(CudaLeaveOut, WhatTheProfileCannotCoverIsRefusedByName) {
   LS_SKIP_WITHOUT_DEVICE();
   const ExecutorConfig ec = executor_config_for(gpu_test::tiny_scheduler());
-  const auto build = [&](const CudaBackendOptions& o) { CudaBackend b(testing::tiny_weights(), ec, o); };
+  const auto build = [&](const CudaBackendOptions& o) {
+    CudaBackend b(testing::tiny_weights(), ec, o);
+  };
   const auto attention = static_cast<uint32_t>(LeaveOut::kAttention);
   EXPECT_THAT([&] { build({.leave_out = kLeaveOutAll + 1}); },
               ThrowsMessage<Error>(HasSubstr("bits 0x80 name no kernel")));
