@@ -87,6 +87,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -1365,6 +1366,12 @@ json compare_shape(const std::string& shape, const Options& o, const Bandwidth& 
   return rows_out;
 }
 
+// The bytes a decode step reads outside its layers, as decode_bytes counts them: the LM head's
+// weights and the final norm's.
+int64_t outside_layers_bytes(const ModelConfig& m) {
+  return 2 * int64_t{m.vocab_size} * m.hidden_size + 4 * int64_t{m.hidden_size};
+}
+
 // The bytes a decode step's `what` reads (weights of its product; attention's K/V rows; every
 // layer's for kLayers; the combine's partials, in L2, count as none), as decode_bytes counts them.
 int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, LeaveOut what) {
@@ -1376,8 +1383,7 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
     case LeaveOut::kO: return 2 * layers * h * m.q_size();
     case LeaveOut::kGateUp: return 2 * layers * 2 * h * m.ffn_size;
     case LeaveOut::kDown: return 2 * layers * h * m.ffn_size;
-    case LeaveOut::kLayers:
-      return decode_bytes(m, rows, context) - 2 * int64_t{m.vocab_size} * h - 4 * h;
+    case LeaveOut::kLayers: return decode_bytes(m, rows, context) - outside_layers_bytes(m);
   }
   return 0;
 }
@@ -1397,10 +1403,9 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
   const int32_t steps = o.quick ? 10 : 20;
   const int32_t mean_context = kContext + kWarmupSteps + steps / 2;
   const ExecutorConfig config = bench_config(kContext);
-  const std::vector<LeaveOut> kernels = {LeaveOut::kQkv,    LeaveOut::kAttention,
-                                         LeaveOut::kCombine, LeaveOut::kO,
-                                         LeaveOut::kGateUp,  LeaveOut::kDown,
-                                         LeaveOut::kLayers};
+  const std::vector<LeaveOut> kernels(std::begin(kLeaveOutKinds), std::end(kLeaveOutKinds));
+  const size_t every_layer_at = static_cast<size_t>(
+      std::find(kernels.begin(), kernels.end(), LeaveOut::kLayers) - kernels.begin());
   // step_ms[v][b]: variant v (0: nothing left out, 1..: kernels[v − 1], last: nothing again).
   std::vector<std::vector<double>> step_ms;
   for (size_t v = 0; v <= kernels.size() + 1; ++v) {
@@ -1452,9 +1457,8 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
                              {"loss_us", loss_us}});
     }
     // Outside the layers: the step with every layer left out, against the LM head's weights.
-    const double outside_ms = step_ms[kernels.size()][b];
-    const int64_t outside_bytes = step_bytes - left_out_bytes(model, rows, mean_context,
-                                                              LeaveOut::kLayers);
+    const double outside_ms = step_ms[every_layer_at + 1][b];
+    const int64_t outside_bytes = outside_layers_bytes(model);
     const double outside_loss_us = outside_ms * 1e3 - at_read_us(outside_bytes);
     losses_us += outside_loss_us;
     const double step_loss_us = full_ms * 1e3 - at_read_us(step_bytes);

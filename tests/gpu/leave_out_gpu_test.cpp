@@ -19,10 +19,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-constexpr LeaveOut kEveryKernel[] = {LeaveOut::kQkv, LeaveOut::kAttention, LeaveOut::kCombine,
-                                     LeaveOut::kO,   LeaveOut::kGateUp,    LeaveOut::kDown,
-                                     LeaveOut::kLayers};
-
 // Prompts past one attention split (128 keys) so that the combine runs, and short ones; served
 // at batch 16 with graphs, as the bench decodes.
 gpu_test::Outcomes served(uint32_t leave_out) {
@@ -37,7 +33,7 @@ gpu_test::Outcomes served(uint32_t leave_out) {
 TEST(CudaLeaveOut, EveryKernelItNamesIsLeftOutOfTheStep) {
   LS_SKIP_WITHOUT_DEVICE();
   const gpu_test::Outcomes whole = served(0);
-  for (const LeaveOut what : kEveryKernel) {
+  for (const LeaveOut what : kLeaveOutKinds) {
     const gpu_test::Agreement agreement =
         gpu_test::compare(whole, served(static_cast<uint32_t>(what)));
     EXPECT_LT(agreement.equal_count, agreement.total_count)
