@@ -20,8 +20,9 @@
 // without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps),
 // and the fused GEMV's grid, one group a block against one wave (batch 1).
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
-// 64), and time each projection's kernel both ways at 1, 16 and 64 tokens; --small-m runs only
-// that. Last, what each kernel of a layer adds to a step inside its graph, left out of every
+// 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
+// against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
+// ways at 1, 16 and 64 tokens; --small-m runs only that. Last, what each kernel of a layer adds to a step inside its graph, left out of every
 // layer one at a time (batch 1 and 64, context 1024); --leave-out runs only that.
 //
 // With --invariant: batch-invariant mode (issue 15, --determinism invariant: the small-M GEMM for
@@ -1041,7 +1042,7 @@ json profile_shape(const std::string& shape, bool gemv, const Options& o, int32_
                    int32_t context = 192) {
   return profile_decode(shape,
                         {.graphs = true, .gemv_tokens_max = gemv ? 8 : 0,
-                         .small_m_gemm_tokens_max = 0},
+                         .small_m_gemm_tokens_max = 0, .small_m_gemm_large_tokens_max = 0},
                         gemv && rows <= 8 ? "lockstep_gemv" : "cublas", o, rows, context);
 }
 
@@ -1566,7 +1567,8 @@ json invariant_shape(const std::string& shape, const Options& o, const Bandwidth
 json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant on{"gemv", {.graphs = true, .gemv_tokens_max = 8, .time_steps = true}};
   const Variant off{"cublas",
-                    {.graphs = true, .gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0, .time_steps = true}};
+                    {.graphs = true, .gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0,
+                     .small_m_gemm_large_tokens_max = 0, .time_steps = true}};
   return {{"shape", shape},
           {"gemv_vs_cublas", compare_shape(shape, o, bandwidth, "linear layers by GEMV vs cuBLAS",
                                            on, off, {2, 4, 8})}};
@@ -1578,11 +1580,22 @@ json gemv_shape(const std::string& shape, const Options& o, const Bandwidth& ban
 json small_m_gemm_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant on{"lockstep_gemm",
                    {.graphs = true, .small_m_gemm_tokens_max = 64, .time_steps = true}};
-  const Variant off{"cublas", {.graphs = true, .small_m_gemm_tokens_max = 0, .time_steps = true}};
+  const Variant off{"cublas", {.graphs = true, .small_m_gemm_tokens_max = 0,
+                               .small_m_gemm_large_tokens_max = 0, .time_steps = true}};
+  // The default (large products on the small-M GEMM up to 64 tokens) against every product of
+  // a step of more than small_m_gemm_tokens_max tokens on cuBLAS.
+  const Variant large{"large_products_on_lockstep_gemm", {.graphs = true, .time_steps = true}};
+  const Variant none{"all_on_cublas", {.graphs = true,
+                                       .small_m_gemm_large_tokens_max = kSmallMGemmTokensDefault,
+                                       .time_steps = true}};
   return {{"shape", shape},
           {"small_m_gemm_vs_cublas",
            compare_shape(shape, o, bandwidth, "linear layers by lockstep GEMM vs cuBLAS", on, off,
                          {2, 4, 8, 16, 32, 64})},
+          {"large_products_vs_cublas",
+           compare_shape(shape, o, bandwidth,
+                         "large products by lockstep GEMM vs every product by cuBLAS", large,
+                         none, {48, 64})},
           {"kernels", small_m_kernel_figures(shape, bandwidth)}};
 }
 

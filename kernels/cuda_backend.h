@@ -12,6 +12,7 @@
 #include "core/model/weights.h"
 #include "core/tensor_parallel.h"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -78,6 +79,11 @@ constexpr uint32_t kLeaveOutAll = [] {
 std::string_view to_string(LeaveOut what);
 
 constexpr int32_t kSmallMGemmTokensDefault = 32;
+// A product of at least this many bytes of bf16 weights is large: it runs the small-M GEMM up to
+// small_m_gemm_large_tokens_max tokens (llama-8b's gate/up, 224 MiB, and down, 112 MiB, and
+// either model's LM head; not llama-1b's gate/up, 64 MiB, which cuBLAS runs faster at 64 tokens).
+constexpr int64_t kSmallMGemmLargeProductBytes = int64_t{96} << 20;
+constexpr int32_t kSmallMGemmLargeTokensDefault = 64;
 // The small-M GEMM's most tokens a launch (kernels::kSmallMGemmTokensMax; this header includes no
 // CUDA header, cuda_backend_setup.cpp asserts the two equal): batch-invariant mode's setting.
 constexpr int32_t kSmallMGemmTokensInvariant = 64;
@@ -126,6 +132,15 @@ struct CudaBackendOptions {
   // (bench/results/2026-12-03-h200-55efa001b178-gpu-bench.log; the mma.sync form it replaced was
   // slower than cuBLAS from batch 16, …-c41e4227d721-small-m-bench.log, whence the old default 8).
   std::optional<int32_t> small_m_gemm_tokens_max;
+  // Large products (kSmallMGemmLargeProductBytes of weights or more) run the small-M GEMM up to
+  // this many tokens instead (≤ 64; not below small_m_gemm_tokens_max, where it would change
+  // nothing: refused). Unset: kSmallMGemmLargeTokensDefault in bf16, 0 in fp32 — at 64 tokens
+  // the kernel alone streams those weights faster than cuBLAS (H200, 94756dd: llama-8b gate/up
+  // 65.3 against 67.0 µs, down 35.6 against 37.0, LM head 273 against 290; llama-1b's LM head 142
+  // against 151) and the smaller ones slower (llama-8b q/k/v 20.2 against 17.8, o 15.3 against
+  // 12.6; every llama-1b layer product): bench/results/2026-12-05-h200-94756ddde2e2-gpu-bench.log.
+  // `lockstep_gpu_bench --small-m` measures the step both ways at batch 48 and 64.
+  std::optional<int32_t> small_m_gemm_large_tokens_max;
   // Batch-invariant mode (issue 15, `--determinism invariant`): every linear layer of every step,
   // decode and prefill alike, runs the small-M GEMM — whose sums' order depends on (out, in) only —
   // over blocks of at most kSmallMGemmTokensMax tokens, so a token's results depend on its own
@@ -202,6 +217,22 @@ inline CudaBackendOptions batch_invariant_options(CudaBackendOptions o) {
 inline int32_t small_m_gemm_tokens_max_of(const CudaBackendOptions& o) {
   return o.small_m_gemm_tokens_max.value_or(o.precision == CudaPrecision::kBf16 ? kSmallMGemmTokensDefault
                                                                                  : 0);
+}
+
+// small_m_gemm_large_tokens_max as the backend runs it: the value given, else the precision's
+// default.
+inline int32_t small_m_gemm_large_tokens_max_of(const CudaBackendOptions& o) {
+  return o.small_m_gemm_large_tokens_max.value_or(
+      o.precision == CudaPrecision::kBf16 ? kSmallMGemmLargeTokensDefault : 0);
+}
+
+// The most tokens at which a bf16 product of `out` × `in` weights runs the small-M GEMM (the
+// larger of the two settings for a large product: the options are checked at construction, and
+// this also sizes memory before any backend exists).
+inline int32_t small_m_gemm_tokens_max_for(const CudaBackendOptions& o, int64_t out, int64_t in) {
+  const int32_t every = small_m_gemm_tokens_max_of(o);
+  const bool large = out * in * 2 >= kSmallMGemmLargeProductBytes;
+  return large ? std::max(every, small_m_gemm_large_tokens_max_of(o)) : every;
 }
 
 // The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,

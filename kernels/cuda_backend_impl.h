@@ -132,11 +132,11 @@ struct CudaBackend::Impl {
   // them, plan_gemms plans them, lay_out_buffers sizes the small-M GEMM's workspace for them.
   static LinearShapes linear_shapes_of(const ModelConfig& model, const TpRankShard& shard);
   // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV, else on its
-  // small-M GEMM (options.small_m_gemm_tokens_max), else on a cuBLASLt plan.
+  // small-M GEMM (small_m_gemm_tokens_max_for the shape), else on a cuBLASLt plan.
   bool uses_gemv(int32_t tokens, int32_t in) const;
-  bool uses_small_m_gemm(int32_t tokens, int32_t in) const;
-  // Whether linear() runs a product of `tokens` rows and `in` columns on the small-M GEMM.
-  bool linear_by_small_m_gemm(int32_t tokens, int32_t in) const;
+  bool uses_small_m_gemm(int32_t tokens, const LinearShape& shape) const;
+  // Whether linear() runs a product of `tokens` rows of `shape` on the small-M GEMM.
+  bool linear_by_small_m_gemm(int32_t tokens, const LinearShape& shape) const;
   void plan_gemms();
   // prefill_tokens: the first tokens of the step that are prefill chunks' (0 at decode), which
   // attention may take through its tile kernel (attention_prefill).
@@ -170,7 +170,9 @@ struct CudaBackend::Impl {
   // The small-M GEMM's epilogues (options.fuse_decode, the steps linear() gives the small-M GEMM,
   // bf16): gate/up with SwiGLU into act, and (no q/k/v bias or head norm, whole heads rotating)
   // QKV with RoPE and the KV write, each one launch a 64-token block; at one token the layer's
-  // norm folds into them too (kernels/gemm_small_m.h). Whether they run:
+  // norm folds into them too (kernels/gemm_small_m.h). Whether they run (each where linear()
+  // would give its product the small-M GEMM):
+  bool small_m_epilogue_runs(int32_t tokens, const LinearShape& shape) const;
   bool small_m_swiglu_runs(int32_t tokens) const;
   bool small_m_rope_kv_runs(int32_t tokens) const;
   bool small_m_folds_norm(int32_t tokens) const;

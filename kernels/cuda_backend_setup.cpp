@@ -33,16 +33,17 @@ constexpr size_t element_bytes(DeviceArray<T> Impl::*) {
   return sizeof(T);
 }
 
-// The small-M GEMM's workspace: the largest any linear shape needs at up to
-// small_m_gemm_tokens_max tokens (0 when off, in fp32, or when no shape splits K).
+// The small-M GEMM's workspace: the largest any linear shape needs at up to the tokens it runs
+// the GEMM at (small_m_gemm_tokens_max_for; 0 when off, in fp32, or when no shape splits K).
 size_t small_m_gemm_workspace_bytes(const ModelConfig& model, const TpRankShard& shard,
                                     const CudaBackendOptions& options) {
-  const int32_t tokens_max = small_m_gemm_tokens_max_of(options);
-  if (tokens_max < 1 || options.precision != CudaPrecision::kBf16) return 0;
+  if (options.precision != CudaPrecision::kBf16) return 0;
   const Impl::LinearShapes s = Impl::linear_shapes_of(model, shard);
   size_t bytes = 0;
   for (const Impl::LinearShape& shape :
        {s.qkv, s.o, s.gate_up, s.down, s.lm_head, s.in_proj, s.out_proj}) {
+    const int32_t tokens_max = small_m_gemm_tokens_max_for(options, shape.out, shape.in);
+    if (tokens_max < 1) continue;
     bytes = std::max(bytes, kernels::gemm_small_m_workspace_bytes(
                                 shape.out, shape.in, tokens_max));
   }
@@ -345,6 +346,18 @@ void CudaBackend::Impl::refuse_unsupported() const {
              "cuda backend: small_m_gemm_tokens_max {} needs bf16 precision (the small-M GEMM "
              "has bf16 operands; fp32 runs pedantic cuBLAS)",
              small_m);
+  const int32_t large = small_m_gemm_large_tokens_max_of(options);
+  LS_REQUIRE(large >= 0 && large <= kernels::kSmallMGemmTokensMax,
+             "cuda backend: small_m_gemm_large_tokens_max {} is outside [0, {}]", large,
+             kernels::kSmallMGemmTokensMax);
+  LS_REQUIRE(large == 0 || options.precision == CudaPrecision::kBf16,
+             "cuda backend: small_m_gemm_large_tokens_max {} needs bf16 precision (the small-M "
+             "GEMM has bf16 operands; fp32 runs pedantic cuBLAS)",
+             large);
+  LS_REQUIRE(large >= small_m,
+             "cuda backend: small_m_gemm_large_tokens_max {} is below small_m_gemm_tokens_max {}, "
+             "which every product runs the small-M GEMM up to: it would change nothing",
+             large, small_m);
   LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
              "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
   LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,

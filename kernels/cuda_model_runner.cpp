@@ -41,16 +41,16 @@ bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
   return tokens >= 1 && tokens <= options.gemv_tokens_max && in % 8 == 0;
 }
 
-bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, int32_t in) const {
-  return !uses_gemv(tokens, in) && tokens >= 1 && tokens <= small_m_gemm_tokens_max_of(options) &&
-         in % 8 == 0;
+bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, const LinearShape& shape) const {
+  return !uses_gemv(tokens, shape.in) && tokens >= 1 &&
+         tokens <= small_m_gemm_tokens_max_for(options, shape.out, shape.in) && shape.in % 8 == 0;
 }
 
 // Batch-invariant mode: a wider step too, in blocks of the kernel's most tokens
 // (in_small_m_blocks), each row summed as at any other token count.
-bool CudaBackend::Impl::linear_by_small_m_gemm(int32_t tokens, int32_t in) const {
-  return uses_small_m_gemm(tokens, in) ||
-         (options.batch_invariant && tokens > 0 && !uses_gemv(tokens, in));
+bool CudaBackend::Impl::linear_by_small_m_gemm(int32_t tokens, const LinearShape& shape) const {
+  return uses_small_m_gemm(tokens, shape) ||
+         (options.batch_invariant && tokens > 0 && !uses_gemv(tokens, shape.in));
 }
 
 namespace {
@@ -106,7 +106,7 @@ void CudaBackend::Impl::plan_gemms() {
   const LinearShape layer_shapes[] = {linears.qkv, linears.o, linears.gate_up, linears.down};
   const auto plan_all = [this](const LinearShape& shape, int32_t tokens_count) {
     for (int32_t t = 1; t <= tokens_count; ++t) {
-      if (uses_gemv(t, shape.in) || uses_small_m_gemm(t, shape.in)) continue;
+      if (uses_gemv(t, shape.in) || uses_small_m_gemm(t, shape)) continue;
       LS_CUBLAS(gemm_plans->prepare(t, shape.out, shape.in, shape.accumulate));
     }
   };
@@ -129,7 +129,7 @@ void CudaBackend::Impl::linear(const T* x, const T* w, float* y, int32_t tokens,
   } else {
     if (uses_gemv(tokens, in)) {
       LS_CUDA(kernels::launch_gemv_bf16(x, w, y, tokens, out, in, beta, forward_stream()));
-    } else if (linear_by_small_m_gemm(tokens, in)) {
+    } else if (linear_by_small_m_gemm(tokens, shape)) {
       in_small_m_blocks(tokens, [&](int32_t first, int32_t count) {
         LS_CUDA(kernels::launch_gemm_small_m_bf16(
             x + int64_t{first} * in, w, y + int64_t{first} * out, count, out, in, beta,
@@ -344,13 +344,17 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
   return true;
 }
 
-bool CudaBackend::Impl::small_m_swiglu_runs(int32_t tokens) const {
+bool CudaBackend::Impl::small_m_epilogue_runs(int32_t tokens, const LinearShape& shape) const {
   return options.fuse_decode && options.precision == CudaPrecision::kBf16 &&
-         linear_by_small_m_gemm(tokens, hidden);
+         linear_by_small_m_gemm(tokens, shape);
+}
+
+bool CudaBackend::Impl::small_m_swiglu_runs(int32_t tokens) const {
+  return small_m_epilogue_runs(tokens, linears.gate_up);
 }
 
 bool CudaBackend::Impl::small_m_rope_kv_runs(int32_t tokens) const {
-  return small_m_swiglu_runs(tokens) && rope_follows_qkv();
+  return small_m_epilogue_runs(tokens, linears.qkv) && rope_follows_qkv();
 }
 
 bool CudaBackend::Impl::small_m_folds_norm(int32_t tokens) const {

@@ -152,7 +152,8 @@ TEST(CudaGemmPlans, EveryShapeIsPlannedAtConstructionAndNoStepAddsOne) {
         4 * int64_t{ec.step_tokens_max() - gemv} + (ec.logits_rows_max() - gemv);
     for (const bool graphs : {false, true}) {
       CudaBackend cuda(tiny(), ec, CudaBackendOptions{.graphs = graphs, .gemv_tokens_max = gemv,
-                                                      .small_m_gemm_tokens_max = 0});
+                                                      .small_m_gemm_tokens_max = 0,
+                                                      .small_m_gemm_large_tokens_max = 0});
       EXPECT_EQ(cuda.gemm_plans_count(), expected) << "gemv " << gemv << " graphs " << graphs;
       generate(cuda, sc, kTinyVocab, requests);
       EXPECT_EQ(cuda.gemm_plans_count(), expected) << "after the steps";

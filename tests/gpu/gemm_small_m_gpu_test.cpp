@@ -508,7 +508,8 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
       EXPECT_EQ(outcomes, first) << "graphs vs eager";
     }
   }
-  CudaBackend cublas(tiny, ec, CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0});
+  CudaBackend cublas(tiny, ec, CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0,
+                                                  .small_m_gemm_large_tokens_max = 0});
   const gpu_test::Agreement agreement =
       gpu_test::compare(first, gpu_test::generate(cublas, sc, vocab, requests));
   std::printf("small-M GEMM vs cuBLAS (bf16): %d of %d sequences equal, %ld of %ld tokens\n",
@@ -525,10 +526,90 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max -1 is outside [0, 64]")));
   EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_tokens_max = 8}); },
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max 8 needs bf16 precision")));
-  // Unset, it is the precision's default: 32 in bf16, 0 (cuBLAS) in fp32, where it is no refusal.
+  EXPECT_THAT([&] { build({.small_m_gemm_large_tokens_max = 65}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max 65 is outside [0, 64]")));
+  EXPECT_THAT([&] { build({.small_m_gemm_tokens_max = 0, .small_m_gemm_large_tokens_max = -1}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max -1 is outside [0, 64]")));
+  EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_large_tokens_max = 64}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max 64 needs bf16 precision")));
+  EXPECT_THAT([&] { build({.small_m_gemm_tokens_max = 48, .small_m_gemm_large_tokens_max = 40}); },
+              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max 40 is below "
+                                             "small_m_gemm_tokens_max 48")));
+  // Unset, each is the precision's default: 32 and 64 in bf16, 0 (cuBLAS) in fp32, where it is no
+  // refusal.
   EXPECT_EQ(small_m_gemm_tokens_max_of({}), kSmallMGemmTokensDefault);
   EXPECT_EQ(small_m_gemm_tokens_max_of({.precision = CudaPrecision::kFp32}), 0);
+  EXPECT_EQ(small_m_gemm_large_tokens_max_of({}), kSmallMGemmLargeTokensDefault);
+  EXPECT_EQ(small_m_gemm_large_tokens_max_of({.precision = CudaPrecision::kFp32}), 0);
   build({.precision = CudaPrecision::kFp32});
+}
+
+// Which products the small-M GEMM runs up to which token count, by default: the shapes whose
+// kernel times at 64 tokens set the rule (CudaBackendOptions::small_m_gemm_large_tokens_max).
+// Host logic only: runs without a device.
+TEST(SmallMGemmRouting, LargeProductsRunItUpTo64TokensTheOthersUpTo32) {
+  const CudaBackendOptions defaults;
+  struct Product {
+    const char* name;
+    int64_t out, in;
+    int32_t tokens_max;
+  };
+  for (const Product& p : {Product{"llama-8b gate/up (224 MiB)", 28672, 4096, 64},
+                           Product{"llama-8b down (112 MiB)", 4096, 14336, 64},
+                           Product{"llama-8b lm_head", 128256, 4096, 64},
+                           Product{"llama-1b lm_head", 128256, 2048, 64},
+                           Product{"96 MiB exactly", 24576, 2048, 64},
+                           Product{"96 MiB less one row", 24575, 2048, 32},
+                           Product{"llama-8b q/k/v", 6144, 4096, 32},
+                           Product{"llama-8b o", 4096, 4096, 32},
+                           Product{"llama-1b gate/up (64 MiB)", 16384, 2048, 32},
+                           Product{"llama-1b down", 2048, 8192, 32}}) {
+    EXPECT_EQ(small_m_gemm_tokens_max_for(defaults, p.out, p.in), p.tokens_max) << p.name;
+    // Off for the large ones: every product up to small_m_gemm_tokens_max.
+    EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_large_tokens_max = 32}, p.out, p.in), 32)
+        << p.name;
+    // Every product up to 64 (batch-invariant mode's setting), whatever its size.
+    EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_tokens_max = 64}, p.out, p.in), 64)
+        << p.name;
+    EXPECT_EQ(small_m_gemm_tokens_max_for({.precision = CudaPrecision::kFp32}, p.out, p.in), 0)
+        << p.name;
+  }
+}
+
+// A backend whose LM head is large (96 MiB: vocab 49,152 × hidden 1,024) runs it on the small-M
+// GEMM up to small_m_gemm_large_tokens_max logits rows and its layer products (small) up to
+// small_m_gemm_tokens_max tokens: cuBLAS plans exist for the counts above each, no others. Steps
+// of up to 72 rows (each side of the limit) give the same tokens eager and with graphs.
+TEST(SmallMGemmBackend, ALargeProductRunsItUpToItsOwnLimit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  ModelConfig model = model_config_named("tiny");
+  model.name = "tiny-large-head";
+  model.hidden_size = 1024, model.query_heads_count = 8, model.kv_heads_count = 2;
+  model.head_dim = 128, model.ffn_size = 2048;
+  model.vocab_size = static_cast<int32_t>(kSmallMGemmLargeProductBytes / (2 * 1024));
+  SchedulerConfig sc = gpu_test::tiny_scheduler();
+  sc.max_batch_rows = 80;  // logits rows past 64 too
+  const ExecutorConfig ec = executor_config_for(sc);
+  ASSERT_GT(ec.logits_rows_max(), 64);
+  const auto above = [](int32_t count, int32_t limit) { return std::max(0, count - limit); };
+  for (const int32_t large : {32, 48, 64}) {
+    CudaBackend cuda(DeviceSeededWeights{model, 5}, ec,
+                     CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_large_tokens_max = large});
+    const int64_t expected = 4 * int64_t{above(ec.step_tokens_max(), kSmallMGemmTokensDefault)} +
+                             above(ec.logits_rows_max(), large);
+    EXPECT_EQ(cuda.gemm_plans_count(), expected) << "small_m_gemm_large_tokens_max " << large;
+  }
+  const auto requests = gpu_test::greedy_requests(72, 40, 8, model.vocab_size, 9);
+  gpu_test::Outcomes first;
+  for (const bool graphs : {false, true}) {
+    CudaBackend cuda(DeviceSeededWeights{model, 5}, ec, CudaBackendOptions{.graphs = graphs});
+    const gpu_test::Outcomes outcomes = gpu_test::generate(cuda, sc, model.vocab_size, requests);
+    if (first.empty()) {
+      first = outcomes;
+    } else {
+      EXPECT_EQ(outcomes, first) << "graphs vs eager";
+    }
+  }
 }
 
 }  // namespace
