@@ -338,22 +338,19 @@ void CudaBackend::Impl::refuse_unsupported() const {
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
              "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
              kernels::kGemvTokensMax);
+  // A small-M GEMM token limit: within the kernel's, and 0 unless bf16.
+  const auto refuse_bad_small_m_limit = [&](const char* name, int32_t value) {
+    LS_REQUIRE(value >= 0 && value <= kernels::kSmallMGemmTokensMax,
+               "cuda backend: {} {} is outside [0, {}]", name, value,
+               kernels::kSmallMGemmTokensMax);
+    LS_REQUIRE(value == 0 || options.precision == CudaPrecision::kBf16,
+               "cuda backend: {} {} needs bf16 precision (the small-M GEMM has bf16 operands; "
+               "fp32 runs pedantic cuBLAS)", name, value);
+  };
   const int32_t small_m = small_m_gemm_tokens_max_of(options);
-  LS_REQUIRE(small_m >= 0 && small_m <= kernels::kSmallMGemmTokensMax,
-             "cuda backend: small_m_gemm_tokens_max {} is outside [0, {}]", small_m,
-             kernels::kSmallMGemmTokensMax);
-  LS_REQUIRE(small_m == 0 || options.precision == CudaPrecision::kBf16,
-             "cuda backend: small_m_gemm_tokens_max {} needs bf16 precision (the small-M GEMM "
-             "has bf16 operands; fp32 runs pedantic cuBLAS)",
-             small_m);
+  refuse_bad_small_m_limit("small_m_gemm_tokens_max", small_m);
   const int32_t large = small_m_gemm_large_tokens_max_of(options);
-  LS_REQUIRE(large >= 0 && large <= kernels::kSmallMGemmTokensMax,
-             "cuda backend: small_m_gemm_large_tokens_max {} is outside [0, {}]", large,
-             kernels::kSmallMGemmTokensMax);
-  LS_REQUIRE(large == 0 || options.precision == CudaPrecision::kBf16,
-             "cuda backend: small_m_gemm_large_tokens_max {} needs bf16 precision (the small-M "
-             "GEMM has bf16 operands; fp32 runs pedantic cuBLAS)",
-             large);
+  refuse_bad_small_m_limit("small_m_gemm_large_tokens_max", large);
   LS_REQUIRE(large >= small_m,
              "cuda backend: small_m_gemm_large_tokens_max {} is below small_m_gemm_tokens_max {}, "
              "which every product runs the small-M GEMM up to: it would change nothing",
