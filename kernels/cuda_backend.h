@@ -121,9 +121,9 @@ struct CudaBackendOptions {
   // batch 1 0.92 ms; cuBLAS at batch 16 1.36 ms — bench/results/2026-12-01-h200-656fb8fd3e25-*),
   // and `lockstep_gpu_bench` compares the two at batch 2, 4 and 8 in every full run.
   int32_t gemv_tokens_max = 1;
-  // Steps of more than gemv_tokens_max and at most this many tokens (≤ 64) run every linear layer
-  // through lockstep's tensor-core GEMM (kernels/gemm_small_m.h; large products further:
-  // small_m_gemm_large_tokens_max; bf16 only, a non-zero value is refused in fp32): the weights streamed once whatever the token count, one summation order for
+  // Steps of more than gemv_tokens_max and at most this many tokens (≤ 64) run their linear layers
+  // through lockstep's tensor-core GEMM (kernels/gemm_small_m.h; bf16 only, a non-zero value is
+  // refused in fp32): the weights streamed once whatever the token count, one summation order for
   // every token count (batch invariant). 0: cuBLAS. Unset: kSmallMGemmTokensDefault in bf16, 0 in
   // fp32 — the H200 bench (`lockstep_gpu_bench`, batch 2 to 64 in every full run, both backends
   // alternating in one run) measured the wgmma form (55efa00) faster a step than cuBLAS up to
