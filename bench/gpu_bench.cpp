@@ -22,8 +22,9 @@
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
 // against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
-// ways at 1, 16 and 64 tokens; --small-m runs only that. Last, what each kernel of a layer adds to a step inside its graph, left out of every
-// layer one at a time (batch 1 and 64, context 1024); --leave-out runs only that.
+// ways at 1, 16 and 64 tokens; --small-m runs only that. Last, what each kernel of a layer adds to
+// a step inside its graph, left out of every layer one at a time (batch 1 and 64, context 1024);
+// --leave-out runs only that.
 //
 // With --invariant: batch-invariant mode (issue 15, --determinism invariant: the small-M GEMM for
 // every linear layer) against the default kernels instead, decode at batch 1, 16 and 64, context

@@ -139,7 +139,8 @@ struct CudaBackendOptions {
   // 65.3 against 67.0 µs, down 35.6 against 37.0, LM head 273 against 290; llama-1b's LM head 142
   // against 151) and the smaller ones slower (llama-8b q/k/v 20.2 against 17.8, o 15.3 against
   // 12.6; every llama-1b layer product): bench/results/2026-12-05-h200-94756ddde2e2-gpu-bench.log.
-  // `lockstep_gpu_bench --small-m` measures the step both ways at batch 48 and 64.
+  // `lockstep_gpu_bench --small-m` measures the step both ways at batch 48 and 64 (H200, full run
+  // of 20a2d1f: llama-8b −1.05% and −1.01% a step, llama-1b −0.30% and −0.06%).
   std::optional<int32_t> small_m_gemm_large_tokens_max;
   // Batch-invariant mode (issue 15, `--determinism invariant`): every linear layer of every step,
   // decode and prefill alike, runs the small-M GEMM — whose sums' order depends on (out, in) only —

@@ -508,8 +508,9 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
       EXPECT_EQ(outcomes, first) << "graphs vs eager";
     }
   }
-  CudaBackend cublas(tiny, ec, CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0,
-                                                  .small_m_gemm_large_tokens_max = 0});
+  CudaBackend cublas(tiny, ec,
+                     CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_tokens_max = 0,
+                                        .small_m_gemm_large_tokens_max = 0});
   const gpu_test::Agreement agreement =
       gpu_test::compare(first, gpu_test::generate(cublas, sc, vocab, requests));
   std::printf("small-M GEMM vs cuBLAS (bf16): %d of %d sequences equal, %ld of %ld tokens\n",
@@ -526,15 +527,16 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max -1 is outside [0, 64]")));
   EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_tokens_max = 8}); },
               ThrowsMessage<Error>(HasSubstr("small_m_gemm_tokens_max 8 needs bf16 precision")));
+  const auto refused = [](const char* what) { return ThrowsMessage<Error>(HasSubstr(what)); };
   EXPECT_THAT([&] { build({.small_m_gemm_large_tokens_max = 65}); },
-              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max 65 is outside [0, 64]")));
+              refused("small_m_gemm_large_tokens_max 65 is outside [0, 64]"));
   EXPECT_THAT([&] { build({.small_m_gemm_tokens_max = 0, .small_m_gemm_large_tokens_max = -1}); },
-              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max -1 is outside [0, 64]")));
-  EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_large_tokens_max = 64}); },
-              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max 64 needs bf16 precision")));
+              refused("small_m_gemm_large_tokens_max -1 is outside [0, 64]"));
+  EXPECT_THAT(
+      [&] { build({.precision = CudaPrecision::kFp32, .small_m_gemm_large_tokens_max = 64}); },
+      refused("small_m_gemm_large_tokens_max 64 needs bf16 precision"));
   EXPECT_THAT([&] { build({.small_m_gemm_tokens_max = 48, .small_m_gemm_large_tokens_max = 40}); },
-              ThrowsMessage<Error>(HasSubstr("small_m_gemm_large_tokens_max 40 is below "
-                                             "small_m_gemm_tokens_max 48")));
+              refused("small_m_gemm_large_tokens_max 40 is below small_m_gemm_tokens_max 48"));
   // Unset, each is the precision's default: 32 and 64 in bf16, 0 (cuBLAS) in fp32, where it is no
   // refusal.
   EXPECT_EQ(small_m_gemm_tokens_max_of({}), kSmallMGemmTokensDefault);
@@ -593,8 +595,8 @@ TEST(SmallMGemmBackend, ALargeProductRunsItUpToItsOwnLimit) {
   ASSERT_GT(ec.logits_rows_max(), 64);
   const auto above = [](int32_t count, int32_t limit) { return std::max(0, count - limit); };
   for (const int32_t large : {32, 48, 64}) {
-    CudaBackend cuda(DeviceSeededWeights{model, 5}, ec,
-                     CudaBackendOptions{.gemv_tokens_max = 0, .small_m_gemm_large_tokens_max = large});
+    const CudaBackendOptions options{.gemv_tokens_max = 0, .small_m_gemm_large_tokens_max = large};
+    CudaBackend cuda(DeviceSeededWeights{model, 5}, ec, options);
     const int64_t expected = 4 * int64_t{above(ec.step_tokens_max(), kSmallMGemmTokensDefault)} +
                              above(ec.logits_rows_max(), large);
     EXPECT_EQ(cuda.gemm_plans_count(), expected) << "small_m_gemm_large_tokens_max " << large;
