@@ -228,13 +228,10 @@ inline int32_t small_m_gemm_large_tokens_max_of(const CudaBackendOptions& o) {
 }
 
 // The most tokens at which a bf16 product of `out` × `in` weights runs the small-M GEMM (the
-// larger of the two settings for a large product: the options are checked at construction, and
-// this also sizes memory before any backend exists).
-inline int32_t small_m_gemm_tokens_max_for(const CudaBackendOptions& o, int64_t out, int64_t in) {
-  const int32_t every = small_m_gemm_tokens_max_of(o);
-  const bool large = out * in * 2 >= kSmallMGemmLargeProductBytes;
-  return large ? std::max(every, small_m_gemm_large_tokens_max_of(o)) : every;
-}
+// larger of the two settings for a large product, one of kSmallMGemmLargeProductBytes or more
+// whose GEMM grid fills its waves: kernels/gemm_small_m.h). The options are checked at
+// construction; this also sizes memory before any backend exists.
+int32_t small_m_gemm_tokens_max_for(const CudaBackendOptions& o, int64_t out, int64_t in);
 
 // The most KV pages sizing from memory gives (4M tokens at 16 a page): host-side page tables,
 // and the CPU reference replaying a trace recorded on the GPU, stay small for small models.

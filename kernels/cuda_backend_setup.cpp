@@ -14,12 +14,23 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
 namespace ls {
 
 using kernels::bf16;
+
+int32_t small_m_gemm_tokens_max_for(const CudaBackendOptions& o, int64_t out, int64_t in) {
+  const int32_t every = small_m_gemm_tokens_max_of(o);
+  const bool dims_fit = out <= std::numeric_limits<int32_t>::max() &&
+                        in <= std::numeric_limits<int32_t>::max();
+  const bool large = out * in * 2 >= kSmallMGemmLargeProductBytes && dims_fit &&
+                     kernels::gemm_small_m_fills_its_waves(static_cast<int32_t>(out),
+                                                           static_cast<int32_t>(in));
+  return large ? std::max(every, small_m_gemm_large_tokens_max_of(o)) : every;
+}
 
 namespace {
 

@@ -59,7 +59,7 @@ constexpr int32_t kNTilesMax = kSmallMGemmTokensMax / 8;
 // barrier; the H200 figures of 2026-12-01: 128-block shapes at 25-41% of read bandwidth, the
 // 224-block one at 73%). A constant, not the SM count: the same shape sums in the same order on
 // every GPU.
-constexpr int32_t kBlockSlots = 264;
+constexpr int32_t kBlockSlots = kSmallMGemmBlockSlots;
 constexpr int32_t kChunksPerSplitMin = 4;
 // A block's partial sums at one n-tile, for the cluster's reduction (reduce_in_cluster).
 constexpr size_t kClusterPartialsBytes = kThreads * sizeof(float4);
@@ -226,6 +226,14 @@ cudaError_t launch_split(Input from, const bf16* w, Output to, int32_t tokens, i
 
 int32_t gemm_small_m_splits(int32_t out, int32_t in) {
   return out < 1 || in < 1 ? 1 : split_of(out, in).splits;
+}
+
+bool gemm_small_m_fills_its_waves(int32_t out, int32_t in) {
+  if (out < 1 || in < 1) return true;
+  const Split s = split_of(out, in);
+  const int64_t blocks = int64_t{s.tiles} * s.splits;
+  const int64_t waves = (blocks + kBlockSlots - 1) / kBlockSlots;
+  return 5 * blocks >= 4 * waves * kBlockSlots;
 }
 
 size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max) {

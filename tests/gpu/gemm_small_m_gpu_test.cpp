@@ -547,7 +547,8 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
 }
 
 // Which products the small-M GEMM runs up to which token count, by default: the shapes whose
-// kernel times at 64 tokens set the rule (CudaBackendOptions::small_m_gemm_large_tokens_max).
+// kernel times at 64 tokens set the rule (CudaBackendOptions::small_m_gemm_large_tokens_max), and
+// a large one whose grid leaves its last wave mostly empty.
 // Host logic only: runs without a device.
 TEST(SmallMGemmRouting, LargeProductsRunItUpTo64TokensTheOthersUpTo32) {
   const CudaBackendOptions defaults;
@@ -560,12 +561,16 @@ TEST(SmallMGemmRouting, LargeProductsRunItUpTo64TokensTheOthersUpTo32) {
                            Product{"llama-8b down (112 MiB)", 4096, 14336, 64},
                            Product{"llama-8b lm_head", 128256, 4096, 64},
                            Product{"llama-1b lm_head", 128256, 2048, 64},
-                           Product{"96 MiB exactly", 24576, 2048, 64},
-                           Product{"96 MiB less one row", 24575, 2048, 32},
+                           Product{"96 MiB exactly", 16384, 3072, 64},
+                           Product{"96 MiB less one row", 16383, 3072, 32},
                            Product{"llama-8b q/k/v", 6144, 4096, 32},
                            Product{"llama-8b o", 4096, 4096, 32},
                            Product{"llama-1b gate/up (64 MiB)", 16384, 2048, 32},
-                           Product{"llama-1b down", 2048, 8192, 32}}) {
+                           Product{"llama-1b down", 2048, 8192, 32},
+                           // Large, but 296 blocks: 1.12 waves of 264.
+                           Product{"qwen2.5-7b gate/up (259 MiB)", 37888, 3584, 32},
+                           Product{"qwen2.5-7b down (130 MiB)", 3584, 18944, 64},
+                           Product{"qwen2.5-7b lm_head", 152064, 3584, 64}}) {
     EXPECT_EQ(small_m_gemm_tokens_max_for(defaults, p.out, p.in), p.tokens_max) << p.name;
     // Off for the large ones: every product up to small_m_gemm_tokens_max.
     EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_large_tokens_max = 32}, p.out, p.in), 32)
@@ -578,17 +583,18 @@ TEST(SmallMGemmRouting, LargeProductsRunItUpTo64TokensTheOthersUpTo32) {
   }
 }
 
-// A backend whose LM head is large (96 MiB: vocab 49,152 × hidden 1,024) runs it on the small-M
-// GEMM up to small_m_gemm_large_tokens_max logits rows and its layer products (small) up to
+// A backend whose LM head is large (96 MiB: vocab 32,768 × hidden 1,536, in 256 blocks that fill
+// their wave: gemm_small_m_fills_its_waves) runs it on the small-M GEMM up to
+// small_m_gemm_large_tokens_max logits rows and its layer products (small) up to
 // small_m_gemm_tokens_max tokens: cuBLAS plans exist for the counts above each, no others. Steps
 // of up to 72 rows (each side of the limit) give the same tokens eager and with graphs.
 TEST(SmallMGemmBackend, ALargeProductRunsItUpToItsOwnLimit) {
   LS_SKIP_WITHOUT_DEVICE();
   ModelConfig model = model_config_named("tiny");
   model.name = "tiny-large-head";
-  model.hidden_size = 1024, model.query_heads_count = 8, model.kv_heads_count = 2;
+  model.hidden_size = 1536, model.query_heads_count = 12, model.kv_heads_count = 2;
   model.head_dim = 128, model.ffn_size = 2048;
-  model.vocab_size = static_cast<int32_t>(kSmallMGemmLargeProductBytes / (2 * 1024));
+  model.vocab_size = static_cast<int32_t>(kSmallMGemmLargeProductBytes / (2 * 1536));
   SchedulerConfig sc = gpu_test::tiny_scheduler();
   sc.max_batch_rows = 80;  // logits rows past 64 too
   const ExecutorConfig ec = executor_config_for(sc);
