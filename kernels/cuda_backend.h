@@ -79,9 +79,10 @@ constexpr uint32_t kLeaveOutAll = [] {
 std::string_view to_string(LeaveOut what);
 
 constexpr int32_t kSmallMGemmTokensDefault = 32;
-// A product of at least this many bytes of bf16 weights is large: it runs the small-M GEMM up to
-// small_m_gemm_large_tokens_max tokens (llama-8b's gate/up, 224 MiB, and down, 112 MiB, and
-// either model's LM head; not llama-1b's gate/up, 64 MiB, which cuBLAS runs faster at 64 tokens).
+// A product of at least this many bytes of bf16 weights, in a small-M grid that fills its waves,
+// is large: it runs the small-M GEMM up to small_m_gemm_large_tokens_max tokens (llama-8b's
+// gate/up, 224 MiB, and down, 112 MiB, and either model's LM head; not llama-1b's gate/up, 64 MiB,
+// which cuBLAS runs faster at 64 tokens, nor qwen2.5-7b's, 259 MiB in 1.12 waves).
 constexpr int64_t kSmallMGemmLargeProductBytes = int64_t{96} << 20;
 constexpr int32_t kSmallMGemmLargeTokensDefault = 64;
 // The small-M GEMM's most tokens a launch (kernels::kSmallMGemmTokensMax; this header includes no
@@ -132,7 +133,8 @@ struct CudaBackendOptions {
   // (bench/results/2026-12-03-h200-55efa001b178-gpu-bench.log; the mma.sync form it replaced was
   // slower than cuBLAS from batch 16, …-c41e4227d721-small-m-bench.log, whence the old default 8).
   std::optional<int32_t> small_m_gemm_tokens_max;
-  // Large products (kSmallMGemmLargeProductBytes of weights or more) run the small-M GEMM up to
+  // Large products (kSmallMGemmLargeProductBytes of weights or more, in a grid that fills four
+  // fifths of its waves: kernels::gemm_small_m_fills_its_waves) run the small-M GEMM up to
   // this many tokens instead (≤ 64; not below small_m_gemm_tokens_max, where it would change
   // nothing: refused). Unset: kSmallMGemmLargeTokensDefault in bf16, 0 in fp32 — at 64 tokens
   // the kernel alone streams those weights faster than cuBLAS (H200, 94756dd: llama-8b gate/up
