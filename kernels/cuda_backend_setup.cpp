@@ -23,12 +23,14 @@ namespace ls {
 using kernels::bf16;
 
 int32_t small_m_gemm_tokens_max_for(const CudaBackendOptions& o, int64_t out, int64_t in) {
-  const int32_t every = small_m_gemm_tokens_max_of(o);
   const bool dims_fit = out <= std::numeric_limits<int32_t>::max() &&
                         in <= std::numeric_limits<int32_t>::max();
-  const bool large = out * in * 2 >= kSmallMGemmLargeProductBytes && dims_fit &&
-                     kernels::gemm_small_m_fills_its_waves(static_cast<int32_t>(out),
-                                                           static_cast<int32_t>(in));
+  if (!dims_fit ||
+      !kernels::gemm_small_m_fills_its_waves(static_cast<int32_t>(out), static_cast<int32_t>(in))) {
+    return 0;
+  }
+  const int32_t every = small_m_gemm_tokens_max_of(o);
+  const bool large = out * in * 2 >= kSmallMGemmLargeProductBytes;
   return large ? std::max(every, small_m_gemm_large_tokens_max_of(o)) : every;
 }
 
@@ -53,7 +55,10 @@ size_t small_m_gemm_workspace_bytes(const ModelConfig& model, const TpRankShard&
   size_t bytes = 0;
   for (const Impl::LinearShape& shape :
        {s.qkv, s.o, s.gate_up, s.down, s.lm_head, s.in_proj, s.out_proj}) {
-    const int32_t tokens_max = small_m_gemm_tokens_max_for(options, shape.out, shape.in);
+    // Batch-invariant mode runs every product on the GEMM, in blocks of its most tokens.
+    const int32_t tokens_max = options.batch_invariant
+                                   ? kSmallMGemmTokensInvariant
+                                   : small_m_gemm_tokens_max_for(options, shape.out, shape.in);
     if (tokens_max < 1) continue;
     bytes = std::max(bytes, kernels::gemm_small_m_workspace_bytes(
                                 shape.out, shape.in, tokens_max));

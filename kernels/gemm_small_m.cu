@@ -233,7 +233,7 @@ bool gemm_small_m_fills_its_waves(int32_t out, int32_t in) {
   const Split s = split_of(out, in);
   const int64_t blocks = int64_t{s.tiles} * s.splits;
   const int64_t waves = (blocks + kBlockSlots - 1) / kBlockSlots;
-  return 5 * blocks >= 4 * waves * kBlockSlots;
+  return waves == 1 || 5 * blocks >= 4 * waves * kBlockSlots;
 }
 
 size_t gemm_small_m_workspace_bytes(int32_t out, int32_t in, int32_t tokens_max) {

@@ -57,10 +57,12 @@ int32_t gemm_small_m_splits(int32_t out, int32_t in);
 // count, so that a shape sums in the same order on every GPU: gemm_small_m.cu's split rule).
 constexpr int32_t kSmallMGemmBlockSlots = 264;
 
-// Whether the blocks of a product of shape (out, in) (tiles × splits) fill at least four fifths of
-// the block slots of the waves they take. One that does not streams its last blocks on a few SMs
-// while the rest idle (qwen2.5-7b's gate/up: 296 blocks, 56%); llama-8b's gate/up, at 85%, streams
-// only 2.5% faster than cuBLAS at 64 tokens (H200 run of 94756dd: 65.3 against 67.0 µs).
+// Whether the blocks of a product of shape (out, in) (tiles × splits) fit one wave of
+// kSmallMGemmBlockSlots or fill at least four fifths of the waves they take. One that does neither
+// streams its last blocks on a few SMs while the rest idle: qwen2.5-7b's gate/up, 296 blocks in
+// 1.12 waves, took 109.2 µs at 16 tokens and 118.2 at 64 against cuBLAS's 98.4 and 105.2 (H100,
+// `lockstep_gpu_bench --small-m --shapes qwen2.5-7b` of 5f053f7), and the backend runs such a
+// product on cuBLAS at every token count (small_m_gemm_tokens_max_for).
 bool gemm_small_m_fills_its_waves(int32_t out, int32_t in);
 
 // Workspace bytes a product of shape (out, in) needs at up to `tokens_max` tokens: 0 when it

@@ -548,7 +548,7 @@ TEST(SmallMGemmBackend, RunsStepsUpToItsLimitWithoutPlans) {
 
 // Which products the small-M GEMM runs up to which token count, by default: the shapes whose
 // kernel times at 64 tokens set the rule (CudaBackendOptions::small_m_gemm_large_tokens_max), and
-// a large one whose grid leaves its last wave mostly empty.
+// one whose grid leaves its waves mostly empty, which none of the settings sends to the GEMM.
 // Host logic only: runs without a device.
 TEST(SmallMGemmRouting, LargeProductsRunItUpTo64TokensTheOthersUpTo32) {
   const CudaBackendOptions defaults;
@@ -561,22 +561,28 @@ TEST(SmallMGemmRouting, LargeProductsRunItUpTo64TokensTheOthersUpTo32) {
                            Product{"llama-8b down (112 MiB)", 4096, 14336, 64},
                            Product{"llama-8b lm_head", 128256, 4096, 64},
                            Product{"llama-1b lm_head", 128256, 2048, 64},
-                           Product{"96 MiB exactly", 16384, 3072, 64},
-                           Product{"96 MiB less one row", 16383, 3072, 32},
+                           Product{"96 MiB exactly", 24576, 2048, 64},
+                           Product{"96 MiB less one row", 24575, 2048, 32},
                            Product{"llama-8b q/k/v", 6144, 4096, 32},
                            Product{"llama-8b o", 4096, 4096, 32},
                            Product{"llama-1b gate/up (64 MiB)", 16384, 2048, 32},
                            Product{"llama-1b down", 2048, 8192, 32},
-                           // Large, but 296 blocks: 1.12 waves of 264.
-                           Product{"qwen2.5-7b gate/up (259 MiB)", 37888, 3584, 32},
+                           Product{"llama-1b o (128 blocks, one wave)", 2048, 2048, 32},
                            Product{"qwen2.5-7b down (130 MiB)", 3584, 18944, 64},
-                           Product{"qwen2.5-7b lm_head", 152064, 3584, 64}}) {
+                           Product{"qwen2.5-7b lm_head (1,188 blocks, 90%)", 152064, 3584, 64},
+                           // 296 blocks: 1.12 waves of 264, 56% of them filled.
+                           Product{"qwen2.5-7b gate/up", 37888, 3584, 0},
+                           // 265 blocks: one past a wave.
+                           Product{"265 tiles", 265 * 128, 1024, 0}}) {
     EXPECT_EQ(small_m_gemm_tokens_max_for(defaults, p.out, p.in), p.tokens_max) << p.name;
+    const int32_t fills = p.tokens_max > 0;
     // Off for the large ones: every product up to small_m_gemm_tokens_max.
-    EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_large_tokens_max = 32}, p.out, p.in), 32)
+    EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_large_tokens_max = 32}, p.out, p.in),
+              32 * fills)
         << p.name;
     // Every product up to 64 (batch-invariant mode's setting), whatever its size.
-    EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_tokens_max = 64}, p.out, p.in), 64)
+    EXPECT_EQ(small_m_gemm_tokens_max_for({.small_m_gemm_tokens_max = 64}, p.out, p.in),
+              64 * fills)
         << p.name;
     EXPECT_EQ(small_m_gemm_tokens_max_for({.precision = CudaPrecision::kFp32}, p.out, p.in), 0)
         << p.name;
