@@ -132,9 +132,12 @@ struct CudaBackendOptions {
   // 4 / 8 / 16 / 32 / 64, llama-8b −7.4 / −7.6 / −6.4 / −5.5 / −3.1 / +1.0%
   // (bench/results/2026-12-03-h200-55efa001b178-gpu-bench.log; the mma.sync form it replaced was
   // slower than cuBLAS from batch 16, …-c41e4227d721-small-m-bench.log, whence the old default 8).
+  // A product whose GEMM grid runs past one wave and fills under four fifths of its waves stays on
+  // cuBLAS whatever this says (kernels::gemm_small_m_fills_its_waves; qwen2.5-7b's gate/up), but
+  // in batch-invariant mode, which runs every product on the GEMM.
   std::optional<int32_t> small_m_gemm_tokens_max;
-  // Large products (kSmallMGemmLargeProductBytes of weights or more, in a grid that fills four
-  // fifths of its waves: kernels::gemm_small_m_fills_its_waves) run the small-M GEMM up to
+  // Large products (kSmallMGemmLargeProductBytes of weights or more, in a grid that fills its
+  // waves: kernels::gemm_small_m_fills_its_waves) run the small-M GEMM up to
   // this many tokens instead (≤ 64; not below small_m_gemm_tokens_max, where it would change
   // nothing: refused). Unset: kSmallMGemmLargeTokensDefault in bf16, 0 in fp32 — at 64 tokens
   // the kernel alone streams those weights faster than cuBLAS (H200, 94756dd: llama-8b gate/up
