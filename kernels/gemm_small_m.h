@@ -62,7 +62,7 @@ constexpr int32_t kSmallMGemmBlockSlots = 264;
 // streams its last blocks on a few SMs while the rest idle: qwen2.5-7b's gate/up, 296 blocks in
 // 1.12 waves, took 109.2 µs at 16 tokens and 118.2 at 64 against cuBLAS's 98.4 and 105.2 (H100,
 // `lockstep_gpu_bench --small-m --shapes qwen2.5-7b` of 5f053f7), and the backend runs such a
-// product on cuBLAS at every token count (small_m_gemm_tokens_max_for).
+// product on cuBLAS at every token count (small_m_gemm_tokens_max_for) but in batch-invariant mode.
 bool gemm_small_m_fills_its_waves(int32_t out, int32_t in);
 
 // Workspace bytes a product of shape (out, in) needs at up to `tokens_max` tokens: 0 when it
