@@ -123,16 +123,19 @@ struct CudaBackend::Impl {
     int32_t out = 0;
     int32_t in = 0;
     bool accumulate = false;
+    int32_t small_m_tokens_max = 0;  // small_m_gemm_tokens_max_for the shape, found once
   };
   struct LinearShapes {
     LinearShape qkv, o, gate_up, down, lm_head;
     LinearShape in_proj, out_proj;  // a hybrid's Mamba layers ({0, 0} without them)
   };
-  // The shapes of a rank's model (`model` is rank_model_config of the shard): the forward runs
-  // them, plan_gemms plans them, lay_out_buffers sizes the small-M GEMM's workspace for them.
-  static LinearShapes linear_shapes_of(const ModelConfig& model, const TpRankShard& shard);
+  // The shapes of a rank's model (`model` is rank_model_config of the shard) under `options`: the
+  // forward runs them, plan_gemms plans them, lay_out_buffers sizes the small-M GEMM's workspace
+  // for them.
+  static LinearShapes linear_shapes_of(const ModelConfig& model, const TpRankShard& shard,
+                                       const CudaBackendOptions& options);
   // Whether a bf16 product of `tokens` tokens over `in` runs on lockstep's GEMV, else on its
-  // small-M GEMM (small_m_gemm_tokens_max_for the shape), else on a cuBLASLt plan.
+  // small-M GEMM (up to the shape's small_m_tokens_max), else on a cuBLASLt plan.
   bool uses_gemv(int32_t tokens, int32_t in) const;
   bool uses_small_m_gemm(int32_t tokens, const LinearShape& shape) const;
   // Whether linear() runs a product of `tokens` rows of `shape` on the small-M GEMM.

@@ -51,14 +51,14 @@ constexpr size_t element_bytes(DeviceArray<T> Impl::*) {
 size_t small_m_gemm_workspace_bytes(const ModelConfig& model, const TpRankShard& shard,
                                     const CudaBackendOptions& options) {
   if (options.precision != CudaPrecision::kBf16) return 0;
-  const Impl::LinearShapes s = Impl::linear_shapes_of(model, shard);
+  const Impl::LinearShapes s = Impl::linear_shapes_of(model, shard, options);
   size_t bytes = 0;
   for (const Impl::LinearShape& shape :
        {s.qkv, s.o, s.gate_up, s.down, s.lm_head, s.in_proj, s.out_proj}) {
     // Batch-invariant mode runs every product on the GEMM, in blocks of its most tokens.
     const int32_t tokens_max = options.batch_invariant
                                    ? kSmallMGemmTokensInvariant
-                                   : small_m_gemm_tokens_max_for(options, shape.out, shape.in);
+                                   : shape.small_m_tokens_max;
     if (tokens_max < 1) continue;
     bytes = std::max(bytes, kernels::gemm_small_m_workspace_bytes(
                                 shape.out, shape.in, tokens_max));
@@ -285,7 +285,7 @@ CudaBackend::Impl::Impl(const ModelConfig& model_config, const ExecutorConfig& e
     const size_t marks_max = 16 + 9 * static_cast<size_t>(layers);
     phase_marks.create(marks_max);
   }
-  linears = linear_shapes_of(model, shard);
+  linears = linear_shapes_of(model, shard, options);
   plan_gemms();
   LS_CUDA(cudaStreamSynchronize(stream.get()));
 }
@@ -329,7 +329,7 @@ void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {
   LS_REQUIRE(options.prefill_attention_by_decode_kernel, "{} needs "
              "prefill_attention_by_decode_kernel (the prefill tile kernel computes a chunk's "
              "tokens in another order than the decode kernel)", what);
-  const LinearShapes s = linear_shapes_of(model, shard);
+  const LinearShapes s = linear_shapes_of(model, shard, options);
   for (const LinearShape& shape : {s.qkv, s.o, s.gate_up, s.down, s.lm_head}) {
     LS_REQUIRE(shape.in % 8 == 0, "{} needs every linear layer's input a multiple of 8 (one "
                "has {})", what, shape.in);

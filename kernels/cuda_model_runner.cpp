@@ -18,12 +18,12 @@ using kernels::bf16;
 // The linear layers' shapes, one place for the forward that runs them and plan_gemms that plans
 // them: at TP 1 the o and down products add into the residual stream (beta = 1); at TP > 1 they
 // write this rank's partial (row_parallel), and the LM head this rank's vocabulary rows.
-CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes_of(const ModelConfig& model,
-                                                                    const TpRankShard& shard) {
+CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes_of(
+    const ModelConfig& model, const TpRankShard& shard, const CudaBackendOptions& options) {
   const bool into_residual = shard.degree == 1;
   const bool hybrid = model.mamba_layers_count() > 0;
   const int32_t hidden = model.hidden_size, q_size = model.q_size(), kv_size = model.kv_size();
-  return LinearShapes{
+  LinearShapes s{
       .qkv = {.out = q_size + 2 * kv_size, .in = hidden, .accumulate = false},
       .o = {.out = hidden, .in = q_size, .accumulate = into_residual},
       .gate_up = {.out = 2 * model.ffn_size, .in = hidden, .accumulate = false},
@@ -35,6 +35,11 @@ CudaBackend::Impl::LinearShapes CudaBackend::Impl::linear_shapes_of(const ModelC
       .out_proj = {.out = hybrid ? hidden : 0, .in = model.mamba.inner_size(),
                    .accumulate = true},
   };
+  for (LinearShape* shape :
+       {&s.qkv, &s.o, &s.gate_up, &s.down, &s.lm_head, &s.in_proj, &s.out_proj}) {
+    shape->small_m_tokens_max = small_m_gemm_tokens_max_for(options, shape->out, shape->in);
+  }
+  return s;
 }
 
 bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
@@ -43,7 +48,7 @@ bool CudaBackend::Impl::uses_gemv(int32_t tokens, int32_t in) const {
 
 bool CudaBackend::Impl::uses_small_m_gemm(int32_t tokens, const LinearShape& shape) const {
   return !uses_gemv(tokens, shape.in) && tokens >= 1 &&
-         tokens <= small_m_gemm_tokens_max_for(options, shape.out, shape.in) && shape.in % 8 == 0;
+         tokens <= shape.small_m_tokens_max && shape.in % 8 == 0;
 }
 
 // Batch-invariant mode: a wider step too, in blocks of the kernel's most tokens
