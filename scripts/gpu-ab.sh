@@ -161,6 +161,8 @@ run() {
   { for side in $sides; do printf '%s %s ' "$side" "$(cat "$D/$side/commit.txt")"; done; echo
     date -u; nvidia-smi -L; } \
     > "$OUT/ab.log" 2>&1
+  # Only this run's JSON go into the archive: an $OUT once held an earlier run's (2026-12-06).
+  rm -f "$OUT"/*_[0-9]*_{old,new,new2,new3}.json
   local status=0 rc
   [ -n "$tests" ] || echo "GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
   for t in $tests; do
