@@ -47,6 +47,7 @@ struct AttentionArgs {
   int32_t token_begin;
   float* workspace;
   T* out;
+  L2Ahead ahead;  // asked of the L2 once a block's first reads are out (kernels/launch.h)
 };
 
 // Eight elements of a key row as loaded (kept raw so that several loads fit in registers).
@@ -240,6 +241,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
                             a.v_cache + slot_s[x] * kv_size + head_offset + 8 * j);
     }
     copy_async_commit();
+    if (split == static_cast<int32_t>(blockIdx.x)) ask_l2_ahead(a.ahead);
     // Scores: key_loads row pieces in flight per lane, then used in ascending order.
     for (int32_t u0 = 0; u0 < loads; u0 += key_loads) {
       Raw8<T> raw[key_loads] = {};
@@ -467,6 +469,7 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
       launched = launch_split<T, 16>(args, n, stream);
     }
     if (launched != cudaSuccess) return launched;
+    args.ahead = L2Ahead{};  // asked by the first launch only
     if (combine && splits_max(s) > 1) {
       const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
       cudaError_t status = grant_shared<attention_combine_kernel<T>>(shared);
@@ -530,7 +533,7 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
                                    size_t workspace_floats, T* out, LaunchStream stream,
-                                   bool combine) {
+                                   bool combine, L2Ahead ahead) {
   const AttentionShape& s = shape;
   if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
       s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
@@ -549,8 +552,11 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
       {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
+  if (ahead.bytes % 16 != 0 || reinterpret_cast<uintptr_t>(ahead.begin) % 16 != 0) {
+    return cudaErrorInvalidValue;
+  }
   const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
-                              workspace, out};
+                              workspace, out, L2Ahead{}};
   const int32_t tiled =
       attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens_count, prefill);
   if constexpr (std::is_same_v<T, bf16>) {
@@ -561,18 +567,20 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
       if (status != cudaSuccess) return status;
     }
   }
-  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream, combine);
+  AttentionArgs<T> decode = base;
+  decode.ahead = ahead;
+  return launch_decode_kernel<T>(decode, tiled, tokens_count, chunk, stream, combine);
 }
 
 template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
                                                   const bf16*, const int32_t*, const int32_t*,
                                                   const int32_t*, int32_t, int32_t,
                                                   AttentionPrefill, float*, size_t, bf16*,
-                                                  LaunchStream, bool);
+                                                  LaunchStream, bool, L2Ahead);
 template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
                                                    const float*, const float*, const int32_t*,
                                                    const int32_t*, const int32_t*, int32_t,
                                                    int32_t, AttentionPrefill, float*, size_t,
-                                                   float*, LaunchStream, bool);
+                                                   float*, LaunchStream, bool, L2Ahead);
 
 }  // namespace ls::kernels

@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
     slot_s[0][threadIdx.x] = next_slot;
     __syncthreads();
     start_reads(split, slot_s[0], value_rows);
+    ask_l2_ahead(a.ahead);
     if (split + stride < splits) slot_s[1][threadIdx.x] = slot_of(split + stride);
   }
   for (int32_t tile = 0; split < splits; split += stride, tile = (tile + 1) % kValueTiles<D>) {
@@ -185,6 +186,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       slot_s[0][threadIdx.x] = next_slot;
       __syncthreads();
       start_reads(split, slot_s[0], value_rows);
+      if (split == static_cast<int32_t>(blockIdx.x)) ask_l2_ahead(a.ahead);
     }
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {

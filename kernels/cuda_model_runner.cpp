@@ -9,6 +9,7 @@
 #include "kernels/layer_ops.h"
 #include "kernels/seams.h"
 
+#include <algorithm>
 #include <type_traits>
 
 namespace ls {
@@ -207,17 +208,26 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   T* v_layer = as<T>(v_cache) + kv_at;
   const bool norm_fused =
       !leaves_out(LeaveOut::kQkv) && enqueue_qkv<T>(i, tokens, k_layer, v_layer);
+  const T* o_weight = as<T>(w_o) + li * h * q_size;
   if (!leaves_out(LeaveOut::kAttention)) {
+    // A step of one token: attention's dependent loads leave the DRAM idle, so its blocks ask
+    // the L2 for the o projection's weights meanwhile (options.attention_l2_ahead_mib).
+    kernels::L2Ahead o_ahead;
+    if (tokens == 1 && options.attention_l2_ahead_mib > 0 && !leaves_out(LeaveOut::kO)) {
+      const size_t bytes = size_t(linears.o.out) * size_t(linears.o.in) * sizeof(T);
+      const size_t cap = size_t(options.attention_l2_ahead_mib) << 20;
+      o_ahead = {o_weight, std::min(bytes, cap) / 16 * 16};
+    }
     LS_CUDA(kernels::launch_paged_attention(
         attention_shape, q.get(), k_layer, v_layer, positions.get(), token_pool_rows.get(),
         table.get(), tokens, prefill_tokens, attention_prefill, attention_workspace.get(),
         attention_workspace.count(), as<T>(attn_out), forward_stream(),
-        !leaves_out(LeaveOut::kCombine)));
+        !leaves_out(LeaveOut::kCombine), o_ahead));
     mark(CudaPhase::kAttention);
   }
   if (activation_capture) capture_attention<T>(i, norm_fused, k_layer, v_layer);
   if (!leaves_out(LeaveOut::kO)) {
-    row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
+    row_parallel(as<T>(attn_out), o_weight, tokens, linears.o);
     mark(CudaPhase::kGemmO);
   }
   enqueue_ffn<T>(i, tokens);

@@ -31,6 +31,29 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
+// This block's share of `ahead` asked of the L2 (cp.async.bulk.prefetch: no register or shared
+// memory held, nothing waited for): the grid's blocks take equal 16-byte-aligned pieces, a
+// thread at most 4 KB an ask.
+__device__ __forceinline__ void ask_l2_ahead(const L2Ahead& ahead) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (ahead.bytes == 0) return;
+  constexpr uint64_t kAsk = 4096;
+  const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
+  const uint64_t block = blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} *
+                                                             blockIdx.z);
+  const uint64_t share = (ahead.bytes / blocks + 15) / 16 * 16;
+  const uint64_t end = min(uint64_t{ahead.bytes}, (block + 1) * share);
+  const char* base = static_cast<const char*>(ahead.begin);
+  for (uint64_t at = block * share + threadIdx.x * kAsk; at < end; at += blockDim.x * kAsk) {
+    const uint32_t n = static_cast<uint32_t>(min(kAsk, end - at));
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
+                     __cvta_generic_to_global(base + at)),
+                 "r"(n)
+                 : "memory");
+  }
+#endif
+}
+
 // kernel<<<grid, block, shared, stream>>>(args...), overlapping the predecessor when the stream
 // says so, its blocks in thread block clusters of `cluster_x` along x when that is above 1 (the
 // grid's x a multiple of it); returns the launch status.

@@ -23,6 +23,15 @@ constexpr size_t blocks_sharing_an_sm(size_t bytes) {
   return kSmSharedBytes / (bytes + kSmSharedReservedPerBlock);
 }
 
+// Bytes a kernel asks the L2 for on a later kernel's behalf, once its own reads are out
+// (kernels/launch.cuh `ask_l2_ahead`): only bytes nothing in the step writes (weights). At one
+// token, attention's dependent loads leave the DRAM idle for microseconds, in which the o
+// projection's weights can be on their way. Never changes a result: only where bytes sit.
+struct L2Ahead {
+  const void* begin = nullptr;
+  size_t bytes = 0;  // a multiple of 16, as `begin` is aligned to 16
+};
+
 struct LaunchStream {
   cudaStream_t stream = nullptr;
   bool overlap = false;  // programmatic dependent launch of every kernel launched on it

@@ -122,6 +122,7 @@ struct Launch {
   int32_t prefill_tokens = 0;
   AttentionPrefill prefill = AttentionPrefill::kTiles;
   bool fp32 = false;
+  kernels::L2Ahead ahead{};  // bytes the decode kernel's blocks ask the L2 for
 };
 
 // Runs the tokens in consecutive launches starting at each of `begins` (the first is 0), sharing
@@ -150,7 +151,7 @@ std::vector<float> run_as(const AttentionSetup& s, const std::vector<float>& q,
                                               d_pos.ptr + begin, d_rows.ptr + begin, d_table.ptr,
                                               n, prefill, launch.prefill, d_ws.ptr,
                                               launch.workspace_floats, d_out.ptr + begin * qs,
-                                              nullptr),
+                                              nullptr, true, launch.ahead),
               cudaSuccess)
         << "launch at token " << begin;
   }
@@ -247,6 +248,44 @@ TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
 
 // 300: a batch past the decode batches served today (pool rows shared past 64).
 INSTANTIATE_TEST_SUITE_P(OddBatches, DecodeBatch, ::testing::Values(1, 3, 17, 64, 300));
+
+// Asking the L2 for other bytes (kernels/launch.h L2Ahead: 3 MB, a range smaller than one 16-byte
+// piece a block, and none) moves no bit of the output, at llama-8b's heads (the MMA kernel,
+// reads issued split by split) and llama-1b's (reads a split ahead); a range not aligned to 16
+// bytes, or not a multiple of 16 long, is refused.
+TEST(AttentionL2Ahead, AskingTheL2ForOtherBytesMovesNoBit) {
+  LS_SKIP_WITHOUT_DEVICE();
+  const DeviceBuffer<uint8_t> other(size_t{3} << 20);
+  for (const int32_t head_dim : {128, 64}) {
+    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
+    const AttentionSetup s = make_setup(32, 8, head_dim, 50, 16, 4, 300);
+    const std::vector<int32_t> positions = {700, 1, 299}, rows = {1, 2, 3};
+    const std::vector<float> q =
+        gpu_test::random_floats(positions.size() * 32 * head_dim, 11, -1, 1);
+    Launch launch = decode_launch(kernels::attention_workspace_floats(s.shape, 3));
+    const std::vector<float> plain = run(s, q, positions, rows, launch);
+    for (const size_t bytes : {size_t{3} << 20, size_t{16}}) {
+      launch.ahead = kernels::L2Ahead{other.ptr, bytes};
+      const std::vector<float> asked = run(s, q, positions, rows, launch);
+      EXPECT_TRUE(same_bits(asked.data(), plain.data(), plain.size())) << bytes << " bytes";
+    }
+  }
+  const AttentionSetup s = make_setup(32, 8, 128, 50, 16, 2, 301);
+  const DeviceBuffer<float> q(gpu_test::random_floats(size_t(32) * 128, 12, -1, 1));
+  const DeviceBuffer<bf16> kv(s.k.size()), out(size_t(32) * 128);
+  const DeviceBuffer<int32_t> positions(std::vector<int32_t>{5}), rows(std::vector<int32_t>{1}),
+      table(s.table);
+  const size_t ws_floats = kernels::attention_workspace_floats(s.shape, 1);
+  const DeviceBuffer<float> ws(ws_floats);
+  for (const kernels::L2Ahead bad : {kernels::L2Ahead{other.ptr + 8, 16},
+                                     kernels::L2Ahead{other.ptr, 24}}) {
+    EXPECT_EQ(kernels::launch_paged_attention(s.shape, q.ptr, kv.ptr, kv.ptr, positions.ptr,
+                                              rows.ptr, table.ptr, 1, 0, AttentionPrefill::kTiles,
+                                              ws.ptr, ws_floats, out.ptr, nullptr, true, bad),
+              cudaErrorInvalidValue);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+}
 
 // Head layouts for the tile kernel: llama-8b's and llama-1b's (group 4, head dim 128 / 64), group
 // 1, group 8 (two KV heads) and qwen2.5-7b's group 7 (126 of a tile's 128 rows), with chunks long
