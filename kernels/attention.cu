@@ -193,7 +193,10 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
   const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
-  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
+  if (static_cast<int32_t>(blockIdx.x) >= block.splits) {  // no split: its share asked alone
+    ask_l2_ahead(a.ahead);
+    return;
+  }
   const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
                 group = block.group, keys = block.keys, splits = block.splits,
                 total_splits = block.total_splits;
