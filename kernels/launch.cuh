@@ -32,7 +32,7 @@ __device__ __forceinline__ void wait_for_predecessor() {
 }
 
 // This block's share of `ahead` asked of the L2 (cp.async.bulk.prefetch: no register or shared
-// memory held, nothing waited for): the grid's blocks take equal 16-byte-aligned pieces, a
+// memory held, nothing waited for): the grid's blocks take the pieces of l2_ahead_piece, a
 // thread at most 4 KB an ask. Every block of the grid must call it (a block with no work of its
 // own too), or its piece is not asked.
 __device__ __forceinline__ void ask_l2_ahead(const L2Ahead& ahead) {
@@ -42,11 +42,10 @@ __device__ __forceinline__ void ask_l2_ahead(const L2Ahead& ahead) {
   const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
   const uint64_t block = blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} *
                                                              blockIdx.z);
-  const uint64_t share = ((ahead.bytes + blocks - 1) / blocks + 15) / 16 * 16;
-  const uint64_t end = min(uint64_t{ahead.bytes}, (block + 1) * share);
+  const L2AheadPiece piece = l2_ahead_piece(ahead.bytes, blocks, block);
   const char* base = static_cast<const char*>(ahead.begin);
-  for (uint64_t at = block * share + threadIdx.x * kAsk; at < end; at += blockDim.x * kAsk) {
-    const uint32_t n = static_cast<uint32_t>(min(kAsk, end - at));
+  for (uint64_t at = piece.first + threadIdx.x * kAsk; at < piece.end; at += blockDim.x * kAsk) {
+    const uint32_t n = static_cast<uint32_t>(min(kAsk, piece.end - at));
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(
                      __cvta_generic_to_global(base + at)),
                  "r"(n)

@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace ls::kernels {
 
@@ -31,6 +32,21 @@ struct L2Ahead {
   const void* begin = nullptr;
   size_t bytes = 0;  // a multiple of 16, as `begin` is aligned to 16
 };
+
+// Block `block` of `blocks`' piece [first, end) of an L2Ahead's `bytes`: equal pieces rounded up
+// to 16 bytes (so every piece starts aligned), the last ones cut at `bytes` or empty; together
+// they cover [0, bytes) once.
+struct L2AheadPiece {
+  uint64_t first = 0;
+  uint64_t end = 0;
+};
+__host__ __device__ constexpr L2AheadPiece l2_ahead_piece(uint64_t bytes, uint64_t blocks,
+                                                          uint64_t block) {
+  const uint64_t share = ((bytes + blocks - 1) / blocks + 15) / 16 * 16;
+  const uint64_t first = block * share < bytes ? block * share : bytes;
+  const uint64_t end = (block + 1) * share < bytes ? (block + 1) * share : bytes;
+  return {first, end};
+}
 
 struct LaunchStream {
   cudaStream_t stream = nullptr;

@@ -249,6 +249,27 @@ TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
 // 300: a batch past the decode batches served today (pool rows shared past 64).
 INSTANTIATE_TEST_SUITE_P(OddBatches, DecodeBatch, ::testing::Values(1, 3, 17, 64, 300));
 
+// The blocks' pieces of an L2Ahead (host-only): for byte counts of 16 to 40 MB and grids of 1 to
+// 1024 blocks, each piece starts 16-byte aligned, ends where the next begins, and together they
+// cover [0, bytes) exactly.
+TEST(AttentionL2Ahead, BlocksPiecesCoverTheRangeOnce) {
+  for (const uint64_t bytes : {uint64_t{16}, uint64_t{1040}, uint64_t{4096}, uint64_t{33554432},
+                               uint64_t{8388608} + 48, uint64_t{41943040}}) {
+    for (const uint64_t blocks : {uint64_t{1}, uint64_t{7}, uint64_t{64}, uint64_t{65},
+                                  uint64_t{132}, uint64_t{1024}}) {
+      uint64_t covered = 0;
+      for (uint64_t b = 0; b < blocks; ++b) {
+        const kernels::L2AheadPiece piece = kernels::l2_ahead_piece(bytes, blocks, b);
+        ASSERT_EQ(piece.first, covered) << bytes << " bytes, block " << b << " of " << blocks;
+        ASSERT_EQ(piece.first % 16, 0u) << bytes << " bytes, block " << b << " of " << blocks;
+        ASSERT_LE(piece.first, piece.end);
+        covered = piece.end;
+      }
+      EXPECT_EQ(covered, bytes) << bytes << " bytes over " << blocks << " blocks";
+    }
+  }
+}
+
 // Asking the L2 for other bytes (kernels/launch.h L2Ahead: 3 MB, a range smaller than one 16-byte
 // piece a block, and none) moves no bit of the output, at llama-8b's heads (the MMA kernel,
 // reads issued split by split) and llama-1b's (reads a split ahead); a range not aligned to 16
