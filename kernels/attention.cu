@@ -412,6 +412,7 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
     const int32_t n = std::min(chunk, end - begin);
     AttentionArgs<T> args = base;
     args.token_begin = begin;
+    if (begin != first) args.ahead = L2Ahead{};  // asked by the first launch only
     const int32_t group = s.query_heads / s.kv_heads;
     cudaError_t launched = cudaSuccess;
     if (group <= 1) {
@@ -426,7 +427,6 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
       launched = launch_split<T, 16>(args, n, stream);
     }
     if (launched != cudaSuccess) return launched;
-    args.ahead = L2Ahead{};  // asked by the first launch only
     if (combine && splits_max(s) > 1) {
       const size_t shared = size_t{2} * splits_max(s) * sizeof(float);
       cudaError_t status = grant_shared<attention_combine_kernel<T>>(shared);
@@ -512,8 +512,9 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   if (ahead.bytes % 16 != 0 || reinterpret_cast<uintptr_t>(ahead.begin) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
+  // The tile kernel never asks the L2 for `ahead`: only the decode kernel's launches do.
   const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
-                              workspace, out, L2Ahead{}};
+                              workspace, out, ahead};
   const int32_t tiled =
       attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens_count, prefill);
   if constexpr (std::is_same_v<T, bf16>) {
@@ -524,9 +525,7 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
       if (status != cudaSuccess) return status;
     }
   }
-  AttentionArgs<T> decode = base;
-  decode.ahead = ahead;
-  return launch_decode_kernel<T>(decode, tiled, tokens_count, chunk, stream, combine);
+  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream, combine);
 }
 
 template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
