@@ -119,7 +119,8 @@ inline double norm(std::span<const float> v) {
   return std::sqrt(s);
 }
 
-// ‖out − ref‖ / ‖ref‖; NaN anywhere in out gives +inf.
+// ‖out − ref‖ / ‖ref‖, or ‖out − ref‖ where ref is all zeros (a state slot just zeroed); NaN
+// anywhere in out gives +inf.
 inline double relative_error(std::span<const float> out, std::span<const float> ref) {
   double diff = 0, base = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -127,7 +128,7 @@ inline double relative_error(std::span<const float> out, std::span<const float> 
     diff += (double{out[i]} - ref[i]) * (double{out[i]} - ref[i]);
     base += double{ref[i]} * ref[i];
   }
-  return std::sqrt(diff) / std::sqrt(base);
+  return base > 0 ? std::sqrt(diff) / std::sqrt(base) : std::sqrt(diff);
 }
 
 // y = x·wᵀ + beta·y in fp64 on the host (the reference of every linear-layer path).

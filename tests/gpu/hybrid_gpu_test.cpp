@@ -50,15 +50,6 @@ constexpr int32_t kVocab = 512;
 
 const ModelWeights& hybrid() { return testing::hybrid_checkpoint_weights(); }
 
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, base = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-    base += double{b[i]} * b[i];
-  }
-  return base > 0 ? std::sqrt(diff / base) : std::sqrt(diff);
-}
-
 // ---- Served through the scheduler ----------------------------------------------------------
 
 // Pages of 16: the prompts (40..129 tokens) cross 3 to 9 pages and are chunked under the 64-token
@@ -261,9 +252,9 @@ TEST(HybridRules, CopiesZeroingAndCheckpointsMatchTheCpuStepByStep) {
     ASSERT_EQ(cuda.size(), cpu.size());
     for (size_t s = 0; s < ops.size(); ++s) {
       EXPECT_EQ(cuda[s].tokens, cpu[s].tokens) << "step " << s;
-      EXPECT_LT(relative_difference(cuda[s].logits, cpu[s].logits), 1e-4) << "step " << s;
+      EXPECT_LT(gpu_test::relative_error(cuda[s].logits, cpu[s].logits), 1e-4) << "step " << s;
       for (size_t w = 0; w < std::size(kWatched); ++w) {
-        EXPECT_LT(relative_difference(cuda[s].states[w], cpu[s].states[w]), 1e-4)
+        EXPECT_LT(gpu_test::relative_error(cuda[s].states[w], cpu[s].states[w]), 1e-4)
             << "step " << s << " slot " << kWatched[w];
       }
     }
@@ -281,8 +272,7 @@ TEST(HybridRules, CopiesZeroingAndCheckpointsMatchTheCpuStepByStep) {
       }
     }
     // The dirty request's state was real, so the subject's zeroing mattered.
-    EXPECT_GT(relative_difference(cuda[0].states[working], std::vector<float>(
-                                      cuda[0].states[working].size(), 0.0f)), 0.0);
+    EXPECT_GT(gpu_test::norm(cuda[0].states[working]), 0.0);
   }
 }
 
@@ -307,8 +297,7 @@ TEST(HybridDeterminism, RunTwiceAndGraphVersusEagerAreBitIdentical) {
   const std::vector<StepTrace> first = run_cuda(ops, CudaBackendOptions{.graphs = false});
   EXPECT_TRUE(same_trace(first, run_cuda(ops, CudaBackendOptions{.graphs = false})));
   EXPECT_TRUE(same_trace(first, run_cuda(ops, CudaBackendOptions{.graphs = true})));
-  EXPECT_GT(relative_difference(first.back().logits, std::vector<float>(first.back().logits.size(),
-                                                                        0.0f)), 0.0);
+  EXPECT_GT(gpu_test::norm(first.back().logits), 0.0);
 }
 
 // The subject's logits rows and states depend on neither its companion's tokens nor the pool rows
@@ -616,7 +605,7 @@ TEST(HybridSwap, ASwappedRequestGivesTheBitsItGivesWithoutRetraction) {
       EXPECT_TRUE(same_bits(swapped.subject_states[before_swap + 3], saved))
           << "the swap-in did not restore the state into slot 5";
       EXPECT_TRUE(same_bits(stay.subject_states[before_swap], saved));
-      EXPECT_GT(relative_difference(saved, std::vector<float>(saved.size(), 0.0f)), 0.0);
+      EXPECT_GT(gpu_test::norm(saved), 0.0);
     }
   }
 }

@@ -46,15 +46,6 @@ constexpr int32_t kVocab = 512;
 
 const ModelWeights& hybrid() { return testing::hybrid_checkpoint_weights(); }
 
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, base = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (double{a[i]} - b[i]) * (double{a[i]} - b[i]);
-    base += double{b[i]} * b[i];
-  }
-  return base > 0 ? std::sqrt(diff / base) : std::sqrt(diff);
-}
-
 // A prompt that repeats a short phrase, so the n-gram drafter proposes (and some drafts land).
 std::vector<int32_t> phrase_prompt(RequestId id, int32_t length, int32_t phrase) {
   std::vector<int32_t> prompt;
@@ -195,7 +186,7 @@ TEST(HybridSpecGpu, VerifiedRowsCommitAndCheckpointAsTheCpuDoes) {
       EXPECT_EQ(got[s].tokens, expected[s].tokens) << "step " << s;
       EXPECT_EQ(got[s].accepted, expected[s].accepted) << "step " << s;
       for (size_t w = 0; w < std::size(kWatched); ++w) {
-        EXPECT_LT(relative_difference(got[s].states[w], expected[s].states[w]), 1e-4)
+        EXPECT_LT(gpu_test::relative_error(got[s].states[w], expected[s].states[w]), 1e-4)
             << "step " << s << " slot " << kWatched[w];
       }
     }
