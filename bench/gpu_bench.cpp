@@ -1513,16 +1513,17 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
                                    batches)}};
 }
 
-// Attention asking the L2 for the o projection's weights at one token
-// (CudaBackendOptions::attention_l2_ahead_mib, kernels/launch.h L2Ahead), at 24 MiB (about half
-// the L2) and at 64 (all of o on every Llama shape), each against none.
+// Attention asking the L2 for the o projection's weights at one token, then for the first rows of
+// each gate/up GEMV block's share with what is left (CudaBackendOptions::attention_l2_ahead_mib,
+// kernels/launch.h L2Ahead), at 16, 24 (about half the L2), 40 and 64 MiB (all of o on every
+// Llama shape), each against none.
 json l2_ahead_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant off{"none", {.graphs = true, .attention_l2_ahead_mib = 0, .time_steps = true}};
   json figures = json::array();
-  for (const int32_t mib : {24, 64}) {
+  for (const int32_t mib : {16, 24, 40, 64}) {
     const std::string key = "mib_" + std::to_string(mib);
-    const std::string what = "o weights asked of the L2 ahead (" + std::to_string(mib) +
-                             " MiB) vs none";
+    const std::string what = "o and gate/up weights asked of the L2 ahead (" +
+                             std::to_string(mib) + " MiB) vs none";
     const Variant on{key.c_str(),
                      {.graphs = true, .attention_l2_ahead_mib = mib, .time_steps = true}};
     figures.push_back({{"mib", mib},

@@ -509,9 +509,7 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
       {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
-  if (ahead.bytes % 16 != 0 || reinterpret_cast<uintptr_t>(ahead.begin) % 16 != 0) {
-    return cudaErrorInvalidValue;
-  }
+  if (!ahead.valid()) return cudaErrorInvalidValue;
   // The tile kernel never asks the L2 for `ahead`: only the decode kernel's launches do.
   const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
                               workspace, out, ahead};

@@ -182,9 +182,10 @@ struct CudaBackendOptions {
   // same bits either way (for comparison: `lockstep_gpu_bench --fusion`).
   bool fused_gemv_block_per_group = false;
   // At a step of one token, each layer's attention asks the L2 for (at most) this many MiB of the
-  // layer's o-projection weights once its own reads are out (kernels/launch.h L2Ahead): at one
-  // token attention's dependent loads leave the DRAM idle for microseconds, and the o product
-  // reads those weights next. 0: none. At most kAttentionL2AheadMibMax (refused above it, and
+  // layer's o-projection weights once its own reads are out (kernels/launch.h L2Ahead), then,
+  // where the fused gate/up GEMV follows, for the first rows of each of its blocks' shares with
+  // what is left: at one token attention's dependent loads leave the DRAM idle for microseconds,
+  // and those products read the weights next. 0: none. At most kAttentionL2AheadMibMax (refused above it, and
   // below 0). The same bits either way: only where bytes sit moves (`lockstep_gpu_bench
   // --l2-ahead` compares the step with and without).
   int32_t attention_l2_ahead_mib = 0;

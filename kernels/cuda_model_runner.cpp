@@ -211,13 +211,9 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   const T* o_weight = as<T>(w_o) + li * h * q_size;
   if (!leaves_out(LeaveOut::kAttention)) {
     // A step of one token: attention's dependent loads leave the DRAM idle, so its blocks ask
-    // the L2 for the o projection's weights meanwhile (options.attention_l2_ahead_mib).
-    kernels::L2Ahead o_ahead;
-    if (tokens == 1 && options.attention_l2_ahead_mib > 0 && !leaves_out(LeaveOut::kO)) {
-      const size_t bytes = size_t(linears.o.out) * size_t(linears.o.in) * sizeof(T);
-      const size_t cap = size_t(options.attention_l2_ahead_mib) << 20;
-      o_ahead = {o_weight, std::min(bytes, cap) / 16 * 16};
-    }
+    // the L2 for the next products' weights meanwhile (options.attention_l2_ahead_mib).
+    const kernels::L2Ahead o_ahead =
+        tokens == 1 ? attention_l2_ahead<T>(i, o_weight) : kernels::L2Ahead{};
     LS_CUDA(kernels::launch_paged_attention(
         attention_shape, q.get(), k_layer, v_layer, positions.get(), token_pool_rows.get(),
         table.get(), tokens, prefill_tokens, attention_prefill, attention_workspace.get(),
@@ -231,6 +227,38 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
     mark(CudaPhase::kGemmO);
   }
   enqueue_ffn<T>(i, tokens);
+}
+
+// Up to options.attention_l2_ahead_mib: the o projection's weights from their start, then, where
+// the fused gate/up GEMV follows (one wave of blocks, each streaming its own rows), the first rows
+// of each block's share of gate and of up, as many of each block's as the rest allows.
+template <typename T>
+kernels::L2Ahead CudaBackend::Impl::attention_l2_ahead(int32_t i, const T* o_weight) const {
+  kernels::L2Ahead ahead;
+  if (options.attention_l2_ahead_mib == 0 || leaves_out(LeaveOut::kO)) return ahead;
+  size_t left = size_t(options.attention_l2_ahead_mib) << 20;
+  const size_t o_bytes = size_t(linears.o.out) * size_t(linears.o.in) * sizeof(T);
+  ahead.series[0] = {o_weight, std::min(o_bytes, left) / 16 * 16};
+  left -= ahead.series[0].bytes;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (left == 0 || !fuses_decode(1) || leaves_out(LeaveOut::kGateUp)) return ahead;
+    const kernels::GemvNorm norm{residual.get(), ffn_norm.get(), model.rms_eps,
+                                 options.fused_gemv_block_per_group};
+    kernels::GemvGrid grid;
+    LS_CUDA(kernels::gemv_norm_swiglu_grid(norm, ffn, hidden, &grid));
+    const size_t row = size_t(hidden) * sizeof(bf16);
+    const size_t rows = std::min({left / 2 / size_t(grid.blocks) / row,
+                                  size_t(grid.tasks_per_block), size_t(ffn)});
+    if (rows == 0) return ahead;
+    // Only blocks whose first `rows` stay inside gate (so up's stay inside the matrix).
+    const uint32_t count = static_cast<uint32_t>(
+        std::min<size_t>(grid.blocks, (size_t(ffn) - rows) / grid.tasks_per_block + 1));
+    const bf16* gate = gate_up_weight<bf16>(i);
+    const size_t stride = size_t(grid.tasks_per_block) * row;
+    ahead.series[1] = {gate, rows * row, stride, count};
+    ahead.series[2] = {gate + size_t(ffn) * size_t(hidden), rows * row, stride, count};
+  }
+  return ahead;
 }
 
 // A hybrid's Mamba2 layer: the input norm, in_proj, the mixer over each row's tokens in order

@@ -49,6 +49,15 @@ cudaError_t launch_gemv_norm_swiglu_bf16(GemvNorm norm, const __nv_bfloat16* w_g
                                          __nv_bfloat16* act, int32_t tokens, int32_t ffn,
                                          int32_t in, LaunchStream stream);
 
+// The grid launch_gemv_norm_swiglu_bf16 runs at one token: block b takes the tasks (row j of
+// gate with row ffn + j of up) [b·tasks_per_block, (b + 1)·tasks_per_block) ∩ [0, ffn), the first
+// kGemvWarps of them first: what a kernel before it may ask the L2 for on its behalf.
+struct GemvGrid {
+  int32_t blocks = 0;
+  int32_t tasks_per_block = 0;
+};
+cudaError_t gemv_norm_swiglu_grid(GemvNorm norm, int32_t ffn, int32_t in, GemvGrid* grid);
+
 // Where the QKV product's RoPE epilogue writes: launch_rope_qkv's arguments, for models that
 // rotate whole heads (rotary_dim == head_dim) and have no q/k/v bias or head norm between the
 // product and RoPE.

@@ -271,9 +271,10 @@ TEST(AttentionL2Ahead, BlocksPiecesCoverTheRangeOnce) {
 }
 
 // Asking the L2 for other bytes (kernels/launch.h L2Ahead: 3 MB, a range smaller than one 16-byte
-// piece a block, and none) moves no bit of the output, at llama-8b's heads (the MMA kernel,
-// reads issued split by split) and llama-1b's (reads a split ahead); a range not aligned to 16
-// bytes, or not a multiple of 16 long, is refused.
+// piece a block, three series with chunks apart, and none) moves no bit of the output, at
+// llama-8b's heads (the MMA kernel, reads issued split by split) and llama-1b's (reads a split
+// ahead); a range not aligned to 16 bytes, not a multiple of 16 long, or chunks closer than their
+// length, is refused.
 TEST(AttentionL2Ahead, AskingTheL2ForOtherBytesMovesNoBit) {
   LS_SKIP_WITHOUT_DEVICE();
   const DeviceBuffer<uint8_t> other(size_t{3} << 20);
@@ -290,6 +291,12 @@ TEST(AttentionL2Ahead, AskingTheL2ForOtherBytesMovesNoBit) {
       const std::vector<float> asked = run(s, q, positions, rows, launch);
       EXPECT_TRUE(same_bits(asked.data(), plain.data(), plain.size())) << bytes << " bytes";
     }
+    // Three series, one of chunks apart (as the gate/up GEMV's blocks' first rows are).
+    launch.ahead = kernels::L2Ahead{other.ptr, 4096};
+    launch.ahead.series[1] = {other.ptr + 8192, 48 * 1024 + 16, size_t{1} << 20, 2};
+    launch.ahead.series[2] = {other.ptr + 16, 16, 32, 1000};
+    const std::vector<float> asked = run(s, q, positions, rows, launch);
+    EXPECT_TRUE(same_bits(asked.data(), plain.data(), plain.size())) << "series";
   }
   const AttentionSetup s = make_setup(32, 8, 128, 50, 16, 2, 301);
   const DeviceBuffer<float> q(gpu_test::random_floats(size_t(32) * 128, 12, -1, 1));
@@ -298,8 +305,10 @@ TEST(AttentionL2Ahead, AskingTheL2ForOtherBytesMovesNoBit) {
       table(s.table);
   const size_t ws_floats = kernels::attention_workspace_floats(s.shape, 1);
   const DeviceBuffer<float> ws(ws_floats);
-  for (const kernels::L2Ahead bad : {kernels::L2Ahead{other.ptr + 8, 16},
-                                     kernels::L2Ahead{other.ptr, 24}}) {
+  kernels::L2Ahead overlapping{other.ptr, 16};
+  overlapping.series[1] = {other.ptr, 32, 16, 2};  // chunks closer than their length
+  for (const kernels::L2Ahead& bad : {kernels::L2Ahead{other.ptr + 8, 16},
+                                      kernels::L2Ahead{other.ptr, 24}, overlapping}) {
     EXPECT_EQ(kernels::launch_paged_attention(s.shape, q.ptr, kv.ptr, kv.ptr, positions.ptr,
                                               rows.ptr, table.ptr, 1, 0, AttentionPrefill::kTiles,
                                               ws.ptr, ws_floats, out.ptr, nullptr, true, bad),
