@@ -246,17 +246,10 @@ kernels::L2Ahead CudaBackend::Impl::attention_l2_ahead(int32_t i, const T* o_wei
                                  options.fused_gemv_block_per_group};
     kernels::GemvGrid grid;
     LS_CUDA(kernels::gemv_norm_swiglu_grid(norm, ffn, hidden, &grid));
-    const size_t row = size_t(hidden) * sizeof(bf16);
-    const size_t rows = std::min({left / 2 / size_t(grid.blocks) / row,
-                                  size_t(grid.tasks_per_block), size_t(ffn)});
-    if (rows == 0) return ahead;
-    // Only blocks whose first `rows` stay inside gate (so up's stay inside the matrix).
-    const uint32_t count = static_cast<uint32_t>(
-        std::min<size_t>(grid.blocks, (size_t(ffn) - rows) / grid.tasks_per_block + 1));
-    const bf16* gate = gate_up_weight<bf16>(i);
-    const size_t stride = size_t(grid.tasks_per_block) * row;
-    ahead.series[1] = {gate, rows * row, stride, count};
-    ahead.series[2] = {gate + size_t(ffn) * size_t(hidden), rows * row, stride, count};
+    const kernels::GateUpAhead rows =
+        kernels::gemv_gate_up_ahead(grid, gate_up_weight<bf16>(i), ffn, hidden, left);
+    ahead.series[1] = rows.gate;
+    ahead.series[2] = rows.up;
   }
   return ahead;
 }

@@ -8,6 +8,7 @@
 // (kDecodeKernel, batch-invariant mode) a chunk's token has the bits it has alone at decode.
 // Shared-memory grants (kernels/kernel_fit.h) never lowered; an 800,000-position context combined.
 #include "kernels/attention.h"
+#include "kernels/decode_gemv.h"
 #include "tests/gpu/gpu_test_support.h"
 
 #include <gtest/gtest.h>
@@ -266,6 +267,50 @@ TEST(AttentionL2Ahead, BlocksPiecesCoverTheRangeOnce) {
         covered = piece.end;
       }
       EXPECT_EQ(covered, bytes) << bytes << " bytes over " << blocks << " blocks";
+    }
+  }
+}
+
+// The gate/up GEMV's rows asked ahead (host-only, kernels/decode_gemv.h gemv_gate_up_ahead): over
+// Llama's and Qwen's FFN widths, one wave's grids and byte counts from none to all, chunk c of
+// each series is block c's first rows of its half, no longer than its share, inside the half,
+// together within `bytes`, and every block but a last one cut short has its chunk.
+TEST(AttentionL2Ahead, GateUpSeriesTakeEachBlocksFirstRows) {
+  constexpr int32_t kWarps = 4;  // tasks a group (kGemvWarps)
+  const bf16* w = reinterpret_cast<const bf16*>(uintptr_t{1} << 20);
+  for (const int32_t ffn : {8192, 14336, 18944, 3072, 5}) {
+    for (const int32_t in : {2048, 4096, 8}) {
+      for (const int32_t wave : {264, 132, 1}) {
+        const int32_t groups = (ffn + kWarps - 1) / kWarps;
+        const int32_t per_block = (groups + wave - 1) / wave;
+        const kernels::GemvGrid grid{(groups + per_block - 1) / per_block, per_block * kWarps};
+        const size_t row = size_t(in) * 2, half = size_t(ffn) * row;
+        for (const size_t bytes : {size_t{0}, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20,
+                                   2 * half}) {
+          SCOPED_TRACE(testing::Message() << "ffn " << ffn << " in " << in << " wave " << wave
+                                          << " bytes " << bytes);
+          const kernels::GateUpAhead a = kernels::gemv_gate_up_ahead(grid, w, ffn, in, bytes);
+          ASSERT_EQ(a.gate.bytes, a.up.bytes);
+          ASSERT_EQ(a.gate.count, a.up.count);
+          if (a.gate.bytes == 0) {
+            EXPECT_LT(bytes / 2 / size_t(grid.blocks), row);
+            continue;
+          }
+          EXPECT_EQ(a.gate.bytes % row, 0u);
+          EXPECT_LE(a.gate.bytes, size_t(grid.tasks_per_block) * row);
+          EXPECT_LE(a.gate.total() + a.up.total(), bytes);
+          EXPECT_EQ(a.gate.stride, size_t(grid.tasks_per_block) * row);
+          EXPECT_EQ(a.gate.begin, static_cast<const void*>(w));
+          EXPECT_EQ(a.up.begin, static_cast<const void*>(w + size_t(ffn) * size_t(in)));
+          const uint64_t last = uint64_t{a.gate.count - 1} * a.gate.stride + a.gate.bytes;
+          EXPECT_LE(last, half);  // so up's last chunk ends inside the matrix
+          // Blocks left out: only a last one whose share is shorter than the chunk.
+          EXPECT_GE(a.gate.count + 1, static_cast<uint32_t>(grid.blocks));
+          if (a.gate.count < static_cast<uint32_t>(grid.blocks)) {
+            EXPECT_GT(uint64_t{a.gate.count} * a.gate.stride + a.gate.bytes, half);
+          }
+        }
+      }
     }
   }
 }
