@@ -19,8 +19,8 @@
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
 // without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps),
 // and the fused GEMV's grid, one group a block against one wave (batch 1). And at batch 1 with
-// attention asking the L2 for the o projection's weights (24 and 64 MiB of them) against without;
-// --l2-ahead runs only that.
+// attention asking the L2 for the o projection's weights, then gate/up's (8 to 64 MiB), against
+// without; --l2-ahead runs only that.
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
 // against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
@@ -1515,12 +1515,12 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
 
 // Attention asking the L2 for the o projection's weights at one token, then for the first rows of
 // each gate/up GEMV block's share with what is left (CudaBackendOptions::attention_l2_ahead_mib,
-// kernels/launch.h L2Ahead), at 16, 24 (about half the L2), 40 and 64 MiB (all of o on every
-// Llama shape), each against none.
+// kernels/launch.h L2Ahead), each cap against none: 8 MiB (llama-1b's o alone), 16, 24 (about
+// half the L2), 40 (llama-8b's o and 8 MiB of its gate/up) and 64.
 json l2_ahead_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const Variant off{"none", {.graphs = true, .attention_l2_ahead_mib = 0, .time_steps = true}};
   json figures = json::array();
-  for (const int32_t mib : {16, 24, 40, 64}) {
+  for (const int32_t mib : {8, 16, 24, 40, 64}) {
     const std::string key = "mib_" + std::to_string(mib);
     const std::string what = "o and gate/up weights asked of the L2 ahead (" +
                              std::to_string(mib) + " MiB) vs none";
@@ -1684,8 +1684,8 @@ void add_options(CLI::App& app, Options& o) {
                    "vs one wave, batch 1)"),
       app.add_flag("--l2-ahead", o.l2_ahead,
                    "Only the batch-1 decode step (context 1024; llama-1b and llama-8b unless "
-                   "--shapes) with attention asking the L2 for 24 and for 64 MiB of the o "
-                   "projection's weights, each against asking for none"),
+                   "--shapes) with attention asking the L2 for 8, 16, 24, 40 and 64 MiB of the "
+                   "o projection's weights, then gate/up's, each against asking for none"),
       app.add_flag("--small-m", o.small_m,
                    "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless "
                    "--shapes): decode batch 2 to 64 at context 1024, and each projection's kernel "

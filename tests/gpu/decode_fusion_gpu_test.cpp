@@ -392,12 +392,13 @@ TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
   }
 }
 
-// Attention asking the L2 for the o projection's weights at one-token steps
-// (CudaBackendOptions::attention_l2_ahead_mib; the serving loop's last steps run one row): the
-// same tokens and every logit of every step the same bits as without, on tiny Llama and on
-// llama-1b's shape (its o weights past one block's share many times over); and a value outside
-// [0, kAttentionL2AheadMibMax] refused by name.
-TEST(CudaL2Ahead, AskingTheL2ForOWeightsMovesNoBit) {
+// Attention asking the L2 for the o projection's weights, then gate/up's first rows of each GEMV
+// block, at one-token steps (CudaBackendOptions::attention_l2_ahead_mib; the serving loop's last
+// steps run one row): the same tokens and every logit of every step the same bits as without, on
+// tiny Llama and on llama-1b's shape (its o weights past one block's share many times over, and
+// 56 of the 64 MiB left for gate/up); and a value outside [0, kAttentionL2AheadMibMax] refused by
+// name.
+TEST(CudaL2Ahead, AskingTheL2ForNextWeightsMovesNoBit) {
   LS_SKIP_WITHOUT_DEVICE();
   for (const char* name : {"tiny", "llama-1b"}) {
     SCOPED_TRACE(name);
