@@ -18,9 +18,7 @@
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
 // without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps),
-// and the fused GEMV's grid, one group a block against one wave (batch 1). And at batch 1 with
-// attention asking the L2 for the o projection's weights, then gate/up's (8 to 64 MiB), against
-// without; --l2-ahead runs only that.
+// and the fused GEMV's grid, one group a block against one wave (batch 1).
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
 // against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
@@ -371,7 +369,6 @@ struct Options {
   bool recording = false;     // only the recording figures
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
-  bool l2_ahead = false;      // only the batch-1 step with and without the o weights asked ahead
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
   bool small_m_sweep = false; // only the small-M GEMM at every split count
   bool invariant = false;     // only batch-invariant mode vs the default
@@ -1513,26 +1510,6 @@ json fusion_shape(const std::string& shape, const Options& o, const Bandwidth& b
                                    batches)}};
 }
 
-// Attention asking the L2 for the o projection's weights at one token, then for the first rows of
-// each gate/up GEMV block's share with what is left (CudaBackendOptions::attention_l2_ahead_mib,
-// kernels/launch.h L2Ahead), each cap against none: 8 MiB (llama-1b's o alone), 16, 24 (about
-// half the L2), 40 (llama-8b's o and 8 MiB of its gate/up) and 64.
-json l2_ahead_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
-  const Variant off{"none", {.graphs = true, .attention_l2_ahead_mib = 0, .time_steps = true}};
-  json figures = json::array();
-  for (const int32_t mib : {8, 16, 24, 40, 64}) {
-    const std::string key = "mib_" + std::to_string(mib);
-    const std::string what = "o and gate/up weights asked of the L2 ahead (" +
-                             std::to_string(mib) + " MiB) vs none";
-    const Variant on{key.c_str(),
-                     {.graphs = true, .attention_l2_ahead_mib = mib, .time_steps = true}};
-    figures.push_back({{"mib", mib},
-                       {"figures", compare_shape(shape, o, bandwidth, what.c_str(), on, off,
-                                                 {1})}});
-  }
-  return {{"shape", shape}, {"l2_ahead", figures}};
-}
-
 // The fused GEMV's grid: one group of tasks a block (CudaBackendOptions::fused_gemv_block_per_group)
 // against one wave of blocks each running several (the default).
 json gemv_grid_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
@@ -1682,10 +1659,6 @@ void add_options(CLI::App& app, Options& o) {
                    "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
                    "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
                    "vs one wave, batch 1)"),
-      app.add_flag("--l2-ahead", o.l2_ahead,
-                   "Only the batch-1 decode step (context 1024; llama-1b and llama-8b unless "
-                   "--shapes) with attention asking the L2 for 8, 16, 24, 40 and 64 MiB of the "
-                   "o projection's weights, then gate/up's, each against asking for none"),
       app.add_flag("--small-m", o.small_m,
                    "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless "
                    "--shapes): decode batch 2 to 64 at context 1024, and each projection's kernel "
@@ -1749,7 +1722,6 @@ int run(const Options& o) {
               {"overlap", json::array()},
               {"fusion", json::array()},
               {"gemv_grid", json::array()},
-              {"l2_ahead", json::array()},
               {"gemv_vs_cublas", json::array()},
               {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
@@ -1778,11 +1750,6 @@ int run(const Options& o) {
     return only_mode("--fusion", [&](const std::string& shape) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
       out["gemv_grid"].push_back(gemv_grid_shape(shape, o, bandwidth, {1}));
-    });
-  }
-  if (o.l2_ahead) {
-    return only_mode("--l2-ahead", [&](const std::string& shape) {
-      out["l2_ahead"].push_back(l2_ahead_shape(shape, o, bandwidth));
     });
   }
   if (o.invariant) {
@@ -1855,8 +1822,6 @@ int run(const Options& o) {
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1}));
-    save();
-    if (full_set(shape)) out["l2_ahead"].push_back(l2_ahead_shape(shape, o, bandwidth));
     save();
     if (full_set(shape)) {
       for (const int32_t rows : {1, 64}) {

@@ -47,7 +47,6 @@ struct AttentionArgs {
   int32_t token_begin;
   float* workspace;
   T* out;
-  L2Ahead ahead;  // asked of the L2 once a block's first reads are out (kernels/launch.h)
 };
 
 // Eight elements of a key row as loaded (kept raw so that several loads fit in registers).
@@ -193,10 +192,7 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
   const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
-  if (static_cast<int32_t>(blockIdx.x) >= block.splits) {  // no split: its share asked alone
-    ask_l2_ahead(a.ahead);
-    return;
-  }
+  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
   const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
                 group = block.group, keys = block.keys, splits = block.splits,
                 total_splits = block.total_splits;
@@ -244,7 +240,6 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
                             a.v_cache + slot_s[x] * kv_size + head_offset + 8 * j);
     }
     copy_async_commit();
-    if (split == static_cast<int32_t>(blockIdx.x)) ask_l2_ahead(a.ahead);
     // Scores: key_loads row pieces in flight per lane, then used in ascending order.
     for (int32_t u0 = 0; u0 < loads; u0 += key_loads) {
       Raw8<T> raw[key_loads] = {};
@@ -412,7 +407,6 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
     const int32_t n = std::min(chunk, end - begin);
     AttentionArgs<T> args = base;
     args.token_begin = begin;
-    if (begin != first) args.ahead = L2Ahead{};  // asked by the first launch only
     const int32_t group = s.query_heads / s.kv_heads;
     cudaError_t launched = cudaSuccess;
     if (group <= 1) {
@@ -490,7 +484,7 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
                                    size_t workspace_floats, T* out, LaunchStream stream,
-                                   bool combine, L2Ahead ahead) {
+                                   bool combine) {
   const AttentionShape& s = shape;
   if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
       s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
@@ -509,10 +503,8 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   const int32_t chunk = static_cast<int32_t>(std::min<size_t>(
       {workspace_floats / per_token, static_cast<size_t>(tokens_count), size_t{65535}}));
   if (chunk < 1 || workspace == nullptr) return cudaErrorInvalidValue;
-  if (!ahead.valid()) return cudaErrorInvalidValue;
-  // The tile kernel never asks the L2 for `ahead`: only the decode kernel's launches do.
   const AttentionArgs<T> base{s, q, k_cache, v_cache, positions, token_pool_rows, table, 0,
-                              workspace, out, ahead};
+                              workspace, out};
   const int32_t tiled =
       attention_tiled_tokens(s, std::is_same_v<T, bf16>, prefill_tokens_count, prefill);
   if constexpr (std::is_same_v<T, bf16>) {
@@ -530,11 +522,11 @@ template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const f
                                                   const bf16*, const int32_t*, const int32_t*,
                                                   const int32_t*, int32_t, int32_t,
                                                   AttentionPrefill, float*, size_t, bf16*,
-                                                  LaunchStream, bool, L2Ahead);
+                                                  LaunchStream, bool);
 template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
                                                    const float*, const float*, const int32_t*,
                                                    const int32_t*, const int32_t*, int32_t,
                                                    int32_t, AttentionPrefill, float*, size_t,
-                                                   float*, LaunchStream, bool, L2Ahead);
+                                                   float*, LaunchStream, bool);
 
 }  // namespace ls::kernels

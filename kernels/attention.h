@@ -92,6 +92,6 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
                                    size_t workspace_floats, T* out, LaunchStream stream,
-                                   bool combine = true, L2Ahead ahead = {});
+                                   bool combine = true);
 
 }  // namespace ls::kernels

@@ -92,10 +92,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   wait_for_predecessor();
   const AttentionShape& s = a.shape;
   const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
-  if (static_cast<int32_t>(blockIdx.x) >= block.splits) {  // no split: its share asked alone
-    ask_l2_ahead(a.ahead);
-    return;
-  }
+  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
   const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
                 group = block.group, keys = block.keys, splits = block.splits,
                 total_splits = block.total_splits;
@@ -174,7 +171,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
     slot_s[0][threadIdx.x] = next_slot;
     __syncthreads();
     start_reads(split, slot_s[0], value_rows);
-    ask_l2_ahead(a.ahead);
     if (split + stride < splits) slot_s[1][threadIdx.x] = slot_of(split + stride);
   }
   for (int32_t tile = 0; split < splits; split += stride, tile = (tile + 1) % kValueTiles<D>) {
@@ -189,7 +185,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       slot_s[0][threadIdx.x] = next_slot;
       __syncthreads();
       start_reads(split, slot_s[0], value_rows);
-      if (split == static_cast<int32_t>(blockIdx.x)) ask_l2_ahead(a.ahead);
     }
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {

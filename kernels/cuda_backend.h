@@ -107,10 +107,6 @@ struct CudaStepTiming {
   double busy_ms = std::numeric_limits<double>::quiet_NaN();
 };
 
-// The most MiB CudaBackendOptions::attention_l2_ahead_mib may ask for: more than the L2 of any
-// GPU the backend runs on (50 MB on the H100 and H200).
-constexpr int32_t kAttentionL2AheadMibMax = 64;
-
 struct CudaBackendOptions {
   int32_t device = 0;
   CudaPrecision precision = CudaPrecision::kBf16;
@@ -181,14 +177,6 @@ struct CudaBackendOptions {
   // block in as many waves as needed, instead of one wave of blocks each running several; the
   // same bits either way (for comparison: `lockstep_gpu_bench --fusion`).
   bool fused_gemv_block_per_group = false;
-  // At a step of one token, each layer's attention asks the L2 for (at most) this many MiB of the
-  // layer's o-projection weights once its own reads are out (kernels/launch.h L2Ahead), then,
-  // where the fused gate/up GEMV follows, for the first rows of each of its blocks' shares with
-  // what is left: at one token attention's dependent loads leave the DRAM idle for microseconds,
-  // and those products read the weights next. 0: none. At most kAttentionL2AheadMibMax (refused above it, and
-  // below 0). The same bits either way: only where bytes sit moves (`lockstep_gpu_bench
-  // --l2-ahead` compares the step with and without).
-  int32_t attention_l2_ahead_mib = 0;
   // Record timing events between the phases of every step (graphs included) and sum them per
   // phase (phase_times()). The marks themselves cost a little: benchmarks report both. The marks
   // are one set, read when the step is collected, so a profiling backend does not run ahead

@@ -148,9 +148,6 @@ struct CudaBackend::Impl {
   void enqueue_forward_as(int32_t tokens, int32_t logits_rows, int32_t prefill_tokens);
   template <typename T>
   void enqueue_layer(int32_t layer, int32_t tokens, int32_t prefill_tokens);
-  // What layer `layer`'s attention asks the L2 for at one token (options.attention_l2_ahead_mib).
-  template <typename T>
-  kernels::L2Ahead attention_l2_ahead(int32_t layer, const T* o_weight) const;
   template <typename T>
   void enqueue_mamba_layer(int32_t layer, int32_t tokens);
   template <typename T>

@@ -371,10 +371,6 @@ void CudaBackend::Impl::refuse_unsupported() const {
              "cuda backend: small_m_gemm_large_tokens_max {} is below small_m_gemm_tokens_max {}, "
              "which every product runs the small-M GEMM up to: it would change nothing",
              large, small_m);
-  LS_REQUIRE(options.attention_l2_ahead_mib >= 0 &&
-                 options.attention_l2_ahead_mib <= kAttentionL2AheadMibMax,
-             "cuda backend: attention_l2_ahead_mib {} is outside [0, {}]",
-             options.attention_l2_ahead_mib, kAttentionL2AheadMibMax);
   LS_REQUIRE(model.head_dim % 8 == 0 && model.head_dim <= 256,
              "cuda backend: head_dim {} must be a multiple of 8 and at most 256", model.head_dim);
   LS_REQUIRE((model.query_heads_count / model.kv_heads_count) * model.head_dim <= 1024,

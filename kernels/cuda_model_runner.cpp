@@ -9,7 +9,6 @@
 #include "kernels/layer_ops.h"
 #include "kernels/seams.h"
 
-#include <algorithm>
 #include <type_traits>
 
 namespace ls {
@@ -208,50 +207,20 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
   T* v_layer = as<T>(v_cache) + kv_at;
   const bool norm_fused =
       !leaves_out(LeaveOut::kQkv) && enqueue_qkv<T>(i, tokens, k_layer, v_layer);
-  const T* o_weight = as<T>(w_o) + li * h * q_size;
   if (!leaves_out(LeaveOut::kAttention)) {
-    // A step of one token: attention's dependent loads leave the DRAM idle, so its blocks ask
-    // the L2 for the next products' weights meanwhile (options.attention_l2_ahead_mib).
-    const kernels::L2Ahead o_ahead =
-        tokens == 1 ? attention_l2_ahead<T>(i, o_weight) : kernels::L2Ahead{};
     LS_CUDA(kernels::launch_paged_attention(
         attention_shape, q.get(), k_layer, v_layer, positions.get(), token_pool_rows.get(),
         table.get(), tokens, prefill_tokens, attention_prefill, attention_workspace.get(),
         attention_workspace.count(), as<T>(attn_out), forward_stream(),
-        !leaves_out(LeaveOut::kCombine), o_ahead));
+        !leaves_out(LeaveOut::kCombine)));
     mark(CudaPhase::kAttention);
   }
   if (activation_capture) capture_attention<T>(i, norm_fused, k_layer, v_layer);
   if (!leaves_out(LeaveOut::kO)) {
-    row_parallel(as<T>(attn_out), o_weight, tokens, linears.o);
+    row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
     mark(CudaPhase::kGemmO);
   }
   enqueue_ffn<T>(i, tokens);
-}
-
-// Up to options.attention_l2_ahead_mib: the o projection's weights from their start, then, where
-// the fused gate/up GEMV follows (one wave of blocks, each streaming its own rows), the first rows
-// of each block's share of gate and of up, as many of each block's as the rest allows.
-template <typename T>
-kernels::L2Ahead CudaBackend::Impl::attention_l2_ahead(int32_t i, const T* o_weight) const {
-  kernels::L2Ahead ahead;
-  if (options.attention_l2_ahead_mib == 0 || leaves_out(LeaveOut::kO)) return ahead;
-  size_t left = size_t(options.attention_l2_ahead_mib) << 20;
-  const size_t o_bytes = size_t(linears.o.out) * size_t(linears.o.in) * sizeof(T);
-  ahead.series[0] = {o_weight, std::min(o_bytes, left) / 16 * 16};
-  left -= ahead.series[0].bytes;
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (left == 0 || !fuses_decode(1) || leaves_out(LeaveOut::kGateUp)) return ahead;
-    const kernels::GemvNorm norm{residual.get(), ffn_norm.get(), model.rms_eps,
-                                 options.fused_gemv_block_per_group};
-    kernels::GemvGrid grid;
-    LS_CUDA(kernels::gemv_norm_swiglu_grid(norm, ffn, hidden, &grid));
-    const kernels::GateUpAhead rows =
-        kernels::gemv_gate_up_ahead(grid, gate_up_weight<bf16>(i), ffn, hidden, left);
-    ahead.series[1] = rows.gate;
-    ahead.series[2] = rows.up;
-  }
-  return ahead;
 }
 
 // A hybrid's Mamba2 layer: the input norm, in_proj, the mixer over each row's tokens in order

@@ -49,40 +49,6 @@ cudaError_t launch_gemv_norm_swiglu_bf16(GemvNorm norm, const __nv_bfloat16* w_g
                                          __nv_bfloat16* act, int32_t tokens, int32_t ffn,
                                          int32_t in, LaunchStream stream);
 
-// The grid launch_gemv_norm_swiglu_bf16 runs at one token: block b takes the tasks (row j of
-// gate with row ffn + j of up) [b·tasks_per_block, (b + 1)·tasks_per_block) ∩ [0, ffn), the first
-// kGemvWarps of them first: what a kernel before it may ask the L2 for on its behalf.
-struct GemvGrid {
-  int32_t blocks = 0;
-  int32_t tasks_per_block = 0;
-};
-cudaError_t gemv_norm_swiglu_grid(GemvNorm norm, int32_t ffn, int32_t in, GemvGrid* grid);
-
-// What a kernel before that GEMV may ask the L2 for (kernels/launch.h L2Ahead) with at most
-// `bytes`: the first rows of each block's share of gate and the same rows of up, as many a block
-// as `bytes` spreads over every block and both halves (each block streams its own rows, so
-// bytes in the L2 shorten the GEMV only where every block has its part), for the blocks whose
-// rows lie inside the gate half. Both series empty where not one row a block fits.
-struct GateUpAhead {
-  L2Series gate;
-  L2Series up;
-};
-inline GateUpAhead gemv_gate_up_ahead(const GemvGrid& grid, const __nv_bfloat16* w_gate_up,
-                                      int32_t ffn, int32_t in, size_t bytes) {
-  const size_t row = size_t(in) * sizeof(__nv_bfloat16);
-  const size_t per_block = size_t(grid.tasks_per_block);
-  size_t rows = bytes / 2 / size_t(grid.blocks) / row;
-  rows = rows < per_block ? rows : per_block;
-  rows = rows < size_t(ffn) ? rows : size_t(ffn);
-  if (rows == 0) return {};
-  const size_t inside = (size_t(ffn) - rows) / per_block + 1;  // b·per_block + rows <= ffn
-  const uint32_t count = static_cast<uint32_t>(inside < size_t(grid.blocks) ? inside
-                                                                             : grid.blocks);
-  const size_t stride = per_block * row;
-  return {{w_gate_up, rows * row, stride, count},
-          {w_gate_up + size_t(ffn) * size_t(in), rows * row, stride, count}};
-}
-
 // Where the QKV product's RoPE epilogue writes: launch_rope_qkv's arguments, for models that
 // rotate whole heads (rotary_dim == head_dim) and have no q/k/v bias or head norm between the
 // product and RoPE.

@@ -272,11 +272,11 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
 // a grid that fits on the GPU at once (resident blocks × SMs), each block running the fewest
 // groups that cover the tasks, spread evenly: the norm is computed once a block.
 template <int32_t kTokens, bool kNormed, Epilogue E>
-cudaError_t groups_per_block(const GemvParams& p, int32_t tasks, int32_t* per_block) {
+cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
   constexpr auto kKernel = gemv_kernel<kTokens, kNormed, E>;
   const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
   const size_t shared = kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) : 0;
-  *per_block = 1;
+  int32_t per_block = 1;
   if constexpr (kNormed) {
     // Past 48 KB less the kernel's static shared memory a launch must have asked for its dynamic
     // shared memory (at exactly 48 KB, llama-8b at 6 tokens, the static part already puts it
@@ -287,20 +287,7 @@ cudaError_t groups_per_block(const GemvParams& p, int32_t tasks, int32_t* per_bl
         status != cudaSuccess) {
       return status;
     }
-    *per_block = p.norm.block_per_group ? 1 : (groups + cap - 1) / cap;
-  }
-  return cudaSuccess;
-}
-
-template <int32_t kTokens, bool kNormed, Epilogue E>
-cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
-  constexpr auto kKernel = gemv_kernel<kTokens, kNormed, E>;
-  const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
-  const size_t shared = kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) : 0;
-  int32_t per_block = 1;
-  if (const cudaError_t status = groups_per_block<kTokens, kNormed, E>(p, tasks, &per_block);
-      status != cudaSuccess) {
-    return status;
+    per_block = p.norm.block_per_group ? 1 : (groups + cap - 1) / cap;
   }
   const int32_t blocks = (groups + per_block - 1) / per_block;
   return launch_kernel(kKernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);
@@ -382,24 +369,6 @@ cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const bf16* w_qkv,
   p.w = w_qkv, p.tokens = tokens, p.out = static_cast<int32_t>(rows), p.in = in, p.norm = norm;
   p.rope = target;
   return launch<true, Epilogue::kRopeKv>(p, p.out / 2, stream);
-}
-
-cudaError_t gemv_norm_swiglu_grid(GemvNorm norm, int32_t ffn, int32_t in, GemvGrid* grid) {
-  if (ffn < 1 || ffn > (1 << 30) || in < 8 || in % 8 != 0 || !gemv_norm_fits(in) ||
-      grid == nullptr) {
-    return cudaErrorInvalidValue;
-  }
-  GemvParams p{};
-  p.tokens = 1, p.out = 2 * ffn, p.in = in, p.norm = norm;
-  int32_t per_block = 1;
-  if (const cudaError_t status = groups_per_block<1, true, Epilogue::kSwiglu>(p, ffn, &per_block);
-      status != cudaSuccess) {
-    return status;
-  }
-  const int32_t groups = (ffn + kGemvWarps - 1) / kGemvWarps;
-  grid->blocks = (groups + per_block - 1) / per_block;
-  grid->tasks_per_block = per_block * kGemvWarps;
-  return cudaSuccess;
 }
 
 }  // namespace ls::kernels

@@ -31,40 +31,6 @@ __device__ __forceinline__ void wait_for_predecessor() {
 #endif
 }
 
-// This block's share of each series of `ahead` asked of the L2 (cp.async.bulk.prefetch: no
-// register or shared memory held, nothing waited for): the grid's blocks take the pieces of
-// l2_ahead_piece over a series' chunks laid end to end, a thread at most 4 KB an ask, no ask
-// across a chunk's end. Every block of the grid must call it (a block with no work of its own
-// too), or its piece is not asked.
-__device__ __forceinline__ void ask_l2_ahead(const L2Ahead& ahead) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr uint64_t kAsk = 4096;
-  const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
-  const uint64_t block = blockIdx.x + uint64_t{gridDim.x} * (blockIdx.y + uint64_t{gridDim.y} *
-                                                             blockIdx.z);
-#pragma unroll 1
-  for (int32_t i = 0; i < L2Ahead::kSeries; ++i) {
-    const L2Series& s = ahead.series[i];
-    if (s.bytes == 0 || s.count == 0) continue;
-    const L2AheadPiece piece = l2_ahead_piece(s.total(), blocks, block);
-    const char* base = static_cast<const char*>(s.begin);
-    for (uint64_t at = piece.first + threadIdx.x * kAsk; at < piece.end;
-         at += blockDim.x * kAsk) {
-      const uint64_t end = min(at + kAsk, piece.end);
-      for (uint64_t from = at; from < end;) {
-        const uint64_t chunk = from / s.bytes, within = from % s.bytes;
-        const uint64_t n = min(end - from, s.bytes - within);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(__cvta_generic_to_global(
-                         base + chunk * s.stride + within)),
-                     "r"(static_cast<uint32_t>(n))
-                     : "memory");
-        from += n;
-      }
-    }
-  }
-#endif
-}
-
 // kernel<<<grid, block, shared, stream>>>(args...), overlapping the predecessor when the stream
 // says so, its blocks in thread block clusters of `cluster_x` along x when that is above 1 (the
 // grid's x a multiple of it); returns the launch status.

@@ -8,7 +8,6 @@
 // (kDecodeKernel, batch-invariant mode) a chunk's token has the bits it has alone at decode.
 // Shared-memory grants (kernels/kernel_fit.h) never lowered; an 800,000-position context combined.
 #include "kernels/attention.h"
-#include "kernels/decode_gemv.h"
 #include "tests/gpu/gpu_test_support.h"
 
 #include <gtest/gtest.h>
@@ -123,7 +122,6 @@ struct Launch {
   int32_t prefill_tokens = 0;
   AttentionPrefill prefill = AttentionPrefill::kTiles;
   bool fp32 = false;
-  kernels::L2Ahead ahead{};  // bytes the decode kernel's blocks ask the L2 for
 };
 
 // Runs the tokens in consecutive launches starting at each of `begins` (the first is 0), sharing
@@ -152,7 +150,7 @@ std::vector<float> run_as(const AttentionSetup& s, const std::vector<float>& q,
                                               d_pos.ptr + begin, d_rows.ptr + begin, d_table.ptr,
                                               n, prefill, launch.prefill, d_ws.ptr,
                                               launch.workspace_floats, d_out.ptr + begin * qs,
-                                              nullptr, true, launch.ahead),
+                                              nullptr),
               cudaSuccess)
         << "launch at token " << begin;
   }
@@ -249,118 +247,6 @@ TEST_P(DecodeBatch, GqaSplitKvAndBatchInvariant) {
 
 // 300: a batch past the decode batches served today (pool rows shared past 64).
 INSTANTIATE_TEST_SUITE_P(OddBatches, DecodeBatch, ::testing::Values(1, 3, 17, 64, 300));
-
-// The blocks' pieces of an L2Ahead (host-only): for byte counts of 16 to 40 MB and grids of 1 to
-// 1024 blocks, each piece starts 16-byte aligned, ends where the next begins, and together they
-// cover [0, bytes) exactly.
-TEST(AttentionL2Ahead, BlocksPiecesCoverTheRangeOnce) {
-  for (const uint64_t bytes : {uint64_t{16}, uint64_t{1040}, uint64_t{4096}, uint64_t{33554432},
-                               uint64_t{8388608} + 48, uint64_t{41943040}}) {
-    for (const uint64_t blocks : {uint64_t{1}, uint64_t{7}, uint64_t{64}, uint64_t{65},
-                                  uint64_t{132}, uint64_t{1024}}) {
-      uint64_t covered = 0;
-      for (uint64_t b = 0; b < blocks; ++b) {
-        const kernels::L2AheadPiece piece = kernels::l2_ahead_piece(bytes, blocks, b);
-        ASSERT_EQ(piece.first, covered) << bytes << " bytes, block " << b << " of " << blocks;
-        ASSERT_EQ(piece.first % 16, 0u) << bytes << " bytes, block " << b << " of " << blocks;
-        ASSERT_LE(piece.first, piece.end);
-        covered = piece.end;
-      }
-      EXPECT_EQ(covered, bytes) << bytes << " bytes over " << blocks << " blocks";
-    }
-  }
-}
-
-// The gate/up GEMV's rows asked ahead (host-only, kernels/decode_gemv.h gemv_gate_up_ahead): over
-// Llama's and Qwen's FFN widths, one wave's grids and byte counts from none to all, chunk c of
-// each series is block c's first rows of its half, no longer than its share, inside the half,
-// together within `bytes`, and every block but a last one cut short has its chunk.
-TEST(AttentionL2Ahead, GateUpSeriesTakeEachBlocksFirstRows) {
-  constexpr int32_t kWarps = 4;  // tasks a group (kGemvWarps)
-  const bf16* w = reinterpret_cast<const bf16*>(uintptr_t{1} << 20);
-  for (const int32_t ffn : {8192, 14336, 18944, 3072, 5}) {
-    for (const int32_t in : {2048, 4096, 8}) {
-      for (const int32_t wave : {264, 132, 1}) {
-        const int32_t groups = (ffn + kWarps - 1) / kWarps;
-        const int32_t per_block = (groups + wave - 1) / wave;
-        const kernels::GemvGrid grid{(groups + per_block - 1) / per_block, per_block * kWarps};
-        const size_t row = size_t(in) * 2, half = size_t(ffn) * row;
-        for (const size_t bytes : {size_t{0}, size_t{1} << 20, size_t{16} << 20, size_t{64} << 20,
-                                   2 * half}) {
-          SCOPED_TRACE(testing::Message() << "ffn " << ffn << " in " << in << " wave " << wave
-                                          << " bytes " << bytes);
-          const kernels::GateUpAhead a = kernels::gemv_gate_up_ahead(grid, w, ffn, in, bytes);
-          ASSERT_EQ(a.gate.bytes, a.up.bytes);
-          ASSERT_EQ(a.gate.count, a.up.count);
-          if (a.gate.bytes == 0) {
-            EXPECT_LT(bytes / 2 / size_t(grid.blocks), row);
-            continue;
-          }
-          EXPECT_EQ(a.gate.bytes % row, 0u);
-          EXPECT_LE(a.gate.bytes, size_t(grid.tasks_per_block) * row);
-          EXPECT_LE(a.gate.total() + a.up.total(), bytes);
-          EXPECT_EQ(a.gate.stride, size_t(grid.tasks_per_block) * row);
-          EXPECT_EQ(a.gate.begin, static_cast<const void*>(w));
-          EXPECT_EQ(a.up.begin, static_cast<const void*>(w + size_t(ffn) * size_t(in)));
-          const uint64_t last = uint64_t{a.gate.count - 1} * a.gate.stride + a.gate.bytes;
-          EXPECT_LE(last, half);  // so up's last chunk ends inside the matrix
-          // Blocks left out: only a last one whose share is shorter than the chunk.
-          EXPECT_GE(a.gate.count + 1, static_cast<uint32_t>(grid.blocks));
-          if (a.gate.count < static_cast<uint32_t>(grid.blocks)) {
-            EXPECT_GT(uint64_t{a.gate.count} * a.gate.stride + a.gate.bytes, half);
-          }
-        }
-      }
-    }
-  }
-}
-
-// Asking the L2 for other bytes (kernels/launch.h L2Ahead: 3 MB, a range smaller than one 16-byte
-// piece a block, three series with chunks apart, and none) moves no bit of the output, at
-// llama-8b's heads (the MMA kernel, reads issued split by split) and llama-1b's (reads a split
-// ahead); a range not aligned to 16 bytes, not a multiple of 16 long, or chunks closer than their
-// length, is refused.
-TEST(AttentionL2Ahead, AskingTheL2ForOtherBytesMovesNoBit) {
-  LS_SKIP_WITHOUT_DEVICE();
-  const DeviceBuffer<uint8_t> other(size_t{3} << 20);
-  for (const int32_t head_dim : {128, 64}) {
-    SCOPED_TRACE("head_dim " + std::to_string(head_dim));
-    const AttentionSetup s = make_setup(32, 8, head_dim, 50, 16, 4, 300);
-    const std::vector<int32_t> positions = {700, 1, 299}, rows = {1, 2, 3};
-    const std::vector<float> q =
-        gpu_test::random_floats(positions.size() * 32 * head_dim, 11, -1, 1);
-    Launch launch = decode_launch(kernels::attention_workspace_floats(s.shape, 3));
-    const std::vector<float> plain = run(s, q, positions, rows, launch);
-    for (const size_t bytes : {size_t{3} << 20, size_t{16}}) {
-      launch.ahead = kernels::L2Ahead{other.ptr, bytes};
-      const std::vector<float> asked = run(s, q, positions, rows, launch);
-      EXPECT_TRUE(same_bits(asked.data(), plain.data(), plain.size())) << bytes << " bytes";
-    }
-    // Three series, one of chunks apart (as the gate/up GEMV's blocks' first rows are).
-    launch.ahead = kernels::L2Ahead{other.ptr, 4096};
-    launch.ahead.series[1] = {other.ptr + 8192, 48 * 1024 + 16, size_t{1} << 20, 2};
-    launch.ahead.series[2] = {other.ptr + 16, 16, 32, 1000};
-    const std::vector<float> asked = run(s, q, positions, rows, launch);
-    EXPECT_TRUE(same_bits(asked.data(), plain.data(), plain.size())) << "series";
-  }
-  const AttentionSetup s = make_setup(32, 8, 128, 50, 16, 2, 301);
-  const DeviceBuffer<float> q(gpu_test::random_floats(size_t(32) * 128, 12, -1, 1));
-  const DeviceBuffer<bf16> kv(s.k.size()), out(size_t(32) * 128);
-  const DeviceBuffer<int32_t> positions(std::vector<int32_t>{5}), rows(std::vector<int32_t>{1}),
-      table(s.table);
-  const size_t ws_floats = kernels::attention_workspace_floats(s.shape, 1);
-  const DeviceBuffer<float> ws(ws_floats);
-  kernels::L2Ahead overlapping{other.ptr, 16};
-  overlapping.series[1] = {other.ptr, 32, 16, 2};  // chunks closer than their length
-  for (const kernels::L2Ahead& bad : {kernels::L2Ahead{other.ptr + 8, 16},
-                                      kernels::L2Ahead{other.ptr, 24}, overlapping}) {
-    EXPECT_EQ(kernels::launch_paged_attention(s.shape, q.ptr, kv.ptr, kv.ptr, positions.ptr,
-                                              rows.ptr, table.ptr, 1, 0, AttentionPrefill::kTiles,
-                                              ws.ptr, ws_floats, out.ptr, nullptr, true, bad),
-              cudaErrorInvalidValue);
-  }
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-}
 
 // Head layouts for the tile kernel: llama-8b's and llama-1b's (group 4, head dim 128 / 64), group
 // 1, group 8 (two KV heads) and qwen2.5-7b's group 7 (126 of a tile's 128 rows), with chunks long

@@ -329,9 +329,7 @@ struct Served {
 // 12 greedy prompts (1..40 tokens, 24 new each) under 8 batch rows: chunked prefills, then decode
 // steps of 8 rows and fewer as requests finish (the GEMV's steps at one row, the small-M GEMM's
 // above, graphs replayed); in batch-invariant mode the small-M GEMM's every step.
-// Weights: host ModelWeights or DeviceSeededWeights.
-template <typename Weights>
-Served serve(const Weights& weights, const CudaBackendOptions& options) {
+Served serve(const ModelWeights& weights, bool fused, bool invariant = false) {
   SchedulerConfig sc;
   sc.max_batch_rows = 8;
   sc.prefill_chunk_tokens = 32;
@@ -340,6 +338,8 @@ Served serve(const Weights& weights, const CudaBackendOptions& options) {
   sc.context_length = 128;
   const ExecutorConfig ec = executor_config_for(sc);
   const int32_t vocab = weights.config.vocab_size;
+  CudaBackendOptions options{.graphs = true, .fuse_decode = fused};
+  if (invariant) options = batch_invariant_options(options);
   CudaBackend cuda(weights, ec, options);
   Scheduler scheduler(sc);
   for (const RequestSpec& r : gpu_test::greedy_requests(12, 40, 24, vocab, 5)) {
@@ -375,12 +375,8 @@ TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
     SCOPED_TRACE(std::string("qk_norm ") + (model.qk_norm ? "on" : "off") + ", qkv_bias " +
                  (model.qkv_bias ? "on" : "off") + (invariant ? ", batch-invariant" : ""));
     const ModelWeights weights = weights_from_seed(model, 31);
-    const auto options = [&](bool fused) {
-      const CudaBackendOptions o{.graphs = true, .fuse_decode = fused};
-      return invariant ? batch_invariant_options(o) : o;
-    };
-    const Served fused = serve(weights, options(true));
-    const Served unfused = serve(weights, options(false));
+    const Served fused = serve(weights, true, invariant);
+    const Served unfused = serve(weights, false, invariant);
     EXPECT_EQ(fused.tokens, unfused.tokens);
     ASSERT_EQ(fused.logits.size(), unfused.logits.size());
     ASSERT_GT(fused.logits.size(), 24u);
@@ -389,41 +385,6 @@ TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
       differing_steps += same_bits(fused.logits[k], unfused.logits[k]) ? 0 : 1;
     }
     EXPECT_EQ(differing_steps, 0u) << "of " << fused.logits.size() << " steps";
-  }
-}
-
-// Attention asking the L2 for the o projection's weights, then gate/up's first rows of each GEMV
-// block, at one-token steps (CudaBackendOptions::attention_l2_ahead_mib; the serving loop's last
-// steps run one row): the same tokens and every logit of every step the same bits as without, on
-// tiny Llama and on llama-1b's shape (its o weights past one block's share many times over, and
-// 56 of the 64 MiB left for gate/up); and a value outside [0, kAttentionL2AheadMibMax] refused by
-// name.
-TEST(CudaL2Ahead, AskingTheL2ForNextWeightsMovesNoBit) {
-  LS_SKIP_WITHOUT_DEVICE();
-  for (const char* name : {"tiny", "llama-1b"}) {
-    SCOPED_TRACE(name);
-    const DeviceSeededWeights weights{model_config_named(name), 37};
-    const Served plain = serve(weights, CudaBackendOptions{.graphs = true});
-    const Served asked =
-        serve(weights, CudaBackendOptions{.graphs = true, .attention_l2_ahead_mib = 64});
-    EXPECT_EQ(plain.tokens, asked.tokens);
-    ASSERT_EQ(plain.logits.size(), asked.logits.size());
-    size_t differing_steps = 0;
-    for (size_t k = 0; k < plain.logits.size(); ++k) {
-      differing_steps += same_bits(plain.logits[k], asked.logits[k]) ? 0 : 1;
-    }
-    EXPECT_EQ(differing_steps, 0u) << "of " << plain.logits.size() << " steps";
-  }
-  const DeviceSeededWeights tiny{model_config_named("tiny"), 37};
-  for (const int32_t mib : {-1, kAttentionL2AheadMibMax + 1}) {
-    try {
-      CudaBackend cuda(tiny, executor_config_for(gpu_test::tiny_scheduler()),
-                       CudaBackendOptions{.attention_l2_ahead_mib = mib});
-      ADD_FAILURE() << "attention_l2_ahead_mib " << mib << " accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("attention_l2_ahead_mib"), std::string::npos)
-          << e.what();
-    }
   }
 }
 
