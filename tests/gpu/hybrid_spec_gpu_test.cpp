@@ -29,7 +29,6 @@
 
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
