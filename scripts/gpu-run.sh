@@ -97,7 +97,7 @@ DIST=${DIST:-build-gpu/dist}
 # The localisation GPU tests (tests/gpu/localise_gpu_test.cpp) run lockstep and
 # lockstep_planted_cuda from here.
 export LOCKSTEP_BIN_DIR=${LOCKSTEP_BIN_DIR:-$(realpath -m "$DIST/bin")}
-GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep lockstep_planted_cuda lockstep_bench_recording"
+GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep_gpu_boundary_bench lockstep lockstep_planted_cuda lockstep_bench_recording"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
 PY_ARCHIVES="lockstep_backends lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
 if [ -f tests/gpu/hf_oracle_check.cpp ]; then GPU_TARGETS="$GPU_TARGETS lockstep_hf_oracle_check"; fi
@@ -174,7 +174,8 @@ package() {
   rm -rf "$DIST" && mkdir -p "$DIST/bin" "$DIST/lib"
   cp build-gpu/tests/lockstep_gpu_tests build-gpu/tests/lockstep_gpu_tp_tests build-gpu/bench/lockstep_gpu_bench \
      build-gpu/bench/lockstep_gpu_spec_bench build-gpu/bench/lockstep_gpu_attention_bench \
-     build-gpu/bench/lockstep_gpu_mamba_bench build-gpu/bench/lockstep_bench_recording \
+     build-gpu/bench/lockstep_gpu_mamba_bench build-gpu/bench/lockstep_gpu_boundary_bench \
+     build-gpu/bench/lockstep_bench_recording \
      build-gpu/lockstep build-gpu/lockstep_planted_cuda "$DIST/bin/"
   if [ -f build-gpu/tests/lockstep_hf_oracle_check ]; then
     cp build-gpu/tests/lockstep_hf_oracle_check "$DIST/bin/"
