@@ -4,8 +4,8 @@
 //  * a kernel a phase in plain stream order,
 //  * a kernel a phase overlapping its predecessor (programmatic dependent launch, the decode
 //    step's way: weights loaded before the wait),
-//  * one persistent kernel whose blocks wait at a counter between phases (a persistent decode
-//    kernel's way, issue 14).
+//  * one persistent kernel whose blocks wait at a grid barrier between phases
+//    (kernels/grid_barrier.h: a persistent decode kernel's way, issue 14).
 // A phase's time is the slope between a 96-phase and a 48-phase chain (so the graph's own launch
 // drops out); what it costs above its bytes at the streaming read bandwidth measured in the same
 // run is the boundary's cost. Phase sizes span the products of a decode step at batch 1 (0: the
@@ -112,7 +112,7 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 struct Buffers {
   uint4* weights = nullptr;
   float* outputs = nullptr;
-  uint32_t* arrivals = nullptr;
+  kernels::GridBarrier* barrier = nullptr;
   Buffers(int64_t weight_bytes, int32_t blocks_max) {
     CHECK(cudaMalloc(&weights, static_cast<size_t>(weight_bytes)));
     CHECK(cudaMemset(weights, 0x5a, static_cast<size_t>(weight_bytes)));
@@ -122,12 +122,13 @@ struct Buffers {
     for (int32_t b = 0; b < blocks_max; ++b) input[b] = static_cast<float>(b % 7);
     CHECK(cudaMemcpy(outputs, input.data(), input.size() * sizeof(float),
                      cudaMemcpyHostToDevice));
-    CHECK(cudaMalloc(&arrivals, kPhasesLong * sizeof(uint32_t)));
+    CHECK(cudaMalloc(&barrier, sizeof(kernels::GridBarrier)));
+    CHECK(cudaMemset(barrier, 0, sizeof(kernels::GridBarrier)));
   }
   ~Buffers() {
     cudaFree(weights);
     cudaFree(outputs);
-    cudaFree(arrivals);
+    cudaFree(barrier);
   }
   Buffers(const Buffers&) = delete;
   Buffers& operator=(const Buffers&) = delete;
@@ -139,7 +140,7 @@ void run_case(const Buffers& buffers, int32_t blocks, int64_t phase_bytes, doubl
   kernels::BoundaryProbe probe;
   probe.weights = buffers.weights;
   probe.outputs = buffers.outputs;
-  probe.arrivals = buffers.arrivals;
+  probe.barrier = buffers.barrier;
   probe.phases = kPhasesLong;
   probe.phase_words = phase_bytes / 16;
   probe.blocks = blocks;

@@ -1,5 +1,5 @@
 // The boundary probe's kernels (kernels/boundary_probe.h): one phase of work as a GEMV does it,
-// run as a kernel a phase or as one persistent kernel with a counter between phases.
+// run as a kernel a phase or as one persistent kernel with a grid barrier between phases.
 #include "kernels/boundary_probe.h"
 
 #include "kernels/kernel_fit.h"
@@ -82,37 +82,17 @@ __global__ void __launch_bounds__(kThreads) boundary_phase_kernel(const Boundary
   finish_phase(p, phase, words.fold_all(ahead));
 }
 
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* at) {
-  uint32_t v = 0;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
-  return v;
-}
-
-// The block's output written (by thread 0, after the block's barrier), then counted.
-__device__ __forceinline__ void arrive(uint32_t* counter) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(counter) : "memory");
-  }
-}
-
-__device__ __forceinline__ void wait_for_all(const uint32_t* counter, int32_t blocks) {
-  if (threadIdx.x == 0) {
-    while (load_acquire(counter) < static_cast<uint32_t>(blocks)) {
-    }
-  }
-  __syncthreads();
-}
-
-// Phase n's first round is in flight while the block waits for phase n − 1's last block.
+// Phase n + 1's first round is in flight while the block waits for phase n's last block.
 __global__ void __launch_bounds__(kThreads) boundary_persistent_kernel(const BoundaryProbe p) {
+  uint4 ahead[kAhead];
+  PhaseWords(p, 0).load(0, ahead);
   for (int32_t phase = 0; phase < p.phases; ++phase) {
-    const PhaseWords words(p, phase);
-    uint4 ahead[kAhead];
-    words.load(0, ahead);
-    if (phase > 0) wait_for_all(p.arrivals + phase - 1, p.blocks);
-    finish_phase(p, phase, words.fold_all(ahead));
-    if (phase + 1 < p.phases) arrive(p.arrivals + phase);
+    const uint32_t generation = grid_barrier_generation(p.barrier);
+    finish_phase(p, phase, PhaseWords(p, phase).fold_all(ahead));
+    if (phase + 1 < p.phases) {
+      PhaseWords(p, phase + 1).load(0, ahead);
+      grid_barrier_wait(p.barrier, p.blocks, generation);
+    }
   }
 }
 
@@ -141,13 +121,8 @@ cudaError_t launch_boundary_phase(const BoundaryProbe& probe, int32_t phase, Lau
 }
 
 cudaError_t launch_boundary_persistent(const BoundaryProbe& probe, cudaStream_t stream) {
-  if (!valid(probe) || (probe.phases > 1 && probe.arrivals == nullptr)) {
+  if (!valid(probe) || (probe.phases > 1 && probe.barrier == nullptr)) {
     return cudaErrorInvalidValue;
-  }
-  if (probe.phases > 1) {
-    const cudaError_t zeroed = cudaMemsetAsync(
-        probe.arrivals, 0, size_t(probe.phases) * sizeof(uint32_t), stream);
-    if (zeroed != cudaSuccess) return zeroed;
   }
   cudaLaunchConfig_t config{};
   config.gridDim = probe.blocks;

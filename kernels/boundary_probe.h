@@ -5,11 +5,13 @@
 // since nothing writes weights), then reads every block's output of the phase before (as a GEMV
 // reads x), and writes one value of its own. The chain runs either as one kernel a phase (in
 // plain stream order, or overlapping its predecessor: kernels/launch.h) or as one persistent
-// kernel whose blocks wait for each other at a counter in global memory between phases. Every
+// kernel whose blocks wait for each other at a grid barrier between phases (the one the
+// persistent decode GEMVs use, kernels/grid_barrier.h). Every
 // form computes the same outputs, bit for bit: the bench checks it, so a form that let a phase
 // read before its predecessor's writes would show.
 #pragma once
 
+#include "kernels/grid_barrier.h"
 #include "kernels/launch.h"
 
 #include <cuda_runtime.h>
@@ -21,7 +23,7 @@ namespace ls::kernels {
 struct BoundaryProbe {
   const uint4* weights = nullptr;  // [phases][phase_words]
   float* outputs = nullptr;        // [phases + 1][blocks]; row 0 is the chain's input
-  uint32_t* arrivals = nullptr;    // [phases] (the persistent form's counters)
+  GridBarrier* barrier = nullptr;  // the persistent form's (kernels/grid_barrier.h)
   int32_t phases = 0;
   int64_t phase_words = 0;         // 16-byte words a phase streams (0: none)
   int32_t blocks = 0;              // the grid of every form (resident at once)
@@ -35,8 +37,7 @@ cudaError_t boundary_probe_blocks_per_sm(int32_t* blocks);
 // Phase `phase` of the chain as its own kernel.
 cudaError_t launch_boundary_phase(const BoundaryProbe& probe, int32_t phase, LaunchStream stream);
 
-// Zeroes the counters, then every phase in one cooperative launch (refused when its blocks do not
-// fit on the GPU at once).
+// Every phase in one cooperative launch (refused when its blocks do not fit on the GPU at once).
 cudaError_t launch_boundary_persistent(const BoundaryProbe& probe, cudaStream_t stream);
 
 }  // namespace ls::kernels

@@ -214,58 +214,77 @@ __device__ __forceinline__ void write_task(const GemvParams& p, TaskRows rows, i
   }
 }
 
-// grid: blocks of kGemvWarps warps; block b runs groups b·per_block ... (b + 1)·per_block − 1,
-// warp w of group g the task g·kGemvWarps + w. The first round of weight loads is issued before
-// waiting for the predecessor kernel (kernels/launch.h): the weights depend on nothing earlier,
-// and at hidden 2048 that round is the whole row.
+// Block `block`'s tasks in a grid whose blocks run `per_block` groups each: warp w of group g
+// takes task g·kGemvWarps + w. Made before the wait for the predecessor (kernels/launch.h): its
+// first round of weight loads goes out then, since the weights depend on nothing earlier, and at
+// hidden 2048 that round is the whole row.
 template <int32_t kTokens, bool kNormed, Epilogue E>
-__global__ void __launch_bounds__(kGemvThreads)
-gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
-  constexpr int32_t kRows = kRowsOf<E>;
-  allow_successor();
-  extern __shared__ uint4 normed_x[];  // [tokens, in / 8] when kNormed
-  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
-  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
-  const int32_t per_block = kNormed ? groups_per_block : 1;  // (launch_as)
-  const int32_t first = blockIdx.x * per_block * kGemvWarps + warp;
-  const int32_t last = min(tasks, first + per_block * kGemvWarps);
+struct BlockTasks {
+  static constexpr int32_t kRows = kRowsOf<E>;
+  int32_t first, last;
   RowStream<kTokens, kRows> stream;
-  if (first < tasks) {
-    stream.aim(p, task_rows<E>(p, first), lane);
-    if (stream.round_fits()) stream.load_round();
-  }
-  wait_for_predecessor();
-  if constexpr (kNormed) normalise_into(p.norm, p.tokens, p.in, reinterpret_cast<bf16*>(normed_x));
-  const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
-  for (int32_t task = first; task < last; task += kGemvWarps) {
-    float acc[kRows][kTokens];
-#pragma unroll
-    for (int32_t r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
-    }
-    stream.template run<kNormed>(x, p.tokens, acc);
-    // The next task's first round goes out before this task's butterflies and writes.
-    if (task + kGemvWarps < last) {
-      stream.aim(p, task_rows<E>(p, task + kGemvWarps), lane);
+
+  __device__ BlockTasks(const GemvParams& p, int32_t tasks, int32_t per_block, int32_t block) {
+    const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
+    const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+    first = block * per_block * kGemvWarps + warp;
+    last = min(tasks, first + per_block * kGemvWarps);
+    if (first < tasks) {
+      stream.aim(p, task_rows<E>(p, first), lane);
       if (stream.round_fits()) stream.load_round();
     }
-#pragma unroll
-    for (int32_t r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+  }
+
+  // After the wait: the norm into `normed_x` (every thread of the block takes part), then the
+  // warp's tasks.
+  __device__ void run(const GemvParams& p, uint4* normed_x) {
+    const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
+    if constexpr (kNormed) {
+      normalise_into(p.norm, p.tokens, p.in, reinterpret_cast<bf16*>(normed_x));
     }
-    const TaskRows rows = task_rows<E>(p, task);
+    const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
+    for (int32_t task = first; task < last; task += kGemvWarps) {
+      float acc[kRows][kTokens];
 #pragma unroll
-    for (int32_t t = 0; t < kTokens; ++t) {
-      if (t < p.tokens && lane == t) {
-        float sums[kRows];
+      for (int32_t r = 0; r < kRows; ++r) {
 #pragma unroll
-        for (int32_t r = 0; r < kRows; ++r) sums[r] = acc[r][t];
-        write_task<E>(p, rows, task, t, sums);
+        for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+      }
+      stream.template run<kNormed>(x, p.tokens, acc);
+      // The next task's first round goes out before this task's butterflies and writes.
+      if (task + kGemvWarps < last) {
+        stream.aim(p, task_rows<E>(p, task + kGemvWarps), lane);
+        if (stream.round_fits()) stream.load_round();
+      }
+#pragma unroll
+      for (int32_t r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+      }
+      const TaskRows rows = task_rows<E>(p, task);
+#pragma unroll
+      for (int32_t t = 0; t < kTokens; ++t) {
+        if (t < p.tokens && lane == t) {
+          float sums[kRows];
+#pragma unroll
+          for (int32_t r = 0; r < kRows; ++r) sums[r] = acc[r][t];
+          write_task<E>(p, rows, task, t, sums);
+        }
       }
     }
   }
+};
+
+// grid: blocks of kGemvWarps warps, each running its BlockTasks.
+template <int32_t kTokens, bool kNormed, Epilogue E>
+__global__ void __launch_bounds__(kGemvThreads)
+gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
+  allow_successor();
+  extern __shared__ uint4 normed_x[];  // [tokens, in / 8] when kNormed
+  const int32_t per_block = kNormed ? groups_per_block : 1;  // (launch_as)
+  BlockTasks<kTokens, kNormed, E> block(p, tasks, per_block, static_cast<int32_t>(blockIdx.x));
+  wait_for_predecessor();
+  block.run(p, normed_x);
 }
 
 // Without the folded norm one group a block: the block scheduler balances small blocks. With it,
