@@ -17,8 +17,9 @@
 //
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
-// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps),
-// and the fused GEMV's grid, one group a block against one wave (batch 1).
+// without (batch 1), and with each attention layer's tail in one persistent kernel and in three
+// launches (batch 1); --fusion runs only those comparisons, at batch 1, 4 and 8 (the GEMV's
+// steps), and the fused GEMV's grid, one group a block against one wave (batch 1).
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
 // against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
@@ -1524,6 +1525,22 @@ json gemv_grid_shape(const std::string& shape, const Options& o, const Bandwidth
                                       batches)}};
 }
 
+// The persistent layer tail (CudaBackendOptions::persistent_layer_tail: o, the FFN's norm, gate/up,
+// SwiGLU and down in one kernel with grid barriers between the products) against its three
+// launches, at batches whose steps run the fused GEMV.
+json layer_tail_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
+                      const std::vector<int32_t>& batches) {
+  const CudaBackendOptions base{.graphs = true, .gemv_tokens_max = 8, .time_steps = true};
+  CudaBackendOptions tail = base;
+  tail.persistent_layer_tail = true;
+  const Variant on{"persistent_tail", tail};
+  const Variant off{"three_launches", base};
+  return {{"shape", shape},
+          {"layer_tail", compare_shape(shape, o, bandwidth,
+                                       "layer tail in one persistent kernel vs three launches",
+                                       on, off, batches)}};
+}
+
 // lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
 // CudaBackendOptions::gemv_tokens_max's default comes from.
 // What sampling costs a decode step against greedy rows (whose steps run the tail's argmax only):
@@ -1657,8 +1674,9 @@ void add_options(CLI::App& app, Options& o) {
           ->check(CLI::Range(1, kTpDegreeMax)),
       app.add_flag("--fusion", o.fusion,
                    "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
-                   "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
-                   "vs one wave, batch 1)"),
+                   "batch 1, 4 and 8, context 1024), the fused GEMV's grid (a block per group "
+                   "vs one wave, batch 1), and the persistent layer tail vs its three launches "
+                   "(batch 1, 4 and 8)"),
       app.add_flag("--small-m", o.small_m,
                    "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless "
                    "--shapes): decode batch 2 to 64 at context 1024, and each projection's kernel "
@@ -1722,6 +1740,7 @@ int run(const Options& o) {
               {"overlap", json::array()},
               {"fusion", json::array()},
               {"gemv_grid", json::array()},
+              {"layer_tail", json::array()},
               {"gemv_vs_cublas", json::array()},
               {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
@@ -1750,6 +1769,7 @@ int run(const Options& o) {
     return only_mode("--fusion", [&](const std::string& shape) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
       out["gemv_grid"].push_back(gemv_grid_shape(shape, o, bandwidth, {1}));
+      out["layer_tail"].push_back(layer_tail_shape(shape, o, bandwidth, {1, 4, 8}));
     });
   }
   if (o.invariant) {
@@ -1822,6 +1842,7 @@ int run(const Options& o) {
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1}));
+    if (full_set(shape)) out["layer_tail"].push_back(layer_tail_shape(shape, o, bandwidth, {1}));
     save();
     if (full_set(shape)) {
       for (const int32_t rows : {1, 64}) {

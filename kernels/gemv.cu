@@ -312,6 +312,59 @@ cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
   return launch_kernel(kKernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);
 }
 
+// The three products of a layer's tail (launch_gemv_layer_tail_bf16), each block's share of
+// each; the blocks wait for each other at `barrier` between two products.
+struct TailParams {
+  GemvParams o, gate_up, down;
+  int32_t o_per_block, gate_up_per_block, down_per_block;
+  GridBarrier* barrier;
+};
+
+template <int32_t kTokens>
+__global__ void __launch_bounds__(kGemvThreads) gemv_layer_tail_kernel(const TailParams t) {
+  allow_successor();  // after every block of this grid has started: all of them are resident
+  extern __shared__ uint4 normed_x[];  // [tokens, hidden / 8]: gate/up's normalised input
+  const int32_t block = static_cast<int32_t>(blockIdx.x);
+  const int32_t blocks = static_cast<int32_t>(gridDim.x);
+  uint32_t generation = 0;
+  {
+    BlockTasks<kTokens, false, Epilogue::kStore> o(t.o, t.o.out, t.o_per_block, block);
+    wait_for_predecessor();  // also: the last grid to wait at the barrier has completed
+    generation = grid_barrier_generation(t.barrier);
+    o.run(t.o, nullptr);
+  }
+  {
+    BlockTasks<kTokens, true, Epilogue::kSwiglu> gate_up(t.gate_up, t.gate_up.out / 2,
+                                                         t.gate_up_per_block, block);
+    grid_barrier_wait(t.barrier, blocks, generation);  // every o row is in the residual
+    generation = grid_barrier_generation(t.barrier);
+    gate_up.run(t.gate_up, normed_x);
+  }
+  BlockTasks<kTokens, false, Epilogue::kStore> down(t.down, t.down.out, t.down_per_block, block);
+  grid_barrier_wait(t.barrier, blocks, generation);  // act is whole; the norms' reads are done
+  down.run(t.down, nullptr);
+}
+
+// One wave of the blocks the GPU holds; each product's groups spread evenly over them.
+template <int32_t kTokens>
+cudaError_t launch_tail_as(TailParams t, LaunchStream stream) {
+  constexpr auto kKernel = gemv_layer_tail_kernel<kTokens>;
+  const size_t shared = size_t(t.gate_up.tokens) * size_t(t.gate_up.in) * sizeof(bf16);
+  int32_t blocks = 0;
+  if (const cudaError_t status = resident_on_gpu<kKernel>(kGemvThreads, shared, &blocks);
+      status != cudaSuccess) {
+    return status;
+  }
+  const auto per_block = [blocks](int32_t tasks) {
+    const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
+    return (groups + blocks - 1) / blocks;
+  };
+  t.o_per_block = per_block(t.o.out);
+  t.gate_up_per_block = per_block(t.gate_up.out / 2);
+  t.down_per_block = per_block(t.down.out);
+  return launch_kernel(kKernel, blocks, kGemvThreads, shared, stream, t);
+}
+
 // Instantiated at 1, 2, 4 and 8 tokens: a token's arithmetic is the same in each.
 template <bool kNormed, Epilogue E>
 cudaError_t launch(const GemvParams& p, int32_t tasks, LaunchStream stream) {
@@ -388,6 +441,31 @@ cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const bf16* w_qkv,
   p.w = w_qkv, p.tokens = tokens, p.out = static_cast<int32_t>(rows), p.in = in, p.norm = norm;
   p.rope = target;
   return launch<true, Epilogue::kRopeKv>(p, p.out / 2, stream);
+}
+
+cudaError_t launch_gemv_layer_tail_bf16(const GemvLayerTail& tail, int32_t tokens, int32_t hidden,
+                                        LaunchStream stream) {
+  const GemvNorm norm{tail.residual, tail.ffn_norm, tail.eps, false};
+  if (tail.ffn < 1 || tail.ffn > (1 << 30) || tail.barrier == nullptr ||
+      !valid_shape(tokens, hidden, tail.attn_width, tail.w_o) ||
+      !valid_shape(tokens, 2 * tail.ffn, hidden, tail.w_gate_up) ||
+      !valid_shape(tokens, hidden, tail.ffn, tail.w_down) || !valid_norm(norm, hidden) ||
+      tail.attn == nullptr || !aligned16(tail.attn) || tail.act == nullptr ||
+      !aligned16(tail.act)) {
+    return cudaErrorInvalidValue;
+  }
+  TailParams t{};
+  t.o.w = tail.w_o, t.o.tokens = tokens, t.o.out = hidden, t.o.in = tail.attn_width;
+  t.o.x = tail.attn, t.o.y = tail.residual, t.o.beta = 1.0f;
+  t.gate_up.w = tail.w_gate_up, t.gate_up.tokens = tokens, t.gate_up.out = 2 * tail.ffn;
+  t.gate_up.in = hidden, t.gate_up.norm = norm, t.gate_up.act = tail.act;
+  t.down.w = tail.w_down, t.down.tokens = tokens, t.down.out = hidden, t.down.in = tail.ffn;
+  t.down.x = tail.act, t.down.y = tail.residual, t.down.beta = 1.0f;
+  t.barrier = tail.barrier;
+  if (tokens == 1) return launch_tail_as<1>(t, stream);
+  if (tokens == 2) return launch_tail_as<2>(t, stream);
+  if (tokens <= 4) return launch_tail_as<4>(t, stream);
+  return launch_tail_as<8>(t, stream);
 }
 
 }  // namespace ls::kernels
