@@ -18,8 +18,9 @@
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
 // without (batch 1), and with each attention layer's tail in one persistent kernel and in three
-// launches (batch 1); --fusion runs only those comparisons, at batch 1, 4 and 8 (the GEMV's
-// steps), and the fused GEMV's grid, one group a block against one wave (batch 1).
+// launches (batch 1); --fusion runs only the first comparison, at batch 1, 4 and 8 (the GEMV's
+// steps), and the fused GEMV's grid, one group a block against one wave (batch 1); --layer-tail
+// only the second, at batch 1, 4 and 8.
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
 // against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
@@ -55,6 +56,7 @@
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
+//                      [--layer-tail]  (persistent layer tail vs three launches: the same shapes)
 //                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
 //                      [--small-m-sweep] (small-M GEMM at every split count: the same shapes)
 //                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
@@ -370,6 +372,7 @@ struct Options {
   bool recording = false;     // only the recording figures
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
+  bool layer_tail = false;    // only the persistent layer tail vs its three launches
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
   bool small_m_sweep = false; // only the small-M GEMM at every split count
   bool invariant = false;     // only batch-invariant mode vs the default
@@ -1674,9 +1677,11 @@ void add_options(CLI::App& app, Options& o) {
           ->check(CLI::Range(1, kTpDegreeMax)),
       app.add_flag("--fusion", o.fusion,
                    "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
-                   "batch 1, 4 and 8, context 1024), the fused GEMV's grid (a block per group "
-                   "vs one wave, batch 1), and the persistent layer tail vs its three launches "
-                   "(batch 1, 4 and 8)"),
+                   "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
+                   "vs one wave, batch 1)"),
+      app.add_flag("--layer-tail", o.layer_tail,
+                   "Only the persistent layer tail vs its three launches (llama-1b and llama-8b "
+                   "unless --shapes; batch 1, 4 and 8, context 1024)"),
       app.add_flag("--small-m", o.small_m,
                    "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless "
                    "--shapes): decode batch 2 to 64 at context 1024, and each projection's kernel "
@@ -1769,6 +1774,10 @@ int run(const Options& o) {
     return only_mode("--fusion", [&](const std::string& shape) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
       out["gemv_grid"].push_back(gemv_grid_shape(shape, o, bandwidth, {1}));
+    });
+  }
+  if (o.layer_tail) {
+    return only_mode("--layer-tail", [&](const std::string& shape) {
       out["layer_tail"].push_back(layer_tail_shape(shape, o, bandwidth, {1, 4, 8}));
     });
   }
