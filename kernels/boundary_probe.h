@@ -23,7 +23,7 @@ namespace ls::kernels {
 struct BoundaryProbe {
   const uint4* weights = nullptr;  // [phases][phase_words]
   float* outputs = nullptr;        // [phases + 1][blocks]; row 0 is the chain's input
-  GridBarrier* barrier = nullptr;  // the persistent form's (kernels/grid_barrier.h)
+  GridBarrier* barrier = nullptr;  // the persistent form's, zeroed for each grid size
   int32_t phases = 0;
   int64_t phase_words = 0;         // 16-byte words a phase streams (0: none)
   int32_t blocks = 0;              // the grid of every form (resident at once)

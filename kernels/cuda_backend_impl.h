@@ -368,7 +368,8 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> attn_out;   // [tokens_max, q] E
   DeviceArray<float> gate_up;      // [tokens_max, 2·ffn]
   DeviceArray<uint8_t> act;        // [tokens_max, ffn] E
-  DeviceArray<uint32_t> layer_tail_barrier;  // a kernels::GridBarrier (persistent_layer_tail)
+  // kernels::GridBarrier [kGemvTokensMax + 1] (persistent_layer_tail; launch_gemv_layer_tail_bf16)
+  DeviceArray<uint64_t> layer_tail_barriers;
   DeviceArray<float> attention_workspace;
   DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]

@@ -139,8 +139,9 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
   take(kS, &Impl::attn_out, e * t * qs);
   take(kS, &Impl::gate_up, t * 2 * f);
   take(kS, &Impl::act, e * t * f);
-  take(kS, &Impl::layer_tail_barrier,
-       options.persistent_layer_tail ? sizeof(kernels::GridBarrier) / sizeof(uint32_t) : 0);
+  static_assert(sizeof(kernels::GridBarrier) == sizeof(uint64_t));
+  take(kS, &Impl::layer_tail_barriers,
+       options.persistent_layer_tail ? size_t{kernels::kGemvTokensMax} + 1 : 0);
   // Decode steps (rows_max · W tokens) must fit in one attention launch (graphs); prefill may
   // be chunked under the cap. The tile kernel's list of tiles (default mode's prefill: one int a
   // token) shares these floats and is cut into launches if it does not fit (it always does at
@@ -458,7 +459,7 @@ void CudaBackend::Impl::initialise_buffers() {
   LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
   if (options.persistent_layer_tail) {
-    LS_CUDA(cudaMemsetAsync(layer_tail_barrier.get(), 0, layer_tail_barrier.bytes(), s));
+    LS_CUDA(cudaMemsetAsync(layer_tail_barriers.get(), 0, layer_tail_barriers.bytes(), s));
   }
   initialise_mamba();
 }

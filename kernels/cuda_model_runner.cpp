@@ -375,7 +375,7 @@ void CudaBackend::Impl::enqueue_layer_tail(int32_t i, int32_t tokens, bf16* act_
       .ffn = ffn,
       .act = act_out,
       .w_down = as<bf16>(w_down) + li * h * static_cast<size_t>(ffn),
-      .barrier = reinterpret_cast<kernels::GridBarrier*>(layer_tail_barrier.get())};
+      .barriers = reinterpret_cast<kernels::GridBarrier*>(layer_tail_barriers.get())};
   LS_CUDA(kernels::launch_gemv_layer_tail_bf16(tail, tokens, hidden, forward_stream()));
   mark(CudaPhase::kGemmDown);  // one kernel: the profile counts o and gate/up's time as down's
 }

@@ -79,7 +79,7 @@ cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const __nv_bfloat16* w_
 // launch_gemv_bf16 (beta 1), launch_gemv_norm_swiglu_bf16 and launch_gemv_bf16 (beta 1) compute in
 // three launches, the same bits (each task computed as there; only which block takes it moves).
 // One wave of the blocks the GPU holds at once, each taking an even share of each product's
-// tasks; between two products they wait at `barrier` (kernels/grid_barrier.h) instead of one
+// tasks; between two products they wait at a grid barrier (kernels/grid_barrier.h) instead of one
 // kernel ending and the next starting, and a block's first weight round of the next product is in
 // flight while it waits.
 struct GemvLayerTail {
@@ -93,7 +93,9 @@ struct GemvLayerTail {
   int32_t ffn = 0;
   __nv_bfloat16* act = nullptr;              // [tokens, ffn]
   const __nv_bfloat16* w_down = nullptr;     // [hidden, ffn]
-  GridBarrier* barrier = nullptr;            // one grid at a time waits at it
+  // [kGemvTokensMax + 1], zeroed once: a launch of t tokens waits at barriers[t] (its grid's size
+  // depends on t; kernels/grid_barrier.h)
+  GridBarrier* barriers = nullptr;
 };
 
 // Needs what the three launches need (1 <= tokens <= kGemvTokensMax, gemv_norm_fits(hidden),

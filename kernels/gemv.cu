@@ -326,22 +326,19 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_layer_tail_kernel(const Tai
   extern __shared__ uint4 normed_x[];  // [tokens, hidden / 8]: gate/up's normalised input
   const int32_t block = static_cast<int32_t>(blockIdx.x);
   const int32_t blocks = static_cast<int32_t>(gridDim.x);
-  uint32_t generation = 0;
   {
     BlockTasks<kTokens, false, Epilogue::kStore> o(t.o, t.o.out, t.o_per_block, block);
     wait_for_predecessor();  // also: the last grid to wait at the barrier has completed
-    generation = grid_barrier_generation(t.barrier);
     o.run(t.o, nullptr);
   }
   {
     BlockTasks<kTokens, true, Epilogue::kSwiglu> gate_up(t.gate_up, t.gate_up.out / 2,
                                                          t.gate_up_per_block, block);
-    grid_barrier_wait(t.barrier, blocks, generation);  // every o row is in the residual
-    generation = grid_barrier_generation(t.barrier);
+    grid_barrier_wait(t.barrier, blocks);  // every o row is in the residual
     gate_up.run(t.gate_up, normed_x);
   }
   BlockTasks<kTokens, false, Epilogue::kStore> down(t.down, t.down.out, t.down_per_block, block);
-  grid_barrier_wait(t.barrier, blocks, generation);  // act is whole; the norms' reads are done
+  grid_barrier_wait(t.barrier, blocks);  // act is whole; the norms' reads are done
   down.run(t.down, nullptr);
 }
 
@@ -446,7 +443,7 @@ cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const bf16* w_qkv,
 cudaError_t launch_gemv_layer_tail_bf16(const GemvLayerTail& tail, int32_t tokens, int32_t hidden,
                                         LaunchStream stream) {
   const GemvNorm norm{tail.residual, tail.ffn_norm, tail.eps, false};
-  if (tail.ffn < 1 || tail.ffn > (1 << 30) || tail.barrier == nullptr ||
+  if (tail.ffn < 1 || tail.ffn > (1 << 30) || tail.barriers == nullptr ||
       !valid_shape(tokens, hidden, tail.attn_width, tail.w_o) ||
       !valid_shape(tokens, 2 * tail.ffn, hidden, tail.w_gate_up) ||
       !valid_shape(tokens, hidden, tail.ffn, tail.w_down) || !valid_norm(norm, hidden) ||
@@ -461,7 +458,7 @@ cudaError_t launch_gemv_layer_tail_bf16(const GemvLayerTail& tail, int32_t token
   t.gate_up.in = hidden, t.gate_up.norm = norm, t.gate_up.act = tail.act;
   t.down.w = tail.w_down, t.down.tokens = tokens, t.down.out = hidden, t.down.in = tail.ffn;
   t.down.x = tail.act, t.down.y = tail.residual, t.down.beta = 1.0f;
-  t.barrier = tail.barrier;
+  t.barrier = tail.barriers + tokens;  // a grid's size depends on its tokens
   if (tokens == 1) return launch_tail_as<1>(t, stream);
   if (tokens == 2) return launch_tail_as<2>(t, stream);
   if (tokens <= 4) return launch_tail_as<4>(t, stream);

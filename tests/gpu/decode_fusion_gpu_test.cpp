@@ -299,14 +299,15 @@ TailOut run_tail(const LayerShape& shape, const TailWeights& w, const StepInputs
                  kernels::LaunchStream stream, int32_t repeats) {
   DeviceBuffer<float> residual(in.residual), norm_weight(in.norm_weight);
   DeviceBuffer<bf16> attn(attn_in), act(size_t(tokens) * shape.ffn);
-  DeviceBuffer<uint32_t> barrier(std::vector<uint32_t>(2, 0));  // a zeroed kernels::GridBarrier
+  // zeroed kernels::GridBarriers, one for each token count
+  DeviceBuffer<uint64_t> barriers(std::vector<uint64_t>(kernels::kGemvTokensMax + 1, 0));
   for (int32_t r = 0; r < repeats; ++r) {
     if (persistent) {
       const kernels::GemvLayerTail tail{
           .attn = attn.ptr, .attn_width = shape.q_size(), .w_o = w.o.ptr,
           .residual = residual.ptr, .ffn_norm = norm_weight.ptr, .eps = kEps,
           .w_gate_up = w.gate_up.ptr, .ffn = shape.ffn, .act = act.ptr, .w_down = w.down.ptr,
-          .barrier = reinterpret_cast<kernels::GridBarrier*>(barrier.ptr)};
+          .barriers = reinterpret_cast<kernels::GridBarrier*>(barriers.ptr)};
       EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(tail, tokens, shape.hidden, stream),
                 cudaSuccess);
       continue;
@@ -382,13 +383,13 @@ TEST(DecodeFusion, LaunchersRefuseWhatTheyDoNotCover) {
   EXPECT_EQ(kernels::launch_gemv_norm_rope_kv_bf16(ok, w.ptr, kernels::RopeKvTarget{}, 1, 2048,
                                                    nullptr),
             cudaErrorInvalidValue);
-  DeviceBuffer<uint32_t> barrier(std::vector<uint32_t>(2, 0));
+  DeviceBuffer<uint64_t> barriers(std::vector<uint64_t>(kernels::kGemvTokensMax + 1, 0));
   const kernels::GemvLayerTail tail{
       .attn = w.ptr, .attn_width = 2048, .w_o = w.ptr, .residual = residual.ptr,
       .ffn_norm = weight.ptr, .eps = kEps, .w_gate_up = w.ptr, .ffn = 4, .act = act.ptr,
-      .w_down = w.ptr, .barrier = reinterpret_cast<kernels::GridBarrier*>(barrier.ptr)};
+      .w_down = w.ptr, .barriers = reinterpret_cast<kernels::GridBarrier*>(barriers.ptr)};
   kernels::GemvLayerTail no_barrier = tail;
-  no_barrier.barrier = nullptr;
+  no_barrier.barriers = nullptr;
   EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(no_barrier, 1, 2048, nullptr),
             cudaErrorInvalidValue);
   EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(tail, 1, 8200, nullptr), cudaErrorInvalidValue);
@@ -419,8 +420,9 @@ struct Served {
 // 12 greedy prompts (1..40 tokens, 24 new each) under 8 batch rows: chunked prefills, then decode
 // steps of 8 rows and fewer as requests finish (the GEMV's steps at one row, the small-M GEMM's
 // above, graphs replayed); in batch-invariant mode the small-M GEMM's every step.
+// gemv_every_step: decode steps of up to kGemvTokensMax rows on the GEMV (the layer tail's steps).
 Served serve(const ModelWeights& weights, bool fused, bool invariant = false,
-             bool layer_tail = false) {
+             bool layer_tail = false, bool gemv_every_step = false) {
   SchedulerConfig sc;
   sc.max_batch_rows = 8;
   sc.prefill_chunk_tokens = 32;
@@ -431,8 +433,8 @@ Served serve(const ModelWeights& weights, bool fused, bool invariant = false,
   const int32_t vocab = weights.config.vocab_size;
   CudaBackendOptions options{.graphs = true, .fuse_decode = fused};
   if (invariant) options = batch_invariant_options(options);
-  if (layer_tail) options.gemv_tokens_max = kernels::kGemvTokensMax;  // every decode step
   options.persistent_layer_tail = layer_tail;
+  if (gemv_every_step) options.gemv_tokens_max = kernels::kGemvTokensMax;
   CudaBackend cuda(weights, ec, options);
   Scheduler scheduler(sc);
   for (const RequestSpec& r : gpu_test::greedy_requests(12, 40, 24, vocab, 5)) {
@@ -488,8 +490,8 @@ TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
 TEST(CudaDecodeFusion, PersistentLayerTailGivesTheSameLogitsBitForBit) {
   LS_SKIP_WITHOUT_DEVICE();
   const ModelWeights weights = weights_from_seed(model_config_named("tiny"), 33);
-  const Served tail = serve(weights, true, false, true);
-  const Served three = serve(weights, true, false, false);
+  const Served tail = serve(weights, true, false, true, true);
+  const Served three = serve(weights, true, false, false, true);
   EXPECT_EQ(tail.tokens, three.tokens);
   ASSERT_EQ(tail.logits.size(), three.logits.size());
   ASSERT_GT(tail.logits.size(), 24u);
