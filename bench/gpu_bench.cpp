@@ -17,10 +17,8 @@
 //
 // In the full run the Llama shapes also decode (context 1024) with the forward's kernels
 // overlapped and in plain order (batch 1, 16, 64), and with the decode GEMV's fused forms and
-// without (batch 1), and with each attention layer's tail in one persistent kernel and in three
-// launches (batch 1); --fusion runs only the first comparison, at batch 1, 4 and 8 (the GEMV's
-// steps), and the fused GEMV's grid, one group a block against one wave (batch 1); --layer-tail
-// only the second, at batch 1, 4 and 8.
+// without (batch 1); --fusion runs only that comparison, at batch 1, 4 and 8 (the GEMV's steps),
+// and the fused GEMV's grid, one group a block against one wave (batch 1).
 // They also decode with lockstep's small-M GEMM and with cuBLAS for the linear layers (batch 2 to
 // 64), the default (large products on the small-M GEMM above small_m_gemm_tokens_max tokens)
 // against every product on cuBLAS there (batch 48 and 64), and time each projection's kernel both
@@ -56,7 +54,6 @@
 //   lockstep_gpu_bench OUT.json [--quick] [--shapes llama-1b,llama-8b,qwen3-0.6b,qwen2.5-7b]
 //                      [--hybrid]      (hybrid: Bamba-9B's shape)
 //                      [--fusion]      (fused vs unfused decode: llama-1b and llama-8b unless --shapes)
-//                      [--layer-tail]  (persistent layer tail vs three launches: the same shapes)
 //                      [--small-m]     (small-M GEMM vs cuBLAS: llama-1b and llama-8b unless --shapes)
 //                      [--small-m-sweep] (small-M GEMM at every split count: the same shapes)
 //                      [--invariant]   (batch-invariant mode vs default: llama-1b and llama-8b unless --shapes)
@@ -372,7 +369,6 @@ struct Options {
   bool recording = false;     // only the recording figures
   bool hybrid = false;        // only the hybrid decode figures
   bool fusion = false;        // only the fused vs unfused decode figures
-  bool layer_tail = false;    // only the persistent layer tail vs its three launches
   bool small_m = false;       // only the small-M GEMM vs cuBLAS figures
   bool small_m_sweep = false; // only the small-M GEMM at every split count
   bool invariant = false;     // only batch-invariant mode vs the default
@@ -1528,22 +1524,6 @@ json gemv_grid_shape(const std::string& shape, const Options& o, const Bandwidth
                                       batches)}};
 }
 
-// The persistent layer tail (CudaBackendOptions::persistent_layer_tail: o, the FFN's norm, gate/up,
-// SwiGLU and down in one kernel with grid barriers between the products) against its three
-// launches, at batches whose steps run the fused GEMV.
-json layer_tail_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth,
-                      const std::vector<int32_t>& batches) {
-  const CudaBackendOptions base{.graphs = true, .gemv_tokens_max = 8, .time_steps = true};
-  CudaBackendOptions tail = base;
-  tail.persistent_layer_tail = true;
-  const Variant on{"persistent_tail", tail};
-  const Variant off{"three_launches", base};
-  return {{"shape", shape},
-          {"layer_tail", compare_shape(shape, o, bandwidth,
-                                       "layer tail in one persistent kernel vs three launches",
-                                       on, off, batches)}};
-}
-
 // lockstep's (fused) GEMV against cuBLAS for the linear layers of steps of 2 to 8 tokens: where
 // CudaBackendOptions::gemv_tokens_max's default comes from.
 // What sampling costs a decode step against greedy rows (whose steps run the tail's argmax only):
@@ -1679,9 +1659,6 @@ void add_options(CLI::App& app, Options& o) {
                    "Only the decode GEMV fused vs unfused (llama-1b and llama-8b unless --shapes; "
                    "batch 1, 4 and 8, context 1024), and the fused GEMV's grid (a block per group "
                    "vs one wave, batch 1)"),
-      app.add_flag("--layer-tail", o.layer_tail,
-                   "Only the persistent layer tail vs its three launches (llama-1b and llama-8b "
-                   "unless --shapes; batch 1, 4 and 8, context 1024)"),
       app.add_flag("--small-m", o.small_m,
                    "Only lockstep's small-M GEMM vs cuBLAS (llama-1b and llama-8b unless "
                    "--shapes): decode batch 2 to 64 at context 1024, and each projection's kernel "
@@ -1745,7 +1722,6 @@ int run(const Options& o) {
               {"overlap", json::array()},
               {"fusion", json::array()},
               {"gemv_grid", json::array()},
-              {"layer_tail", json::array()},
               {"gemv_vs_cublas", json::array()},
               {"small_m_gemm_vs_cublas", json::array()},
               {"profile", json::array()},
@@ -1774,11 +1750,6 @@ int run(const Options& o) {
     return only_mode("--fusion", [&](const std::string& shape) {
       out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1, 4, 8}));
       out["gemv_grid"].push_back(gemv_grid_shape(shape, o, bandwidth, {1}));
-    });
-  }
-  if (o.layer_tail) {
-    return only_mode("--layer-tail", [&](const std::string& shape) {
-      out["layer_tail"].push_back(layer_tail_shape(shape, o, bandwidth, {1, 4, 8}));
     });
   }
   if (o.invariant) {
@@ -1851,7 +1822,6 @@ int run(const Options& o) {
     if (full_set(shape)) out["overlap"].push_back(overlap_shape(shape, o, bandwidth));
     save();
     if (full_set(shape)) out["fusion"].push_back(fusion_shape(shape, o, bandwidth, {1}));
-    if (full_set(shape)) out["layer_tail"].push_back(layer_tail_shape(shape, o, bandwidth, {1}));
     save();
     if (full_set(shape)) {
       for (const int32_t rows : {1, 64}) {

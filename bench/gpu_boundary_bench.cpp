@@ -147,9 +147,6 @@ void run_case(const Buffers& buffers, int32_t blocks, int64_t phase_bytes, doubl
   const double streaming = static_cast<double>(phase_bytes) / read_bw;
   std::printf("  %lld MiB a phase, %d blocks: its bytes at the read bandwidth %.2f us\n",
               static_cast<long long>(phase_bytes / kMiB), blocks, streaming * 1e6);
-  // A barrier counts toward multiples of its grid's blocks (kernels/grid_barrier.h): zeroed for
-  // each grid size.
-  CHECK(cudaMemset(buffers.barrier, 0, sizeof(kernels::GridBarrier)));
   const std::vector<float> reference = last_row(probe, Form::kPlain, stream);
   for (const Form form : kForms) {
     if (!same_bits(last_row(probe, form, stream), reference)) {

@@ -87,10 +87,11 @@ __global__ void __launch_bounds__(kThreads) boundary_persistent_kernel(const Bou
   uint4 ahead[kAhead];
   PhaseWords(p, 0).load(0, ahead);
   for (int32_t phase = 0; phase < p.phases; ++phase) {
+    const uint32_t generation = grid_barrier_generation(p.barrier);
     finish_phase(p, phase, PhaseWords(p, phase).fold_all(ahead));
     if (phase + 1 < p.phases) {
       PhaseWords(p, phase + 1).load(0, ahead);
-      grid_barrier_wait(p.barrier, p.blocks);
+      grid_barrier_wait(p.barrier, p.blocks, generation);
     }
   }
 }

@@ -5,10 +5,11 @@
 // since nothing writes weights), then reads every block's output of the phase before (as a GEMV
 // reads x), and writes one value of its own. The chain runs either as one kernel a phase (in
 // plain stream order, or overlapping its predecessor: kernels/launch.h) or as one persistent
-// kernel whose blocks wait for each other at a grid barrier between phases (the one the
-// persistent decode GEMVs use, kernels/grid_barrier.h). Every
-// form computes the same outputs, bit for bit: the bench checks it, so a form that let a phase
-// read before its predecessor's writes would show.
+// kernel whose blocks wait for each other at a grid barrier between phases
+// (kernels/grid_barrier.h). Every form computes the same outputs, bit for bit: the bench checks
+// it, so a form that let a phase read before its predecessor's writes would show. Measured
+// (bench/results/HISTORY.md, 2026-12-07): on an H100 the barrier costs more than the overlapped
+// kernel boundary it would replace.
 #pragma once
 
 #include "kernels/grid_barrier.h"
@@ -23,7 +24,7 @@ namespace ls::kernels {
 struct BoundaryProbe {
   const uint4* weights = nullptr;  // [phases][phase_words]
   float* outputs = nullptr;        // [phases + 1][blocks]; row 0 is the chain's input
-  GridBarrier* barrier = nullptr;  // the persistent form's, zeroed for each grid size
+  GridBarrier* barrier = nullptr;  // the persistent form's (kernels/grid_barrier.h)
   int32_t phases = 0;
   int64_t phase_words = 0;         // 16-byte words a phase streams (0: none)
   int32_t blocks = 0;              // the grid of every form (resident at once)

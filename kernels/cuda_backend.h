@@ -177,13 +177,6 @@ struct CudaBackendOptions {
   // block in as many waves as needed, instead of one wave of blocks each running several; the
   // same bits either way (for comparison: `lockstep_gpu_bench --fusion`).
   bool fused_gemv_block_per_group = false;
-  // Steps that run the fused decode GEMV (fuse_decode) run each attention layer's o, FFN norm,
-  // gate/up, SwiGLU and down as one persistent kernel whose blocks wait for each other at a grid
-  // barrier between the products, instead of three launches (kernels/decode_gemv.h
-  // launch_gemv_layer_tail_bf16); the same bits either way (`lockstep_gpu_bench --layer-tail`
-  // compares the two). bf16 at TP 1 only, and not with fused_gemv_block_per_group or leave_out:
-  // each refused by name.
-  bool persistent_layer_tail = false;
   // Record timing events between the phases of every step (graphs included) and sum them per
   // phase (phase_times()). The marks themselves cost a little: benchmarks report both. The marks
   // are one set, read when the step is collected, so a profiling backend does not run ahead

@@ -170,12 +170,6 @@ struct CudaBackend::Impl {
   // Norm, gate/up and SwiGLU into act in one launch; false (nothing launched) when not fused.
   bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, float* act_out);
   bool enqueue_fused_gate_up(int32_t layer, int32_t tokens, __nv_bfloat16* act_out);
-  // options.persistent_layer_tail: whether an attention layer of a step of `tokens` tokens runs
-  // o, the FFN's norm, gate/up, SwiGLU and down as one persistent kernel
-  // (kernels/decode_gemv.h launch_gemv_layer_tail_bf16), and that launch.
-  bool runs_layer_tail(int32_t tokens) const;
-  void enqueue_layer_tail(int32_t layer, int32_t tokens, float* act_out);
-  void enqueue_layer_tail(int32_t layer, int32_t tokens, __nv_bfloat16* act_out);
   // The small-M GEMM's epilogues (options.fuse_decode, the steps linear() gives the small-M GEMM,
   // bf16): gate/up with SwiGLU into act, and (no q/k/v bias or head norm, whole heads rotating)
   // QKV with RoPE and the KV write, each one launch a 64-token block; at one token the layer's
@@ -219,7 +213,6 @@ struct CudaBackend::Impl {
   void refuse_unsupported_hybrid() const;
   void refuse_what_batch_invariance_cannot_cover() const;  // cuda_backend_setup.cpp
   void refuse_what_leave_out_cannot_cover() const;          // cuda_backend_setup.cpp
-  void refuse_what_layer_tail_cannot_cover() const;         // cuda_backend_setup.cpp
   // Whether every step leaves `what` out (options.leave_out: the benchmark's profile).
   bool leaves_out(LeaveOut what) const {
     return (options.leave_out & static_cast<uint32_t>(what)) != 0;
@@ -368,8 +361,6 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> attn_out;   // [tokens_max, q] E
   DeviceArray<float> gate_up;      // [tokens_max, 2·ffn]
   DeviceArray<uint8_t> act;        // [tokens_max, ffn] E
-  // kernels::GridBarrier [kGemvTokensMax + 1] (persistent_layer_tail; launch_gemv_layer_tail_bf16)
-  DeviceArray<uint64_t> layer_tail_barriers;
   DeviceArray<float> attention_workspace;
   DeviceArray<uint8_t> final_normed;  // [logits_rows_max, hidden] E
   DeviceArray<float> logits;       // [logits_rows_max, vocab]

@@ -139,9 +139,6 @@ void lay_out_buffers(const ModelConfig& full_model, const ExecutorConfig& config
   take(kS, &Impl::attn_out, e * t * qs);
   take(kS, &Impl::gate_up, t * 2 * f);
   take(kS, &Impl::act, e * t * f);
-  static_assert(sizeof(kernels::GridBarrier) == sizeof(uint64_t));
-  take(kS, &Impl::layer_tail_barriers,
-       options.persistent_layer_tail ? size_t{kernels::kGemvTokensMax} + 1 : 0);
   // Decode steps (rows_max · W tokens) must fit in one attention launch (graphs); prefill may
   // be chunked under the cap. The tile kernel's list of tiles (default mode's prefill: one int a
   // token) shares these floats and is cut into launches if it does not fit (it always does at
@@ -339,22 +336,6 @@ void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {
   }
 }
 
-// The persistent layer tail replaces the bf16 decode GEMV's three launches at TP 1, one wave of
-// blocks: an option that asks for another form of those launches is refused by name.
-void CudaBackend::Impl::refuse_what_layer_tail_cannot_cover() const {
-  const char* what = "cuda backend: persistent_layer_tail";
-  LS_REQUIRE(options.precision == CudaPrecision::kBf16, "{} runs the bf16 decode GEMV; fp32 has "
-             "none", what);
-  LS_REQUIRE(shard.degree == 1, "{} needs TP 1 (o and down are all-reduced at TP {})", what,
-             shard.degree);
-  LS_REQUIRE(options.fuse_decode, "{} needs fuse_decode (it folds the FFN's norm and SwiGLU)",
-             what);
-  LS_REQUIRE(!options.fused_gemv_block_per_group, "{} runs one wave of blocks; "
-             "fused_gemv_block_per_group asks for a block a group", what);
-  LS_REQUIRE(options.leave_out == 0, "{} runs o, gate/up and down in one kernel, which leave_out "
-             "cannot take apart", what);
-}
-
 // What this backend cannot run, refused before anything is allocated.
 void CudaBackend::Impl::refuse_unsupported() const {
   model.validate();
@@ -370,7 +351,6 @@ void CudaBackend::Impl::refuse_unsupported() const {
              "cuda backend: logits rows ({}) × vocab ({}) exceed 2^31", logits_rows_max, vocab);
   if (options.batch_invariant) refuse_what_batch_invariance_cannot_cover();  // its names first
   if (options.leave_out != 0) refuse_what_leave_out_cannot_cover();
-  if (options.persistent_layer_tail) refuse_what_layer_tail_cannot_cover();
   LS_REQUIRE(options.gemv_tokens_max >= 0 && options.gemv_tokens_max <= kernels::kGemvTokensMax,
              "cuda backend: gemv_tokens_max {} is outside [0, {}]", options.gemv_tokens_max,
              kernels::kGemvTokensMax);
@@ -458,9 +438,6 @@ void CudaBackend::Impl::initialise_buffers() {
   const std::vector<int32_t> pads(input_ids.count(), kernels::kPadInputId);
   LS_CUDA(cudaMemcpy(input_ids.get(), pads.data(), input_ids.bytes(), cudaMemcpyHostToDevice));
   LS_CUDA(cudaMemsetAsync(staging.get(), 0, staging.bytes(), s));
-  if (options.persistent_layer_tail) {
-    LS_CUDA(cudaMemsetAsync(layer_tail_barriers.get(), 0, layer_tail_barriers.bytes(), s));
-  }
   initialise_mamba();
 }
 

@@ -216,10 +216,6 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
     mark(CudaPhase::kAttention);
   }
   if (activation_capture) capture_attention<T>(i, norm_fused, k_layer, v_layer);
-  if (runs_layer_tail(tokens)) {
-    enqueue_layer_tail(i, tokens, as<T>(act));
-    return;
-  }
   if (!leaves_out(LeaveOut::kO)) {
     row_parallel(as<T>(attn_out), as<T>(w_o) + li * h * q_size, tokens, linears.o);
     mark(CudaPhase::kGemmO);
@@ -351,33 +347,6 @@ bool CudaBackend::Impl::enqueue_fused_gate_up(int32_t i, int32_t tokens, bf16* a
   LS_CUDA(kernels::launch_gemv_norm_swiglu_bf16(norm, w, act_out, tokens, ffn, hidden,
                                                 forward_stream()));
   return true;
-}
-
-bool CudaBackend::Impl::runs_layer_tail(int32_t tokens) const {
-  return options.persistent_layer_tail && fuses_decode(tokens);
-}
-
-void CudaBackend::Impl::enqueue_layer_tail(int32_t, int32_t, float*) {
-  LS_ASSERT(false, "the persistent layer tail runs in bf16 only");
-}
-
-void CudaBackend::Impl::enqueue_layer_tail(int32_t i, int32_t tokens, bf16* act_out) {
-  const size_t li = static_cast<size_t>(i);
-  const size_t h = static_cast<size_t>(hidden);
-  const kernels::GemvLayerTail tail{
-      .attn = as<bf16>(attn_out),
-      .attn_width = linears.o.in,
-      .w_o = as<bf16>(w_o) + li * h * static_cast<size_t>(linears.o.in),
-      .residual = residual.get(),
-      .ffn_norm = ffn_norm.get() + li * h,
-      .eps = model.rms_eps,
-      .w_gate_up = gate_up_weight<bf16>(i),
-      .ffn = ffn,
-      .act = act_out,
-      .w_down = as<bf16>(w_down) + li * h * static_cast<size_t>(ffn),
-      .barriers = reinterpret_cast<kernels::GridBarrier*>(layer_tail_barriers.get())};
-  LS_CUDA(kernels::launch_gemv_layer_tail_bf16(tail, tokens, hidden, forward_stream()));
-  mark(CudaPhase::kGemmDown);  // one kernel: the profile counts o and gate/up's time as down's
 }
 
 bool CudaBackend::Impl::small_m_epilogue_runs(int32_t tokens, const LinearShape& shape) const {

@@ -13,7 +13,6 @@
 // tests/gpu/decode_fusion_gpu_test.cpp checks; a token's result depends only on its own row.
 #pragma once
 
-#include "kernels/grid_barrier.h"
 #include "kernels/launch.h"
 
 #include <cuda_bf16.h>
@@ -73,34 +72,5 @@ struct RopeKvTarget {
 cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const __nv_bfloat16* w_qkv,
                                           const RopeKvTarget& target, int32_t tokens, int32_t in,
                                           LaunchStream stream);
-
-// A layer's tail after attention as one persistent kernel: residual += attn · w_oᵀ, then
-// act = SwiGLU(rms_norm(residual) · w_gate_upᵀ), then residual += act · w_downᵀ — what
-// launch_gemv_bf16 (beta 1), launch_gemv_norm_swiglu_bf16 and launch_gemv_bf16 (beta 1) compute in
-// three launches, the same bits (each task computed as there; only which block takes it moves).
-// One wave of the blocks the GPU holds at once, each taking an even share of each product's
-// tasks; between two products they wait at a grid barrier (kernels/grid_barrier.h) instead of one
-// kernel ending and the next starting, and a block's first weight round of the next product is in
-// flight while it waits.
-struct GemvLayerTail {
-  const __nv_bfloat16* attn = nullptr;       // [tokens, attn_width]: o's input
-  int32_t attn_width = 0;
-  const __nv_bfloat16* w_o = nullptr;        // [hidden, attn_width]
-  float* residual = nullptr;                 // [tokens, hidden]: o and down add into it
-  const float* ffn_norm = nullptr;           // [hidden]
-  float eps = 0.0f;
-  const __nv_bfloat16* w_gate_up = nullptr;  // [2·ffn, hidden]
-  int32_t ffn = 0;
-  __nv_bfloat16* act = nullptr;              // [tokens, ffn]
-  const __nv_bfloat16* w_down = nullptr;     // [hidden, ffn]
-  // [kGemvTokensMax + 1], zeroed once: a launch of t tokens waits at barriers[t] (its grid's size
-  // depends on t; kernels/grid_barrier.h)
-  GridBarrier* barriers = nullptr;
-};
-
-// Needs what the three launches need (1 <= tokens <= kGemvTokensMax, gemv_norm_fits(hidden),
-// 16-byte aligned rows); cudaErrorInvalidValue otherwise.
-cudaError_t launch_gemv_layer_tail_bf16(const GemvLayerTail& tail, int32_t tokens, int32_t hidden,
-                                        LaunchStream stream);
 
 }  // namespace ls::kernels

@@ -214,77 +214,58 @@ __device__ __forceinline__ void write_task(const GemvParams& p, TaskRows rows, i
   }
 }
 
-// Block `block`'s tasks in a grid whose blocks run `per_block` groups each: warp w of group g
-// takes task g·kGemvWarps + w. Made before the wait for the predecessor (kernels/launch.h): its
-// first round of weight loads goes out then, since the weights depend on nothing earlier, and at
-// hidden 2048 that round is the whole row.
-template <int32_t kTokens, bool kNormed, Epilogue E>
-struct BlockTasks {
-  static constexpr int32_t kRows = kRowsOf<E>;
-  int32_t first, last;
-  RowStream<kTokens, kRows> stream;
-
-  __device__ BlockTasks(const GemvParams& p, int32_t tasks, int32_t per_block, int32_t block) {
-    const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
-    const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
-    first = block * per_block * kGemvWarps + warp;
-    last = min(tasks, first + per_block * kGemvWarps);
-    if (first < tasks) {
-      stream.aim(p, task_rows<E>(p, first), lane);
-      if (stream.round_fits()) stream.load_round();
-    }
-  }
-
-  // After the wait: the norm into `normed_x` (every thread of the block takes part), then the
-  // warp's tasks.
-  __device__ void run(const GemvParams& p, uint4* normed_x) {
-    const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
-    if constexpr (kNormed) {
-      normalise_into(p.norm, p.tokens, p.in, reinterpret_cast<bf16*>(normed_x));
-    }
-    const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
-    for (int32_t task = first; task < last; task += kGemvWarps) {
-      float acc[kRows][kTokens];
-#pragma unroll
-      for (int32_t r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
-      }
-      stream.template run<kNormed>(x, p.tokens, acc);
-      // The next task's first round goes out before this task's butterflies and writes.
-      if (task + kGemvWarps < last) {
-        stream.aim(p, task_rows<E>(p, task + kGemvWarps), lane);
-        if (stream.round_fits()) stream.load_round();
-      }
-#pragma unroll
-      for (int32_t r = 0; r < kRows; ++r) {
-#pragma unroll
-        for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
-      }
-      const TaskRows rows = task_rows<E>(p, task);
-#pragma unroll
-      for (int32_t t = 0; t < kTokens; ++t) {
-        if (t < p.tokens && lane == t) {
-          float sums[kRows];
-#pragma unroll
-          for (int32_t r = 0; r < kRows; ++r) sums[r] = acc[r][t];
-          write_task<E>(p, rows, task, t, sums);
-        }
-      }
-    }
-  }
-};
-
-// grid: blocks of kGemvWarps warps, each running its BlockTasks.
+// grid: blocks of kGemvWarps warps; block b runs groups b·per_block ... (b + 1)·per_block − 1,
+// warp w of group g the task g·kGemvWarps + w. The first round of weight loads is issued before
+// waiting for the predecessor kernel (kernels/launch.h): the weights depend on nothing earlier,
+// and at hidden 2048 that round is the whole row.
 template <int32_t kTokens, bool kNormed, Epilogue E>
 __global__ void __launch_bounds__(kGemvThreads)
 gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
+  constexpr int32_t kRows = kRowsOf<E>;
   allow_successor();
   extern __shared__ uint4 normed_x[];  // [tokens, in / 8] when kNormed
+  const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
+  const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
   const int32_t per_block = kNormed ? groups_per_block : 1;  // (launch_as)
-  BlockTasks<kTokens, kNormed, E> block(p, tasks, per_block, static_cast<int32_t>(blockIdx.x));
+  const int32_t first = blockIdx.x * per_block * kGemvWarps + warp;
+  const int32_t last = min(tasks, first + per_block * kGemvWarps);
+  RowStream<kTokens, kRows> stream;
+  if (first < tasks) {
+    stream.aim(p, task_rows<E>(p, first), lane);
+    if (stream.round_fits()) stream.load_round();
+  }
   wait_for_predecessor();
-  block.run(p, normed_x);
+  if constexpr (kNormed) normalise_into(p.norm, p.tokens, p.in, reinterpret_cast<bf16*>(normed_x));
+  const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
+  for (int32_t task = first; task < last; task += kGemvWarps) {
+    float acc[kRows][kTokens];
+#pragma unroll
+    for (int32_t r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = 0.0f;
+    }
+    stream.template run<kNormed>(x, p.tokens, acc);
+    // The next task's first round goes out before this task's butterflies and writes.
+    if (task + kGemvWarps < last) {
+      stream.aim(p, task_rows<E>(p, task + kGemvWarps), lane);
+      if (stream.round_fits()) stream.load_round();
+    }
+#pragma unroll
+    for (int32_t r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int32_t t = 0; t < kTokens; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    }
+    const TaskRows rows = task_rows<E>(p, task);
+#pragma unroll
+    for (int32_t t = 0; t < kTokens; ++t) {
+      if (t < p.tokens && lane == t) {
+        float sums[kRows];
+#pragma unroll
+        for (int32_t r = 0; r < kRows; ++r) sums[r] = acc[r][t];
+        write_task<E>(p, rows, task, t, sums);
+      }
+    }
+  }
 }
 
 // Without the folded norm one group a block: the block scheduler balances small blocks. With it,
@@ -310,56 +291,6 @@ cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
   }
   const int32_t blocks = (groups + per_block - 1) / per_block;
   return launch_kernel(kKernel, blocks, kGemvThreads, shared, stream, p, tasks, per_block);
-}
-
-// The three products of a layer's tail (launch_gemv_layer_tail_bf16), each block's share of
-// each; the blocks wait for each other at `barrier` between two products.
-struct TailParams {
-  GemvParams o, gate_up, down;
-  int32_t o_per_block, gate_up_per_block, down_per_block;
-  GridBarrier* barrier;
-};
-
-template <int32_t kTokens>
-__global__ void __launch_bounds__(kGemvThreads) gemv_layer_tail_kernel(const TailParams t) {
-  allow_successor();  // after every block of this grid has started: all of them are resident
-  extern __shared__ uint4 normed_x[];  // [tokens, hidden / 8]: gate/up's normalised input
-  const int32_t block = static_cast<int32_t>(blockIdx.x);
-  const int32_t blocks = static_cast<int32_t>(gridDim.x);
-  {
-    BlockTasks<kTokens, false, Epilogue::kStore> o(t.o, t.o.out, t.o_per_block, block);
-    wait_for_predecessor();  // also: the last grid to wait at the barrier has completed
-    o.run(t.o, nullptr);
-  }
-  {
-    BlockTasks<kTokens, true, Epilogue::kSwiglu> gate_up(t.gate_up, t.gate_up.out / 2,
-                                                         t.gate_up_per_block, block);
-    grid_barrier_wait(t.barrier, blocks);  // every o row is in the residual
-    gate_up.run(t.gate_up, normed_x);
-  }
-  BlockTasks<kTokens, false, Epilogue::kStore> down(t.down, t.down.out, t.down_per_block, block);
-  grid_barrier_wait(t.barrier, blocks);  // act is whole; the norms' reads are done
-  down.run(t.down, nullptr);
-}
-
-// One wave of the blocks the GPU holds; each product's groups spread evenly over them.
-template <int32_t kTokens>
-cudaError_t launch_tail_as(TailParams t, LaunchStream stream) {
-  constexpr auto kKernel = gemv_layer_tail_kernel<kTokens>;
-  const size_t shared = size_t(t.gate_up.tokens) * size_t(t.gate_up.in) * sizeof(bf16);
-  int32_t blocks = 0;
-  if (const cudaError_t status = resident_on_gpu<kKernel>(kGemvThreads, shared, &blocks);
-      status != cudaSuccess) {
-    return status;
-  }
-  const auto per_block = [blocks](int32_t tasks) {
-    const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
-    return (groups + blocks - 1) / blocks;
-  };
-  t.o_per_block = per_block(t.o.out);
-  t.gate_up_per_block = per_block(t.gate_up.out / 2);
-  t.down_per_block = per_block(t.down.out);
-  return launch_kernel(kKernel, blocks, kGemvThreads, shared, stream, t);
 }
 
 // Instantiated at 1, 2, 4 and 8 tokens: a token's arithmetic is the same in each.
@@ -438,31 +369,6 @@ cudaError_t launch_gemv_norm_rope_kv_bf16(GemvNorm norm, const bf16* w_qkv,
   p.w = w_qkv, p.tokens = tokens, p.out = static_cast<int32_t>(rows), p.in = in, p.norm = norm;
   p.rope = target;
   return launch<true, Epilogue::kRopeKv>(p, p.out / 2, stream);
-}
-
-cudaError_t launch_gemv_layer_tail_bf16(const GemvLayerTail& tail, int32_t tokens, int32_t hidden,
-                                        LaunchStream stream) {
-  const GemvNorm norm{tail.residual, tail.ffn_norm, tail.eps, false};
-  if (tail.ffn < 1 || tail.ffn > (1 << 30) || tail.barriers == nullptr ||
-      !valid_shape(tokens, hidden, tail.attn_width, tail.w_o) ||
-      !valid_shape(tokens, 2 * tail.ffn, hidden, tail.w_gate_up) ||
-      !valid_shape(tokens, hidden, tail.ffn, tail.w_down) || !valid_norm(norm, hidden) ||
-      tail.attn == nullptr || !aligned16(tail.attn) || tail.act == nullptr ||
-      !aligned16(tail.act)) {
-    return cudaErrorInvalidValue;
-  }
-  TailParams t{};
-  t.o.w = tail.w_o, t.o.tokens = tokens, t.o.out = hidden, t.o.in = tail.attn_width;
-  t.o.x = tail.attn, t.o.y = tail.residual, t.o.beta = 1.0f;
-  t.gate_up.w = tail.w_gate_up, t.gate_up.tokens = tokens, t.gate_up.out = 2 * tail.ffn;
-  t.gate_up.in = hidden, t.gate_up.norm = norm, t.gate_up.act = tail.act;
-  t.down.w = tail.w_down, t.down.tokens = tokens, t.down.out = hidden, t.down.in = tail.ffn;
-  t.down.x = tail.act, t.down.y = tail.residual, t.down.beta = 1.0f;
-  t.barrier = tail.barriers + tokens;  // a grid's size depends on its tokens
-  if (tokens == 1) return launch_tail_as<1>(t, stream);
-  if (tokens == 2) return launch_tail_as<2>(t, stream);
-  if (tokens <= 4) return launch_tail_as<4>(t, stream);
-  return launch_tail_as<8>(t, stream);
 }
 
 }  // namespace ls::kernels

@@ -1,16 +1,14 @@
 // A barrier across the blocks of one grid, in global memory: how a persistent kernel's phases wait
 // for each other instead of ending one kernel and starting the next (kernels/boundary_probe.h
-// measures what each costs). Every block of the grid must be resident at once: a kernel that
+// measures what each costs; its only user now). Every block of the grid must be resident at once: a kernel that
 // waits at one is launched with no more blocks than the GPU holds, and calls allow_successor()
 // (kernels/launch.cuh) so that its successor's blocks take SM slots only once all of its own have
 // started.
 //
-// The barrier counts arrivals and never resets: a block's arrival returns the count before it, and
-// its wait ends when the count reaches the next multiple of the grid's blocks. So a barrier, zeroed
-// once when allocated, serves any number of waits and graph replays, as long as every grid that
-// waits at it has the same number of blocks and one grid at a time waits at it. The arrival is a
-// release (of the block's writes, ordered before it by the block's own barrier) and the wait an
-// acquire: no full fences, the shape of CUTLASS's generic barrier.
+// The barrier resets itself: the last block to arrive zeroes the count and then advances the
+// generation the others wait on. So one barrier, zeroed once when allocated, serves any number of
+// waits, grids of any size and graph replays, as long as one grid at a time waits at it (the
+// kernels that share one follow each other in stream order).
 #pragma once
 
 #include <cstdint>
@@ -18,30 +16,48 @@
 namespace ls::kernels {
 
 struct GridBarrier {
-  unsigned long long arrived = 0;  // arrivals since allocation (64 bits: never wraps)
+  uint32_t arrived = 0;     // blocks at the current wait
+  uint32_t generation = 0;  // waits completed (wraps)
 };
 
 #if defined(__CUDACC__)
 
+__device__ __forceinline__ uint32_t grid_barrier_load_acquire(const uint32_t* at) {
+  uint32_t v = 0;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
+
+// The generation a block's next wait completes: read by thread 0 any time after its previous
+// wait at `barrier` returned and before it arrives at the next (reading it early takes the load
+// off the wait's path).
+__device__ __forceinline__ uint32_t grid_barrier_generation(const GridBarrier* barrier) {
+  return threadIdx.x == 0 ? grid_barrier_load_acquire(&barrier->generation) : 0;
+}
+
 // Returns once every one of the grid's `blocks` blocks has arrived; every write the block made
-// before it is visible to every block after.
-__device__ __forceinline__ void grid_barrier_wait(GridBarrier* barrier, int32_t blocks) {
-  __syncthreads();  // the block's writes precede thread 0's release
+// before it is visible to every block after. `generation`: grid_barrier_generation's value
+// (thread 0's; the other threads' is not read).
+__device__ __forceinline__ void grid_barrier_wait(GridBarrier* barrier, int32_t blocks,
+                                                  uint32_t generation) {
+  __syncthreads();  // the block's writes precede thread 0's fence
   if (threadIdx.x == 0) {
-    unsigned long long before = 0;
-    asm volatile("atom.release.gpu.global.add.u64 %0, [%1], 1;"
-                 : "=l"(before)
+    __threadfence();  // cumulative: the whole block's writes, as cooperative groups' grid sync
+    uint32_t before = 0;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                 : "=r"(before)
                  : "l"(&barrier->arrived)
                  : "memory");
-    const auto grid = static_cast<unsigned long long>(blocks);
-    const unsigned long long target = (before / grid + 1) * grid;
-    unsigned long long now = 0;
-    do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
-                   : "=l"(now)
-                   : "l"(&barrier->arrived)
+    if (before + 1 == static_cast<uint32_t>(blocks)) {
+      barrier->arrived = 0;  // ordered before the release: no block arrives again until it sees it
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&barrier->generation),
+                   "r"(generation + 1)
                    : "memory");
-    } while (now < target);
+    } else {
+      while (grid_barrier_load_acquire(&barrier->generation) == generation) {
+      }
+    }
+    __threadfence();
   }
   __syncthreads();
 }

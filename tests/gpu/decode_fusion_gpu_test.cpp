@@ -274,85 +274,6 @@ TEST_P(FusionShapes, NormGateUpSwigluMatchesTheUnfusedKernelsBitForBit) {
   }
 }
 
-// A layer's tail after attention: o into the residual, the FFN's norm with gate/up and SwiGLU,
-// down into the residual — three launches, or the persistent kernel — `repeats` times over the
-// same buffers (the residual accumulating), so that a second persistent launch reuses the barrier.
-struct TailWeights {
-  DeviceBuffer<bf16> o, gate_up, down;
-  explicit TailWeights(const LayerShape& s)
-      : o(size_t(s.hidden) * s.q_size()),
-        gate_up(size_t(2) * s.ffn * s.hidden),
-        down(size_t(s.hidden) * s.ffn) {
-    seed_weights(o.ptr, s.hidden, s.q_size(), 5);
-    seed_weights(gate_up.ptr, 2 * int64_t{s.ffn}, s.hidden, 6);
-    seed_weights(down.ptr, s.hidden, s.ffn, 7);
-  }
-};
-
-struct TailOut {
-  std::vector<float> residual;
-  std::vector<bf16> act;
-};
-
-TailOut run_tail(const LayerShape& shape, const TailWeights& w, const StepInputs& in,
-                 const std::vector<bf16>& attn_in, int32_t tokens, bool persistent,
-                 kernels::LaunchStream stream, int32_t repeats) {
-  DeviceBuffer<float> residual(in.residual), norm_weight(in.norm_weight);
-  DeviceBuffer<bf16> attn(attn_in), act(size_t(tokens) * shape.ffn);
-  // zeroed kernels::GridBarriers, one for each token count
-  DeviceBuffer<uint64_t> barriers(std::vector<uint64_t>(kernels::kGemvTokensMax + 1, 0));
-  for (int32_t r = 0; r < repeats; ++r) {
-    if (persistent) {
-      const kernels::GemvLayerTail tail{
-          .attn = attn.ptr, .attn_width = shape.q_size(), .w_o = w.o.ptr,
-          .residual = residual.ptr, .ffn_norm = norm_weight.ptr, .eps = kEps,
-          .w_gate_up = w.gate_up.ptr, .ffn = shape.ffn, .act = act.ptr, .w_down = w.down.ptr,
-          .barriers = reinterpret_cast<kernels::GridBarrier*>(barriers.ptr)};
-      EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(tail, tokens, shape.hidden, stream),
-                cudaSuccess);
-      continue;
-    }
-    EXPECT_EQ(kernels::launch_gemv_bf16(attn.ptr, w.o.ptr, residual.ptr, tokens, shape.hidden,
-                                        shape.q_size(), 1.0f, stream),
-              cudaSuccess);
-    EXPECT_EQ(kernels::launch_gemv_norm_swiglu_bf16({residual.ptr, norm_weight.ptr, kEps},
-                                                    w.gate_up.ptr, act.ptr, tokens, shape.ffn,
-                                                    shape.hidden, stream),
-              cudaSuccess);
-    EXPECT_EQ(kernels::launch_gemv_bf16(act.ptr, w.down.ptr, residual.ptr, tokens, shape.hidden,
-                                        shape.ffn, 1.0f, stream),
-              cudaSuccess);
-  }
-  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  return TailOut{residual.download(), act.download()};
-}
-
-TEST_P(FusionShapes, PersistentLayerTailMatchesItsThreeLaunchesBitForBit) {
-  LS_SKIP_WITHOUT_DEVICE();
-  const LayerShape shape = GetParam();
-  const TailWeights w(shape);
-  OverlapStream overlap;
-  for (int32_t tokens = 1; tokens <= kernels::kGemvTokensMax; ++tokens) {
-    SCOPED_TRACE(std::string(shape.name) + " tokens " + std::to_string(tokens));
-    const StepInputs in = step_inputs(shape, tokens, 400 + tokens);
-    const std::vector<bf16> attn = gpu_test::to_bf16(
-        random_floats(size_t(tokens) * shape.q_size(), 500 + tokens, -1, 1));
-    for (const int32_t repeats : {1, 2}) {
-      const TailOut three = run_tail(shape, w, in, attn, tokens, false, overlap.launch(), repeats);
-      const TailOut one = run_tail(shape, w, in, attn, tokens, true, overlap.launch(), repeats);
-      EXPECT_TRUE(same_bits(one.residual, three.residual))
-          << differing(one.residual, three.residual) << " residual values differ, " << repeats
-          << " launches";
-      EXPECT_TRUE(same_bits(one.act, three.act))
-          << differing(one.act, three.act) << " act values differ, " << repeats << " launches";
-      EXPECT_FALSE(same_bits(three.residual, in.residual)) << "the tail changed nothing";
-    }
-    EXPECT_TRUE(same_bits(run_tail(shape, w, in, attn, tokens, true, nullptr, 1).residual,
-                          run_tail(shape, w, in, attn, tokens, false, nullptr, 1).residual))
-        << "in plain stream order";
-  }
-}
-
 INSTANTIATE_TEST_SUITE_P(Llama, FusionShapes, ::testing::Values(kLlama1b, kLlama8b),
                          [](const auto& param_info) {
                            return std::string(param_info.param.label);
@@ -383,18 +304,6 @@ TEST(DecodeFusion, LaunchersRefuseWhatTheyDoNotCover) {
   EXPECT_EQ(kernels::launch_gemv_norm_rope_kv_bf16(ok, w.ptr, kernels::RopeKvTarget{}, 1, 2048,
                                                    nullptr),
             cudaErrorInvalidValue);
-  DeviceBuffer<uint64_t> barriers(std::vector<uint64_t>(kernels::kGemvTokensMax + 1, 0));
-  const kernels::GemvLayerTail tail{
-      .attn = w.ptr, .attn_width = 2048, .w_o = w.ptr, .residual = residual.ptr,
-      .ffn_norm = weight.ptr, .eps = kEps, .w_gate_up = w.ptr, .ffn = 4, .act = act.ptr,
-      .w_down = w.ptr, .barriers = reinterpret_cast<kernels::GridBarrier*>(barriers.ptr)};
-  kernels::GemvLayerTail no_barrier = tail;
-  no_barrier.barriers = nullptr;
-  EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(no_barrier, 1, 2048, nullptr),
-            cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(tail, 1, 8200, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(kernels::launch_gemv_layer_tail_bf16(tail, kernels::kGemvTokensMax + 1, 2048, nullptr),
-            cudaErrorInvalidValue);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
@@ -420,9 +329,7 @@ struct Served {
 // 12 greedy prompts (1..40 tokens, 24 new each) under 8 batch rows: chunked prefills, then decode
 // steps of 8 rows and fewer as requests finish (the GEMV's steps at one row, the small-M GEMM's
 // above, graphs replayed); in batch-invariant mode the small-M GEMM's every step.
-// gemv_every_step: decode steps of up to kGemvTokensMax rows on the GEMV (the layer tail's steps).
-Served serve(const ModelWeights& weights, bool fused, bool invariant = false,
-             bool layer_tail = false, bool gemv_every_step = false) {
+Served serve(const ModelWeights& weights, bool fused, bool invariant = false) {
   SchedulerConfig sc;
   sc.max_batch_rows = 8;
   sc.prefill_chunk_tokens = 32;
@@ -433,8 +340,6 @@ Served serve(const ModelWeights& weights, bool fused, bool invariant = false,
   const int32_t vocab = weights.config.vocab_size;
   CudaBackendOptions options{.graphs = true, .fuse_decode = fused};
   if (invariant) options = batch_invariant_options(options);
-  options.persistent_layer_tail = layer_tail;
-  if (gemv_every_step) options.gemv_tokens_max = kernels::kGemvTokensMax;
   CudaBackend cuda(weights, ec, options);
   Scheduler scheduler(sc);
   for (const RequestSpec& r : gpu_test::greedy_requests(12, 40, 24, vocab, 5)) {
@@ -480,57 +385,6 @@ TEST(CudaDecodeFusion, FusedAndUnfusedBackendsGiveTheSameLogitsBitForBit) {
       differing_steps += same_bits(fused.logits[k], unfused.logits[k]) ? 0 : 1;
     }
     EXPECT_EQ(differing_steps, 0u) << "of " << fused.logits.size() << " steps";
-  }
-}
-
-// The persistent layer tail in the backend (which layer's weights and norm, the residual and act
-// it hands over): tiny Llama served with it and with the three launches, every decode step on the
-// fused GEMV — the same tokens and every logit of every step the same bits. Then what it cannot
-// cover, refused by name.
-TEST(CudaDecodeFusion, PersistentLayerTailGivesTheSameLogitsBitForBit) {
-  LS_SKIP_WITHOUT_DEVICE();
-  const ModelWeights weights = weights_from_seed(model_config_named("tiny"), 33);
-  const Served tail = serve(weights, true, false, true, true);
-  const Served three = serve(weights, true, false, false, true);
-  EXPECT_EQ(tail.tokens, three.tokens);
-  ASSERT_EQ(tail.logits.size(), three.logits.size());
-  ASSERT_GT(tail.logits.size(), 24u);
-  size_t differing_steps = 0;
-  for (size_t k = 0; k < tail.logits.size(); ++k) {
-    differing_steps += same_bits(tail.logits[k], three.logits[k]) ? 0 : 1;
-  }
-  EXPECT_EQ(differing_steps, 0u) << "of " << tail.logits.size() << " steps";
-}
-
-TEST(CudaDecodeFusion, PersistentLayerTailRefusesWhatItCannotCover) {
-  LS_SKIP_WITHOUT_DEVICE();
-  const ModelWeights weights = weights_from_seed(model_config_named("tiny"), 33);
-  SchedulerConfig sc;
-  sc.page_size = 16;
-  sc.pages_count = 16;
-  sc.context_length = 64;
-  const ExecutorConfig ec = executor_config_for(sc);
-  struct Case {
-    const char* names;
-    CudaBackendOptions options;
-  };
-  const CudaBackendOptions on{.persistent_layer_tail = true};
-  CudaBackendOptions fp32 = on, unfused = on, per_group = on, leave_out = on;
-  fp32.precision = CudaPrecision::kFp32;
-  unfused.fuse_decode = false;
-  per_group.fused_gemv_block_per_group = true;
-  leave_out.leave_out = static_cast<uint32_t>(LeaveOut::kO);
-  for (const auto& [names, options] :
-       {Case{"fp32", fp32}, Case{"fuse_decode", unfused},
-        Case{"fused_gemv_block_per_group", per_group}, Case{"leave_out", leave_out}}) {
-    SCOPED_TRACE(names);
-    try {
-      CudaBackend cuda(weights, ec, options);
-      ADD_FAILURE() << "not refused";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("persistent_layer_tail"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
-    }
   }
 }
 
