@@ -2,7 +2,6 @@
 // run as a kernel a phase or as one persistent kernel with a grid barrier between phases.
 #include "kernels/boundary_probe.h"
 
-#include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 

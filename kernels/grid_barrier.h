@@ -1,9 +1,7 @@
 // A barrier across the blocks of one grid, in global memory: how a persistent kernel's phases wait
-// for each other instead of ending one kernel and starting the next (kernels/boundary_probe.h
-// measures what each costs; its only user now). Every block of the grid must be resident at once: a kernel that
-// waits at one is launched with no more blocks than the GPU holds, and calls allow_successor()
-// (kernels/launch.cuh) so that its successor's blocks take SM slots only once all of its own have
-// started.
+// for each other instead of ending one kernel and starting the next (kernels/boundary_probe.h, its
+// only user, measures what each costs). Every block of the grid must be resident at once: the
+// probe launches its kernel cooperatively, which the driver refuses when the blocks do not fit.
 //
 // The barrier resets itself: the last block to arrive zeroes the count and then advances the
 // generation the others wait on. So one barrier, zeroed once when allocated, serves any number of
