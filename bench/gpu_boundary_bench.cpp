@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <vector>
 
 namespace {
@@ -161,11 +160,11 @@ void run_case(const Buffers& buffers, int32_t blocks, int64_t phase_bytes, doubl
 
 void run(int32_t iterations) {
   const ls::bench::Bandwidth bandwidth = ls::bench::measure_and_print_bandwidth(20);
-  int32_t device = 0, sms = 0, per_sm = 0;
+  int32_t device = 0, sms = 0, resident = 0;
   CHECK(cudaGetDevice(&device));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  CHECK(kernels::boundary_probe_blocks_per_sm(&per_sm));
-  const int32_t grids[] = {sms, sms * std::min(per_sm, 4)};
+  CHECK(kernels::boundary_probe_resident_blocks(&resident));
+  const int32_t grids[] = {sms, std::min(resident, 4 * sms)};
   const int64_t largest = *std::max_element(std::begin(kPhaseBytes), std::end(kPhaseBytes));
   const Buffers buffers(largest * kPhasesLong, grids[1]);
   cudaStream_t stream = nullptr;

@@ -2,6 +2,7 @@
 // run as a kernel a phase or as one persistent kernel with a grid barrier between phases.
 #include "kernels/boundary_probe.h"
 
+#include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
 
@@ -11,7 +12,7 @@ namespace ls::kernels {
 
 namespace {
 
-constexpr int32_t kThreads = kBoundaryProbeThreads;
+constexpr int32_t kThreads = 128;
 constexpr int32_t kAhead = 8;  // words a thread loads before the wait (the GEMV's first round)
 
 __device__ __forceinline__ uint32_t fold(const uint4& w) { return w.x ^ w.y ^ w.z ^ w.w; }
@@ -102,15 +103,13 @@ bool valid(const BoundaryProbe& p) {
 
 }  // namespace
 
-cudaError_t boundary_probe_blocks_per_sm(int32_t* blocks) {
-  int32_t per_sm[2] = {0, 0};
-  cudaError_t status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm[0], boundary_phase_kernel, kThreads, 0);
+cudaError_t boundary_probe_resident_blocks(int32_t* blocks) {
+  int32_t phase = 0, persistent = 0;
+  cudaError_t status = resident_on_gpu<boundary_phase_kernel>(kThreads, 0, &phase);
   if (status == cudaSuccess) {
-    status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[1], boundary_persistent_kernel,
-                                                           kThreads, 0);
+    status = resident_on_gpu<boundary_persistent_kernel>(kThreads, 0, &persistent);
   }
-  *blocks = std::min(per_sm[0], per_sm[1]);
+  *blocks = std::min(phase, persistent);
   return status;
 }
 

@@ -30,10 +30,9 @@ struct BoundaryProbe {
   int32_t blocks = 0;              // the grid of every form (resident at once)
 };
 
-constexpr int32_t kBoundaryProbeThreads = 128;
-
-// Blocks of the probe's kernels one SM holds (the persistent form needs every block resident).
-cudaError_t boundary_probe_blocks_per_sm(int32_t* blocks);
+// Blocks of the probe's kernels the whole GPU holds at once (kernels/kernel_fit.h; the persistent
+// form needs every block resident).
+cudaError_t boundary_probe_resident_blocks(int32_t* blocks);
 
 // Phase `phase` of the chain as its own kernel.
 cudaError_t launch_boundary_phase(const BoundaryProbe& probe, int32_t phase, LaunchStream stream);
