@@ -5,7 +5,8 @@
 //  * a kernel a phase overlapping its predecessor (programmatic dependent launch, the decode
 //    step's way: weights loaded before the wait),
 //  * one persistent kernel whose blocks wait at a grid barrier between phases
-//    (kernels/grid_barrier.h: a persistent decode kernel's way, issue 14).
+//    (kernels/grid_barrier.h: a persistent decode kernel's way, issue 14), of either shape:
+//    cooperative groups' (fences, a generation) or CUTLASS's (a release add, acquire polls).
 // A phase's time is the slope between a 96-phase and a 48-phase chain (so the graph's own launch
 // drops out); what it costs above its bytes at the streaming read bandwidth measured in the same
 // run is the boundary's cost. Phase sizes span the products of a decode step at batch 1 (0: the
@@ -35,22 +36,27 @@ constexpr int32_t kPhasesShort = 48;
 constexpr int64_t kMiB = int64_t{1} << 20;
 constexpr int64_t kPhaseBytes[] = {0, 2 * kMiB, 8 * kMiB, 32 * kMiB};
 
-enum class Form { kPlain, kOverlapped, kPersistent };
-constexpr Form kForms[] = {Form::kPlain, Form::kOverlapped, Form::kPersistent};
+enum class Form { kPlain, kOverlapped, kPersistent, kPersistentCounting };
+constexpr Form kForms[] = {Form::kPlain, Form::kOverlapped, Form::kPersistent,
+                           Form::kPersistentCounting};
 
 const char* name_of(Form form) {
   switch (form) {
     case Form::kPlain: return "kernel a phase, plain order";
     case Form::kOverlapped: return "kernel a phase, overlapped";
-    case Form::kPersistent: return "one persistent kernel";
+    case Form::kPersistent: return "persistent, grid sync";
+    case Form::kPersistentCounting: return "persistent, counting barrier";
   }
   return "";
 }
 
 // The probe's chain of `probe.phases` phases in `form`, launched on `stream`.
 void launch_chain(const kernels::BoundaryProbe& probe, Form form, cudaStream_t stream) {
-  if (form == Form::kPersistent) {
-    CHECK(kernels::launch_boundary_persistent(probe, stream));
+  if (form == Form::kPersistent || form == Form::kPersistentCounting) {
+    CHECK(kernels::launch_boundary_persistent(
+        probe, form == Form::kPersistent ? kernels::ProbeBarrier::kGrid
+                                         : kernels::ProbeBarrier::kCounting,
+        stream));
     return;
   }
   const kernels::LaunchStream on(stream, form == Form::kOverlapped);
@@ -112,6 +118,7 @@ struct Buffers {
   uint4* weights = nullptr;
   float* outputs = nullptr;
   kernels::GridBarrier* barrier = nullptr;
+  kernels::CountingBarrier* counter = nullptr;
   Buffers(int64_t weight_bytes, int32_t blocks_max) {
     CHECK(cudaMalloc(&weights, static_cast<size_t>(weight_bytes)));
     CHECK(cudaMemset(weights, 0x5a, static_cast<size_t>(weight_bytes)));
@@ -123,11 +130,13 @@ struct Buffers {
                      cudaMemcpyHostToDevice));
     CHECK(cudaMalloc(&barrier, sizeof(kernels::GridBarrier)));
     CHECK(cudaMemset(barrier, 0, sizeof(kernels::GridBarrier)));
+    CHECK(cudaMalloc(&counter, sizeof(kernels::CountingBarrier)));
   }
   ~Buffers() {
     cudaFree(weights);
     cudaFree(outputs);
     cudaFree(barrier);
+    cudaFree(counter);
   }
   Buffers(const Buffers&) = delete;
   Buffers& operator=(const Buffers&) = delete;
@@ -140,12 +149,15 @@ void run_case(const Buffers& buffers, int32_t blocks, int64_t phase_bytes, doubl
   probe.weights = buffers.weights;
   probe.outputs = buffers.outputs;
   probe.barrier = buffers.barrier;
+  probe.counter = buffers.counter;
   probe.phases = kPhasesLong;
   probe.phase_words = phase_bytes / 16;
   probe.blocks = blocks;
   const double streaming = static_cast<double>(phase_bytes) / read_bw;
   std::printf("  %lld MiB a phase, %d blocks: its bytes at the read bandwidth %.2f us\n",
               static_cast<long long>(phase_bytes / kMiB), blocks, streaming * 1e6);
+  // The counting barrier's waits end at multiples of the grid's blocks: zeroed for this grid.
+  CHECK(cudaMemset(buffers.counter, 0, sizeof(kernels::CountingBarrier)));
   const std::vector<float> reference = last_row(probe, Form::kPlain, stream);
   for (const Form form : kForms) {
     if (!same_bits(last_row(probe, form, stream), reference)) {

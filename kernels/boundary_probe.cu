@@ -83,15 +83,21 @@ __global__ void __launch_bounds__(kThreads) boundary_phase_kernel(const Boundary
 }
 
 // Phase n + 1's first round is in flight while the block waits for phase n's last block.
+template <ProbeBarrier kBarrier>
 __global__ void __launch_bounds__(kThreads) boundary_persistent_kernel(const BoundaryProbe p) {
   uint4 ahead[kAhead];
   PhaseWords(p, 0).load(0, ahead);
   for (int32_t phase = 0; phase < p.phases; ++phase) {
-    const uint32_t generation = grid_barrier_generation(p.barrier);
+    uint32_t generation = 0;
+    if constexpr (kBarrier == ProbeBarrier::kGrid) generation = grid_barrier_generation(p.barrier);
     finish_phase(p, phase, PhaseWords(p, phase).fold_all(ahead));
     if (phase + 1 < p.phases) {
       PhaseWords(p, phase + 1).load(0, ahead);
-      grid_barrier_wait(p.barrier, p.blocks, generation);
+      if constexpr (kBarrier == ProbeBarrier::kGrid) {
+        grid_barrier_wait(p.barrier, p.blocks, generation);
+      } else {
+        counting_barrier_wait(p.counter, p.blocks);
+      }
     }
   }
 }
@@ -107,9 +113,15 @@ cudaError_t boundary_probe_resident_blocks(int32_t* blocks) {
   int32_t phase = 0, persistent = 0;
   cudaError_t status = resident_on_gpu<boundary_phase_kernel>(kThreads, 0, &phase);
   if (status == cudaSuccess) {
-    status = resident_on_gpu<boundary_persistent_kernel>(kThreads, 0, &persistent);
+    status = resident_on_gpu<boundary_persistent_kernel<ProbeBarrier::kGrid>>(kThreads, 0,
+                                                                              &persistent);
   }
-  *blocks = std::min(phase, persistent);
+  int32_t counting = 0;
+  if (status == cudaSuccess) {
+    status = resident_on_gpu<boundary_persistent_kernel<ProbeBarrier::kCounting>>(kThreads, 0,
+                                                                                  &counting);
+  }
+  *blocks = std::min({phase, persistent, counting});
   return status;
 }
 
@@ -118,10 +130,11 @@ cudaError_t launch_boundary_phase(const BoundaryProbe& probe, int32_t phase, Lau
   return launch_kernel(boundary_phase_kernel, probe.blocks, kThreads, 0, stream, probe, phase);
 }
 
-cudaError_t launch_boundary_persistent(const BoundaryProbe& probe, cudaStream_t stream) {
-  if (!valid(probe) || (probe.phases > 1 && probe.barrier == nullptr)) {
-    return cudaErrorInvalidValue;
-  }
+cudaError_t launch_boundary_persistent(const BoundaryProbe& probe, ProbeBarrier barrier,
+                                       cudaStream_t stream) {
+  const bool has_barrier =
+      barrier == ProbeBarrier::kGrid ? probe.barrier != nullptr : probe.counter != nullptr;
+  if (!valid(probe) || (probe.phases > 1 && !has_barrier)) return cudaErrorInvalidValue;
   cudaLaunchConfig_t config{};
   config.gridDim = probe.blocks;
   config.blockDim = kThreads;
@@ -131,7 +144,10 @@ cudaError_t launch_boundary_persistent(const BoundaryProbe& probe, cudaStream_t 
   cooperative.val.cooperative = 1;
   config.attrs = &cooperative;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, boundary_persistent_kernel, probe);
+  if (barrier == ProbeBarrier::kGrid) {
+    return cudaLaunchKernelEx(&config, boundary_persistent_kernel<ProbeBarrier::kGrid>, probe);
+  }
+  return cudaLaunchKernelEx(&config, boundary_persistent_kernel<ProbeBarrier::kCounting>, probe);
 }
 
 }  // namespace ls::kernels

@@ -1,12 +1,17 @@
-// A barrier across the blocks of one grid, in global memory: how a persistent kernel's phases wait
-// for each other instead of ending one kernel and starting the next (kernels/boundary_probe.h, its
-// only user, measures what each costs). Every block of the grid must be resident at once: the
-// probe launches its kernel cooperatively, which the driver refuses when the blocks do not fit.
-//
-// The barrier resets itself: the last block to arrive zeroes the count and then advances the
-// generation the others wait on. So one barrier, zeroed once when allocated, serves any number of
-// waits, grids of any size and graph replays, as long as one grid at a time waits at it (the
-// kernels that share one follow each other in stream order).
+// Barriers across the blocks of one grid, in global memory: how a persistent kernel's phases wait
+// for each other instead of ending one kernel and starting the next (kernels/boundary_probe.h,
+// their only user, measures what each costs). Every block of the grid must be resident at once:
+// the probe launches its kernel cooperatively, which the driver refuses when the blocks do not
+// fit.
+// Two shapes:
+//  * GridBarrier, cooperative groups' grid sync: full fences around an acquire-release arrival,
+//    the last block to arrive resetting the count and advancing the generation the others poll.
+//    It resets itself, so one barrier serves grids of any size.
+//  * CountingBarrier, CUTLASS's generic barrier: the arrival a release add on a count that never
+//    resets, the wait acquire loads until the count reaches the next multiple of the grid's blocks;
+//    no fences. A grid size's waits need the count at a multiple of it: zeroed for each size.
+// Either serves any number of waits and graph replays, one grid at a time (the kernels that share
+// one follow each other in stream order).
 #pragma once
 
 #include <cstdint>
@@ -16,6 +21,10 @@ namespace ls::kernels {
 struct GridBarrier {
   uint32_t arrived = 0;     // blocks at the current wait
   uint32_t generation = 0;  // waits completed (wraps)
+};
+
+struct CountingBarrier {
+  unsigned long long arrived = 0;  // arrivals since zeroed (64 bits: never wraps)
 };
 
 #if defined(__CUDACC__)
@@ -56,6 +65,29 @@ __device__ __forceinline__ void grid_barrier_wait(GridBarrier* barrier, int32_t 
       }
     }
     __threadfence();
+  }
+  __syncthreads();
+}
+
+// CountingBarrier's wait (the top): returns once every one of the grid's `blocks` blocks has
+// arrived; every write the block made before it is visible to every block after.
+__device__ __forceinline__ void counting_barrier_wait(CountingBarrier* barrier, int32_t blocks) {
+  __syncthreads();  // the block's writes precede thread 0's release
+  if (threadIdx.x == 0) {
+    unsigned long long before = 0;
+    asm volatile("atom.release.gpu.global.add.u64 %0, [%1], 1;"
+                 : "=l"(before)
+                 : "l"(&barrier->arrived)
+                 : "memory");
+    const auto grid = static_cast<unsigned long long>(blocks);
+    const unsigned long long target = (before / grid + 1) * grid;
+    unsigned long long now = 0;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];"
+                   : "=l"(now)
+                   : "l"(&barrier->arrived)
+                   : "memory");
+    } while (now < target);
   }
   __syncthreads();
 }
