@@ -18,6 +18,7 @@
 #include "bench/gpu_bandwidth.h"
 #include "bench/gpu_bench_main.h"
 #include "kernels/boundary_probe.h"
+#include "kernels/device_memory.h"
 
 #include <cuda_runtime.h>
 
@@ -113,43 +114,31 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-// Device memory for the largest case, freed at exit.
+// Device memory for the largest case (kernels/device_memory.h owners).
 struct Buffers {
-  uint4* weights = nullptr;
-  float* outputs = nullptr;
-  kernels::GridBarrier* barrier = nullptr;
-  kernels::CountingBarrier* counter = nullptr;
-  Buffers(int64_t weight_bytes, int32_t blocks_max) {
-    CHECK(cudaMalloc(&weights, static_cast<size_t>(weight_bytes)));
-    CHECK(cudaMemset(weights, 0x5a, static_cast<size_t>(weight_bytes)));
-    const size_t outputs_count = size_t(kPhasesLong + 1) * blocks_max;
-    CHECK(cudaMalloc(&outputs, outputs_count * sizeof(float)));
-    std::vector<float> input(outputs_count, 0.0f);
+  ls::DeviceArray<uint4> weights;
+  ls::DeviceArray<float> outputs;
+  ls::DeviceArray<kernels::GridBarrier> barrier{1};
+  ls::DeviceArray<kernels::CountingBarrier> counter{1};
+  Buffers(int64_t weight_bytes, int32_t blocks_max)
+      : weights(static_cast<size_t>(weight_bytes) / sizeof(uint4)),
+        outputs(size_t(kPhasesLong + 1) * blocks_max) {
+    CHECK(cudaMemset(weights.get(), 0x5a, weights.bytes()));
+    std::vector<float> input(outputs.count(), 0.0f);
     for (int32_t b = 0; b < blocks_max; ++b) input[b] = static_cast<float>(b % 7);
-    CHECK(cudaMemcpy(outputs, input.data(), input.size() * sizeof(float),
-                     cudaMemcpyHostToDevice));
-    CHECK(cudaMalloc(&barrier, sizeof(kernels::GridBarrier)));
-    CHECK(cudaMemset(barrier, 0, sizeof(kernels::GridBarrier)));
-    CHECK(cudaMalloc(&counter, sizeof(kernels::CountingBarrier)));
+    CHECK(cudaMemcpy(outputs.get(), input.data(), outputs.bytes(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(barrier.get(), 0, barrier.bytes()));
   }
-  ~Buffers() {
-    cudaFree(weights);
-    cudaFree(outputs);
-    cudaFree(barrier);
-    cudaFree(counter);
-  }
-  Buffers(const Buffers&) = delete;
-  Buffers& operator=(const Buffers&) = delete;
 };
 
 // One grid and phase size: each form's time a phase, its cost above the bytes, and the bits.
 void run_case(const Buffers& buffers, int32_t blocks, int64_t phase_bytes, double read_bw,
               int32_t iterations, cudaStream_t stream) {
   kernels::BoundaryProbe probe;
-  probe.weights = buffers.weights;
-  probe.outputs = buffers.outputs;
-  probe.barrier = buffers.barrier;
-  probe.counter = buffers.counter;
+  probe.weights = buffers.weights.get();
+  probe.outputs = buffers.outputs.get();
+  probe.barrier = buffers.barrier.get();
+  probe.counter = buffers.counter.get();
   probe.phases = kPhasesLong;
   probe.phase_words = phase_bytes / 16;
   probe.blocks = blocks;
@@ -157,7 +146,7 @@ void run_case(const Buffers& buffers, int32_t blocks, int64_t phase_bytes, doubl
   std::printf("  %lld MiB a phase, %d blocks: its bytes at the read bandwidth %.2f us\n",
               static_cast<long long>(phase_bytes / kMiB), blocks, streaming * 1e6);
   // The counting barrier's waits end at multiples of the grid's blocks: zeroed for this grid.
-  CHECK(cudaMemset(buffers.counter, 0, sizeof(kernels::CountingBarrier)));
+  CHECK(cudaMemset(buffers.counter.get(), 0, buffers.counter.bytes()));
   const std::vector<float> reference = last_row(probe, Form::kPlain, stream);
   for (const Form form : kForms) {
     if (!same_bits(last_row(probe, form, stream), reference)) {
