@@ -25,10 +25,12 @@
 #                                       # The runs' JSON end up in $OUT/bench-json.tgz (the
 #                                       # device returns 8 files at most).
 #                                       # AB_CROSS=MODEL (e.g. llama-1b; llama-1b,llama-8b
-#                                       # checks both head dims) ends the run with the
-#                                       # bits check of a kernel change: the old build records
-#                                       # MODEL in batch-invariant mode on CUDA (every prompt of
-#                                       # examples/prompts.jsonl; the first alone), and each
+#                                       # checks both head dims) adds, after the tests and
+#                                       # before the benchmark runs (a run cut short keeps
+#                                       # both gates), the bits check of a kernel change: the
+#                                       # old build records MODEL in batch-invariant mode on
+#                                       # CUDA (every prompt of examples/prompts.jsonl; the
+#                                       # first alone), and each
 #                                       # candidate replays both traces exactly, the batch one
 #                                       # whole and its request 1 --isolate'd ($OUT/cross.log,
 #                                       # ~40 s; a replay that differs fails the run).
@@ -174,6 +176,16 @@ run() {
     [ $rc -eq 0 ] || status=1
     grep -E '^\[  (PASSED|FAILED) |FAILED TEST' "$OUT/${t}_gpu_tests.log" | tail -12
   done
+  # The bits check before the figures: a run cut short by the device's limit still has both
+  # of a merge's gates (the tests above and this).
+  if [ -n "${AB_CROSS:-}" ]; then
+    : > "$OUT/cross.log"
+    local model
+    for model in ${AB_CROSS//,/ }; do
+      cross_replay "$model" "$sides" || status=1
+    done
+    grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
+  fi
   local n=0 r
   for ((r = 0; r < rounds; ++r)); do
     for side in $sides; do
@@ -186,14 +198,6 @@ run() {
   local jsons=("$OUT"/*.json)
   if [ -e "${jsons[0]}" ]; then
     tar czf "$OUT/bench-json.tgz" -C "$OUT" "${jsons[@]##*/}" && rm -f "${jsons[@]}"
-  fi
-  if [ -n "${AB_CROSS:-}" ]; then
-    : > "$OUT/cross.log"
-    local model
-    for model in ${AB_CROSS//,/ }; do
-      cross_replay "$model" "$sides" || status=1
-    done
-    grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
   fi
   if [ -n "${AB_PROFILE:-}" ]; then
     profile_sides "$AB_PROFILE" "$sides" || status=1
