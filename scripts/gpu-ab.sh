@@ -30,10 +30,10 @@
 #                                       # both gates), the bits check of a kernel change: the
 #                                       # old build records MODEL in batch-invariant mode on
 #                                       # CUDA (every prompt of examples/prompts.jsonl; the
-#                                       # first alone), and each
-#                                       # candidate replays both traces exactly, the batch one
-#                                       # whole and its request 1 --isolate'd ($OUT/cross.log,
-#                                       # ~40 s; a replay that differs fails the run).
+#                                       # first alone), and each candidate replays both traces
+#                                       # exactly, the batch one whole and its request 1
+#                                       # --isolate'd ($OUT/cross.log, ~40 s a model; a replay
+#                                       # that differs fails the run).
 #                                       # AB_PROFILE=MODEL (llama-1b or llama-8b) ends it with
 #                                       # Nsight Compute over every build's decode attention at
 #                                       # MODEL's batch 64, context 1024 (gpu-libs.sh
