@@ -32,7 +32,7 @@
 #                                       # CUDA (every prompt of examples/prompts.jsonl; the
 #                                       # first alone), and each candidate replays both traces
 #                                       # exactly, the batch one whole and its request 1
-#                                       # --isolate'd ($OUT/cross.log, ~40 s a model; a replay
+#                                       # --isolate'd ($OUT/cross.log, ~1 min a model; a replay
 #                                       # that differs fails the run).
 #                                       # AB_PROFILE=MODEL (llama-1b or llama-8b) ends it with
 #                                       # Nsight Compute over every build's decode attention at
