@@ -231,7 +231,11 @@ cross_step() {
 # by every candidate in `sides` (whole, request 1 alone, and the one-prompt trace).
 cross_replay() {
   local model="$1" sides="$2" status=0 side
-  local batch="$OUT/cross-batch.trace" one="$OUT/cross-one.trace" prompt="$OUT/cross-one.jsonl"
+  # Outside $OUT: a run cut short would otherwise return these in place of its logs (the device
+  # returns 8 files at most).
+  local work
+  work=$(mktemp -d) || return 1
+  local batch="$work/cross-batch.trace" one="$work/cross-one.trace" prompt="$work/cross-one.jsonl"
   head -1 examples/prompts.jsonl > "$prompt"
   echo "== old $(cat "$D/old/commit.txt"): generate $model --determinism invariant --record" \
     >> "$OUT/cross.log"
@@ -246,7 +250,7 @@ cross_replay() {
     cross_step "$D/$side/lockstep" replay "$batch" --backend cuda --isolate 1 || status=1
     cross_step "$D/$side/lockstep" replay "$one" --backend cuda || status=1
   done
-  rm -f "$batch" "$one" "$prompt"
+  rm -rf "$work"
   return $status
 }
 
