@@ -71,10 +71,11 @@
 #
 # What comes back from a device run is at most 8 files, so the run writes exactly these:
 #   env.txt            nvidia-smi, ldd of each binary, versions
-#   gpu_tests.log/json GoogleTest output of lockstep_gpu_tests (every kernel and backend test),
-#                      then the CLI on CUDA: generate/replay (W = 1 and W = 4 with the n-gram
-#                      drafter) and `lockstep sim --backend cuda --seeds 1..20`; compute-sanitizer
-#                      memcheck on a subset (when the tool is there) appended to the log
+#   gpu_tests.log/json GoogleTest output of lockstep_gpu_tests (every kernel and backend test;
+#                      the JSON is this binary's) and of lockstep_gpu_tp_tests, then the CLI on
+#                      CUDA: generate/replay (W = 1 and W = 4 with the n-gram drafter) and
+#                      `lockstep sim --backend cuda --seeds 1..20`; compute-sanitizer memcheck on
+#                      a subset (when the tool is there) appended to the log
 #   cuda_report.tar    `lockstep report` of a trace recorded on CUDA (generate --backend cuda
 #                      --record, llama-1b, W = 4 with the n-gram drafter, 64 prompts): report.html,
 #                      report.json, replay.json (the exact CUDA replay it shows), report.log
@@ -469,7 +470,13 @@ run_checks() {
   # Speculative decoding against W = 1 and against the CPU's drafts (tiny, fp32; CPU-bound part).
   run_part "$OUT/gpu_tests.log" 90 "$DIST/bin/lockstep_gpu_tests" \
       --gtest_filter='GraphsOffOn/CudaSpecInvariance.*:CudaDrafter.*'
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/gpu_tests.log" | tail -52
+  # Tensor parallelism's GPU tests too, so "every GPU test" means every one: on a one-GPU host
+  # both ranks run on GPU 0 (one rank a GPU where there are two); ~10 s. The tp mode adds the CLI
+  # and the TP figures.
+  echo "== TP GPU tests (lockstep_gpu_tp_tests)" >> "$OUT/gpu_tests.log"
+  run_part "$OUT/gpu_tests.log" 120 env NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER \
+      CUDA_DEVICE_MAX_CONNECTIONS=32 "$DIST/bin/lockstep_gpu_tp_tests"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/gpu_tests.log" | tail -56
 
   echo "== CLI on CUDA: generate --backend cuda --record, replay --backend cuda (exact), inspect"
   echo "== CLI on CUDA" >> "$OUT/gpu_tests.log"
