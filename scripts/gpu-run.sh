@@ -98,6 +98,9 @@ DIST=${DIST:-build-gpu/dist}
 # The localisation GPU tests (tests/gpu/localise_gpu_test.cpp) run lockstep and
 # lockstep_planted_cuda from here.
 export LOCKSTEP_BIN_DIR=${LOCKSTEP_BIN_DIR:-$(realpath -m "$DIST/bin")}
+# What a TP run sets before CUDA starts (the README's tensor parallelism: no NVLink multicast,
+# modules loaded eagerly, every hardware queue), for the tp mode and the full run's TP tests.
+TP_ENV=(NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32)
 GPU_TARGETS="lockstep_gpu_tests lockstep_gpu_tp_tests lockstep_gpu_bench lockstep_gpu_spec_bench lockstep_gpu_attention_bench lockstep_gpu_mamba_bench lockstep_gpu_boundary_bench lockstep lockstep_planted_cuda lockstep_bench_recording"
 # The archives the python mode links (position independent: python/CMakeLists.txt makes them so).
 PY_ARCHIVES="lockstep_backends lockstep_replay lockstep_trace lockstep_scheduler lockstep_kernels lockstep_core"
@@ -474,8 +477,7 @@ run_checks() {
   # both ranks run on GPU 0 (one rank a GPU where there are two); ~10 s. The tp mode adds the CLI
   # and the TP figures.
   echo "== TP GPU tests (lockstep_gpu_tp_tests)" >> "$OUT/gpu_tests.log"
-  run_part "$OUT/gpu_tests.log" 120 env NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER \
-      CUDA_DEVICE_MAX_CONNECTIONS=32 "$DIST/bin/lockstep_gpu_tp_tests"
+  run_part "$OUT/gpu_tests.log" 120 env "${TP_ENV[@]}" "$DIST/bin/lockstep_gpu_tp_tests"
   grep -E '^\[  (PASSED|FAILED|SKIPPED) |FAILED TEST|greedy|swap,|llama-1b|determinism|NgramKernel W|spec invariance|drafts vs CPU' "$OUT/gpu_tests.log" | tail -56
 
   echo "== CLI on CUDA: generate --backend cuda --record, replay --backend cuda (exact), inspect"
@@ -619,7 +621,7 @@ run_recording() {
 run_tp() {
   begin_mode lockstep_gpu_tp_tests
   local status=0
-  export NCCL_NVLS_ENABLE=0 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32
+  export "${TP_ENV[@]}"
   echo "== TP GPU tests"
   local log="$OUT/tp_tests.log"
   run_part --new "$log" 300 "$DIST/bin/lockstep_gpu_tp_tests" --gtest_output="json:$OUT/tp_tests.json"
