@@ -1,6 +1,7 @@
 #include "kernels/attention.h"
 
 #include "core/ops/slot.h"
+#include "kernels/copy_async.cuh"
 #include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
@@ -83,24 +84,12 @@ __device__ __forceinline__ void unpack_raw8(const Raw8<float>& raw, float* out) 
 __device__ __forceinline__ void store(bf16* p, float x) { *p = __float2bfloat16_rn(x); }
 __device__ __forceinline__ void store(float* p, float x) { *p = x; }
 
-// Copies 16 bytes global → shared without holding them in registers (sm_80+ cp.async; .cg: the
-// bytes bypass L1, they are read once).
-__device__ __forceinline__ void copy_async_16(void* shared, const void* global) {
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(shared));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(global));
-}
 __device__ __forceinline__ void copy_async_8_elements(bf16* shared, const bf16* global) {
   copy_async_16(shared, global);
 }
 __device__ __forceinline__ void copy_async_8_elements(float* shared, const float* global) {
   copy_async_16(shared, global);
   copy_async_16(shared + 4, global + 4);
-}
-__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void copy_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::); }
-// Waits for all but the newest committed group (a two-stage ring: the older stage has landed).
-__device__ __forceinline__ void copy_async_wait_older() {
-  asm volatile("cp.async.wait_group 1;\n" ::);
 }
 
 // Key-row pieces a lane has in flight at once (registers: 4 words per bf16 piece, 8 per fp32 one).

@@ -5,6 +5,7 @@
 #include "kernels/gemm.h"
 
 #include "core/ops/layer_math.h"
+#include "kernels/copy_async.cuh"
 #include "kernels/kernel_fit.h"
 #include "kernels/launch.cuh"
 #include "kernels/reduce.cuh"
@@ -147,11 +148,23 @@ struct RowStream {
   }
 };
 
+// The norm weight [in] into shared memory, asynchronously: issued before the wait for the
+// predecessor (a weight: nothing writes it), so that normalising reads it from there instead of
+// waiting on the DRAM after the sums of squares.
+__device__ __forceinline__ void stage_norm_weight(const GemvNorm& norm, int32_t in,
+                                                  float* weight_s) {
+  for (int32_t i = static_cast<int32_t>(threadIdx.x); i < in / 4; i += kGemvThreads) {
+    copy_async_16(weight_s + 4 * i, norm.weight + 4 * i);
+  }
+  copy_async_commit();
+}
+
 // x[t] = rms_norm(residual[t]) as bf16 into `normed` [tokens, in]: the sum of squares in the
 // order of the vectorised norm kernel (kernels/rms_norm.cuh), whose kNormWarps warps this block's
 // warps play in turn (a warp's butterfly is the same on any warp); then the same block sum over
-// their partials, scale and element rounding.
-__device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in, bf16* normed) {
+// their partials, scale and element rounding. `weight_s`: stage_norm_weight's copy.
+__device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in,
+                               const float* weight_s, bf16* normed) {
   __shared__ float partials[kGemvTokensMax][kNormWarps];
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
@@ -163,14 +176,15 @@ __device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in,
       if (lane == 0) partials[t][w] = sum;
     }
   }
+  copy_async_wait_all();  // this thread's part of the weight; the barrier publishes every part
   __syncthreads();
-  const float4* weight = reinterpret_cast<const float4*>(norm.weight);
+  const float4* weight = reinterpret_cast<const float4*>(weight_s);
   for (int32_t t = 0; t < tokens; ++t) {
     const float total = warp_sum(lane < kNormWarps ? partials[t][lane] : 0.0f);
     const float scale = ops::rms_norm_scale(total, in, norm.eps);
     const float4* xr = reinterpret_cast<const float4*>(norm.residual + int64_t{t} * in);
     for (int32_t i = static_cast<int32_t>(threadIdx.x); i < vecs; i += kGemvThreads) {
-      store_normalised4(normed + int64_t{t} * in + 4 * i, xr[i], scale, __ldg(weight + i));
+      store_normalised4(normed + int64_t{t} * in + 4 * i, xr[i], scale, weight[i]);
     }
   }
   __syncthreads();
@@ -215,15 +229,17 @@ __device__ __forceinline__ void write_task(const GemvParams& p, TaskRows rows, i
 }
 
 // grid: blocks of kGemvWarps warps; block b runs groups b·per_block ... (b + 1)·per_block − 1,
-// warp w of group g the task g·kGemvWarps + w. The first round of weight loads is issued before
-// waiting for the predecessor kernel (kernels/launch.h): the weights depend on nothing earlier,
-// and at hidden 2048 that round is the whole row.
+// warp w of group g the task g·kGemvWarps + w. The first round of weight loads, and the norm
+// weight's copy to shared memory, are issued before waiting for the predecessor kernel
+// (kernels/launch.h): weights depend on nothing earlier, and at hidden 2048 that round is the
+// whole row.
 template <int32_t kTokens, bool kNormed, Epilogue E>
 __global__ void __launch_bounds__(kGemvThreads)
 gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
   constexpr int32_t kRows = kRowsOf<E>;
   allow_successor();
-  extern __shared__ uint4 normed_x[];  // [tokens, in / 8] when kNormed
+  extern __shared__ uint4 normed_x[];  // [tokens, in / 8], then the norm weight, when kNormed
+  float* weight_s = reinterpret_cast<float*>(normed_x + int64_t{p.tokens} * (p.in / 8));
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
   const int32_t per_block = kNormed ? groups_per_block : 1;  // (launch_as)
@@ -234,8 +250,11 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
     stream.aim(p, task_rows<E>(p, first), lane);
     if (stream.round_fits()) stream.load_round();
   }
+  if constexpr (kNormed) stage_norm_weight(p.norm, p.in, weight_s);
   wait_for_predecessor();
-  if constexpr (kNormed) normalise_into(p.norm, p.tokens, p.in, reinterpret_cast<bf16*>(normed_x));
+  if constexpr (kNormed) {
+    normalise_into(p.norm, p.tokens, p.in, weight_s, reinterpret_cast<bf16*>(normed_x));
+  }
   const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
   for (int32_t task = first; task < last; task += kGemvWarps) {
     float acc[kRows][kTokens];
@@ -275,7 +294,9 @@ template <int32_t kTokens, bool kNormed, Epilogue E>
 cudaError_t launch_as(const GemvParams& p, int32_t tasks, LaunchStream stream) {
   constexpr auto kKernel = gemv_kernel<kTokens, kNormed, E>;
   const int32_t groups = (tasks + kGemvWarps - 1) / kGemvWarps;
-  const size_t shared = kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) : 0;
+  // The normalised input, then the norm weight (gemv_kernel).
+  const size_t shared =
+      kNormed ? size_t(p.tokens) * size_t(p.in) * sizeof(bf16) + size_t(p.in) * sizeof(float) : 0;
   int32_t per_block = 1;
   if constexpr (kNormed) {
     // Past 48 KB less the kernel's static shared memory a launch must have asked for its dynamic
