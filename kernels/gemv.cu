@@ -159,16 +159,72 @@ __device__ __forceinline__ void stage_norm_weight(const GemvNorm& norm, int32_t 
   copy_async_commit();
 }
 
+// One token's norm with the residual held in registers: each thread loads its float4s tid,
+// tid + kGemvThreads, ... once and keeps them for the second pass, which then reads nothing but
+// the staged weight (a second trip to the L2 saved on a batch-1 step's critical path). Those are
+// exactly the float4s of the two norm warps the thread plays: norm warp `warp` (thread v = tid)
+// takes float4s v + k·kNormThreads, the even j below, and norm warp warp + kGemvWarps (v = tid +
+// kGemvThreads) the odd j, so the sums are normalise_into's. Needs vecs <= kHeldVecs ·
+// kGemvThreads (a hidden size up to 4096).
+constexpr int32_t kHeldVecs = 8;
+static_assert(kNormWarps == 2 * kGemvWarps && kNormThreads == 2 * kGemvThreads,
+              "a warp plays two norm warps");
+static_assert(kHeldVecs <= 2 * kNormVecMax, "held float4s map onto the norm order");
+
+__device__ void normalise_held(const GemvNorm& norm, int32_t in, const float* weight_s,
+                               bf16* normed, float* partials) {
+  const int32_t tid = static_cast<int32_t>(threadIdx.x);
+  const int32_t warp = tid / 32;
+  const int32_t lane = tid % 32;
+  const int32_t vecs = in / 4;
+  const float4* xr = reinterpret_cast<const float4*>(norm.residual);
+  float4 held[kHeldVecs];  // float4 tid + j·kGemvThreads of the row, those below vecs
+#pragma unroll
+  for (int32_t j = 0; j < kHeldVecs; ++j) {
+    if (tid + j * kGemvThreads < vecs) held[j] = xr[tid + j * kGemvThreads];
+  }
+#pragma unroll
+  for (int32_t role = 0; role < 2; ++role) {
+    float4 part[kNormVecMax];
+#pragma unroll
+    for (int32_t k = 0; k < kNormVecMax; ++k) {
+      // Past kHeldVecs the norm order's index is past vecs: never summed.
+      part[k] = 2 * k + role < kHeldVecs ? held[2 * k + role] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    const float sum = warp_sum(norm_thread_squares(part, tid + role * kGemvThreads, vecs));
+    if (lane == 0) partials[warp + role * kGemvWarps] = sum;
+  }
+  copy_async_wait_all();  // this thread's part of the weight; the barrier publishes every part
+  __syncthreads();
+  const float total = warp_sum(lane < kNormWarps ? partials[lane] : 0.0f);
+  const float scale = ops::rms_norm_scale(total, in, norm.eps);
+  const float4* weight = reinterpret_cast<const float4*>(weight_s);
+#pragma unroll
+  for (int32_t j = 0; j < kHeldVecs; ++j) {
+    const int32_t i = tid + j * kGemvThreads;
+    if (i < vecs) store_normalised4(normed + 4 * i, held[j], scale, weight[i]);
+  }
+  __syncthreads();
+}
+
 // x[t] = rms_norm(residual[t]) as bf16 into `normed` [tokens, in]: the sum of squares in the
 // order of the vectorised norm kernel (kernels/rms_norm.cuh), whose kNormWarps warps this block's
 // warps play in turn (a warp's butterfly is the same on any warp); then the same block sum over
-// their partials, scale and element rounding. `weight_s`: stage_norm_weight's copy.
+// their partials, scale and element rounding. `weight_s`: stage_norm_weight's copy. One token
+// (the kTokens = 1 kernel) holds its residual in registers where it fits (normalise_held).
+template <int32_t kTokens>
 __device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in,
                                const float* weight_s, bf16* normed) {
   __shared__ float partials[kGemvTokensMax][kNormWarps];
   const int32_t warp = static_cast<int32_t>(threadIdx.x) / 32;
   const int32_t lane = static_cast<int32_t>(threadIdx.x) % 32;
   const int32_t vecs = in / 4;
+  if constexpr (kTokens == 1) {
+    if (vecs <= kHeldVecs * kGemvThreads) {
+      normalise_held(norm, in, weight_s, normed, partials[0]);
+      return;
+    }
+  }
   for (int32_t t = 0; t < tokens; ++t) {
     const float4* xr = reinterpret_cast<const float4*>(norm.residual + int64_t{t} * in);
     for (int32_t w = warp; w < kNormWarps; w += kGemvWarps) {
@@ -253,7 +309,7 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
   if constexpr (kNormed) stage_norm_weight(p.norm, p.in, weight_s);
   wait_for_predecessor();
   if constexpr (kNormed) {
-    normalise_into(p.norm, p.tokens, p.in, weight_s, reinterpret_cast<bf16*>(normed_x));
+    normalise_into<kTokens>(p.norm, p.tokens, p.in, weight_s, reinterpret_cast<bf16*>(normed_x));
   }
   const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
   for (int32_t task = first; task < last; task += kGemvWarps) {

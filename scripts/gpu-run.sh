@@ -679,7 +679,7 @@ run_fusion() {
   begin_mode lockstep_gpu_bench
   local status=0
   echo "== decode fusion, layer-op and backend GPU tests"
-  run_gpu_tests 'Llama/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
+  run_gpu_tests 'Layers/FusionShapes.*:DecodeFusion.*:CudaDecodeFusion.*:OddBatches/GemvTokens.*:OddSizes/TokenCounts.*:CudaFamilies.*:GraphsOffOn/TinyGreedy.*:CudaDeterminism.*:*HybridServed.*:HybridDeterminism.*' \
       240 determinism
   if [ -x "$DIST/bin/lockstep_hf_oracle_check" ]; then
     echo "== HF fixtures on CUDA fp32 and bf16 (and the CPU reference)"
