@@ -178,10 +178,10 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
   __shared__ float m_s[G];
   __shared__ float l_s[G];
   allow_successor();
-  wait_for_predecessor();
+  // Before the wait, as the MMA kernel: the block's token, keys and first slots, from the step's
+  // inputs alone (final before the predecessor started, kernels/launch.cuh).
   const AttentionShape& s = a.shape;
   const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
-  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
   const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
                 group = block.group, keys = block.keys, splits = block.splits,
                 total_splits = block.total_splits;
@@ -211,7 +211,9 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttentionArgs
     if (p >= keys) return 0;
     return ops::slot_in_table(table_row, s.page_size, p);
   };
-  int64_t next_slot = slot_of(blockIdx.x);
+  int64_t next_slot = slot_of(blockIdx.x);  // 0 past the keys
+  wait_for_predecessor();
+  if (static_cast<int32_t>(blockIdx.x) >= splits) return;
   for (int32_t i = threadIdx.x; i < group_dim; i += kThreads) {
     q_s[i] = a.q[int64_t{token} * q_size + (kv_head * group) * d + i];
   }

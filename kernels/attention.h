@@ -84,7 +84,9 @@ cudaError_t attention_positions_max(int64_t* positions);
 // rows) and (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
 // combine false leaves the decode kernel's combine of split partials out (out then holds only
 // what single-split tokens wrote): the benchmark's profile (ls::LeaveOut::kCombine), never a
-// forward that counts.
+// forward that counts. Overlapped (stream.overlap), the decode kernels read positions,
+// token_pool_rows and table before waiting for their predecessor: those must be final before
+// the predecessor started (a step's inputs are, kernels/launch.cuh); q and the caches only after.
 template <typename T>
 cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
                                    const T* v_cache, const int32_t* positions,

@@ -14,7 +14,8 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   __shared__ float scratch[32];
   __shared__ float l_total;
   allow_successor();
-  wait_for_predecessor();
+  // The token's split count before the wait: its position is a step input, final before the
+  // predecessor started (kernels/launch.cuh).
   const AttentionShape& s = a.shape;
   const int32_t local_token = blockIdx.y;
   const int32_t token = a.token_begin + local_token;
@@ -22,6 +23,7 @@ __global__ void attention_combine_kernel(AttentionArgs<T> a) {
   const int32_t d = s.head_dim;
   const int32_t keys = min(a.positions[token], s.positions_count - 1) + 1;
   const int32_t splits = (keys + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
+  wait_for_predecessor();
   if (splits == 1) return;  // written directly by the split kernel
   const int32_t total_splits = (s.positions_count + kAttentionSplitKeys - 1) / kAttentionSplitKeys;
   const auto part = [&](int32_t k) {

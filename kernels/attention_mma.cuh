@@ -89,10 +89,11 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   __shared__ float m_s[G];
   __shared__ float l_s[G];
   allow_successor();
-  wait_for_predecessor();
+  // Before the wait: the block's token, keys and the slots of its first splits (split_block,
+  // slot_of). Only the step's inputs feed them, which are final before the predecessor started
+  // (kernels/launch.cuh), so this chain of dependent reads runs under the predecessor's tail.
   const AttentionShape& s = a.shape;
   const SplitBlock block = split_block(a);  // named copies: CUDA's C++17 lambdas capture them
-  if (static_cast<int32_t>(blockIdx.x) >= block.splits) return;
   const int32_t local_token = block.local_token, token = block.token, kv_head = block.kv_head,
                 group = block.group, keys = block.keys, splits = block.splits,
                 total_splits = block.total_splits;
@@ -105,6 +106,18 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   const int32_t g = lane / 4;  // MMA group: a row of A and C, a column (key or dim) of B
   const int32_t c = lane % 4;  // thread in the group
   const int64_t head_offset = int64_t{kv_head} * D;
+
+  const auto slot_of = [&](int32_t split) -> int64_t {
+    const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
+    if (p >= keys) return 0;
+    return ops::slot_in_table(table_row, s.page_size, p);
+  };
+  const int32_t stride = static_cast<int32_t>(gridDim.x);
+  int32_t split = blockIdx.x;
+  int64_t next_slot = slot_of(split);  // 0 past the keys (a block past the splits returns below)
+  const int64_t ahead_slot = kReadsAhead<D> ? slot_of(split + stride) : 0;
+  wait_for_predecessor();
+  if (split >= splits) return;
 
   // Q's A fragments for every k-step (rows g and g + 8; zero past the group).
   uint32_t q_frag[kSteps][4];
@@ -123,11 +136,6 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       }
     }
   }
-  const auto slot_of = [&](int32_t split) -> int64_t {
-    const int32_t p = split * kAttentionSplitKeys + static_cast<int32_t>(threadIdx.x);
-    if (p >= keys) return 0;
-    return ops::slot_in_table(table_row, s.page_size, p);
-  };
   // Starts a split's reads, its slots in `slots`: the value rows into `values` by cp.async (one
   // commit group), the rows past its keys up to the next k-step boundary zeroed (their
   // probabilities are zero, and 0·NaN of a stale row would not be); the key rows into `raw`, every
@@ -162,16 +170,14 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   };
   // Where reads run ahead, while a split's softmax and P·V run the next split's keys are in flight
   // into `raw` and its values into the other value tile, and the slots of the split after it are
-  // found (slot_s[b]: the slots of the splits taken with value tile b). Otherwise a split's reads
-  // start at its beginning, its slots found while the previous split's softmax and P·V ran.
-  const int32_t stride = static_cast<int32_t>(gridDim.x);
-  int32_t split = blockIdx.x;
-  int64_t next_slot = slot_of(split);
+  // found (slot_s[b]: the slots of the splits taken with value tile b; the first two splits' were
+  // found before the wait). Otherwise a split's reads start at its beginning, its slots found
+  // while the previous split's softmax and P·V ran (the first split's before the wait).
   if constexpr (kReadsAhead<D>) {
     slot_s[0][threadIdx.x] = next_slot;
     __syncthreads();
     start_reads(split, slot_s[0], value_rows);
-    if (split + stride < splits) slot_s[1][threadIdx.x] = slot_of(split + stride);
+    if (split + stride < splits) slot_s[1][threadIdx.x] = ahead_slot;
   }
   for (int32_t tile = 0; split < splits; split += stride, tile = (tile + 1) % kValueTiles<D>) {
     const int32_t next = split + stride;

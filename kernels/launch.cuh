@@ -4,6 +4,12 @@
 // writes them); when launched in plain order both are no-ops. Because each such kernel completes
 // only after its wait returns, the order is transitive: kernel n + 1 waiting on n also follows
 // n − 1.
+//
+// The step's inputs are the other exception: the positions, slots, pool rows and block table are
+// written by the state ops (kernels/state_ops.h) and copies, launched in plain order before a
+// step's first overlapped kernel and never calling allow_successor, so every overlapped kernel of
+// the step starts after they completed and may read those before its wait (decode attention
+// does: its chain of index reads then runs under its predecessor's tail).
 #pragma once
 
 #include "kernels/launch.h"

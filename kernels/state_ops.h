@@ -1,7 +1,9 @@
 // Device state ops of the CUDA backend (DESIGN.md per-step rules 1–3). Launchers take raw device
 // pointers, sizes and a stream, validate their arguments, and return the launch status
 // (STYLE.md §2–3). Their CPU reference is CpuBackend's apply_table_writes / reset_lengths /
-// fill_inputs; tests/gpu/ compares the two.
+// fill_inputs; tests/gpu/ compares the two. They launch in plain stream order and never let a
+// successor overlap them: overlapped kernels read the step inputs they write before waiting
+// (kernels/launch.cuh).
 #pragma once
 
 #include "kernels/step_layout.h"
