@@ -246,10 +246,34 @@ __device__ void normalise_into(const GemvNorm& norm, int32_t tokens, int32_t in,
   __syncthreads();
 }
 
-// Token t's outputs of one task (every lane holds the sums; lane t writes token t).
+// What the RoPE/KV epilogue reads besides the sums, for one token of one task: its KV slot and,
+// for a Q or K pair, the cos/sin of its position. Read as the task starts, so that the dependent
+// reads (the position, then its row of the tables) run under the task's dot products instead of
+// after its butterflies, on the step's critical path.
+struct RopeInputs {
+  int64_t slot = 0;
+  float cos = 0.0f, sin = 0.0f;
+};
+
+__device__ __forceinline__ RopeInputs rope_inputs(const GemvParams& p, TaskRows rows,
+                                                  int32_t task, int32_t t) {
+  const RopeKvTarget& r = p.rope;
+  const int32_t half = r.head_dim / 2;
+  RopeInputs in;
+  in.slot = r.slots[t];
+  if (rows.row[0] < (r.query_heads + r.kv_heads) * r.head_dim) {  // a Q or K pair: rotated
+    const int32_t position = min(r.positions[t], r.positions_count - 1);
+    in.cos = r.cos[int64_t{position} * half + task % half];
+    in.sin = r.sin[int64_t{position} * half + task % half];
+  }
+  return in;
+}
+
+// Token t's outputs of one task (every lane holds the sums; lane t writes token t, with `rope`
+// its rope_inputs for kRopeKv).
 template <Epilogue E>
 __device__ __forceinline__ void write_task(const GemvParams& p, TaskRows rows, int32_t task,
-                                           int32_t t, const float* sums) {
+                                           int32_t t, const float* sums, const RopeInputs& rope) {
   if constexpr (E == Epilogue::kStore) {
     float* y = p.y + int64_t{t} * p.out + rows.row[0];
     *y = p.beta == 0.0f ? sums[0] : sums[0] + p.beta * *y;
@@ -260,24 +284,19 @@ __device__ __forceinline__ void write_task(const GemvParams& p, TaskRows rows, i
     const int32_t half = r.head_dim / 2;
     const int32_t q_size = r.query_heads * r.head_dim;
     const int32_t kv_size = r.kv_heads * r.head_dim;
-    const int64_t slot = r.slots[t];
     const int32_t a = rows.row[0];
     if (a >= q_size + kv_size) {  // V: rounded as it is
-      r.v_cache[slot * kv_size + (a - q_size - kv_size)] = __float2bfloat16_rn(sums[0]);
-      r.v_cache[slot * kv_size + (a - q_size - kv_size) + 1] = __float2bfloat16_rn(sums[1]);
+      r.v_cache[rope.slot * kv_size + (a - q_size - kv_size)] = __float2bfloat16_rn(sums[0]);
+      r.v_cache[rope.slot * kv_size + (a - q_size - kv_size) + 1] = __float2bfloat16_rn(sums[1]);
       return;
     }
-    const int32_t i = task % half;
-    const int32_t position = min(r.positions[t], r.positions_count - 1);
-    const ops::RotatedPair y = ops::rope_rotate(sums[0], sums[1],
-                                                r.cos[int64_t{position} * half + i],
-                                                r.sin[int64_t{position} * half + i]);
+    const ops::RotatedPair y = ops::rope_rotate(sums[0], sums[1], rope.cos, rope.sin);
     if (a < q_size) {
       float* q = r.q_out + int64_t{t} * q_size + a;
       q[0] = y.first;
       q[half] = y.second;
     } else {
-      bf16* k = r.k_cache + slot * kv_size + (a - q_size);
+      bf16* k = r.k_cache + rope.slot * kv_size + (a - q_size);
       k[0] = __float2bfloat16_rn(y.first);
       k[half] = __float2bfloat16_rn(y.second);
     }
@@ -313,6 +332,10 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
   }
   const uint4* x = kNormed ? normed_x : reinterpret_cast<const uint4*>(p.x);
   for (int32_t task = first; task < last; task += kGemvWarps) {
+    RopeInputs rope;
+    if constexpr (E == Epilogue::kRopeKv) {
+      if (lane < p.tokens) rope = rope_inputs(p, task_rows<E>(p, task), task, lane);
+    }
     float acc[kRows][kTokens];
 #pragma unroll
     for (int32_t r = 0; r < kRows; ++r) {
@@ -337,7 +360,7 @@ gemv_kernel(const GemvParams p, int32_t tasks, int32_t groups_per_block) {
         float sums[kRows];
 #pragma unroll
         for (int32_t r = 0; r < kRows; ++r) sums[r] = acc[r][t];
-        write_task<E>(p, rows, task, t, sums);
+        write_task<E>(p, rows, task, t, sums, rope);
       }
     }
   }
