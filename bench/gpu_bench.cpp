@@ -65,6 +65,7 @@
 #include "bench/gpu_run_header.h"
 #include "core/check.h"
 #include "core/executor.h"
+#include "kernels/attention.h"
 #include "kernels/cuda_backend.h"
 #include "kernels/cuda_check.h"
 #include "kernels/gemm.h"
@@ -1380,7 +1381,9 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
   const int64_t h = m.hidden_size, layers = m.layers_count;
   switch (what) {
     case LeaveOut::kQkv: return 2 * layers * h * (m.q_size() + 2 * m.kv_size());
-    case LeaveOut::kAttention: return decode_bytes_split(m, rows, context).kv;
+    case LeaveOut::kAttention:
+    case LeaveOut::kAttentionBody:
+    case LeaveOut::kAttentionKvReads: return decode_bytes_split(m, rows, context).kv;
     case LeaveOut::kCombine: return 0;
     case LeaveOut::kO: return 2 * layers * h * m.q_size();
     case LeaveOut::kGateUp: return 2 * layers * 2 * h * m.ffn_size;
@@ -1396,8 +1399,11 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
 // computes wrong logits, only its time counts), at context 1024, batch 1 and 64. Each kernel's
 // cost is set against its bytes at the read bandwidth measured in this run: the difference, its
 // loss, is what keeps the step from that bandwidth. With every layer left out the step keeps the
-// embedding, the final norm, the LM head and the sampling tail ("outside the layers"). One backend
-// a variant, one after another; the full step is timed first and last (drift).
+// embedding, the final norm, the LM head and the sampling tail ("outside the layers"). Attention
+// is also cut into parts (the combine; the split kernel past its wait, with the combine; its K/V
+// reads alone), listed but not added to the losses; the split kernel's parts where the shape has
+// them (kernels/attention.h: llama's group of 4). One backend a variant, one after another; the
+// full step is timed first and last (drift).
 json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
@@ -1405,7 +1411,15 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
   const int32_t steps = o.quick ? 10 : 20;
   const int32_t mean_context = kContext + kWarmupSteps + steps / 2;
   const ExecutorConfig config = bench_config(kContext);
-  const std::vector<LeaveOut> kernels(std::begin(kLeaveOutKinds), std::end(kLeaveOutKinds));
+  const bool has_split_parts =
+      (model.head_dim == 64 || model.head_dim == 128) &&
+      model.query_heads_count / model.kv_heads_count == kernels::kAttentionLeaveOutGroup;
+  std::vector<LeaveOut> kernels;
+  for (const LeaveOut what : kLeaveOutKinds) {
+    const bool split_part =
+        what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads;
+    if (!split_part || has_split_parts) kernels.push_back(what);
+  }
   const size_t every_layer_at = static_cast<size_t>(
       std::find(kernels.begin(), kernels.end(), LeaveOut::kLayers) - kernels.begin());
   // step_ms[v][b]: variant v (0: nothing left out, 1..: kernels[v − 1], last: nothing again).
@@ -1444,7 +1458,7 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
       const double cost_us = (full_ms - without_ms) * 1e3;
       const int64_t bytes = left_out_bytes(model, rows, mean_context, kernels[k]);
       const double loss_us = cost_us - at_read_us(bytes);
-      const bool part_of_attention = kernels[k] == LeaveOut::kCombine;
+      const bool part_of_attention = is_part_of_attention(kernels[k]);
       const bool every_layer = kernels[k] == LeaveOut::kLayers;
       if (!part_of_attention && !every_layer) losses_us += loss_us;
       std::printf("    %-18s %9.3f %9.1f %10.1f %12.1f %9.1f%s\n",

@@ -371,29 +371,49 @@ cudaError_t launch_splits(size_t shared, const AttentionArgs<T>& args, int32_t t
   return launch_kernel(kKernel, dim3(lanes, s.kv_heads, tokens), kThreads, shared, stream, args);
 }
 
-template <typename T, int32_t G>
-cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream) {
-  const int32_t d = args.shape.head_dim;
-  if constexpr (std::is_same_v<T, bf16>) {
-    if (d == 64) {
-      return launch_splits<attention_mma_kernel<64, G>>(mma_shared_bytes<64>(), args, tokens,
-                                                        stream);
+// The tensor-core split kernel, or one of its forms with a part left out (`split_leave_out`: at
+// most one of AttentionLeaveOut's split-kernel bits; those forms exist at kAttentionLeaveOutGroup).
+template <int32_t D, int32_t G>
+cudaError_t launch_mma(const AttentionArgs<bf16>& args, int32_t tokens, LaunchStream stream,
+                       uint32_t split_leave_out) {
+  constexpr size_t kShared = mma_shared_bytes<D>();
+  if (split_leave_out == 0) {
+    return launch_splits<attention_mma_kernel<D, G>>(kShared, args, tokens, stream);
+  }
+  if constexpr (G == kAttentionLeaveOutGroup) {
+    if (split_leave_out == kAttentionSplitBody) {
+      return launch_splits<attention_mma_kernel<D, G, kAttentionSplitBody>>(kShared, args, tokens,
+                                                                             stream);
     }
-    if (d == 128) {
-      return launch_splits<attention_mma_kernel<128, G>>(mma_shared_bytes<128>(), args, tokens,
-                                                         stream);
+    if (split_leave_out == kAttentionKvReads) {
+      return launch_splits<attention_mma_kernel<D, G, kAttentionKvReads>>(kShared, args, tokens,
+                                                                           stream);
     }
   }
+  return cudaErrorInvalidValue;
+}
+
+template <typename T, int32_t G>
+cudaError_t launch_split(const AttentionArgs<T>& args, int32_t tokens, LaunchStream stream,
+                         uint32_t split_leave_out) {
+  const int32_t d = args.shape.head_dim;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (d == 64) return launch_mma<64, G>(args, tokens, stream, split_leave_out);
+    if (d == 128) return launch_mma<128, G>(args, tokens, stream, split_leave_out);
+  }
+  if (split_leave_out != 0) return cudaErrorInvalidValue;  // only the tensor-core kernel has parts
   const size_t shared = split_shared_bytes<T>(d, args.shape.query_heads / args.shape.kv_heads);
   return launch_splits<attention_split_kernel<T, G>>(shared, args, tokens, stream);
 }
 
-// The decode kernel (and the combine, unless left out) over tokens [first, end) of `base`, in
-// launches of at most `chunk` tokens.
+// The decode kernel and the combine (less the parts `leave_out` names) over tokens [first, end)
+// of `base`, in launches of at most `chunk` tokens.
 template <typename T>
 cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, int32_t end,
-                                 int32_t chunk, LaunchStream stream, bool combine) {
+                                 int32_t chunk, LaunchStream stream, uint32_t leave_out) {
   const AttentionShape& s = base.shape;
+  const uint32_t split_leave_out = leave_out & (kAttentionSplitBody | kAttentionKvReads);
+  const bool combine = (leave_out & kAttentionCombine) == 0;
   for (int32_t begin = first; begin < end; begin += chunk) {
     const int32_t n = std::min(chunk, end - begin);
     AttentionArgs<T> args = base;
@@ -401,15 +421,15 @@ cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, in
     const int32_t group = s.query_heads / s.kv_heads;
     cudaError_t launched = cudaSuccess;
     if (group <= 1) {
-      launched = launch_split<T, 1>(args, n, stream);
+      launched = launch_split<T, 1>(args, n, stream, split_leave_out);
     } else if (group <= 2) {
-      launched = launch_split<T, 2>(args, n, stream);
+      launched = launch_split<T, 2>(args, n, stream, split_leave_out);
     } else if (group <= 4) {
-      launched = launch_split<T, 4>(args, n, stream);
+      launched = launch_split<T, 4>(args, n, stream, split_leave_out);
     } else if (group <= 8) {
-      launched = launch_split<T, 8>(args, n, stream);
+      launched = launch_split<T, 8>(args, n, stream, split_leave_out);
     } else {
-      launched = launch_split<T, 16>(args, n, stream);
+      launched = launch_split<T, 16>(args, n, stream, split_leave_out);
     }
     if (launched != cudaSuccess) return launched;
     if (combine && splits_max(s) > 1) {
@@ -475,7 +495,7 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
                                    size_t workspace_floats, T* out, LaunchStream stream,
-                                   bool combine) {
+                                   uint32_t leave_out) {
   const AttentionShape& s = shape;
   if (tokens_count < 0 || s.query_heads < 1 || s.kv_heads < 1 ||
       s.query_heads % s.kv_heads != 0 || s.query_heads / s.kv_heads > kGroupMax ||
@@ -486,6 +506,11 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   }
   if (prefill_tokens_count < 0 || prefill_tokens_count > tokens_count) return cudaErrorInvalidValue;
   if (prefill != AttentionPrefill::kTiles && prefill != AttentionPrefill::kDecodeKernel) {
+    return cudaErrorInvalidValue;
+  }
+  const uint32_t leave_out_all = kAttentionCombine | kAttentionSplitBody | kAttentionKvReads;
+  if ((leave_out & ~leave_out_all) != 0 ||
+      ((leave_out & kAttentionSplitBody) != 0 && (leave_out & kAttentionKvReads) != 0)) {
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;
@@ -506,18 +531,18 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
       if (status != cudaSuccess) return status;
     }
   }
-  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream, combine);
+  return launch_decode_kernel<T>(base, tiled, tokens_count, chunk, stream, leave_out);
 }
 
 template cudaError_t launch_paged_attention<bf16>(const AttentionShape&, const float*, const bf16*,
                                                   const bf16*, const int32_t*, const int32_t*,
                                                   const int32_t*, int32_t, int32_t,
                                                   AttentionPrefill, float*, size_t, bf16*,
-                                                  LaunchStream, bool);
+                                                  LaunchStream, uint32_t);
 template cudaError_t launch_paged_attention<float>(const AttentionShape&, const float*,
                                                    const float*, const float*, const int32_t*,
                                                    const int32_t*, const int32_t*, int32_t,
                                                    int32_t, AttentionPrefill, float*, size_t,
-                                                   float*, LaunchStream, bool);
+                                                   float*, LaunchStream, uint32_t);
 
 }  // namespace ls::kernels

@@ -41,6 +41,22 @@ struct AttentionShape {
   int32_t positions_count = 0;  // table_width · page_size: the RoPE table's length
 };
 
+// Parts of the decode kernels a launch can leave out, for the benchmark's profile of what each
+// adds to a step (CudaBackendOptions::leave_out); the output is then wrong. The split kernel's
+// parts exist on the tensor-core kernel (bf16 KV, head_dim 64 or 128) at a group of
+// kAttentionLeaveOutGroup query heads a KV head (llama's), one at a time: another launch that asks
+// for them gets cudaErrorInvalidValue.
+enum AttentionLeaveOut : uint32_t {
+  kAttentionCombine = 1u << 0,    // the combine of split partials (out then holds only what
+                                  // single-split tokens wrote)
+  kAttentionSplitBody = 1u << 1,  // the split kernel returns as soon as its wait ends (its reads
+                                  // ahead of the wait, unused, compiled away): what remains is
+                                  // its launch and its kernel boundaries
+  kAttentionKvReads = 1u << 2,    // the split kernel reads no K/V rows (its arithmetic, shared
+                                  // memory and partials as before, on whatever the tiles held)
+};
+constexpr int32_t kAttentionLeaveOutGroup = 4;
+
 // Which kernel computes a launch's prefill tokens.
 enum class AttentionPrefill {
   // The tile kernel where it applies (bf16 KV, head_dim 64 or 128, at least
@@ -82,9 +98,8 @@ cudaError_t attention_positions_max(int64_t* positions);
 // only picks the kernel. Tokens are processed in launches that fit `workspace` (at least one
 // token's: attention_workspace_floats(shape, 1)). Needs head_dim % 8 == 0 (vector loads of key
 // rows) and (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
-// combine false leaves the decode kernel's combine of split partials out (out then holds only
-// what single-split tokens wrote): the benchmark's profile (ls::LeaveOut::kCombine), never a
-// forward that counts. Overlapped (stream.overlap), the decode kernels read positions,
+// leave_out (bits of AttentionLeaveOut, 0 by default) leaves parts of the decode kernels out: the
+// benchmark's profile (ls::LeaveOut), never a forward that counts. Overlapped (stream.overlap), the decode kernels read positions,
 // token_pool_rows and table before waiting for their predecessor: those must be final before
 // the predecessor started (a step's inputs are, kernels/launch.cuh); q and the caches only after.
 template <typename T>
@@ -94,6 +109,6 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
                                    int32_t tokens_count, int32_t prefill_tokens_count,
                                    AttentionPrefill prefill, float* workspace,
                                    size_t workspace_floats, T* out, LaunchStream stream,
-                                   bool combine = true);
+                                   uint32_t leave_out = 0);
 
 }  // namespace ls::kernels

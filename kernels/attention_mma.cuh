@@ -73,7 +73,8 @@ constexpr size_t mma_shared_bytes() {
   return size_t{kValueTiles<D>} * kValueTile<D> * sizeof(bf16);
 }
 
-template <int32_t D, int32_t G>
+// kLeaveOut: 0, or one of AttentionLeaveOut's split-kernel bits (the benchmark's profile).
+template <int32_t D, int32_t G, uint32_t kLeaveOut = 0>
 __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArgs<bf16> a) {
   static_assert(D % 32 == 0 && D / kWarps % 16 == 0, "head_dim 64 or 128");
   static_assert(G <= kMmaRows, "a group fits the MMA tile");
@@ -117,6 +118,7 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   int64_t next_slot = slot_of(split);  // 0 past the keys (a block past the splits returns below)
   const int64_t ahead_slot = kReadsAhead<D> ? slot_of(split + stride) : 0;
   wait_for_predecessor();
+  if constexpr (kLeaveOut == kAttentionSplitBody) return;
   if (split >= splits) return;
 
   // Q's A fragments for every k-step (rows g and g + 8; zero past the group).
@@ -139,20 +141,23 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   // Starts a split's reads, its slots in `slots`: the value rows into `values` by cp.async (one
   // commit group), the rows past its keys up to the next k-step boundary zeroed (their
   // probabilities are zero, and 0·NaN of a stale row would not be); the key rows into `raw`, every
-  // load of the warp's 32 keys in flight at once.
+  // load of the warp's 32 keys in flight at once. With the K/V reads left out (the profile's form)
+  // no row is read: keys and values are zeros up to `padded`, so the output stays finite.
   constexpr int32_t kPieces = D / 8;  // 16-byte pieces of a row
+  constexpr bool kReadsRows = kLeaveOut != kAttentionKvReads;
   uint4 raw[kKeyTiles][kLoads];
   const auto start_reads = [&](int32_t split, const int64_t* slots, bf16* values) {
     const int32_t count = min(kAttentionSplitKeys, keys - split * kAttentionSplitKeys);
     const int32_t padded = (count + 15) / 16 * 16;
-    for (int32_t idx = threadIdx.x; idx < count * kPieces; idx += kThreads) {
+    const int32_t read = kReadsRows ? count : 0;  // rows read; the rest up to `padded` are zeroed
+    for (int32_t idx = threadIdx.x; idx < read * kPieces; idx += kThreads) {
       const int32_t x = idx / kPieces;
       const int32_t j = idx - x * kPieces;
       copy_async_16(values + x * kValuePitch<D> + 8 * j,
                     a.v_cache + slots[x] * kv_size + head_offset + 8 * j);
     }
     copy_async_commit();
-    for (int32_t idx = count * kPieces + threadIdx.x; idx < padded * kPieces; idx += kThreads) {
+    for (int32_t idx = read * kPieces + threadIdx.x; idx < padded * kPieces; idx += kThreads) {
       const int32_t x = idx / kPieces;
       const int32_t j = idx - x * kPieces;
       *reinterpret_cast<uint4*>(values + x * kValuePitch<D> + 8 * j) = make_uint4(0, 0, 0, 0);
@@ -162,9 +167,9 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       const int32_t x = 32 * warp + 8 * t + g;
 #pragma unroll
       for (int32_t l = 0; l < kLoads; ++l) {
-        raw[t][l] = x < count ? *reinterpret_cast<const uint4*>(a.k_cache + slots[x] * kv_size +
-                                                                head_offset + 32 * l + 8 * c)
-                              : make_uint4(0, 0, 0, 0);
+        raw[t][l] = x < read ? *reinterpret_cast<const uint4*>(a.k_cache + slots[x] * kv_size +
+                                                               head_offset + 32 * l + 8 * c)
+                             : make_uint4(0, 0, 0, 0);
       }
     }
   };

@@ -65,12 +65,22 @@ enum class LeaveOut : uint32_t {
   kGateUp = 1u << 4,     // the gate/up product with its folded norm and SwiGLU
   kDown = 1u << 5,
   kLayers = 1u << 6,     // every layer: the step keeps the embedding, final norm, LM head, tail
+  // Parts of decode attention's split kernel (kernels/attention.h, AttentionLeaveOut; the
+  // tensor-core kernel at llama's group of 4 query heads a KV head):
+  kAttentionBody = 1u << 7,     // all but its launch and its wait; and the combine
+  kAttentionKvReads = 1u << 8,  // its reads of the K/V rows (zeros instead)
 };
 // Every LeaveOut, in the order the benchmark's profile reports them.
-inline constexpr LeaveOut kLeaveOutKinds[] = {LeaveOut::kQkv,    LeaveOut::kAttention,
-                                              LeaveOut::kCombine, LeaveOut::kO,
-                                              LeaveOut::kGateUp,  LeaveOut::kDown,
-                                              LeaveOut::kLayers};
+inline constexpr LeaveOut kLeaveOutKinds[] = {
+    LeaveOut::kQkv,    LeaveOut::kAttention, LeaveOut::kCombine, LeaveOut::kAttentionBody,
+    LeaveOut::kAttentionKvReads, LeaveOut::kO, LeaveOut::kGateUp, LeaveOut::kDown,
+    LeaveOut::kLayers};
+// The parts of attention's cost among them (the profile lists them, but does not add them to the
+// step's losses: LeaveOut::kAttention's row holds them).
+constexpr bool is_part_of_attention(LeaveOut what) {
+  return what == LeaveOut::kCombine || what == LeaveOut::kAttentionBody ||
+         what == LeaveOut::kAttentionKvReads;
+}
 constexpr uint32_t kLeaveOutAll = [] {
   uint32_t all = 0;
   for (const LeaveOut what : kLeaveOutKinds) all |= static_cast<uint32_t>(what);

@@ -217,6 +217,7 @@ struct CudaBackend::Impl {
   bool leaves_out(LeaveOut what) const {
     return (options.leave_out & static_cast<uint32_t>(what)) != 0;
   }
+  uint32_t attention_leave_out() const;  // cuda_model_runner.cpp
   void index_layer_kinds();
   void initialise_mamba();
   void enqueue_state_copy(const CacheOp& op);

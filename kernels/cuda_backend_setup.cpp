@@ -307,6 +307,17 @@ void CudaBackend::Impl::refuse_what_leave_out_cannot_cover() const {
   LS_REQUIRE(options.drafter.empty() || options.drafter == kNoDrafterName,
              "{} does not cover a drafter ('{}')", what, options.drafter);
   LS_REQUIRE(!model.has_recurrent_state(), "{} does not cover Mamba layers", what);
+  // The split kernel's parts exist on its tensor-core form at llama's group (kernels/attention.h).
+  const bool body = leaves_out(LeaveOut::kAttentionBody);
+  const bool kv_reads = leaves_out(LeaveOut::kAttentionKvReads);
+  if (!body && !kv_reads) return;
+  LS_REQUIRE(!(body && kv_reads), "{}: attention_body and attention_kv_reads are parts of one "
+             "kernel, left out one at a time", what);
+  LS_REQUIRE(model.head_dim == 64 || model.head_dim == 128, "{}: attention's parts need head_dim "
+             "64 or 128 (the tensor-core kernel), not {}", what, model.head_dim);
+  const int32_t group = model.query_heads_count / model.kv_heads_count;
+  LS_REQUIRE(group == kernels::kAttentionLeaveOutGroup, "{}: attention's parts need {} query "
+             "heads a KV head, not {}", what, kernels::kAttentionLeaveOutGroup, group);
 }
 
 void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {

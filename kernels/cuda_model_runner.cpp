@@ -196,6 +196,19 @@ bool CudaBackend::Impl::enqueue_qkv(int32_t i, int32_t tokens, T* k_layer, T* v_
   return norm_fused;
 }
 
+// The parts of decode attention options.leave_out names, as kernels/attention.h's bits. Leaving
+// the split kernel's body out leaves the combine out too: it would merge partials no split wrote
+// (NaN from the zeros of an unwritten workspace), where without it `attn_out` keeps finite values.
+uint32_t CudaBackend::Impl::attention_leave_out() const {
+  uint32_t bits = 0;
+  if (leaves_out(LeaveOut::kCombine)) bits |= kernels::kAttentionCombine;
+  if (leaves_out(LeaveOut::kAttentionBody)) {
+    bits |= kernels::kAttentionSplitBody | kernels::kAttentionCombine;
+  }
+  if (leaves_out(LeaveOut::kAttentionKvReads)) bits |= kernels::kAttentionKvReads;
+  return bits;
+}
+
 // An attention layer; the kernels options.leave_out names are left out (the benchmark's profile).
 template <typename T>
 void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill_tokens) {
@@ -211,8 +224,7 @@ void CudaBackend::Impl::enqueue_layer(int32_t i, int32_t tokens, int32_t prefill
     LS_CUDA(kernels::launch_paged_attention(
         attention_shape, q.get(), k_layer, v_layer, positions.get(), token_pool_rows.get(),
         table.get(), tokens, prefill_tokens, attention_prefill, attention_workspace.get(),
-        attention_workspace.count(), as<T>(attn_out), forward_stream(),
-        !leaves_out(LeaveOut::kCombine)));
+        attention_workspace.count(), as<T>(attn_out), forward_stream(), attention_leave_out()));
     mark(CudaPhase::kAttention);
   }
   if (activation_capture) capture_attention<T>(i, norm_fused, k_layer, v_layer);

@@ -96,6 +96,8 @@ std::string_view to_string(LeaveOut what) {
     case LeaveOut::kQkv: return "qkv";
     case LeaveOut::kAttention: return "attention";
     case LeaveOut::kCombine: return "attention_combine";
+    case LeaveOut::kAttentionBody: return "attention_body";
+    case LeaveOut::kAttentionKvReads: return "attention_kv_reads";
     case LeaveOut::kO: return "o";
     case LeaveOut::kGateUp: return "gate_up";
     case LeaveOut::kDown: return "down";

@@ -1,5 +1,5 @@
 // The benchmark's profile option CudaBackendOptions::leave_out (`lockstep_gpu_bench --leave-out`):
-// every kernel it names is really left out of the step (the tokens a served run generates
+// every kernel or part it names is really left out of the step (the tokens a served run generates
 // change), and what it cannot cover is refused by name.
 #include "core/check.h"
 #include "kernels/cuda_backend.h"
@@ -8,6 +8,7 @@
 #include "tests/hybrid_checkpoint.h"
 #include "tests/test_support.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -19,12 +20,25 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
+// testing::tiled_weights' shape with llama's attention: 4 query heads a KV head at head_dim 64,
+// where the split kernel's parts (LeaveOut::kAttentionBody, kAttentionKvReads) exist, so every
+// kind can be left out.
+const ModelWeights& group4_weights() {
+  static const ModelWeights weights = [] {
+    ModelConfig c = testing::tiled_weights().config;
+    c.name = "tiny-wide-group4";
+    c.kv_heads_count = 2;
+    return weights_from_seed(c, 7);
+  }();
+  return weights;
+}
+
 // Prompts past one attention split (128 keys) so that the combine runs, and short ones; served
 // at batch 16 with graphs, as the bench decodes.
 gpu_test::Outcomes served(uint32_t leave_out) {
   const SchedulerConfig config = gpu_test::tiny_scheduler();
-  const int32_t vocab = testing::tiny_weights().config.vocab_size;
-  CudaBackend backend(testing::tiny_weights(), executor_config_for(config),
+  const int32_t vocab = group4_weights().config.vocab_size;
+  CudaBackend backend(group4_weights(), executor_config_for(config),
                       CudaBackendOptions{.graphs = true, .leave_out = leave_out});
   return gpu_test::generate(backend, config, vocab,
                             gpu_test::greedy_requests(12, 200, 6, vocab));
@@ -33,6 +47,8 @@ gpu_test::Outcomes served(uint32_t leave_out) {
 TEST(CudaLeaveOut, EveryKernelItNamesIsLeftOutOfTheStep) {
   LS_SKIP_WITHOUT_DEVICE();
   const gpu_test::Outcomes whole = served(0);
+  const gpu_test::Agreement again = gpu_test::compare(whole, served(0));
+  ASSERT_EQ(again.equal_count, again.total_count) << "the whole step is not repeatable";
   for (const LeaveOut what : kLeaveOutKinds) {
     const gpu_test::Agreement agreement =
         gpu_test::compare(whole, served(static_cast<uint32_t>(what)));
@@ -49,7 +65,20 @@ TEST(CudaLeaveOut, WhatTheProfileCannotCoverIsRefusedByName) {
   };
   const auto attention = static_cast<uint32_t>(LeaveOut::kAttention);
   EXPECT_THAT([&] { build({.leave_out = kLeaveOutAll + 1}); },
-              ThrowsMessage<Error>(HasSubstr("bits 0x80 name no kernel")));
+              ThrowsMessage<Error>(HasSubstr(fmt::format("bits {:#x} name no kernel",
+                                                         kLeaveOutAll + 1))));
+  const auto body = static_cast<uint32_t>(LeaveOut::kAttentionBody);
+  const auto kv_reads = static_cast<uint32_t>(LeaveOut::kAttentionKvReads);
+  EXPECT_THAT([&] { build({.leave_out = body}); },  // tiny: head_dim 16
+              ThrowsMessage<Error>(HasSubstr("attention's parts need head_dim 64 or 128 (the "
+                                             "tensor-core kernel), not 16")));
+  EXPECT_THAT([&] {  // head_dim 64, 2 query heads a KV head
+    CudaBackend b(testing::tiled_weights(), ec, CudaBackendOptions{.leave_out = kv_reads});
+  }, ThrowsMessage<Error>(HasSubstr("attention's parts need 4 query heads a KV head, not 2")));
+  EXPECT_THAT([&] {
+    CudaBackend b(group4_weights(), ec, CudaBackendOptions{.leave_out = body | kv_reads});
+  }, ThrowsMessage<Error>(HasSubstr("attention_body and attention_kv_reads are parts of one "
+                                    "kernel, left out one at a time")));
   EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .leave_out = attention}); },
               ThrowsMessage<Error>(HasSubstr("leave_out (a benchmark's profile) runs bf16 only")));
   EXPECT_THAT([&] { build(batch_invariant_options({.leave_out = attention})); },
