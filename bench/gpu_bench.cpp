@@ -1411,9 +1411,8 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
   const int32_t steps = o.quick ? 10 : 20;
   const int32_t mean_context = kContext + kWarmupSteps + steps / 2;
   const ExecutorConfig config = bench_config(kContext);
-  const bool has_split_parts =
-      (model.head_dim == 64 || model.head_dim == 128) &&
-      model.query_heads_count / model.kv_heads_count == kernels::kAttentionLeaveOutGroup;
+  const bool has_split_parts = kernels::attention_split_parts_exist(
+      model.head_dim, model.query_heads_count / model.kv_heads_count);
   std::vector<LeaveOut> kernels;
   for (const LeaveOut what : kLeaveOutKinds) {
     const bool split_part =

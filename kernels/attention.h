@@ -56,6 +56,10 @@ enum AttentionLeaveOut : uint32_t {
                                   // memory and partials as before, on whatever the tiles held)
 };
 constexpr int32_t kAttentionLeaveOutGroup = 4;
+// Whether a model's attention (head_dim, query heads a KV head) has the split kernel's parts.
+constexpr bool attention_split_parts_exist(int32_t head_dim, int32_t group) {
+  return (head_dim == 64 || head_dim == 128) && group == kAttentionLeaveOutGroup;
+}
 
 // Which kernel computes a launch's prefill tokens.
 enum class AttentionPrefill {

@@ -313,11 +313,10 @@ void CudaBackend::Impl::refuse_what_leave_out_cannot_cover() const {
   if (!body && !kv_reads) return;
   LS_REQUIRE(!(body && kv_reads), "{}: attention_body and attention_kv_reads are parts of one "
              "kernel, left out one at a time", what);
-  LS_REQUIRE(model.head_dim == 64 || model.head_dim == 128, "{}: attention's parts need head_dim "
-             "64 or 128 (the tensor-core kernel), not {}", what, model.head_dim);
   const int32_t group = model.query_heads_count / model.kv_heads_count;
-  LS_REQUIRE(group == kernels::kAttentionLeaveOutGroup, "{}: attention's parts need {} query "
-             "heads a KV head, not {}", what, kernels::kAttentionLeaveOutGroup, group);
+  LS_REQUIRE(kernels::attention_split_parts_exist(model.head_dim, group), "{}: attention's parts "
+             "need head_dim 64 or 128 (the tensor-core kernel) and {} query heads a KV head, not "
+             "head_dim {} and {}", what, kernels::kAttentionLeaveOutGroup, model.head_dim, group);
 }
 
 void CudaBackend::Impl::refuse_what_batch_invariance_cannot_cover() const {

@@ -69,12 +69,13 @@ TEST(CudaLeaveOut, WhatTheProfileCannotCoverIsRefusedByName) {
                                                          kLeaveOutAll + 1))));
   const auto body = static_cast<uint32_t>(LeaveOut::kAttentionBody);
   const auto kv_reads = static_cast<uint32_t>(LeaveOut::kAttentionKvReads);
-  EXPECT_THAT([&] { build({.leave_out = body}); },  // tiny: head_dim 16
-              ThrowsMessage<Error>(HasSubstr("attention's parts need head_dim 64 or 128 (the "
-                                             "tensor-core kernel), not 16")));
-  EXPECT_THAT([&] {  // head_dim 64, 2 query heads a KV head
+  const std::string parts_need = "attention's parts need head_dim 64 or 128 (the tensor-core "
+                                 "kernel) and 4 query heads a KV head, not ";
+  EXPECT_THAT([&] { build({.leave_out = body}); },
+              ThrowsMessage<Error>(HasSubstr(parts_need + "head_dim 16 and 2")));  // tiny
+  EXPECT_THAT([&] {
     CudaBackend b(testing::tiled_weights(), ec, CudaBackendOptions{.leave_out = kv_reads});
-  }, ThrowsMessage<Error>(HasSubstr("attention's parts need 4 query heads a KV head, not 2")));
+  }, ThrowsMessage<Error>(HasSubstr(parts_need + "head_dim 64 and 2")));
   EXPECT_THAT([&] {
     CudaBackend b(group4_weights(), ec, CudaBackendOptions{.leave_out = body | kv_reads});
   }, ThrowsMessage<Error>(HasSubstr("attention_body and attention_kv_reads are parts of one "
