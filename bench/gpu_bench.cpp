@@ -1415,9 +1415,7 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
       model.head_dim, model.query_heads_count / model.kv_heads_count);
   std::vector<LeaveOut> kernels;
   for (const LeaveOut what : kLeaveOutKinds) {
-    const bool split_part =
-        what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads;
-    if (!split_part || has_split_parts) kernels.push_back(what);
+    if (!is_split_kernel_part(what) || has_split_parts) kernels.push_back(what);
   }
   const size_t every_layer_at = static_cast<size_t>(
       std::find(kernels.begin(), kernels.end(), LeaveOut::kLayers) - kernels.begin());

@@ -77,9 +77,12 @@ inline constexpr LeaveOut kLeaveOutKinds[] = {
     LeaveOut::kLayers};
 // The parts of attention's cost among them (the profile lists them, but does not add them to the
 // step's losses: LeaveOut::kAttention's row holds them).
+// The split kernel's parts, which only llama-like attention has (kernels/attention.h).
+constexpr bool is_split_kernel_part(LeaveOut what) {
+  return what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads;
+}
 constexpr bool is_part_of_attention(LeaveOut what) {
-  return what == LeaveOut::kCombine || what == LeaveOut::kAttentionBody ||
-         what == LeaveOut::kAttentionKvReads;
+  return what == LeaveOut::kCombine || is_split_kernel_part(what);
 }
 constexpr uint32_t kLeaveOutAll = [] {
   uint32_t all = 0;
