@@ -40,6 +40,12 @@
 #                                       # ncu_attention; BENCH need not be the attention bench):
 #                                       # $OUT/profile.log, $OUT/profile_sass_<side>.csv; ~1 min
 #                                       # a build.
+#                                       # AB_PLANTED=COMMIT (package) adds that commit's
+#                                       # lockstep_gpu_tests alone (~4.5 MB): a candidate with a
+#                                       # bug planted on purpose. `run` then needs
+#                                       # AB_PLANTED_FILTER, a gtest filter, and runs those tests
+#                                       # of it first: they must fail, else the run fails
+#                                       # ($OUT/planted_gpu_tests.log; ~20 s).
 #                                       # AB_DIR (default build-ab; build* is ignored by git) is
 #                                       # where both modes keep the worktrees and dist: two
 #                                       # packages made ahead of a device call (carry the one run).
@@ -69,13 +75,16 @@ build_one() {
   git worktree add --detach "$tree" "$commit" >/dev/null || return 2
   cmake -S "$tree" -B "$tree/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_CUDA_ARCHITECTURES=90a "${launcher[@]}" >/dev/null || return 2
+  local targets=$BINARIES
+  [ "$side" = planted ] && targets="lockstep_gpu_tests"
   # shellcheck disable=SC2086
-  ninja -C "$tree/build" -j2 $BINARIES || return 2
+  ninja -C "$tree/build" -j2 $targets || return 2
   mkdir -p "$DIST/$side"
   local binaries=$BINARIES
   # The old build's tests never run (a candidate's may); every build's CLI, for a trace one
-  # records and another replays.
+  # records and another replays. A planted build only runs its tests.
   [ "$side" = old ] && binaries="$BENCHES lockstep"
+  [ "$side" = planted ] && binaries="lockstep_gpu_tests"
   for b in $binaries; do
     find "$tree/build" -maxdepth 3 -type f -name "$b" -perm -u+x -exec cp {} "$DIST/$side/" \;
     [ -f "$DIST/$side/$b" ] || { echo "gpu-ab: $b not built for $commit" >&2; return 2; }
@@ -100,6 +109,7 @@ package() {
   build_one new "$2" || exit 2
   if [ $# -ge 3 ]; then build_one new2 "$3" || exit 2; fi
   if [ $# -ge 4 ]; then build_one new3 "$4" || exit 2; fi
+  if [ -n "${AB_PLANTED:-}" ]; then build_one planted "$AB_PLANTED" || exit 2; fi
   for lib in $GPU_HOST_LACKS_LIBS; do cp -L "/lib/x86_64-linux-gnu/$lib" "$DIST/lib/"; done
   check_device_carry "$DIST" || exit 2
 }
@@ -153,8 +163,12 @@ run() {
       exit 2
     fi
   done
+  if [ -d "$D/planted" ] && [ -z "${AB_PLANTED_FILTER:-}" ]; then
+    echo "gpu-ab: $DIST has a planted build: AB_PLANTED_FILTER names the tests that must catch it" >&2
+    exit 2
+  fi
   local side
-  for side in $sides; do
+  for side in $sides $([ -d "$D/planted" ] && echo planted); do
     gunzip -f "$D/$side"/*.gz 2>/dev/null
     chmod +x "$D/$side"/lockstep*
   done
@@ -166,6 +180,20 @@ run() {
   # Only this run's JSON go into the archive: an $OUT once held an earlier run's (2026-12-06).
   rm -f "$OUT"/*_[0-9]*_{old,new,new2,new3}.json
   local status=0 rc
+  if [ -d "$D/planted" ]; then
+    rc=0
+    timeout 240 "$D/planted/lockstep_gpu_tests" --gtest_filter="$AB_PLANTED_FILTER" \
+      > "$OUT/planted_gpu_tests.log" 2>&1 || rc=$?
+    if [ $rc -eq 0 ]; then
+      echo "planted build ($(cat "$D/planted/commit.txt")): $AB_PLANTED_FILTER passed: the" \
+           "tests did not catch the planted bug" >> "$OUT/ab.log"
+      status=1
+    else
+      echo "planted build ($(cat "$D/planted/commit.txt")): $AB_PLANTED_FILTER failed" \
+           "(exit $rc), as it must" >> "$OUT/ab.log"
+    fi
+    tail -1 "$OUT/ab.log"
+  fi
   [ -n "$tests" ] || echo "GPU tests: skipped (AB_TESTS=skip)" >> "$OUT/ab.log"
   for t in $tests; do
     rc=0
