@@ -9,15 +9,22 @@ as a template argument, a comment): compile the .cu file to PTX before and after
 (`git stash` for the old), then `scripts/ptx_kernels_same.py /tmp/old.ptx /tmp/new.ptx`. Names
 that differ only by the anonymous namespace's hash, new defaulted template arguments of 0 or
 false (`ELj0E`, `ELb0E`), the numbering of labels and local depots, blank lines, and static
-shared variables moved from the kernel into a device function it calls count as the same. Exit 0
-when every old kernel is unchanged, 1 otherwise (each changed or missing kernel named).
+shared variables moved from the kernel into a device function it calls (same name, alignment and
+size) count as the same. Exit 0 when every old kernel is unchanged, 1 otherwise (each changed or
+missing kernel named).
 """
 import re
 import sys
 
 
 def kernels(path):
-    lines = open(path).read().split("\n")
+    text = open(path).read()
+    # Static shared variables, declared in their kernel or (moved into a device function it
+    # calls) at the module's level: each use becomes its own name with its alignment and size,
+    # and the declarations go, so a move compares equal and a resize does not.
+    shared = {symbol: f"shared:{name}[{align},{size}]" for align, symbol, name, size in re.findall(
+        r"\.shared \.align (\d+) \.b8 (_ZZ\w+?\d+([a-z_][a-z_0-9]*))\[(\d+)\];", text)}
+    lines = text.split("\n")
     found, i = {}, 0
     while i < len(lines):
         if ".entry " in lines[i] and not lines[i].startswith("//"):
@@ -25,14 +32,12 @@ def kernels(path):
             while lines[j] != "}":
                 j += 1
             body = "\n".join(lines[i:j + 1])
+            body = re.sub(r"\t// demoted variable\n\t\.shared [^\n]*\n", "", body)
+            body = re.sub(r"\b_ZZ\w+\b", lambda m: shared.get(m.group(0), m.group(0)), body)
             body = re.sub(r"_GLOBAL__N__\w+?_cu_[0-9a-f]{8}", "ANON", body)
             body = body.replace("ELb0EEEv", "EEEv").replace("ELj0EEEv", "EEEv")
             body = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
             body = re.sub(r"__local_depot\d+", "__local_depot", body)
-            # A kernel's static shared variables, declared in it or (moved into a device function
-            # it calls) at the module's level: compared by their own names.
-            body = re.sub(r"\t// demoted variable\n\t\.shared [^\n]*\n", "", body)
-            body = re.sub(r"\b_ZZ\w+?\d+([a-z_][a-z_0-9]*)\b", r"shared:\1", body)
             body = re.sub(r"\n\s*\n", "\n", body)  # blank lines
             found[body.split("\n")[0]] = body
             i = j
