@@ -458,7 +458,7 @@ cudaError_t launch_tiles(const AttentionArgs<bf16>& base, int32_t tokens, size_t
 
 int32_t attention_tiled_tokens(const AttentionShape& shape, bool bf16_kv, int32_t prefill_tokens,
                                AttentionPrefill prefill) {
-  const bool has_tiles = bf16_kv && (shape.head_dim == 64 || shape.head_dim == 128);
+  const bool has_tiles = bf16_kv && attention_on_tensor_cores(shape.head_dim);
   const bool takes_tiles = prefill == AttentionPrefill::kTiles &&
                            prefill_tokens >= kAttentionTilePrefillTokensMin;
   return has_tiles && takes_tiles ? prefill_tokens : 0;

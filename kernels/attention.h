@@ -56,9 +56,14 @@ enum AttentionLeaveOut : uint32_t {
                                   // memory and partials as before, on whatever the tiles held)
 };
 constexpr int32_t kAttentionLeaveOutGroup = 4;
+// Whether bf16 KV of this head_dim takes the tensor-core kernels (the split kernel's MMA form and
+// the prefill tile kernel).
+constexpr bool attention_on_tensor_cores(int32_t head_dim) {
+  return head_dim == 64 || head_dim == 128;
+}
 // Whether a model's attention (head_dim, query heads a KV head) has the split kernel's parts.
 constexpr bool attention_split_parts_exist(int32_t head_dim, int32_t group) {
-  return (head_dim == 64 || head_dim == 128) && group == kAttentionLeaveOutGroup;
+  return attention_on_tensor_cores(head_dim) && group == kAttentionLeaveOutGroup;
 }
 
 // Which kernel computes a launch's prefill tokens.
@@ -103,9 +108,10 @@ cudaError_t attention_positions_max(int64_t* positions);
 // token's: attention_workspace_floats(shape, 1)). Needs head_dim % 8 == 0 (vector loads of key
 // rows) and (query_heads / kv_heads) · head_dim <= 1024 (one block's queries in shared memory).
 // leave_out (bits of AttentionLeaveOut, 0 by default) leaves parts of the decode kernels out: the
-// benchmark's profile (ls::LeaveOut), never a forward that counts. Overlapped (stream.overlap), the decode kernels read positions,
-// token_pool_rows and table before waiting for their predecessor: those must be final before
-// the predecessor started (a step's inputs are, kernels/launch.cuh); q and the caches only after.
+// benchmark's profile (ls::LeaveOut), never a forward that counts. Overlapped (stream.overlap),
+// the decode kernels read positions, token_pool_rows and table before waiting for their
+// predecessor: those must be final before the predecessor started (a step's inputs are,
+// kernels/launch.cuh); q and the caches only after.
 template <typename T>
 cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, const T* k_cache,
                                    const T* v_cache, const int32_t* positions,

@@ -75,12 +75,12 @@ inline constexpr LeaveOut kLeaveOutKinds[] = {
     LeaveOut::kQkv,    LeaveOut::kAttention, LeaveOut::kCombine, LeaveOut::kAttentionBody,
     LeaveOut::kAttentionKvReads, LeaveOut::kO, LeaveOut::kGateUp, LeaveOut::kDown,
     LeaveOut::kLayers};
-// The parts of attention's cost among them (the profile lists them, but does not add them to the
-// step's losses: LeaveOut::kAttention's row holds them).
 // The split kernel's parts, which only llama-like attention has (kernels/attention.h).
 constexpr bool is_split_kernel_part(LeaveOut what) {
   return what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads;
 }
+// The parts of attention's cost among them (the profile lists them, but does not add them to the
+// step's losses: LeaveOut::kAttention's row holds them).
 constexpr bool is_part_of_attention(LeaveOut what) {
   return what == LeaveOut::kCombine || is_split_kernel_part(what);
 }
