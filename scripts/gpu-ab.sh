@@ -32,8 +32,12 @@
 #                                       # CUDA (every prompt of examples/prompts.jsonl; the
 #                                       # first alone), and each candidate replays both traces
 #                                       # exactly, the batch one whole and its request 1
-#                                       # --isolate'd ($OUT/cross.log, ~1 min a model; a replay
-#                                       # that differs fails the run).
+#                                       # --isolate'd ($OUT/cross.log; a replay that differs
+#                                       # fails the run). Each of its commands takes ~27 s (a
+#                                       # process, its weights and graphs): 2 a model, plus 3
+#                                       # a model and candidate; llama-1b,llama-8b with two
+#                                       # candidates took 7.3 min on an H100 (2026-12-07),
+#                                       # where a --decode benchmark run took ~10 s.
 #                                       # AB_PROFILE=MODEL (llama-1b or llama-8b) ends it with
 #                                       # Nsight Compute over every build's decode attention at
 #                                       # MODEL's batch 64, context 1024 (gpu-libs.sh
