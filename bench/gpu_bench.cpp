@@ -1402,8 +1402,9 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
 // embedding, the final norm, the LM head and the sampling tail ("outside the layers"). Attention
 // is also cut into parts (the combine; the split kernel past its wait, with the combine; its K/V
 // reads alone), listed but not added to the losses; the split kernel's parts where the shape has
-// them (kernels/attention.h: llama's group of 4). One backend a variant, one after another; the
-// full step is timed first and last (drift).
+// them (kernels/attention.h: llama's group of 4), and there the step with and without the split
+// kernel's body again with every kernel in plain stream order. One backend a variant, one after
+// another; the full step is timed first and last (drift).
 json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
@@ -1419,21 +1420,34 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
   }
   const size_t every_layer_at = static_cast<size_t>(
       std::find(kernels.begin(), kernels.end(), LeaveOut::kLayers) - kernels.begin());
-  // step_ms[v][b]: variant v (0: nothing left out, 1..: kernels[v − 1], last: nothing again).
-  std::vector<std::vector<double>> step_ms;
-  for (size_t v = 0; v <= kernels.size() + 1; ++v) {
-    const bool full = v == 0 || v == kernels.size() + 1;
-    CudaBackendOptions options{.graphs = true, .time_steps = true};
-    options.leave_out = full ? 0 : static_cast<uint32_t>(kernels[v - 1]);
+  // The median step (ms) at each batch with `leave_out` left out, kernels overlapping or not.
+  const auto time_steps = [&](uint32_t leave_out, bool overlap) {
+    CudaBackendOptions options{.graphs = true, .overlap_kernels = overlap, .time_steps = true};
+    options.leave_out = leave_out;
     CudaBackend backend(DeviceSeededWeights{model, kWeightsSeed}, config, options);
     Executor executor(config, model.vocab_size, backend);
-    step_ms.emplace_back();
+    std::vector<double> ms;
     for (const int32_t rows : batches) {
       Driver driver(executor, config, model.vocab_size);
       driver.prefill(rows, kContext);
       driver.decode(rows, kWarmupSteps, backend, false);
-      step_ms.back().push_back(median(driver.decode(rows, steps, backend, true).wall) * 1e3);
+      ms.push_back(median(driver.decode(rows, steps, backend, true).wall) * 1e3);
     }
+    return ms;
+  };
+  // step_ms[v][b]: variant v (0: nothing left out, 1..: kernels[v − 1], last: nothing again).
+  std::vector<std::vector<double>> step_ms;
+  for (size_t v = 0; v <= kernels.size() + 1; ++v) {
+    const bool full = v == 0 || v == kernels.size() + 1;
+    step_ms.push_back(time_steps(full ? 0 : static_cast<uint32_t>(kernels[v - 1]), true));
+  }
+  // The split kernel's body, left out with every kernel in plain stream order too: at llama-8b
+  // batch 1 the overlapped step without it ran 0.5 ms slower than the whole step (2026-12-07), and
+  // this says whether the kernels' overlap (kernels/launch.cuh) is where that comes from.
+  std::vector<double> plain_ms, plain_body_ms;
+  if (has_split_parts) {
+    plain_ms = time_steps(0, false);
+    plain_body_ms = time_steps(static_cast<uint32_t>(LeaveOut::kAttentionBody), false);
   }
   const auto at_read_us = [&](int64_t bytes) {
     return static_cast<double>(bytes) / bandwidth.read * 1e6;
@@ -1479,6 +1493,16 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
                 "(the rest: what leaving kernels out does not add up to)\n",
                 "outside the layers", outside_ms, "", static_cast<double>(outside_bytes) * 1e-6,
                 at_read_us(outside_bytes), outside_loss_us, losses_us, step_loss_us);
+    json plain_order = nullptr;  // null where the shape has no split-kernel parts
+    if (has_split_parts) {
+      const double cost_us = (plain_ms[b] - plain_body_ms[b]) * 1e3;
+      std::printf("    in plain stream order (no kernel overlapping its predecessor): %.3f ms/step, "
+                  "%.3f with attention_body left out (costs %.1f us)\n",
+                  plain_ms[b], plain_body_ms[b], cost_us);
+      plain_order = {{"step_ms", plain_ms[b]},
+                     {"step_ms_without_attention_body", plain_body_ms[b]},
+                     {"attention_body_cost_us", cost_us}};
+    }
     rows_out.push_back({{"batch", rows},
                         {"context", kContext},
                         {"mean_context", mean_context},
@@ -1489,6 +1513,7 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
                         {"at_read_bandwidth_us", at_read_us(step_bytes)},
                         {"step_loss_us", step_loss_us},
                         {"kernels", kernels_out},
+                        {"plain_order", plain_order},
                         {"outside_layers", {{"step_ms", outside_ms},
                                             {"bytes", outside_bytes},
                                             {"at_read_bandwidth_us", at_read_us(outside_bytes)},
@@ -1693,7 +1718,8 @@ void add_options(CLI::App& app, Options& o) {
                    "Only what each kernel of a layer adds to a decode step inside its graph: the "
                    "step with every kernel against the step with one left out of every layer "
                    "(llama-1b and llama-8b unless --shapes; batch 1 and 64, context 1024), each "
-                   "against its bytes at the measured read bandwidth"),
+                   "against its bytes at the measured read bandwidth; and the split kernel's "
+                   "body left out in plain stream order too"),
       app.add_flag("--decode", o.decode,
                    "Only what the README's decode table and issue 14's lines read: each shape's "
                    "2048-token prefill and its decode steps with graphs (the Llama shapes at "
