@@ -33,7 +33,7 @@
 #                                       # first alone), and each candidate replays both traces
 #                                       # exactly, the batch one whole and its request 1
 #                                       # --isolate'd ($OUT/cross.log; a replay that differs
-#                                       # fails the run). Each of its commands takes ~27 s (a
+#                                       # fails the run). Its commands take ~27 s each (a
 #                                       # process, its weights and graphs): 2 a model, plus 3
 #                                       # a model and candidate; llama-1b,llama-8b with two
 #                                       # candidates took 7.3 min on an H100 (2026-12-07),
