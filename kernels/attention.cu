@@ -412,7 +412,7 @@ template <typename T>
 cudaError_t launch_decode_kernel(const AttentionArgs<T>& base, int32_t first, int32_t end,
                                  int32_t chunk, LaunchStream stream, uint32_t leave_out) {
   const AttentionShape& s = base.shape;
-  const uint32_t split_leave_out = leave_out & (kAttentionSplitBody | kAttentionKvReads);
+  const uint32_t split_leave_out = leave_out & kAttentionSplitParts;
   const bool combine = (leave_out & kAttentionCombine) == 0;
   for (int32_t begin = first; begin < end; begin += chunk) {
     const int32_t n = std::min(chunk, end - begin);
@@ -508,9 +508,8 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   if (prefill != AttentionPrefill::kTiles && prefill != AttentionPrefill::kDecodeKernel) {
     return cudaErrorInvalidValue;
   }
-  const uint32_t leave_out_all = kAttentionCombine | kAttentionSplitBody | kAttentionKvReads;
-  if ((leave_out & ~leave_out_all) != 0 ||
-      ((leave_out & kAttentionSplitBody) != 0 && (leave_out & kAttentionKvReads) != 0)) {
+  if ((leave_out & ~kAttentionLeaveOutAll) != 0 ||
+      (leave_out & kAttentionSplitParts) == kAttentionSplitParts) {  // parts: one at a time
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;

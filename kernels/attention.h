@@ -55,6 +55,8 @@ enum AttentionLeaveOut : uint32_t {
   kAttentionKvReads = 1u << 2,    // the split kernel reads no K/V rows (its arithmetic, shared
                                   // memory and partials as before, on whatever the tiles held)
 };
+constexpr uint32_t kAttentionSplitParts = kAttentionSplitBody | kAttentionKvReads;
+constexpr uint32_t kAttentionLeaveOutAll = kAttentionCombine | kAttentionSplitParts;
 constexpr int32_t kAttentionLeaveOutGroup = 4;
 // Whether bf16 KV of this head_dim takes the tensor-core kernels (the split kernel's MMA form and
 // the prefill tile kernel).
