@@ -1,12 +1,15 @@
 // CPU reference step time for the `tiny` model: one decode step at batch 1 and 16, with every
 // row holding a 64-token prompt, at tensor-parallel degrees 1 and 2 (the ranks simulated in one
-// process: the figure is the cost of the simulation, not a speed-up).
+// process: the figure is the cost of the simulation, not a speed-up). And the time to make a
+// seeded model's fp32 weights (what `generate`, `sim` and `replay` wait for before a seeded named
+// shape's first step), qwen3-0.6b's 0.6 G parameters, on one thread and on every core.
 // Run: build/bench/lockstep_bench_cpu [--tp N] [Google Benchmark flags]
 #include "core/cpu_backend.h"
 #include "core/executor.h"
 #include "core/model/weights.h"
 
 #include "core/check.h"
+#include "core/host_threads.h"
 #include "core/tensor_parallel.h"
 
 #include <benchmark/benchmark.h>
@@ -63,6 +66,17 @@ void BM_CpuDecodeStep(benchmark::State& state) {
   state.counters["tp"] = tp_degree;
 }
 
+void BM_WeightsFromSeed(benchmark::State& state) {
+  const ls::ModelConfig config = ls::model_config_named("qwen3-0.6b");
+  const auto threads = static_cast<int32_t>(state.range(0));
+  for (auto _ : state) {
+    const ls::ModelWeights weights = ls::weights_from_seed(config, 1, threads);
+    benchmark::DoNotOptimize(weights.embedding.data());
+  }
+  state.SetItemsProcessed(state.iterations() * config.parameters_count());
+  state.counters["threads"] = threads;
+}
+
 // Takes `--tp N` (or --tp=N) out of argv: the degrees to run, 1 and 2 when it is absent.
 std::vector<int64_t> take_tp_flag(int& argc, char** argv) {
   std::vector<int64_t> degrees = {1, 2};
@@ -99,6 +113,12 @@ int main(int argc, char** argv) {
       ->ArgsProduct({{1, 16}, degrees})
       ->ArgNames({"batch", "tp"})
       ->Unit(benchmark::kMicrosecond);
+  auto* seeding = benchmark::RegisterBenchmark("BM_WeightsFromSeed", BM_WeightsFromSeed)->Arg(1);
+  if (ls::host_cores() > 1) seeding->Arg(ls::host_cores());
+  seeding->ArgName("threads")
+      ->Iterations(1)
+      ->Unit(benchmark::kSecond)
+      ->UseRealTime();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

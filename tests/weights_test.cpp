@@ -214,6 +214,58 @@ TEST(SeededWeights, ElementsFollowTheDocumentedPhiloxIndices) {
   EXPECT_EQ(tied.lm_head_view().data(), tied.embedding.data());
 }
 
+// Every element of every tensor against the documented draw, made one element at a time here:
+// weights_from_seed draws 16 at a time, so sizes that are no multiple of 16 (tails) and 3 threads
+// whose runs start mid-block and cross tensor boundaries are where a lane could go wrong. Indices
+// and ranges as core/ops/seeded_weights.h documents them, written out here.
+TEST(SeededWeights, EveryElementIsItsDocumentedDraw) {
+  ModelConfig config = tiny_config(false);
+  config.family = ModelFamily::kQwen2;
+  config.qkv_bias = true;
+  config.qk_norm = true;
+  config.hidden_size = 74, config.query_heads_count = 3, config.kv_heads_count = 1;
+  config.head_dim = 22, config.ffn_size = 1003, config.vocab_size = 5003;
+  const uint64_t seed = 0xFEED'0000'0000'0123;
+  const ModelWeights w = weights_from_seed(config, seed, 3);
+  const auto expect_draws = [&](const std::string& what, std::span<const float> values,
+                                uint32_t index, float center, float half_width) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const float draw = philox_value(seed, index, i, center, half_width);
+      if (std::bit_cast<uint32_t>(values[i]) != std::bit_cast<uint32_t>(draw)) {
+        ADD_FAILURE() << what << " (tensor " << index << ") element " << i << " of "
+                      << values.size() << ": " << values[i] << ", the draw is " << draw;
+        return;
+      }
+    }
+  };
+  const float h = 1.0f / std::sqrt(74.0f), q = 1.0f / std::sqrt(66.0f);
+  const float f = 1.0f / std::sqrt(1003.0f);
+  expect_draws("embedding", w.embedding, 0, 0.0f, 1.0f);
+  for (uint32_t l = 0; l < 2; ++l) {
+    const LayerWeights& layer = w.layers[l];
+    const uint32_t first = 1 + 9 * l, features = 3 + 9 * 2 + 5 * l;
+    expect_draws("attn_norm", layer.attn_norm, first + 0, 1.0f, 0.125f);
+    expect_draws("wq", layer.wq, first + 1, 0.0f, h);
+    expect_draws("wk", layer.wk, first + 2, 0.0f, h);
+    expect_draws("wv", layer.wv, first + 3, 0.0f, h);
+    expect_draws("wo", layer.wo, first + 4, 0.0f, q);
+    expect_draws("ffn_norm", layer.ffn_norm, first + 5, 1.0f, 0.125f);
+    expect_draws("w_gate", layer.w_gate, first + 6, 0.0f, h);
+    expect_draws("w_up", layer.w_up, first + 7, 0.0f, h);
+    expect_draws("w_down", layer.w_down, first + 8, 0.0f, f);
+    expect_draws("q_bias", layer.q_bias, features + 0, 0.0f, 0.125f);
+    expect_draws("k_bias", layer.k_bias, features + 1, 0.0f, 0.125f);
+    expect_draws("v_bias", layer.v_bias, features + 2, 0.0f, 0.125f);
+    expect_draws("q_norm", layer.q_norm, features + 3, 1.0f, 0.125f);
+    expect_draws("k_norm", layer.k_norm, features + 4, 1.0f, 0.125f);
+  }
+  expect_draws("final_norm", w.final_norm, 1 + 9 * 2, 1.0f, 0.125f);
+  expect_draws("lm_head", w.lm_head, 2 + 9 * 2, 0.0f, h);
+  EXPECT_EQ(w.lm_head.size(), 5003u * 74u);
+  EXPECT_EQ(w.layers[1].w_down.size(), 74u * 1003u);
+  EXPECT_EQ(w.layers[1].k_norm.size(), 22u);
+}
+
 TEST(SeededWeights, ShapesRangesAndNonDegenerate) {
   const uint64_t seed = 42;
   SCOPED_TRACE(fmt::format("seed {}", seed));

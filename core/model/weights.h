@@ -71,8 +71,9 @@ struct WeightSource {
 // element index) through Philox4x32-10, so two machines produce bit-identical weights.
 // Linear weights are uniform in [-1/sqrt(in), 1/sqrt(in)); embeddings uniform in [-1, 1);
 // norm weights (q/k head norms too) 1 + uniform in [-1/8, 1/8); biases uniform in [-1/8, 1/8).
-// `threads` splits each large tensor's elements between threads, by default every core this
-// process may use (llama-1b takes ~35 s on one core); the values do not depend on it.
+// `threads` split the work, by default every core this process may use; the values do not depend
+// on it. Most of the time is the page faults of zeroing the tensors (qwen3-0.6b took 9.6 s on one
+// core and 5.3 s on two of a VM, `lockstep_bench_cpu --benchmark_filter=WeightsFromSeed`).
 ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed,
                                int32_t threads = host_cores());
 

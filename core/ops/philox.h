@@ -44,24 +44,38 @@ LS_HOST_DEVICE LS_INLINE PhiloxBlock philox_round(const PhiloxBlock& c, const Ph
   return PhiloxBlock{{hi1 ^ c.word[1] ^ key.word[0], lo1, hi0 ^ c.word[3] ^ key.word[1], lo0}};
 }
 
-// The generator on a full 4-word counter, as Random123 defines it (and its known answers).
-LS_HOST_DEVICE LS_INLINE PhiloxBlock philox4x32_10(PhiloxBlock counter, PhiloxKey key) {
+// The generator on `Lanes` full 4-word counters under one key, as Random123 defines it (and its
+// known answers), every round over all lanes before the next: one lane is a draw; many let the
+// host's compiler keep the lanes in vector registers (weights_from_seed seeds 16 at a time).
+template <int Lanes>
+LS_HOST_DEVICE LS_INLINE void philox4x32_10_lanes(PhiloxBlock (&counters)[Lanes], PhiloxKey key) {
   for (int round = 0; round < kPhiloxRounds; ++round) {
     if (round > 0) {
       key.word[0] += kPhiloxW0;
       key.word[1] += kPhiloxW1;
     }
-    counter = philox_round(counter, key);
+    for (int lane = 0; lane < Lanes; ++lane) counters[lane] = philox_round(counters[lane], key);
   }
-  return counter;
 }
 
-// Word 0 at key = (key lo, key hi), counter = (counter0 lo, counter0 hi, counter1, 0): one draw.
+LS_HOST_DEVICE LS_INLINE PhiloxBlock philox4x32_10(PhiloxBlock counter, PhiloxKey key) {
+  PhiloxBlock lanes[1] = {counter};
+  philox4x32_10_lanes(lanes, key);
+  return lanes[0];
+}
+
+// The counter (counter0 lo, counter0 hi, counter1, 0) and the key (key lo, key hi) of one draw.
+LS_HOST_DEVICE LS_INLINE PhiloxBlock philox_counter(uint64_t counter0, uint32_t counter1) {
+  return PhiloxBlock{{static_cast<uint32_t>(counter0), static_cast<uint32_t>(counter0 >> 32),
+                      counter1, 0u}};
+}
+LS_HOST_DEVICE LS_INLINE PhiloxKey philox_key(uint64_t key) {
+  return PhiloxKey{{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)}};
+}
+
+// Word 0 at philox_key(key), philox_counter(counter0, counter1): one draw.
 LS_HOST_DEVICE LS_INLINE uint32_t philox_word0(uint64_t key, uint64_t counter0, uint32_t counter1) {
-  const PhiloxBlock counter{{static_cast<uint32_t>(counter0), static_cast<uint32_t>(counter0 >> 32),
-                             counter1, 0u}};
-  const PhiloxKey k{{static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32)}};
-  return philox4x32_10(counter, k).word[0];
+  return philox4x32_10(philox_counter(counter0, counter1), philox_key(key)).word[0];
 }
 
 // A uniform float in [0, 1) from the top 24 bits of a Philox word: 24 bits fill a float's

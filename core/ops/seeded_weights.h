@@ -79,11 +79,17 @@ inline constexpr SeededRange kSeededConvRange{0.0f, 0.5f};
 inline constexpr SeededRange kSeededDtBiasRange{0.0f, 1.0f};
 inline constexpr SeededRange kSeededALogRange{0.5f, 0.5f};
 
+// An element's value from its Philox word 0.
+LS_HOST_DEVICE LS_INLINE float seeded_value_from_bits(uint32_t bits, float center,
+                                                      float half_width) {
+  const float symmetric = sub_rn(mul_rn(2.0f, uniform_from_bits(bits)), 1.0f);
+  return add_rn(center, mul_rn(half_width, symmetric));
+}
+
 LS_HOST_DEVICE LS_INLINE float seeded_value(uint64_t seed, uint32_t tensor_index, int64_t element,
                                             float center, float half_width) {
-  const float u = uniform_from_bits(philox_word0(seed, static_cast<uint64_t>(element), tensor_index));
-  const float symmetric = sub_rn(mul_rn(2.0f, u), 1.0f);
-  return add_rn(center, mul_rn(half_width, symmetric));
+  return seeded_value_from_bits(philox_word0(seed, static_cast<uint64_t>(element), tensor_index),
+                                center, half_width);
 }
 
 }  // namespace ls::ops
