@@ -33,11 +33,13 @@
 #                                       # first alone), and each candidate replays both traces
 #                                       # exactly, the batch one whole and its request 1
 #                                       # --isolate'd ($OUT/cross.log; a replay that differs
-#                                       # fails the run). Its commands take ~27 s each (a
-#                                       # process, its weights and graphs): 2 a model, plus 3
-#                                       # a model and candidate; llama-1b,llama-8b with two
-#                                       # candidates took 7.3 min on an H100 (2026-12-07),
-#                                       # where a --decode benchmark run took ~10 s.
+#                                       # fails the run; it prints how long it took). Its
+#                                       # commands (a process, its weights and graphs): 2 a
+#                                       # model, plus 3 a model and candidate; llama-1b,llama-8b
+#                                       # with two candidates took 7.3 min on an H100 before the
+#                                       # host's seeded weights got faster (2dc8b36), ~2.8 min
+#                                       # after (2026-12-07), where a --decode benchmark run
+#                                       # takes ~10 s.
 #                                       # AB_PROFILE=MODEL (llama-1b or llama-8b) ends it with
 #                                       # Nsight Compute over every build's decode attention at
 #                                       # MODEL's batch 64, context 1024 (gpu-libs.sh
@@ -212,10 +214,11 @@ run() {
   # of a merge's gates (the tests above and this).
   if [ -n "${AB_CROSS:-}" ]; then
     : > "$OUT/cross.log"
-    local model
+    local model cross_start=$SECONDS
     for model in ${AB_CROSS//,/ }; do
       cross_replay "$model" "$sides" || status=1
     done
+    echo "the cross check took $((SECONDS - cross_start)) s" | tee -a "$OUT/cross.log" "$OUT/ab.log"
     grep -E '^==|IDENTICAL|DIVERGED|exit' "$OUT/cross.log"
   fi
   local n=0 r
