@@ -1442,8 +1442,9 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
     step_ms.push_back(time_steps(full ? 0 : static_cast<uint32_t>(kernels[v - 1]), true));
   }
   // The split kernel's body, left out with every kernel in plain stream order too: at llama-8b
-  // batch 1 the overlapped step without it ran 0.5 ms slower than the whole step (2026-12-07), and
-  // this says whether the kernels' overlap (kernels/launch.cuh) is where that comes from.
+  // batch 1 the overlapped step without it runs ~0.5 ms slower than the whole step (the kernels
+  // behind a split kernel that returns at its wait launch early and wait on the SMs,
+  // kernels/launch.cuh), so there only plain order gives the body's cost (306 µs, 2026-12-07).
   std::vector<double> plain_ms, plain_body_ms;
   if (has_split_parts) {
     plain_ms = time_steps(0, false);
