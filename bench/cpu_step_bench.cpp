@@ -6,6 +6,7 @@
 // Run: build/bench/lockstep_bench_cpu [--tp N] [Google Benchmark flags]
 #include "core/cpu_backend.h"
 #include "core/executor.h"
+#include "core/model/safetensors.h"
 #include "core/model/weights.h"
 
 #include "core/check.h"
@@ -77,6 +78,25 @@ void BM_WeightsFromSeed(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// fp32 → bf16 of llama-1b's largest tensor (its 263 M-value embedding, random values), as a bf16
+// device's upload converts every weight: on one thread, and on every core.
+void BM_F32ToBf16(benchmark::State& state) {
+  const auto threads = static_cast<int32_t>(state.range(0));
+  std::vector<float> values(size_t{128256} * 2048);
+  uint32_t bits = 1;
+  for (float& v : values) {
+    bits = bits * 1664525u + 1013904223u;
+    v = static_cast<float>(bits >> 8) * 0x1p-24f - 0.5f;
+  }
+  std::vector<uint16_t> out(values.size());
+  for (auto _ : state) {
+    ls::f32_to_bf16(values, out, threads);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<int64_t>(values.size()));
+  state.counters["threads"] = threads;
+}
+
 // Takes `--tp N` (or --tp=N) out of argv: the degrees to run, 1 and 2 when it is absent.
 std::vector<int64_t> take_tp_flag(int& argc, char** argv) {
   std::vector<int64_t> degrees = {1, 2};
@@ -119,6 +139,9 @@ int main(int argc, char** argv) {
       ->Iterations(1)
       ->Unit(benchmark::kSecond)
       ->UseRealTime();
+  auto* bf16 = benchmark::RegisterBenchmark("BM_F32ToBf16", BM_F32ToBf16)->Arg(1);
+  if (ls::host_cores() > 1) bf16->Arg(ls::host_cores());
+  bf16->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
   benchmark::RunSpecifiedBenchmarks();

@@ -2,6 +2,8 @@
 // a seed (DeviceSeededWeights), this rank's shard of each tensor at TP > 1.
 #include "kernels/cuda_backend_impl.h"
 
+#include "core/host_threads.h"
+#include "core/model/safetensors.h"
 #include "core/model/weights.h"
 #include "kernels/layer_ops.h"
 
@@ -9,25 +11,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <vector>
 
 namespace ls {
 
 using kernels::bf16;
-
-namespace {
-
-// fp32 → bf16 bits, round to nearest even (NaN stays a quiet NaN).
-uint16_t bf16_bits(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof(u));
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-}  // namespace
 
 void CudaBackend::Impl::upload_tensor(const DeviceArray<uint8_t>& dst, size_t offset,
                                       std::span<const float> src) {
@@ -37,11 +25,15 @@ void CudaBackend::Impl::upload_tensor(const DeviceArray<uint8_t>& dst, size_t of
                        cudaMemcpyHostToDevice));
     return;
   }
-  constexpr size_t kChunk = size_t{1} << 22;
+  // Converted (safetensors.h's rounding) a chunk at a time on every core, at least kRunMin values
+  // a thread (fewer threads for a small tensor), then copied.
+  constexpr size_t kChunk = size_t{1} << 24, kRunMin = size_t{1} << 18;
+  const auto cores = static_cast<size_t>(host_cores());
   std::vector<uint16_t> bits(std::min(src.size(), kChunk));
   for (size_t begin = 0; begin < src.size(); begin += kChunk) {
     const size_t n = std::min(kChunk, src.size() - begin);
-    for (size_t i = 0; i < n; ++i) bits[i] = bf16_bits(src[begin + i]);
+    const auto threads = static_cast<int32_t>(std::clamp<size_t>(n / kRunMin, 1, cores));
+    f32_to_bf16(src.subspan(begin, n), std::span(bits).first(n), threads);
     LS_CUDA(cudaMemcpy(as<bf16>(dst) + offset + begin, bits.data(), n * sizeof(uint16_t),
                        cudaMemcpyHostToDevice));
   }

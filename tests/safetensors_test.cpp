@@ -120,6 +120,33 @@ TEST(Bf16Conversion, NanStaysNan) {
   EXPECT_TRUE(std::isnan(bf16_to_f32(0x7FC0)));
 }
 
+// The many-value form on threads: every value's bits as the one-value form gives them, whatever
+// the split (sizes no multiple of the thread count; the special patterns at both ends of runs).
+TEST(Bf16Conversion, ManyOnThreadsGiveEachValuesBits) {
+  std::vector<float> values;
+  for (const uint32_t special : {0x7F800001u, 0xFF800001u, 0xFFC00000u, 0x7F800000u, 0x80000000u,
+                                 0x3F808000u, 0x3F818000u, 0x3F7FFFFFu, 0x7F7FFFFFu, 0x00000001u}) {
+    values.push_back(from_bits(special));
+  }
+  uint32_t state = 12345;
+  while (values.size() < 100003) {
+    state = state * 1664525u + 1013904223u;  // every bit pattern may come: NaNs, subnormals, ties
+    values.push_back(from_bits(state));
+  }
+  for (const uint32_t special : {0x7F800001u, 0x3F808000u, 0x00000001u}) {
+    values.push_back(from_bits(special));
+  }
+  for (const int32_t threads : {1, 3, 7}) {
+    std::vector<uint16_t> bits(values.size(), 0xDEAD);
+    f32_to_bf16(values, bits, threads);
+    size_t differing = 0;
+    for (size_t i = 0; i < values.size(); ++i) differing += bits[i] != f32_to_bf16(values[i]);
+    EXPECT_EQ(differing, 0u) << threads << " threads";
+  }
+  std::vector<uint16_t> short_bits(3);
+  EXPECT_THROW(f32_to_bf16(values, short_bits, 2), Error);
+}
+
 TEST(Bf16Conversion, EveryPatternRoundTrips) {
   for (uint32_t bits = 0; bits <= 0xFFFF; ++bits) {
     const float value = bf16_to_f32(static_cast<uint16_t>(bits));

@@ -1,6 +1,7 @@
 #include "core/model/safetensors.h"
 
 #include "core/check.h"
+#include "core/host_threads.h"
 #include "core/mapped_file.h"
 #include "core/model/strict_json.h"
 
@@ -348,11 +349,24 @@ uint16_t f32_to_bf16(float value) {
   const uint32_t bits = std::bit_cast<uint32_t>(value);
   // Truncating a NaN whose payload sits in the low 16 bits would give infinity: keep it a
   // (quiet) NaN with its sign and top payload bits.
-  if (std::isnan(value)) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  const uint32_t nan = (bits >> 16) | 0x0040u;
   // Round to nearest even: add just under half an ulp, plus one when the kept part is odd.
   // Overflow carries into the exponent and reaches infinity, as it should.
-  const uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  // A select, not a branch, so a loop of these vectorises (the many-value form below).
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? nan : rounded);
+}
+
+void f32_to_bf16(std::span<const float> values, std::span<uint16_t> bits, int32_t threads) {
+  LS_REQUIRE(bits.size() == values.size(), "f32_to_bf16: {} values into {} bf16 slots",
+             values.size(), bits.size());
+  LS_REQUIRE(threads >= 1, "f32_to_bf16: {} threads", threads);
+  in_thread_runs(static_cast<int64_t>(values.size()), threads,
+                 [&](int64_t begin, int64_t end, int32_t /*thread*/) {
+                   for (int64_t i = begin; i < end; ++i) {
+                     bits[static_cast<size_t>(i)] = f32_to_bf16(values[static_cast<size_t>(i)]);
+                   }
+                 });
 }
 
 float f16_to_f32(uint16_t bits) {

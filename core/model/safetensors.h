@@ -59,6 +59,10 @@ void write_safetensors(const std::filesystem::path& path, std::span<const NamedT
 // Conversions used by the loader and by tests.
 float bf16_to_f32(uint16_t bits);
 uint16_t f32_to_bf16(float value);
+// f32_to_bf16 of each value into `bits` (the same size), in `threads` contiguous runs, each on a
+// thread of its own (in_thread_runs; each value alone, so the split changes no bit): the upload of
+// fp32 weights to a bf16 device.
+void f32_to_bf16(std::span<const float> values, std::span<uint16_t> bits, int32_t threads);
 float f16_to_f32(uint16_t bits);
 uint16_t f32_to_f16(float value);
 
