@@ -2,6 +2,7 @@
 // and the relative-error measure the tolerances are stated in (METHOD.md: ‖out − ref‖ / ‖ref‖).
 #pragma once
 
+#include "core/model/safetensors.h"
 #include <gtest/gtest.h>
 
 #include <cuda_bf16.h>
@@ -10,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <span>
 #include <vector>
@@ -48,20 +48,10 @@ struct DeviceBuffer {
   size_t count;
 };
 
-// Round to bf16 (nearest even) and back, as __float2bfloat16_rn does.
-inline uint16_t to_bf16_bits(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-inline float from_bf16_bits(uint16_t b) {
-  const uint32_t u = uint32_t{b} << 16;
-  float x = 0;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+// bf16 bits as the weights' reader writes them (nearest even; safetensors.h keeps the one copy of
+// the rounding). The tests' inputs are finite, where __float2bfloat16_rn gives the same bits.
+inline uint16_t to_bf16_bits(float x) { return f32_to_bf16(x); }
+inline float from_bf16_bits(uint16_t b) { return bf16_to_f32(b); }
 inline float round_bf16(float x) { return from_bf16_bits(to_bf16_bits(x)); }
 
 inline std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& v) {
