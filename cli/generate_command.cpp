@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <iostream>
 #include <memory>
 
@@ -71,6 +72,12 @@ int run_generate(GenerateOptions& o) {
   Scheduler scheduler(scheduler_config_for_model(limits, weights.config));
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   const bool recording = !o.record.empty();
+  // The digest a trace header records is one pass over every fp32 weight (seconds on an 8B
+  // model): it runs beside the backend's start, which on CUDA uploads those weights.
+  std::future<uint64_t> weights_digest;
+  if (recording) {
+    weights_digest = std::async(std::launch::async, [&weights] { return weights.digest(); });
+  }
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
   const std::unique_ptr<Backend> backend =
       make_backend(BackendSpec{.name = o.model.backend,
@@ -85,8 +92,9 @@ int run_generate(GenerateOptions& o) {
   std::unique_ptr<trace::Recorder> recorder;
   std::unique_ptr<trace::TraceObserver> observer;
   if (recording) {
-    trace::TraceHeader header = trace::make_trace_header(weights, source, limits, backend->name(),
-                                                         machine_info_for(backend->name()));
+    trace::TraceHeader header =
+        trace::make_trace_header(weights, weights_digest.get(), source, limits, backend->name(),
+                                 machine_info_for(backend->name()));
     header.drafter = o.model.drafter;  // what replay rebuilds
     header.determinism_mode =
         trace::determinism_mode_of(backend->name(), o.model.determinism == "invariant");

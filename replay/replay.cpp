@@ -11,33 +11,47 @@
 #include <cmath>
 #include <algorithm>
 #include <deque>
+#include <future>
 #include <map>
 #include <optional>
 #include <memory>
 
 namespace ls::replay {
 
-ModelWeights weights_for(const trace::TraceHeader& h,
-                         const std::optional<std::filesystem::path>& directory_override) {
+namespace {
+
+// The weights a trace's header names, not yet checked against its digest, and where they came from
+// (for the refusal's message).
+struct NamedWeights {
   ModelWeights weights;
   std::string origin;
+};
+
+NamedWeights load_named_weights(const trace::TraceHeader& h,
+                                const std::optional<std::filesystem::path>& directory_override) {
   if (h.weights.kind == WeightSource::Kind::kSeed) {
     LS_REQUIRE(!directory_override,
                "the trace's weights are random weights of shape '{}' from seed {}, not a directory: "
                "a model directory ({}) does not apply to it",
                h.model.name, h.weights.seed, directory_override->string());
-    weights = weights_from_seed(h.model, h.weights.seed);
-    origin = fmt::format("random weights from seed {}", h.weights.seed);
-  } else {
-    const std::filesystem::path dir = directory_override.value_or(h.weights.directory);
-    weights = load_hf_directory(dir);
-    origin = fmt::format("weights in {}", dir.string());
+    return {weights_from_seed(h.model, h.weights.seed),
+            fmt::format("random weights from seed {}", h.weights.seed)};
   }
-  // A foreign executor may not know lockstep's weight digest (0: not recorded); then the weights
-  // the user names are taken as the ones it ran, and the replay reports their digest.
-  if (h.is_foreign() && h.weights_digest == 0) return weights;
-  require_recorded_weights(h, weights, origin);
-  return weights;
+  const std::filesystem::path dir = directory_override.value_or(h.weights.directory);
+  return {load_hf_directory(dir), fmt::format("weights in {}", dir.string())};
+}
+
+// A foreign executor may not know lockstep's weight digest (0: not recorded); then the weights
+// the user names are taken as the ones it ran, and the replay reports their digest.
+bool digest_recorded(const trace::TraceHeader& h) { return !(h.is_foreign() && h.weights_digest == 0); }
+
+}  // namespace
+
+ModelWeights weights_for(const trace::TraceHeader& h,
+                         const std::optional<std::filesystem::path>& directory_override) {
+  NamedWeights named = load_named_weights(h, directory_override);
+  if (digest_recorded(h)) require_recorded_weights(h, named.weights, named.origin);
+  return std::move(named.weights);
 }
 
 void require_recorded_weights(const trace::TraceHeader& h, const ModelWeights& weights,
@@ -65,16 +79,6 @@ struct Recorded {
   int32_t valid_cache_length = 0;
 };
 
-// The caller's weights (checked against the trace's digest before anything is built on them), or
-// the ones weights_for() loaded.
-const ModelWeights& given_or_owned(const ModelWeights* given, const ModelWeights& owned,
-                                   const trace::TraceHeader& header) {
-  if (!given) return owned;
-  if (header.is_foreign() && header.weights_digest == 0) return *given;
-  require_recorded_weights(header, *given, "weights given");
-  return *given;
-}
-
 // The caller's backend (options.make_backend), or the CPU reference with the drafter the header
 // names (make_drafter says clearly which ones it cannot rebuild).
 std::unique_ptr<Backend> make_replay_backend(const ReplayOptions& options,
@@ -97,15 +101,39 @@ ExecutorOptions replay_executor_options(const trace::TraceHeader& h, ReplayMode 
                          .top_logits_count = h.top_logits_count};
 }
 
+// The backend, built while another thread checks the weights' digest against the trace's: the
+// digest is one pass over every fp32 weight (seconds on an 8B model), as long as a CUDA backend's
+// upload of them. Nothing runs on the backend before the check passes, and weights that are not
+// the recorded ones are the error named even where the build failed too.
+std::unique_ptr<Backend> make_checked_backend(const ReplayOptions& options,
+                                              const ModelWeights& weights,
+                                              const std::string& origin,
+                                              const trace::TraceHeader& header) {
+  if (!digest_recorded(header)) return make_replay_backend(options, weights, header);
+  std::future<void> checked = std::async(std::launch::async, [&] {
+    require_recorded_weights(header, weights, origin);
+  });
+  std::unique_ptr<Backend> backend;
+  try {
+    backend = make_replay_backend(options, weights, header);
+  } catch (...) {
+    checked.get();
+    throw;
+  }
+  checked.get();
+  return backend;
+}
+
 class Replayer {
  public:
   Replayer(trace::TraceReader reader, const ReplayOptions& options)
       : options_(options),
         reader_(std::move(reader)),
-        owned_weights_(options.weights ? ModelWeights{}
-                                       : weights_for(reader_.header(), options.weights_directory)),
-        weights_(given_or_owned(options.weights, owned_weights_, reader_.header())),
-        backend_(make_replay_backend(options, weights_, reader_.header())),
+        owned_weights_(options.weights ? NamedWeights{.origin = "weights given"}
+                                       : load_named_weights(reader_.header(),
+                                                            options.weights_directory)),
+        weights_(options.weights ? *options.weights : owned_weights_.weights),
+        backend_(make_checked_backend(options, weights_, owned_weights_.origin, reader_.header())),
         executor_(reader_.header().executor, weights_.config.vocab_size, *backend_,
                   replay_executor_options(reader_.header(), options.mode)) {
     report_.header = reader_.header();
@@ -361,7 +389,7 @@ class Replayer {
 
   ReplayOptions options_;
   trace::TraceReader reader_;
-  ModelWeights owned_weights_;
+  NamedWeights owned_weights_;  // empty where the caller gave its weights
   const ModelWeights& weights_;
   std::unique_ptr<Backend> backend_;
   Executor executor_;

@@ -39,9 +39,10 @@ struct ReplayOptions {
   // The tensor-parallel degree to replay at; nullopt: the recorded one (TraceHeader::tp_degree).
   // Exact mode refuses a degree other than the recorded one.
   std::optional<int32_t> tp_degree;
-  // The backend to replay on, built from the (checked) weights, the recorded executor limits,
-  // the recorded drafter's name (TraceHeader::drafter) and the replay's TP degree; null: the CPU
-  // reference with that drafter at that degree.
+  // The backend to replay on, built from the weights, the recorded executor limits, the recorded
+  // drafter's name (TraceHeader::drafter) and the replay's TP degree; null: the CPU reference
+  // with that drafter at that degree. It is built while another thread checks the weights'
+  // digest: no step runs before the check passes, and a failed check is the error named.
   // (replay/ links no backend but the CPU one; the CLI passes CUDA's.)
   std::function<std::unique_ptr<Backend>(const ModelWeights&, const ExecutorConfig&,
                                          const std::string& drafter, int32_t tp_degree)>

@@ -348,6 +348,44 @@ TEST(ReplayRefuses, WeightsWithAnotherDigestNamingBoth) {
   }
 }
 
+// The digest is checked on another thread while the backend is built: weights that are not the
+// recorded ones are still refused by name before any step, even where the build fails too, and a
+// build that fails beside weights that match gives its own error.
+TEST(ReplayRefuses, WeightsWithAnotherDigestWhileTheBackendIsBuilt) {
+  const fs::path path = temp_path("digest-backend.trace");
+  record_seed(4, {}, path);
+  const ModelWeights other = weights_from_seed(sim_weights().config, kSimWeightsSeed + 1);
+  const std::string other_digest = fmt::format("{:016x}", other.digest());
+  int32_t builds = 0;
+  bool build_fails = false;
+  replay::ReplayOptions options;
+  options.make_backend = [&](const ModelWeights& weights, const ExecutorConfig& config,
+                             const std::string& drafter,
+                             int32_t tp_degree) -> std::unique_ptr<Backend> {
+    ++builds;
+    if (build_fails) throw Error("the test's backend could not start");
+    return std::make_unique<CpuBackend>(weights, config, nullptr, false, make_drafter(drafter),
+                                        tp_degree);
+  };
+  const auto refusal = [&] {
+    try {
+      replay::replay_trace(path, options);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  options.weights = &other;
+  EXPECT_NE(refusal().find(other_digest), std::string::npos);
+  build_fails = true;
+  EXPECT_NE(refusal().find(other_digest), std::string::npos);
+  options.weights = &sim_weights();
+  EXPECT_EQ(refusal(), "the test's backend could not start");
+  EXPECT_EQ(builds, 3);  // the refusals came after the builds, not instead of them
+  build_fails = false;
+  EXPECT_TRUE(replay::replay_trace(path, options).identical());
+}
+
 // The simulator's weights, already generated: thousands of replays need not regenerate them.
 replay::ReplayOptions in_memory() {
   replay::ReplayOptions options;

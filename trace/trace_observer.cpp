@@ -102,11 +102,18 @@ std::string determinism_mode_of(const std::string& backend, bool batch_invariant
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,
                               const std::optional<MachineInfo>& machine) {
+  return make_trace_header(weights, weights.digest(), source, config, backend, machine);
+}
+
+TraceHeader make_trace_header(const ModelWeights& weights, uint64_t weights_digest,
+                              const WeightSource& source, const ExecutorConfig& config,
+                              const std::string& backend,
+                              const std::optional<MachineInfo>& machine) {
   TraceHeader h;
   h.build_id = build_id();
   h.model = weights.config;
   h.weights = source;
-  h.weights_digest = weights.digest();
+  h.weights_digest = weights_digest;
   h.executor = config;
   h.executor_options = recording_executor_options();
   h.top_logits_count = kTopLogitsCountMax;

@@ -37,6 +37,12 @@ class TraceObserver : public StepObserver {
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,
                               const std::optional<MachineInfo>& machine = std::nullopt);
+// The same with the weights' digest (ModelWeights::digest) already computed: a single pass over
+// every fp32 weight, seconds on an 8B model, which a caller may run beside the backend's start.
+TraceHeader make_trace_header(const ModelWeights& weights, uint64_t weights_digest,
+                              const WeightSource& source, const ExecutorConfig& config,
+                              const std::string& backend,
+                              const std::optional<MachineInfo>& machine = std::nullopt);
 // `activations`: also every step's per-layer activations, whose digests the outputs then carry
 // (TraceHeader::activation_digests, --record-activations).
 ExecutorOptions recording_executor_options(bool activations = false);
