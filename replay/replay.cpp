@@ -43,7 +43,9 @@ NamedWeights load_named_weights(const trace::TraceHeader& h,
 
 // A foreign executor may not know lockstep's weight digest (0: not recorded); then the weights
 // the user names are taken as the ones it ran, and the replay reports their digest.
-bool digest_recorded(const trace::TraceHeader& h) { return !(h.is_foreign() && h.weights_digest == 0); }
+bool digest_recorded(const trace::TraceHeader& h) {
+  return !(h.is_foreign() && h.weights_digest == 0);
+}
 
 }  // namespace
 
@@ -389,7 +391,7 @@ class Replayer {
 
   ReplayOptions options_;
   trace::TraceReader reader_;
-  NamedWeights owned_weights_;  // empty where the caller gave its weights
+  NamedWeights owned_weights_;  // where the caller gave its weights, their origin alone
   const ModelWeights& weights_;
   std::unique_ptr<Backend> backend_;
   Executor executor_;
