@@ -26,6 +26,7 @@
 
 #include <deque>
 #include <exception>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -123,6 +124,10 @@ class PyExecutor {
   explicit PyExecutor(const py::kwargs& kwargs) {
     Fields f = fields_from_kwargs(kwargs, executor_option_names(), "Executor");
     weights_ = load_weights(f, source_);
+    // The digest a recording's header carries is one pass over every fp32 weight (seconds on an
+    // 8B model): it runs beside the backend's start, which on CUDA uploads those weights, and
+    // serves every record() of this executor.
+    weights_digest_ = std::async(std::launch::async, [this] { return weights_.digest(); }).share();
     backend_name_ = field(f, "backend") ? to_string_value(*field(f, "backend"), "Executor: backend") : "cpu";
     drafter_ = field(f, "drafter") ? to_string_value(*field(f, "drafter"), "Executor: drafter") : "none";
     options_.want_logprobs = flag(f, "want_logprobs", false);
@@ -226,8 +231,14 @@ class PyExecutor {
     require_open("record");
     LS_REQUIRE(!recorder_, "Executor.record: already recording; call stop_recording() first");
     LS_REQUIRE(in_flight_.empty(), "Executor.record: {} steps are in flight; sync them first", in_flight_.size());
-    trace::TraceHeader header =
-        trace::make_trace_header(weights_, source_, config_, backend_->name(), machine_info_for(backend_name_));
+    uint64_t weights_digest = 0;
+    {
+      py::gil_scoped_release release;
+      weights_digest = weights_digest_.get();
+    }
+    trace::TraceHeader header = trace::make_trace_header(weights_, weights_digest, source_, config_,
+                                                         backend_->name(),
+                                                         machine_info_for(backend_name_));
     header.executor_options = options_;  // what this executor captures, not what a recording would ask
     header.drafter = drafter_;
     header.tp_degree = tp_degree_;
@@ -389,6 +400,7 @@ class PyExecutor {
 
  private:
   ModelWeights weights_;
+  std::shared_future<uint64_t> weights_digest_;  // of weights_, computed once (record())
   WeightSource source_;
   std::string backend_name_;
   std::string drafter_;

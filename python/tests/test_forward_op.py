@@ -119,6 +119,13 @@ def test_record_and_replay_exactly(lockstep_bin, tmp_path):
     ex.stop_recording()
     out = run_cli(lockstep_bin, "replay", path, "-q").stdout
     assert "IDENTICAL" in out and "4 steps" in out, out
+    # The executor digests its weights once: a second recording's header carries the digest the
+    # CLI's replay just checked the first one's against.
+    again = tmp_path / "again.trace"
+    ex.record(again)
+    ex.stop_recording()
+    digest = lockstep.open_trace(path).header.weights_digest
+    assert digest != 0 and lockstep.open_trace(again).header.weights_digest == digest
 
 
 def test_speculative_layout_and_greedy_equivalence(backend, lockstep_bin, tmp_path):
