@@ -124,10 +124,6 @@ class PyExecutor {
   explicit PyExecutor(const py::kwargs& kwargs) {
     Fields f = fields_from_kwargs(kwargs, executor_option_names(), "Executor");
     weights_ = load_weights(f, source_);
-    // The digest a recording's header carries is one pass over every fp32 weight (seconds on an
-    // 8B model): it runs beside the backend's start, which on CUDA uploads those weights, and
-    // serves every record() of this executor.
-    weights_digest_ = std::async(std::launch::async, [this] { return weights_.digest(); }).share();
     backend_name_ = field(f, "backend") ? to_string_value(*field(f, "backend"), "Executor: backend") : "cpu";
     drafter_ = field(f, "drafter") ? to_string_value(*field(f, "drafter"), "Executor: drafter") : "none";
     options_.want_logprobs = flag(f, "want_logprobs", false);
@@ -148,6 +144,10 @@ class PyExecutor {
     check_context_length(weights_.config, config_.context_length, beyond_max_positions);
     LS_REQUIRE(drafter_ == kNoDrafterName || config_.verify_width > 1,
                "Executor: drafter '{}' proposes W - 1 drafts per step: it needs verify_width >= 2", drafter_);
+    // The digest a recording's header carries is one pass over every fp32 weight (seconds on an
+    // 8B model): once the options are checked, it runs beside the backend's start, which on CUDA
+    // uploads those weights, and serves every record() of this executor.
+    weights_digest_ = std::async(std::launch::async, [this] { return weights_.digest(); }).share();
     backend_ = make_backend(BackendSpec{.name = backend_name_,
                                         .drafter = drafter_,
                                         .tp_degree = tp_degree_,
