@@ -15,7 +15,6 @@
 
 #include <chrono>
 #include <fstream>
-#include <future>
 #include <iostream>
 #include <memory>
 
@@ -72,12 +71,9 @@ int run_generate(GenerateOptions& o) {
   Scheduler scheduler(scheduler_config_for_model(limits, weights.config));
   for (const RequestSpec& r : requests) scheduler.submit(r, weights.config.vocab_size);
   const bool recording = !o.record.empty();
-  // The digest a trace header records is one pass over every fp32 weight (seconds on an 8B
-  // model): it runs beside the backend's start, which on CUDA uploads those weights.
-  std::future<uint64_t> weights_digest;
-  if (recording) {
-    weights_digest = std::async(std::launch::async, [&weights] { return weights.digest(); });
-  }
+  // The digest the trace header records, beside the backend's start.
+  std::shared_future<uint64_t> weights_digest;
+  if (recording) weights_digest = weights.digest_in_background();
   // A recorded run's step stats carry the device's own times (CUDA events) where it has them.
   const std::unique_ptr<Backend> backend =
       make_backend(BackendSpec{.name = o.model.backend,

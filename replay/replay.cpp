@@ -11,7 +11,6 @@
 #include <cmath>
 #include <algorithm>
 #include <deque>
-#include <future>
 #include <map>
 #include <optional>
 #include <memory>
@@ -47,6 +46,14 @@ bool digest_recorded(const trace::TraceHeader& h) {
   return !(h.is_foreign() && h.weights_digest == 0);
 }
 
+void require_recorded_digest(const trace::TraceHeader& h, uint64_t digest,
+                             const std::string& origin) {
+  LS_REQUIRE(digest == h.weights_digest,
+             "the {} have digest {:016x} but the trace was recorded with weights of digest {:016x}; "
+             "refusing to replay against different weights",
+             origin, digest, h.weights_digest);
+}
+
 }  // namespace
 
 ModelWeights weights_for(const trace::TraceHeader& h,
@@ -58,11 +65,7 @@ ModelWeights weights_for(const trace::TraceHeader& h,
 
 void require_recorded_weights(const trace::TraceHeader& h, const ModelWeights& weights,
                               const std::string& origin) {
-  const uint64_t digest = weights.digest();
-  LS_REQUIRE(digest == h.weights_digest,
-             "the {} have digest {:016x} but the trace was recorded with weights of digest {:016x}; "
-             "refusing to replay against different weights",
-             origin, digest, h.weights_digest);
+  require_recorded_digest(h, weights.digest(), origin);
 }
 
 namespace {
@@ -103,26 +106,23 @@ ExecutorOptions replay_executor_options(const trace::TraceHeader& h, ReplayMode 
                          .top_logits_count = h.top_logits_count};
 }
 
-// The backend, built while another thread checks the weights' digest against the trace's: the
-// digest is one pass over every fp32 weight (seconds on an 8B model), as long as a CUDA backend's
-// upload of them. Nothing runs on the backend before the check passes, and weights that are not
-// the recorded ones are the error named even where the build failed too.
+// The backend, built while the weights are digested beside it (ModelWeights::digest_in_background),
+// then checked against the trace's digest: nothing runs on the backend before the check passes,
+// and weights that are not the recorded ones are the error named even where the build failed too.
 std::unique_ptr<Backend> make_checked_backend(const ReplayOptions& options,
                                               const ModelWeights& weights,
                                               const std::string& origin,
                                               const trace::TraceHeader& header) {
   if (!digest_recorded(header)) return make_replay_backend(options, weights, header);
-  std::future<void> checked = std::async(std::launch::async, [&] {
-    require_recorded_weights(header, weights, origin);
-  });
+  const std::shared_future<uint64_t> digest = weights.digest_in_background();
   std::unique_ptr<Backend> backend;
   try {
     backend = make_replay_backend(options, weights, header);
   } catch (...) {
-    checked.get();
+    require_recorded_digest(header, digest.get(), origin);
     throw;
   }
-  checked.get();
+  require_recorded_digest(header, digest.get(), origin);
   return backend;
 }
 

@@ -667,6 +667,10 @@ uint64_t ModelWeights::digest() const {
   return stream.digest();
 }
 
+std::shared_future<uint64_t> ModelWeights::digest_in_background() const {
+  return std::async(std::launch::async, [this] { return digest(); }).share();
+}
+
 void ModelWeights::validate() const {
   config.validate();
   const ModelConfig& c = config;

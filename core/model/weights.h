@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <future>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +56,10 @@ struct ModelWeights {
   // weight digest a trace header records and replay checks. A Llama model with none of the
   // family features digests as it did before they existed.
   uint64_t digest() const;
+  // digest() on a thread of its own, begun now: a single pass over every fp32 weight (seconds on
+  // an 8B model) that recording and replay run beside the backend's start, which on CUDA uploads
+  // these weights. The weights must outlive the result (its last copy waits for the pass).
+  std::shared_future<uint64_t> digest_in_background() const;
   // Throws ls::Error when a tensor's size disagrees with the config (a feature's tensors present
   // exactly when its flag is on).
   void validate() const;

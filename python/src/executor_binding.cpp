@@ -26,7 +26,6 @@
 
 #include <deque>
 #include <exception>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -144,10 +143,9 @@ class PyExecutor {
     check_context_length(weights_.config, config_.context_length, beyond_max_positions);
     LS_REQUIRE(drafter_ == kNoDrafterName || config_.verify_width > 1,
                "Executor: drafter '{}' proposes W - 1 drafts per step: it needs verify_width >= 2", drafter_);
-    // The digest a recording's header carries is one pass over every fp32 weight (seconds on an
-    // 8B model): once the options are checked, it runs beside the backend's start, which on CUDA
-    // uploads those weights, and serves every record() of this executor.
-    weights_digest_ = std::async(std::launch::async, [this] { return weights_.digest(); }).share();
+    // The digest a recording's header carries, once the options are checked: beside the backend's
+    // start, and for every record() of this executor.
+    weights_digest_ = weights_.digest_in_background();
     backend_ = make_backend(BackendSpec{.name = backend_name_,
                                         .drafter = drafter_,
                                         .tp_degree = tp_degree_,
