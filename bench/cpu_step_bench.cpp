@@ -78,6 +78,21 @@ void BM_WeightsFromSeed(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// The weight digest a recording's header carries and replay checks, over qwen3-0.6b's fp32
+// weights (2.4 GB, made once): the stream form (one pass on one core, what format versions 3 and
+// 4 recorded) and the blocks form (what recording writes now) on one thread and on every core.
+void BM_WeightsDigest(benchmark::State& state) {
+  static const ls::ModelWeights weights =
+      ls::weights_from_seed(ls::model_config_named("qwen3-0.6b"), 1);
+  const auto form = static_cast<ls::WeightsDigestForm>(state.range(0));
+  const auto threads = static_cast<int32_t>(state.range(1));
+  for (auto _ : state) benchmark::DoNotOptimize(weights.digest(form, threads));
+  state.SetBytesProcessed(state.iterations() * weights.config.parameters_count() *
+                          static_cast<int64_t>(sizeof(float)));
+  state.SetLabel(std::string(ls::to_string(form)));
+  state.counters["threads"] = threads;
+}
+
 // fp32 → bf16 of llama-1b's largest tensor (its 263 M-value embedding, random values), as a bf16
 // device's upload converts every weight: on one thread, and on every core.
 void BM_F32ToBf16(benchmark::State& state) {
@@ -139,6 +154,13 @@ int main(int argc, char** argv) {
       ->Iterations(1)
       ->Unit(benchmark::kSecond)
       ->UseRealTime();
+  auto* digest = benchmark::RegisterBenchmark("BM_WeightsDigest", BM_WeightsDigest)
+                     ->Args({static_cast<int64_t>(ls::WeightsDigestForm::kStream), 1})
+                     ->Args({static_cast<int64_t>(ls::WeightsDigestForm::kBlocks), 1});
+  if (ls::host_cores() > 1) {
+    digest->Args({static_cast<int64_t>(ls::WeightsDigestForm::kBlocks), ls::host_cores()});
+  }
+  digest->ArgNames({"form", "threads"})->Unit(benchmark::kMillisecond)->UseRealTime();
   auto* bf16 = benchmark::RegisterBenchmark("BM_F32ToBf16", BM_F32ToBf16)->Arg(1);
   if (ls::host_cores() > 1) bf16->Arg(ls::host_cores());
   bf16->ArgName("threads")->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -59,10 +59,10 @@ void print_header(const trace::TraceHeader& h) {
              "{}, rotates {} of head_dim {}\n", to_string(m.rope_type), m.rope_factor,
              m.rope_low_freq_factor, m.rope_high_freq_factor, m.rope_original_max_positions,
              m.rotary_dim(), m.head_dim);
-  fmt::print("weights {} (digest {:016x})\n",
+  fmt::print("weights {} (digest {:016x}, {} form)\n",
              h.weights.kind == WeightSource::Kind::kSeed ? fmt::format("from seed {}", h.weights.seed)
                                                          : fmt::format("from {}", h.weights.directory),
-             h.weights_digest);
+             h.weights_digest, to_string(h.weights_digest_form));
   fmt::print("limits: B {}, L {}, P {}, pages {}, host pages {}, W {}, prefill chunk {}; drafter {}\n",
              e.max_batch_rows, e.context_length, e.page_size, e.pages_count, e.host_pages_count,
              e.verify_width, e.prefill_chunk_tokens, h.drafter.empty() ? "none" : h.drafter);
@@ -246,9 +246,16 @@ std::string record_difference(const trace::TraceRecord& a, const trace::TraceRec
 int run_diff(const DiffOptions& o) {
   trace::TraceReader a = trace::TraceReader::open(o.a);
   trace::TraceReader b = trace::TraceReader::open(o.b);
-  if (a.header().weights_digest != b.header().weights_digest) fmt::print("headers: weight digests differ\n");
-  if (!(a.header().executor.context_length == b.header().executor.context_length &&
-        a.header().executor.max_batch_rows == b.header().executor.max_batch_rows)) {
+  const trace::TraceHeader& ha = a.header();
+  const trace::TraceHeader& hb = b.header();
+  if (ha.weights_digest_form != hb.weights_digest_form) {
+    fmt::print("headers: weight digests of different forms ({} and {}): not comparable\n",
+               to_string(ha.weights_digest_form), to_string(hb.weights_digest_form));
+  } else if (ha.weights_digest != hb.weights_digest) {
+    fmt::print("headers: weight digests differ\n");
+  }
+  if (!(ha.executor.context_length == hb.executor.context_length &&
+        ha.executor.max_batch_rows == hb.executor.max_batch_rows)) {
     fmt::print("headers: executor limits differ\n");
   }
   trace::TraceRecord ra, rb;

@@ -49,9 +49,9 @@ bool digest_recorded(const trace::TraceHeader& h) {
 void require_recorded_digest(const trace::TraceHeader& h, uint64_t digest,
                              const std::string& origin) {
   LS_REQUIRE(digest == h.weights_digest,
-             "the {} have digest {:016x} but the trace was recorded with weights of digest {:016x}; "
-             "refusing to replay against different weights",
-             origin, digest, h.weights_digest);
+             "the {} have digest {:016x} but the trace was recorded with weights of digest {:016x} "
+             "({} form); refusing to replay against different weights",
+             origin, digest, h.weights_digest, to_string(h.weights_digest_form));
 }
 
 }  // namespace
@@ -65,7 +65,7 @@ ModelWeights weights_for(const trace::TraceHeader& h,
 
 void require_recorded_weights(const trace::TraceHeader& h, const ModelWeights& weights,
                               const std::string& origin) {
-  require_recorded_digest(h, weights.digest(), origin);
+  require_recorded_digest(h, weights.digest(h.weights_digest_form), origin);
 }
 
 namespace {
@@ -107,14 +107,15 @@ ExecutorOptions replay_executor_options(const trace::TraceHeader& h, ReplayMode 
 }
 
 // The backend, built while the weights are digested beside it (ModelWeights::digest_in_background),
-// then checked against the trace's digest: nothing runs on the backend before the check passes,
+// then checked against the trace's digest (in the form its header names): nothing runs on the backend before the check passes,
 // and weights that are not the recorded ones are the error named even where the build failed too.
 std::unique_ptr<Backend> make_checked_backend(const ReplayOptions& options,
                                               const ModelWeights& weights,
                                               const std::string& origin,
                                               const trace::TraceHeader& header) {
   if (!digest_recorded(header)) return make_replay_backend(options, weights, header);
-  const std::shared_future<uint64_t> digest = weights.digest_in_background();
+  const std::shared_future<uint64_t> digest =
+      weights.digest_in_background(header.weights_digest_form);
   std::unique_ptr<Backend> backend;
   try {
     backend = make_replay_backend(options, weights, header);

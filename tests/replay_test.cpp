@@ -309,6 +309,10 @@ TEST(ReplayCompatibility, ATraceFromBeforeTheStateSlotStillReplays) {
       fs::path(LOCKSTEP_SOURCE_DIR) / "tests/fixtures/trace/format3-tiny-swap-no-state-slot.trace";
   const std::vector<CacheOp> ops = cache_ops_of(fixture);
   ASSERT_GE(ops.size(), 2u) << "the fixture's swap out and back in";
+  // Its weights digest is of the stream form (the only one before format version 5): replay
+  // checks the weights it makes in that form.
+  EXPECT_EQ(trace::TraceReader::open(fixture).header().weights_digest_form,
+            WeightsDigestForm::kStream);
   for (const CacheOp& c : ops) EXPECT_EQ(c.state_slot, -1);
   const replay::ReplayReport r = replay::replay_trace(fixture, {});
   ASSERT_FALSE(r.divergence) << r.divergence->describe();
@@ -346,6 +350,29 @@ TEST(ReplayRefuses, WeightsWithAnotherDigestNamingBoth) {
     EXPECT_NE(std::string(e.what()).find(fmt::format("{:016x}", header.weights_digest)), std::string::npos);
     EXPECT_NE(std::string(e.what()).find(fmt::format("{:016x}", sim_weights().digest())), std::string::npos);
   }
+}
+
+// Replay digests the weights in the form the header names: the stream form's value under the
+// stream form is accepted, and the recorded (blocks) value under the stream form is refused with
+// the form named.
+TEST(ReplayRefuses, ADigestUnderAFormItWasNotComputedIn) {
+  const fs::path path = temp_path("digest-form.trace");
+  record_seed(4, {}, path);
+  trace::TraceHeader header = trace::TraceReader::open(path).header();
+  ASSERT_EQ(header.weights_digest_form, WeightsDigestForm::kBlocks);
+  ASSERT_EQ(header.weights_digest, sim_weights().digest(WeightsDigestForm::kBlocks));
+  header.weights_digest_form = WeightsDigestForm::kStream;
+  try {
+    replay::weights_for(header, std::nullopt);
+    FAIL() << "accepted a blocks digest as a stream digest";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("{:016x} (stream form)", header.weights_digest)),
+              std::string::npos)
+        << e.what();
+  }
+  header.weights_digest = sim_weights().digest(WeightsDigestForm::kStream);
+  EXPECT_EQ(replay::weights_for(header, std::nullopt).digest(WeightsDigestForm::kStream),
+            header.weights_digest);
 }
 
 // The digest is checked on another thread while the backend is built: weights that are not the

@@ -434,7 +434,7 @@ TEST(TraceIntegrity, ATraceOfFormatVersionOneIsRefusedNamingItsVersion) {
   const Outcome c = check_bytes(bytes);
   EXPECT_EQ(c.exit, 2);
   EXPECT_NE(c.message.find("format version 1"), std::string::npos) << c.message;
-  EXPECT_NE(c.message.find("reads versions 3 to 4"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("reads versions 3 to 5"), std::string::npos) << c.message;
   EXPECT_EQ(replay_bytes(bytes).exit, 2);
   std::printf("%s\n", c.message.c_str());
 }
@@ -447,7 +447,7 @@ TEST(TraceIntegrity, ATraceOfFormatVersionTwoIsRefusedNamingItsVersion) {
   const Outcome c = check_bytes(bytes);
   EXPECT_EQ(c.exit, 2);
   EXPECT_NE(c.message.find("format version 2"), std::string::npos) << c.message;
-  EXPECT_NE(c.message.find("reads versions 3 to 4"), std::string::npos) << c.message;
+  EXPECT_NE(c.message.find("reads versions 3 to 5"), std::string::npos) << c.message;
   EXPECT_EQ(replay_bytes(bytes).exit, 2);
   std::printf("%s\n", c.message.c_str());
 }

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <xxhash.h>
 
 #include "tests/scratch_dir.h"
 #include <unistd.h>
@@ -600,10 +601,47 @@ TEST(HfDirectory, BadConfigNamesTheFile) {
 
 // ---- families ------------------------------------------------------------------------------
 
-// The digest of `tiny` from seed 0 as a850c79 (before the families) recorded it in a trace header:
-// the seeded bits and the digest of a plain Llama must not have moved.
+// The digest of `tiny` from seed 0 as a850c79 (before the families) recorded it in a trace header,
+// in the stream form every trace of format versions 3 and 4 carries: the seeded bits and the
+// digest of a plain Llama must not have moved, or those traces would no longer replay.
 TEST(SeededWeights, TinyDigestIsUnchangedByTheFamilies) {
-  EXPECT_EQ(weights_from_seed(model_config_named("tiny"), 0).digest(), 0xfba3b684ac54ae9aull);
+  EXPECT_EQ(weights_from_seed(model_config_named("tiny"), 0).digest(WeightsDigestForm::kStream),
+            0xfba3b684ac54ae9aull);
+}
+
+// A stream shorter than a block is one block: the blocks form is then XXH3-64 of the stream
+// form's value (its 8 bytes, little-endian), by the definition (core/model/weights.h).
+TEST(WeightsDigest, BlocksFormOfAOneBlockModelIsTheDigestOfItsStreamDigest) {
+  const ModelWeights tiny = weights_from_seed(model_config_named("tiny"), 0);
+  const uint64_t stream = tiny.digest(WeightsDigestForm::kStream);
+  EXPECT_EQ(tiny.digest(WeightsDigestForm::kBlocks), XXH3_64bits(&stream, sizeof stream));
+  EXPECT_EQ(tiny.digest(), tiny.digest(kWeightsDigestFormRecorded));
+  EXPECT_EQ(kWeightsDigestFormRecorded, WeightsDigestForm::kBlocks);
+}
+
+// A model of three blocks (two untied 4.5 M-value tensors): its blocks digest is the same on 1 to 4
+// threads, differs from its stream digest, and changes with the last value of the last tensor.
+TEST(WeightsDigest, BlocksFormOfAManyBlockModelIsTheSameOnAnyThreadsAndSeesEveryValue) {
+  ModelConfig config = model_config_named("tiny");
+  config.vocab_size = 70'000;  // embedding and lm head 17.9 MB each: three 16 MiB blocks and more
+  ModelWeights weights = weights_from_seed(config, 5);
+  ASSERT_FALSE(config.tied_embeddings);
+  const uint64_t one = weights.digest(WeightsDigestForm::kBlocks, 1);
+  for (const int32_t threads : {2, 3, 4}) {
+    EXPECT_EQ(weights.digest(WeightsDigestForm::kBlocks, threads), one) << threads << " threads";
+  }
+  EXPECT_NE(weights.digest(WeightsDigestForm::kStream), one);
+  weights.lm_head.back() = std::nextafter(weights.lm_head.back(), 1.0f);
+  EXPECT_NE(weights.digest(WeightsDigestForm::kBlocks, 3), one);
+}
+
+TEST(WeightsDigest, FormsAreNamedBothWays) {
+  for (const WeightsDigestForm form : {WeightsDigestForm::kStream, WeightsDigestForm::kBlocks}) {
+    EXPECT_EQ(weights_digest_form_named(to_string(form)), form);
+  }
+  EXPECT_EQ(to_string(WeightsDigestForm::kStream), "stream");
+  EXPECT_EQ(to_string(WeightsDigestForm::kBlocks), "blocks");
+  EXPECT_FALSE(weights_digest_form_named("Blocks").has_value());
 }
 
 // Threads split a large tensor's elements, never the values: tiny plain, tied, and with both

@@ -121,6 +121,15 @@ RopeType rope_type_named(const std::string& name) {
   return RopeType::kDefault;
 }
 
+WeightsDigestForm weights_digest_form_of(schema::WeightsDigestForm form) {
+  switch (form) {
+    case schema::WeightsDigestForm::STREAM: return WeightsDigestForm::kStream;
+    case schema::WeightsDigestForm::BLOCKS: return WeightsDigestForm::kBlocks;
+  }
+  throw Error(fmt::format("weights.digestForm {} is not a digest form this build knows",
+                          static_cast<int>(form)));
+}
+
 }  // namespace
 
 void encode(const TraceHeader& h, schema::Header::Builder out) {
@@ -168,6 +177,9 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
     w.getSource().setDirectory(h.weights.directory);
   }
   w.setDigest(h.weights_digest);
+  w.setDigestForm(h.weights_digest_form == WeightsDigestForm::kStream
+                      ? schema::WeightsDigestForm::STREAM
+                      : schema::WeightsDigestForm::BLOCKS);
   auto e = out.initExecutor();
   e.setMaxBatchRows(h.executor.max_batch_rows);
   e.setContextLength(h.executor.context_length);
@@ -253,6 +265,7 @@ void decode(schema::Header::Reader in, TraceHeader& out) {
                               static_cast<int>(w.getSource().which())));
   }
   out.weights_digest = w.getDigest();
+  out.weights_digest_form = weights_digest_form_of(w.getDigestForm());
   const auto e = in.getExecutor();
   out.executor.max_batch_rows = e.getMaxBatchRows();
   out.executor.context_length = e.getContextLength();

@@ -21,9 +21,9 @@ namespace ls::trace {
 
 // 2: checksummed framing (a preamble, then frames of a header and a message; trace.capnp).
 // A reader of version 2 refuses version 1 files, naming the version.
-inline constexpr uint32_t kFormatVersion = 4;
-// The oldest version this build still reads (trace.capnp EVOLUTION: version 3 files read as 4
-// with every CacheOp.stateSlot −1).
+inline constexpr uint32_t kFormatVersion = 5;
+// The oldest version this build still reads (trace.capnp: version 3 files read with every
+// CacheOp.stateSlot −1, versions 3 and 4 with a weights digest of the stream form).
 inline constexpr uint32_t kOldestReadableFormatVersion = 3;
 inline constexpr int32_t kTopLogitsCountMax = ls::kTopLogitsCountMax;
 // At most this many steps may be open (input written, output not yet) at once: an overlapped
@@ -49,6 +49,7 @@ struct TraceHeader {
   ModelConfig model;
   WeightSource weights;
   uint64_t weights_digest = 0;
+  WeightsDigestForm weights_digest_form = kWeightsDigestFormRecorded;  // how weights_digest hashes
   ExecutorConfig executor;
   ExecutorOptions executor_options;
   int32_t top_logits_count = 0;  // (id, logit) pairs per logits row, 0..kTopLogitsCountMax

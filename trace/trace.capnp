@@ -1,6 +1,6 @@
 # The lockstep trace format. This comment is the contract; trace/reader.cpp enforces it.
 #
-# FILE LAYOUT (format version 3; version 2 had the same layout and another logits digest)
+# FILE LAYOUT (format versions 3 to 5; version 2 had the same layout and another logits digest)
 #   A trace file is a 16-byte preamble, then one frame per record. All integers little-endian.
 #
 #   preamble  bytes 0..7    magic "\0LSTRACE" (= traceMagic as a little-endian u64)
@@ -129,14 +129,17 @@
 #   additive changes keep it. Version 4 adds CacheOp.stateSlot: a version-3 reader would skip
 #   it and replay a hybrid's swap without its state, so version-3 readers must refuse version-4
 #   files; a version-4 reader reads version-3 files, whose cache ops never carried a state, with
-#   every stateSlot −1. Version 2 (checksummed framing) is refused by name since version 3 (a
+#   every stateSlot −1. Version 5 adds Weights.digestForm (blocks, hashed on every core): a
+#   version-4 reader would check a blocks digest as a stream one and call the right weights
+#   wrong, so it must refuse version-5 files; a version-5 reader reads versions 3 and 4, whose
+#   digests are all of the stream form, with digestForm stream. Version 2 (checksummed framing) is refused by name since version 3 (a
 #   cheaper logits digest, DIGESTS); version 1 files (no framing) are refused by name.
 @0xd9fcced0f1a776b6;
 
 $import "/capnp/c++.capnp".namespace("ls::trace::schema");
 
 const traceMagic :UInt64 = 0x4543415254534c00;  # "\0LSTRACE" read as little-endian u64
-const formatVersion :UInt32 = 4;
+const formatVersion :UInt32 = 5;
 
 struct Record {
   union {
@@ -241,7 +244,16 @@ struct Weights {
     seed @0 :UInt64;       # weights_from_seed(model, seed)
     directory @1 :Text;    # load_hf_directory(directory)
   }
-  digest @2 :UInt64;       # ModelWeights::digest()
+  digest @2 :UInt64;       # ModelWeights::digest(digestForm)
+  digestForm @3 :WeightsDigestForm;  # stream in files of versions 3 and 4 (they lack the field)
+}
+
+# How Weights.digest hashes the canonical weight stream (core/model/weights.h WeightsDigestForm):
+# stream = XXH3-64 of it in one pass; blocks = XXH3-64 of its 16 MiB blocks' XXH3-64s in order.
+# A value this build does not know is refused by name.
+enum WeightsDigestForm {
+  stream @0;
+  blocks @1;
 }
 
 struct ExecutorLimits {

@@ -114,6 +114,7 @@ TraceHeader make_trace_header(const ModelWeights& weights, uint64_t weights_dige
   h.model = weights.config;
   h.weights = source;
   h.weights_digest = weights_digest;
+  h.weights_digest_form = kWeightsDigestFormRecorded;
   h.executor = config;
   h.executor_options = recording_executor_options();
   h.top_logits_count = kTopLogitsCountMax;

@@ -37,8 +37,9 @@ class TraceObserver : public StepObserver {
 TraceHeader make_trace_header(const ModelWeights& weights, const WeightSource& source,
                               const ExecutorConfig& config, const std::string& backend,
                               const std::optional<MachineInfo>& machine = std::nullopt);
-// The same with the weights' digest (ModelWeights::digest) already computed: a single pass over
-// every fp32 weight, seconds on an 8B model, which a caller may run beside the backend's start.
+// The same with the weights' digest already computed, in the recorded form
+// (kWeightsDigestFormRecorded: ModelWeights::digest() and digest_in_background() by default): a
+// pass over every fp32 weight, which a caller may run beside the backend's start.
 TraceHeader make_trace_header(const ModelWeights& weights, uint64_t weights_digest,
                               const WeightSource& source, const ExecutorConfig& config,
                               const std::string& backend,

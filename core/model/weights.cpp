@@ -2,13 +2,13 @@
 
 #include "core/check.h"
 #include "core/host_memory.h"
+#include "core/model/pieces_digest.h"
 #include "core/model/safetensors.h"
 #include "core/model/strict_json.h"
 #include "core/ops/seeded_weights.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <array>
@@ -285,28 +285,6 @@ void add_mamba_jobs(const ModelConfig& config, uint32_t l, LayerWeights& layer,
 }
 
 // ---- Digest --------------------------------------------------------------------------------
-
-class Xxh3Stream {
- public:
-  Xxh3Stream() : state_(XXH3_createState()) {
-    LS_ASSERT(state_ != nullptr, "XXH3_createState failed");
-    const XXH_errorcode reset = XXH3_64bits_reset(state_.get());
-    LS_ASSERT(reset == XXH_OK, "XXH3_64bits_reset failed");
-  }
-  void update(const void* data, size_t size_bytes) {
-    if (size_bytes == 0) return;
-    const XXH_errorcode status = XXH3_64bits_update(state_.get(), data, size_bytes);
-    LS_ASSERT(status == XXH_OK, "XXH3_64bits_update of {} bytes failed", size_bytes);
-  }
-  void update(std::span<const float> values) { update(values.data(), values.size_bytes()); }
-  uint64_t digest() const { return XXH3_64bits_digest(state_.get()); }
-
- private:
-  struct Free {
-    void operator()(XXH3_state_t* state) const { XXH3_freeState(state); }
-  };
-  std::unique_ptr<XXH3_state_t, Free> state_;
-};
 
 // The fields that came with the families, as a second line only when one differs from a plain
 // Llama with default RoPE: digests of models from before the families stay what they were.
@@ -651,24 +629,54 @@ ModelWeights weights_from_seed(const ModelConfig& config, uint64_t seed, int32_t
   return weights;
 }
 
-uint64_t ModelWeights::digest() const {
-  Xxh3Stream stream;
-  const std::string config_text = config_canonical_text(config);
-  stream.update(config_text.data(), config_text.size());
-  stream.update(embedding);
-  for (const LayerWeights& layer : layers) {
-    for (const LayerTensorSpec& spec : kLayerTensors) stream.update(layer.*spec.field);
+namespace {
+
+// The canonical weight stream's pieces in digest order (weights.h, digest()); `config_text`
+// must outlive them.
+std::vector<std::span<const std::byte>> digest_pieces(const ModelWeights& w,
+                                                      const std::string& config_text) {
+  std::vector<std::span<const std::byte>> pieces;
+  const auto add = [&](std::span<const float> values) { pieces.push_back(std::as_bytes(values)); };
+  pieces.push_back(std::as_bytes(std::span(config_text)));
+  add(w.embedding);
+  for (const LayerWeights& layer : w.layers) {
+    for (const LayerTensorSpec& spec : kLayerTensors) add(layer.*spec.field);
     // Empty (and so hashing nothing) without the features: older digests are unchanged.
-    for (const FeatureTensorSpec& spec : kFeatureTensors) stream.update(layer.*spec.field);
-    for (const MambaTensorSpec& spec : kMambaTensors) stream.update(layer.*spec.field);
+    for (const FeatureTensorSpec& spec : kFeatureTensors) add(layer.*spec.field);
+    for (const MambaTensorSpec& spec : kMambaTensors) add(layer.*spec.field);
   }
-  stream.update(final_norm);
-  if (!config.tied_embeddings) stream.update(lm_head_view());
-  return stream.digest();
+  add(w.final_norm);
+  if (!w.config.tied_embeddings) add(w.lm_head_view());
+  return pieces;
 }
 
-std::shared_future<uint64_t> ModelWeights::digest_in_background() const {
-  return std::async(std::launch::async, [this] { return digest(); }).share();
+}  // namespace
+
+std::string_view to_string(WeightsDigestForm form) {
+  switch (form) {
+    case WeightsDigestForm::kStream: return "stream";
+    case WeightsDigestForm::kBlocks: return "blocks";
+  }
+  LS_ASSERT(false, "weights digest form {}", static_cast<int>(form));
+  return "";
+}
+
+std::optional<WeightsDigestForm> weights_digest_form_named(std::string_view name) {
+  for (const WeightsDigestForm form : {WeightsDigestForm::kStream, WeightsDigestForm::kBlocks}) {
+    if (name == to_string(form)) return form;
+  }
+  return std::nullopt;
+}
+
+uint64_t ModelWeights::digest(WeightsDigestForm form, int32_t threads) const {
+  const std::string config_text = config_canonical_text(config);
+  const std::vector<std::span<const std::byte>> pieces = digest_pieces(*this, config_text);
+  if (form == WeightsDigestForm::kStream) return xxh3_stream_digest(pieces);
+  return xxh3_blocks_digest(pieces, kWeightsDigestBlockBytes, threads);
+}
+
+std::shared_future<uint64_t> ModelWeights::digest_in_background(WeightsDigestForm form) const {
+  return std::async(std::launch::async, [this, form] { return digest(form); }).share();
 }
 
 void ModelWeights::validate() const {

@@ -8,11 +8,27 @@
 #include <cstdint>
 #include <filesystem>
 #include <future>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ls {
+
+// How ModelWeights::digest() hashes the canonical weight stream (the config's text, then every
+// tensor's fp32 bytes in a fixed order); a trace header records which form its digest has.
+//  kStream: XXH3-64 of the stream in one pass on one core: every trace of format versions 3 and
+//           4 (seconds a pass on an 8B model: 5.6 s on the device's host).
+//  kBlocks: the stream cut into kWeightsDigestBlockBytes blocks, each hashed with XXH3-64 on
+//           every core, then XXH3-64 of the blocks' digests in order (core/model/pieces_digest.h):
+//           the same value on any number of cores. What recording writes since format version 5.
+enum class WeightsDigestForm : uint8_t { kStream = 0, kBlocks = 1 };
+inline constexpr uint64_t kWeightsDigestBlockBytes = uint64_t{16} << 20;
+// The form a recording's header names (trace/trace_observer.h) and digest() computes by default.
+inline constexpr WeightsDigestForm kWeightsDigestFormRecorded = WeightsDigestForm::kBlocks;
+std::string_view to_string(WeightsDigestForm form);  // "stream", "blocks"
+std::optional<WeightsDigestForm> weights_digest_form_named(std::string_view name);
 
 struct LayerWeights {
   std::vector<float> attn_norm;  // [hidden]
@@ -51,15 +67,18 @@ struct ModelWeights {
   std::span<const float> lm_head_view() const {
     return config.tied_embeddings ? std::span<const float>(embedding) : std::span<const float>(lm_head);
   }
-  // XXH3-64 over the config and every tensor's fp32 bytes in a fixed order (embedding, layers
-  // 0.. with their biases and head norms after the 9 Llama tensors, final norm, lm head): the
-  // weight digest a trace header records and replay checks. A Llama model with none of the
-  // family features digests as it did before they existed.
-  uint64_t digest() const;
-  // digest() on a thread of its own, begun now: a single pass over every fp32 weight (seconds on
-  // an 8B model) that recording and replay run beside the backend's start, which on CUDA uploads
-  // these weights. The weights must outlive the result (its last copy waits for the pass).
-  std::shared_future<uint64_t> digest_in_background() const;
+  // The digest, in `form` (above), over the config and every tensor's fp32 bytes in a fixed order
+  // (embedding, layers 0.. with their biases and head norms after the 9 Llama tensors, final norm,
+  // lm head): the weight digest a trace header records and replay checks. A Llama model with none
+  // of the family features digests as it did before they existed. `threads`: the cores the
+  // blocks form runs on (its value does not depend on them).
+  uint64_t digest(WeightsDigestForm form = kWeightsDigestFormRecorded,
+                  int32_t threads = host_cores()) const;
+  // digest(form) on a thread of its own, begun now: a pass over every fp32 weight that recording
+  // and replay run beside the backend's start, which on CUDA uploads these weights. The weights
+  // must outlive the result (its last copy waits for the pass).
+  std::shared_future<uint64_t> digest_in_background(
+      WeightsDigestForm form = kWeightsDigestFormRecorded) const;
   // Throws ls::Error when a tensor's size disagrees with the config (a feature's tensors present
   // exactly when its flag is on).
   void validate() const;

@@ -25,8 +25,8 @@ namespace {
 
 const std::vector<std::string>& header_names() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> n = {"executor", "model", "weights_seed", "weights_digest", "backend",
-                                  "gpu_name"};
+    std::vector<std::string> n = {"executor",       "model",   "weights_seed", "weights_digest",
+                                  "weights_digest_form", "backend", "gpu_name"};
     n.insert(n.end(), executor_limit_names().begin(), executor_limit_names().end());
     return n;
   }();
@@ -41,21 +41,41 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
+// The weight digest given, with its form ("stream" or "blocks", as the header of the trace it came
+// from names it: the same weights digest differently in each), else 0 ("not recorded"): making or
+// loading every weight just to hash it is the replay's job.
+void header_digest(const Fields& f, trace::TraceHeader& h) {
+  const auto digest = field(f, "weights_digest");
+  const auto form = field(f, "weights_digest_form");
+  if (!digest) {
+    LS_REQUIRE(!form, "TraceWriter header: weights_digest_form is given without weights_digest");
+    h.weights_digest = 0;
+    return;
+  }
+  h.weights_digest = to_uint64(*digest, "TraceWriter header: weights_digest");
+  LS_REQUIRE(form.has_value(),
+             "TraceWriter header: weights_digest needs weights_digest_form ('stream' or 'blocks': "
+             "header.weights_digest_form of the trace the digest came from)");
+  const std::string name = to_string_value(*form, "TraceWriter header: weights_digest_form");
+  const std::optional<WeightsDigestForm> parsed = weights_digest_form_named(name);
+  LS_REQUIRE(parsed.has_value(),
+             "TraceWriter header: weights_digest_form '{}' is neither 'stream' nor 'blocks'", name);
+  h.weights_digest_form = *parsed;
+}
+
 // The model a foreign executor ran: a named shape with the seed of its random weights, or a
-// Hugging Face directory (only its config.json is read). The weight digest is the one given, else
-// 0 ("not recorded"): making or loading every weight just to hash it is the replay's job.
+// Hugging Face directory (only its config.json is read).
 void header_model(const Fields& f, trace::TraceHeader& h) {
   const auto model = field(f, "model");
   LS_REQUIRE(model.has_value(), "TraceWriter header: model is required (a named shape or a Hugging Face directory)");
   const std::string name = to_string_value(*model, "TraceWriter header: model");
-  const auto digest = field(f, "weights_digest");
+  header_digest(f, h);
   if (is_model_directory(name)) {
     LS_REQUIRE(!field(f, "weights_seed"),
                "TraceWriter header: weights_seed is for a named shape; model '{}' is a directory", name);
     const std::filesystem::path dir(name);
     h.model = model_config_from_hf_json(read_file((dir / "config.json").string()), dir.filename().string());
     h.weights = {WeightSource::Kind::kDirectory, 0, name};
-    h.weights_digest = digest ? to_uint64(*digest, "TraceWriter header: weights_digest") : 0;
     return;
   }
   const std::vector<std::string> names = model_config_names();
@@ -65,7 +85,6 @@ void header_model(const Fields& f, trace::TraceHeader& h) {
   const auto seed = field(f, "weights_seed");
   h.model = model_config_named(name);
   h.weights = {WeightSource::Kind::kSeed, seed ? to_uint64(*seed, "TraceWriter header: weights_seed") : 0, ""};
-  h.weights_digest = digest ? to_uint64(*digest, "TraceWriter header: weights_digest") : 0;
 }
 
 trace::TraceHeader foreign_header(py::handle header) {
@@ -218,6 +237,7 @@ py::dict header_to_dict(const trace::TraceHeader& h) {
   d["weights_seed"] = h.weights.seed;
   d["weights_directory"] = h.weights.directory;
   d["weights_digest"] = h.weights_digest;
+  d["weights_digest_form"] = std::string(to_string(h.weights_digest_form));
   d["limits"] = executor_config_to_dict(h.executor);
   d["capture_logits"] = h.executor_options.capture_logits;
   d["want_logprobs"] = h.executor_options.want_logprobs;

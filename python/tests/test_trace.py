@@ -103,6 +103,37 @@ def test_teacher_forced_replay_on_a_model_directory(lockstep_bin, tmp_path):
     assert "no weight digest recorded" in replayed and "agreement: 3/3 tokens (100.00%)" in replayed, replayed
 
 
+def test_a_foreign_trace_carries_a_lockstep_digest_with_its_form(lockstep_bin, tmp_path):
+    """An engine that copies a lockstep trace's weight digest into its own trace copies the digest's
+    form with it: replay then checks the weights in that form, and refuses them under another."""
+    own = tmp_path / "own.trace"
+    ex = lockstep.Executor(model="tiny", max_batch_rows=2)
+    ex.record(own)
+    ex.stop_recording()
+    recorded = lockstep.open_trace(own).header
+    assert recorded.weights_digest_form == "blocks" and recorded.weights_digest != 0
+    digest = {"weights_digest": recorded.weights_digest, "weights_digest_form": recorded.weights_digest_form}
+    path = tmp_path / "digest.trace"
+    record_foreign(path, header=dict(HEADER, **digest), steps=2)
+    header = lockstep.open_trace(path).header
+    assert (header.weights_digest, header.weights_digest_form) == (recorded.weights_digest, "blocks")
+    replayed = run_cli(lockstep_bin, "replay", path, "--mode", "teacher-forced", "-q").stdout
+    assert "agreement: 2/2 tokens (100.00%)" in replayed, replayed
+    wrong = tmp_path / "wrong-form.trace"
+    record_foreign(wrong, header={**HEADER, **digest, "weights_digest_form": "stream"}, steps=2)
+    done = run_cli(lockstep_bin, "replay", wrong, "--mode", "teacher-forced", "-q", check=False)
+    assert done.returncode == 2 and "(stream form)" in done.stderr, done.stderr
+
+
+def test_writer_refuses_a_digest_without_its_form(tmp_path):
+    with pytest.raises(lockstep.Error, match="weights_digest needs weights_digest_form"):
+        lockstep.TraceWriter(tmp_path / "a.trace", dict(HEADER, weights_digest=5))
+    with pytest.raises(lockstep.Error, match="weights_digest_form is given without weights_digest"):
+        lockstep.TraceWriter(tmp_path / "b.trace", dict(HEADER, weights_digest_form="blocks"))
+    with pytest.raises(lockstep.Error, match="weights_digest_form 'merkle' is neither"):
+        lockstep.TraceWriter(tmp_path / "c.trace", dict(HEADER, weights_digest=5, weights_digest_form="merkle"))
+
+
 def test_writer_refuses_bad_records(tmp_path):
     with pytest.raises(lockstep.Error, match="executor"):
         lockstep.TraceWriter(tmp_path / "a.trace", {"model": "tiny"})

@@ -25,38 +25,40 @@ class FutureWriter {
   std::vector<std::byte> bytes;
 };
 
-TEST(FutureSchema, CurrentReaderReadsATraceWithNewFieldsAndSkipsNewRecordKinds) {
+// A header of today's layout (tiny from seed 7) with a future field set.
+void fill_header(fs::Header::Builder h) {
   const ExecutorConfig c = ls::testing::small_config();
   const ModelConfig& m = ls::testing::tiny_weights().config;
+  h.setMagic(fs::TRACE_MAGIC);
+  h.setFormatVersion(kFormatVersion);
+  h.setBuildId("lockstep 9.9 (future)");
+  auto model = h.initModel();
+  model.setName("tiny");
+  model.setHiddenSize(m.hidden_size);
+  model.setLayersCount(m.layers_count);
+  model.setQueryHeadsCount(m.query_heads_count);
+  model.setKvHeadsCount(m.kv_heads_count);
+  model.setHeadDim(m.head_dim);
+  model.setFfnSize(m.ffn_size);
+  model.setVocabSize(m.vocab_size);
+  model.setRopeTheta(m.rope_theta);
+  model.setRmsEps(m.rms_eps);
+  h.initWeights().getSource().setSeed(7);
+  auto e = h.initExecutor();
+  e.setMaxBatchRows(c.max_batch_rows);
+  e.setContextLength(c.context_length);
+  e.setPageSize(c.page_size);
+  e.setPagesCount(c.pages_count);
+  e.setVerifyWidth(c.verify_width);
+  e.setPrefillChunkTokens(c.prefill_chunk_tokens);
+  h.setBackend("cuda");
+  h.setIndexStride(1);
+  h.setHostName("future-host");  // FUTURE field
+}
+
+TEST(FutureSchema, CurrentReaderReadsATraceWithNewFieldsAndSkipsNewRecordKinds) {
   FutureWriter w;
-  w.add([&](fs::Record::Builder r) {
-    auto h = r.initHeader();
-    h.setMagic(fs::TRACE_MAGIC);
-    h.setFormatVersion(kFormatVersion);
-    h.setBuildId("lockstep 9.9 (future)");
-    auto model = h.initModel();
-    model.setName("tiny");
-    model.setHiddenSize(m.hidden_size);
-    model.setLayersCount(m.layers_count);
-    model.setQueryHeadsCount(m.query_heads_count);
-    model.setKvHeadsCount(m.kv_heads_count);
-    model.setHeadDim(m.head_dim);
-    model.setFfnSize(m.ffn_size);
-    model.setVocabSize(m.vocab_size);
-    model.setRopeTheta(m.rope_theta);
-    model.setRmsEps(m.rms_eps);
-    h.initWeights().getSource().setSeed(7);
-    auto e = h.initExecutor();
-    e.setMaxBatchRows(c.max_batch_rows);
-    e.setContextLength(c.context_length);
-    e.setPageSize(c.page_size);
-    e.setPagesCount(c.pages_count);
-    e.setVerifyWidth(c.verify_width);
-    e.setPrefillChunkTokens(c.prefill_chunk_tokens);
-    h.setBackend("cuda");
-    h.setIndexStride(1);
-    h.setHostName("future-host");  // FUTURE field
-  });
+  w.add([&](fs::Record::Builder r) { fill_header(r.initHeader()); });
   w.add([&](fs::Record::Builder r) {
     auto in = r.initStepInput();
     in.setStep(0);
@@ -121,6 +123,23 @@ TEST(FutureSchema, CurrentReaderReadsATraceWithNewFieldsAndSkipsNewRecordKinds) 
   // Written without a footer: reported as such.
   ASSERT_TRUE(reader.truncation().has_value());
   EXPECT_EQ(reader.truncation()->trailing_bytes, 0u);
+}
+
+// A value of an enum this reader does not know is not skipped like a field: the weights digest's
+// form decides how replay checks the weights, so a form of the future is refused by name.
+TEST(FutureSchema, AWeightsDigestFormOfTheFutureIsRefusedByName) {
+  FutureWriter w;
+  w.add([&](fs::Record::Builder r) {
+    fill_header(r.initHeader());
+    r.getHeader().getWeights().setDigestForm(fs::WeightsDigestForm::FROM_THE_FUTURE);
+  });
+  try {
+    TraceReader::from_bytes(w.bytes);
+    FAIL() << "a digest form of the future was read";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                              "weights.digestForm 2 is not a digest form this build knows"));
+  }
 }
 
 }  // namespace

@@ -74,7 +74,14 @@ struct Weights {
     seed @0 :UInt64;       # weights_from_seed(model, seed)
     directory @1 :Text;    # load_hf_directory(directory)
   }
-  digest @2 :UInt64;       # ModelWeights::digest()
+  digest @2 :UInt64;       # ModelWeights::digest(digestForm)
+  digestForm @3 :WeightsDigestForm;
+}
+
+enum WeightsDigestForm {
+  stream @0;
+  blocks @1;
+  fromTheFuture @2;  # FUTURE enumerant: a reader of today refuses it by name
 }
 
 struct ExecutorLimits {

@@ -79,7 +79,7 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   TraceReader reader = TraceReader::open(file.path());
   const TraceHeader& h = reader.header();
   EXPECT_EQ(h.format_version, kFormatVersion);
-  EXPECT_EQ(kFormatVersion, 4u);
+  EXPECT_EQ(kFormatVersion, 5u);
   EXPECT_EQ(h.build_id, "lockstep-test 0.1.0");
   EXPECT_EQ(h.model.name, "tiny");
   EXPECT_EQ(h.model.hidden_size, 64);
@@ -95,6 +95,7 @@ TEST(TraceRoundTrip, HeaderInputOutputEventsAndFooterReadBackFieldByField) {
   EXPECT_EQ(h.weights.kind, WeightSource::Kind::kDirectory);
   EXPECT_EQ(h.weights.directory, "/models/x");
   EXPECT_EQ(h.weights_digest, ls::testing::tiny_weights().digest());
+  EXPECT_EQ(h.weights_digest_form, WeightsDigestForm::kBlocks);
   EXPECT_EQ(h.executor.max_batch_rows, 8);
   EXPECT_EQ(h.executor.context_length, 64);
   EXPECT_EQ(h.executor.page_size, 4);
