@@ -1384,7 +1384,8 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
     case LeaveOut::kAttention:
     case LeaveOut::kAttentionBody:
     case LeaveOut::kAttentionKvReads: return decode_bytes_split(m, rows, context).kv;
-    case LeaveOut::kCombine: return 0;
+    case LeaveOut::kCombine:
+    case LeaveOut::kAttentionArithmetic: return 0;  // what it leaves out reads no DRAM
     case LeaveOut::kO: return 2 * layers * h * m.q_size();
     case LeaveOut::kGateUp: return 2 * layers * 2 * h * m.ffn_size;
     case LeaveOut::kDown: return 2 * layers * h * m.ffn_size;
@@ -1405,6 +1406,21 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
 // them (kernels/attention.h: llama's group of 4), and there the step with and without the split
 // kernel's body again with every kernel in plain stream order. One backend a variant, one after
 // another; the full step is timed first and last (drift).
+// What the split kernel costs with its reads alone: attention's cost (split kernel and combine)
+// less attention_arithmetic's (the split kernel's arithmetic and the combine), against its K/V
+// bytes at the read bandwidth: near them, the reads overlap and the pattern streams; far above,
+// the reads in this pattern are the limit, whatever the arithmetic does.
+void print_reads_alone(const std::vector<LeaveOut>& kernels, const json& costs, double kv_read_us) {
+  const auto cost_of = [&](LeaveOut what) {
+    const size_t k = static_cast<size_t>(std::find(kernels.begin(), kernels.end(), what) -
+                                         kernels.begin());
+    return costs.at(k).at("cost_us").get<double>();
+  };
+  const double reads_us = cost_of(LeaveOut::kAttention) - cost_of(LeaveOut::kAttentionArithmetic);
+  std::printf("    the split kernel with its K/V reads alone (attention less attention_arithmetic): "
+              "%.1f us, its K/V bytes at the read BW %.1f us\n", reads_us, kv_read_us);
+}
+
 json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;
@@ -1484,6 +1500,8 @@ json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth
                              {"at_read_bandwidth_us", at_read_us(bytes)},
                              {"loss_us", loss_us}});
     }
+    if (has_split_parts) print_reads_alone(kernels, kernels_out, at_read_us(left_out_bytes(
+                             model, rows, mean_context, LeaveOut::kAttentionKvReads)));
     // Outside the layers: the step with every layer left out, against the LM head's weights.
     const double outside_ms = step_ms[every_layer_at + 1][b];
     const int64_t outside_bytes = outside_layers_bytes(model);

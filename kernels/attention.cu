@@ -389,6 +389,10 @@ cudaError_t launch_mma(const AttentionArgs<bf16>& args, int32_t tokens, LaunchSt
       return launch_splits<attention_mma_kernel<D, G, kAttentionKvReads>>(kShared, args, tokens,
                                                                            stream);
     }
+    if (split_leave_out == kAttentionArithmetic) {
+      return launch_splits<attention_mma_kernel<D, G, kAttentionArithmetic>>(kShared, args,
+                                                                              tokens, stream);
+    }
   }
   return cudaErrorInvalidValue;
 }
@@ -508,8 +512,8 @@ cudaError_t launch_paged_attention(const AttentionShape& shape, const float* q, 
   if (prefill != AttentionPrefill::kTiles && prefill != AttentionPrefill::kDecodeKernel) {
     return cudaErrorInvalidValue;
   }
-  if ((leave_out & ~kAttentionLeaveOutAll) != 0 ||
-      (leave_out & kAttentionSplitParts) == kAttentionSplitParts) {  // parts: one at a time
+  const uint32_t parts = leave_out & kAttentionSplitParts;
+  if ((leave_out & ~kAttentionLeaveOutAll) != 0 || (parts & (parts - 1)) != 0) {  // one at a time
     return cudaErrorInvalidValue;
   }
   if (tokens_count == 0) return cudaSuccess;

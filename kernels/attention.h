@@ -54,8 +54,13 @@ enum AttentionLeaveOut : uint32_t {
                                   // its launch and its kernel boundaries
   kAttentionKvReads = 1u << 2,    // the split kernel reads no K/V rows (its arithmetic, shared
                                   // memory and partials as before, on whatever the tiles held)
+  kAttentionArithmetic = 1u << 3,  // the split kernel's scores (and its loads of Q), softmax,
+                                   // P·V and partial writes: its reads of the K/V rows stay, in
+                                   // their order, pipeline and barriers (with no partials
+                                   // written, the combine goes too)
 };
-constexpr uint32_t kAttentionSplitParts = kAttentionSplitBody | kAttentionKvReads;
+constexpr uint32_t kAttentionSplitParts =
+    kAttentionSplitBody | kAttentionKvReads | kAttentionArithmetic;
 constexpr uint32_t kAttentionLeaveOutAll = kAttentionCombine | kAttentionSplitParts;
 constexpr int32_t kAttentionLeaveOutGroup = 4;
 // Whether bf16 KV of this head_dim takes the tensor-core kernels (the split kernel's MMA form and

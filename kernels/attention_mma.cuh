@@ -145,6 +145,10 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
   // no row is read: keys and values are zeros up to `padded`, so the output stays finite.
   constexpr int32_t kPieces = D / 8;  // 16-byte pieces of a row
   constexpr bool kReadsRows = kLeaveOut != kAttentionKvReads;
+  // With the arithmetic left out (the profile's form) the key rows still land in registers: their
+  // words are folded into `sink`, which a condition the compiler cannot decide keeps alive.
+  constexpr bool kComputes = kLeaveOut != kAttentionArithmetic;
+  uint32_t sink = 0;
   uint4 raw[kKeyTiles][kLoads];
   const auto start_reads = [&](int32_t split, const int64_t* slots, bf16* values) {
     const int32_t count = min(kAttentionSplitKeys, keys - split * kAttentionSplitKeys);
@@ -199,6 +203,13 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
     }
 #pragma unroll
     for (int32_t t = 0; t < kKeyTiles; ++t) {
+      if constexpr (!kComputes) {
+#pragma unroll
+        for (int32_t l = 0; l < kLoads; ++l) {
+          sink ^= raw[t][l].x ^ raw[t][l].y ^ raw[t][l].z ^ raw[t][l].w;
+        }
+        continue;  // no scores
+      }
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int32_t k = 0; k < kSteps; ++k) {
@@ -230,72 +241,79 @@ __global__ void __launch_bounds__(kThreads, 4) attention_mma_kernel(AttentionArg
       next_slot = next < splits ? slot_of(next) : 0;  // a table read under the softmax and P·V
     }
     __syncthreads();
-    split_softmax_pieces(scores, kScorePitch, group, count, padded, warp, lane, m_s,
-                         l_s);  // zeroes past the keys
+    if constexpr (kComputes) {
+      split_softmax_pieces(scores, kScorePitch, group, count, padded, warp, lane, m_s,
+                           l_s);  // zeroes past the keys
+    }
     if (kReadsAhead<D> && next < splits) {
       copy_async_wait_older();  // this split's value rows, the next split's still in flight
     } else {
       copy_async_wait_all();
     }
     __syncthreads();  // probabilities and every thread's value rows visible
-    const bf16* values = value_rows + tile * kValueTile<D>;
-    float out[kDimPairs][2][4] = {};
-    for (int32_t k0 = 0; k0 < padded; k0 += 16) {
-      uint32_t p_frag[4];
+    if constexpr (kComputes) {
+      const bf16* values = value_rows + tile * kValueTile<D>;
+      float out[kDimPairs][2][4] = {};
+      for (int32_t k0 = 0; k0 < padded; k0 += 16) {
+        uint32_t p_frag[4];
+#pragma unroll
+        for (int32_t half = 0; half < 2; ++half) {
+          const int32_t row = g + 8 * half;
+          float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
+          if (row < group && row < G) {
+            lo = *reinterpret_cast<const float2*>(scores + row * kScorePitch + k0 + 2 * c);
+            hi = *reinterpret_cast<const float2*>(scores + row * kScorePitch + k0 + 2 * c + 8);
+          }
+          p_frag[half] = pack_bf16x2(lo.x, lo.y);
+          p_frag[2 + half] = pack_bf16x2(hi.x, hi.y);
+        }
+        // ldmatrix rows: lanes 8i .. 8i + 7 address matrix i = (keys k0 + 8·(i % 2) .., dims
+        // +8·(i / 2)); r0, r1 are B for the first 8 dims, r2, r3 for the next 8.
+        const int32_t key = k0 + 8 * ((lane / 8) % 2) + lane % 8;
+#pragma unroll
+        for (int32_t p = 0; p < kDimPairs; ++p) {
+          const int32_t dim = warp * kWarpDims + 16 * p + 8 * (lane / 16);
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, values + key * kValuePitch<D> + dim);
+          mma_bf16_16816(out[p][0], p_frag, b[0], b[1]);
+          mma_bf16_16816(out[p][1], p_frag, b[2], b[3]);
+        }
+      }
+      // C: (row g, dims 2c, 2c + 1) and (row g + 8, the same dims) of each 8-dim tile.
 #pragma unroll
       for (int32_t half = 0; half < 2; ++half) {
         const int32_t row = g + 8 * half;
-        float2 lo = make_float2(0.0f, 0.0f), hi = make_float2(0.0f, 0.0f);
-        if (row < group && row < G) {
-          lo = *reinterpret_cast<const float2*>(scores + row * kScorePitch + k0 + 2 * c);
-          hi = *reinterpret_cast<const float2*>(scores + row * kScorePitch + k0 + 2 * c + 8);
-        }
-        p_frag[half] = pack_bf16x2(lo.x, lo.y);
-        p_frag[2 + half] = pack_bf16x2(hi.x, hi.y);
-      }
-      // ldmatrix rows: lanes 8i .. 8i + 7 address matrix i = (keys k0 + 8·(i % 2) .., dims
-      // +8·(i / 2)); r0, r1 are B for the first 8 dims, r2, r3 for the next 8.
-      const int32_t key = k0 + 8 * ((lane / 8) % 2) + lane % 8;
+        if (row >= group || row >= G) continue;
+        const int32_t head = kv_head * group + row;
+        float* part = splits == 1 ? nullptr
+                                  : partial_at(a.workspace, local_token, head, split, s.query_heads,
+                                               total_splits, D);
+        if (part != nullptr && warp == 0 && c == 0) part[0] = m_s[row], part[1] = l_s[row];
 #pragma unroll
-      for (int32_t p = 0; p < kDimPairs; ++p) {
-        const int32_t dim = warp * kWarpDims + 16 * p + 8 * (lane / 16);
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, values + key * kValuePitch<D> + dim);
-        mma_bf16_16816(out[p][0], p_frag, b[0], b[1]);
-        mma_bf16_16816(out[p][1], p_frag, b[2], b[3]);
-      }
-    }
-    // C: (row g, dims 2c, 2c + 1) and (row g + 8, the same dims) of each 8-dim tile.
+        for (int32_t p = 0; p < kDimPairs; ++p) {
 #pragma unroll
-    for (int32_t half = 0; half < 2; ++half) {
-      const int32_t row = g + 8 * half;
-      if (row >= group || row >= G) continue;
-      const int32_t head = kv_head * group + row;
-      float* part = splits == 1 ? nullptr
-                                : partial_at(a.workspace, local_token, head, split, s.query_heads,
-                                             total_splits, D);
-      if (part != nullptr && warp == 0 && c == 0) part[0] = m_s[row], part[1] = l_s[row];
-#pragma unroll
-      for (int32_t p = 0; p < kDimPairs; ++p) {
-#pragma unroll
-        for (int32_t t = 0; t < 2; ++t) {
-          const int32_t dim = warp * kWarpDims + 16 * p + 8 * t + 2 * c;
-          const float v0 = out[p][t][2 * half], v1 = out[p][t][2 * half + 1];
-          if (part == nullptr) {
-            bf16* o = a.out + int64_t{token} * q_size + int64_t{head} * D + dim;
-            *reinterpret_cast<__nv_bfloat162*>(o) =
-                __floats2bfloat162_rn(v0 / l_s[row], v1 / l_s[row]);
-          } else {  // a partial is 8-byte aligned (head_dim + 2 floats) and dim even
-            *reinterpret_cast<float2*>(part + 2 + dim) = make_float2(v0, v1);
+          for (int32_t t = 0; t < 2; ++t) {
+            const int32_t dim = warp * kWarpDims + 16 * p + 8 * t + 2 * c;
+            const float v0 = out[p][t][2 * half], v1 = out[p][t][2 * half + 1];
+            if (part == nullptr) {
+              bf16* o = a.out + int64_t{token} * q_size + int64_t{head} * D + dim;
+              *reinterpret_cast<__nv_bfloat162*>(o) =
+                  __floats2bfloat162_rn(v0 / l_s[row], v1 / l_s[row]);
+            } else {  // a partial is 8-byte aligned (head_dim + 2 floats) and dim even
+              *reinterpret_cast<float2*>(part + 2 + dim) = make_float2(v0, v1);
+            }
           }
         }
       }
-    }
+    }  // kComputes
     // The slots of the split after next, where this split's were (every thread read those when it
     // started this split's reads, before this split's first barrier).
     if constexpr (kReadsAhead<D>) {
       if (next + stride < splits) slot_s[tile][threadIdx.x] = slot_of(next + stride);
     }
+  }
+  if constexpr (!kComputes) {
+    if (sink == static_cast<uint32_t>(keys) * 0x9e3779b9u + 0x7f4a7c15u) a.workspace[0] = 0.0f;
   }
 }
 

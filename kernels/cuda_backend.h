@@ -69,15 +69,18 @@ enum class LeaveOut : uint32_t {
   // tensor-core kernel at llama's group of 4 query heads a KV head):
   kAttentionBody = 1u << 7,     // all but its launch and its wait; and the combine
   kAttentionKvReads = 1u << 8,  // its reads of the K/V rows (zeros instead)
+  kAttentionArithmetic = 1u << 9,  // its scores, softmax, P·V and partials (its reads stay); and
+                                   // the combine
 };
 // Every LeaveOut, in the order the benchmark's profile reports them.
 inline constexpr LeaveOut kLeaveOutKinds[] = {
     LeaveOut::kQkv,    LeaveOut::kAttention, LeaveOut::kCombine, LeaveOut::kAttentionBody,
-    LeaveOut::kAttentionKvReads, LeaveOut::kO, LeaveOut::kGateUp, LeaveOut::kDown,
-    LeaveOut::kLayers};
+    LeaveOut::kAttentionKvReads, LeaveOut::kAttentionArithmetic, LeaveOut::kO, LeaveOut::kGateUp,
+    LeaveOut::kDown,   LeaveOut::kLayers};
 // The split kernel's parts, which only llama-like attention has (kernels/attention.h).
 constexpr bool is_split_kernel_part(LeaveOut what) {
-  return what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads;
+  return what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads ||
+         what == LeaveOut::kAttentionArithmetic;
 }
 // The parts of attention's cost among them (the profile lists them, but does not add them to the
 // step's losses: LeaveOut::kAttention's row holds them).

@@ -308,11 +308,13 @@ void CudaBackend::Impl::refuse_what_leave_out_cannot_cover() const {
              "{} does not cover a drafter ('{}')", what, options.drafter);
   LS_REQUIRE(!model.has_recurrent_state(), "{} does not cover Mamba layers", what);
   // The split kernel's parts exist on its tensor-core form at llama's group (kernels/attention.h).
-  const bool body = leaves_out(LeaveOut::kAttentionBody);
-  const bool kv_reads = leaves_out(LeaveOut::kAttentionKvReads);
-  if (!body && !kv_reads) return;
-  LS_REQUIRE(!(body && kv_reads), "{}: attention_body and attention_kv_reads are parts of one "
-             "kernel, left out one at a time", what);
+  int32_t parts = 0;
+  for (const LeaveOut part : kLeaveOutKinds) {
+    if (is_split_kernel_part(part) && leaves_out(part)) ++parts;
+  }
+  if (parts == 0) return;
+  LS_REQUIRE(parts == 1, "{}: attention_body, attention_kv_reads and attention_arithmetic are "
+             "parts of one kernel, left out one at a time", what);
   const int32_t group = model.query_heads_count / model.kv_heads_count;
   LS_REQUIRE(kernels::attention_split_parts_exist(model.head_dim, group), "{}: attention's parts "
              "need head_dim 64 or 128 (the tensor-core kernel) and {} query heads a KV head, not "

@@ -197,8 +197,9 @@ bool CudaBackend::Impl::enqueue_qkv(int32_t i, int32_t tokens, T* k_layer, T* v_
 }
 
 // The parts of decode attention options.leave_out names, as kernels/attention.h's bits. Leaving
-// the split kernel's body out leaves the combine out too: it would merge partials no split wrote
-// (NaN from the zeros of an unwritten workspace), where without it `attn_out` keeps finite values.
+// the split kernel's body or arithmetic out leaves the combine out too: it would merge partials no
+// split wrote (NaN from the zeros of an unwritten workspace), where without it `attn_out` keeps
+// finite values.
 uint32_t CudaBackend::Impl::attention_leave_out() const {
   uint32_t bits = 0;
   if (leaves_out(LeaveOut::kCombine)) bits |= kernels::kAttentionCombine;
@@ -206,6 +207,9 @@ uint32_t CudaBackend::Impl::attention_leave_out() const {
     bits |= kernels::kAttentionSplitBody | kernels::kAttentionCombine;
   }
   if (leaves_out(LeaveOut::kAttentionKvReads)) bits |= kernels::kAttentionKvReads;
+  if (leaves_out(LeaveOut::kAttentionArithmetic)) {
+    bits |= kernels::kAttentionArithmetic | kernels::kAttentionCombine;
+  }
   return bits;
 }
 

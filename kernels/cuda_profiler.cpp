@@ -98,6 +98,7 @@ std::string_view to_string(LeaveOut what) {
     case LeaveOut::kCombine: return "attention_combine";
     case LeaveOut::kAttentionBody: return "attention_body";
     case LeaveOut::kAttentionKvReads: return "attention_kv_reads";
+    case LeaveOut::kAttentionArithmetic: return "attention_arithmetic";
     case LeaveOut::kO: return "o";
     case LeaveOut::kGateUp: return "gate_up";
     case LeaveOut::kDown: return "down";

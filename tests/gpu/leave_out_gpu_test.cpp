@@ -21,7 +21,8 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 // testing::tiled_weights' shape with llama's attention: 4 query heads a KV head at head_dim 64,
-// where the split kernel's parts (LeaveOut::kAttentionBody, kAttentionKvReads) exist, so every
+// where the split kernel's parts (LeaveOut::kAttentionBody, kAttentionKvReads,
+// kAttentionArithmetic) exist, so every
 // kind can be left out.
 const ModelWeights& group4_weights() {
   static const ModelWeights weights = [] {
@@ -78,8 +79,12 @@ TEST(CudaLeaveOut, WhatTheProfileCannotCoverIsRefusedByName) {
   }, ThrowsMessage<Error>(HasSubstr(parts_need + "head_dim 64 and 2")));
   EXPECT_THAT([&] {
     CudaBackend b(group4_weights(), ec, CudaBackendOptions{.leave_out = body | kv_reads});
-  }, ThrowsMessage<Error>(HasSubstr("attention_body and attention_kv_reads are parts of one "
-                                    "kernel, left out one at a time")));
+  }, ThrowsMessage<Error>(HasSubstr("attention_body, attention_kv_reads and attention_arithmetic "
+                                    "are parts of one kernel, left out one at a time")));
+  const auto arithmetic = static_cast<uint32_t>(LeaveOut::kAttentionArithmetic);
+  EXPECT_THAT([&] {
+    CudaBackend b(group4_weights(), ec, CudaBackendOptions{.leave_out = kv_reads | arithmetic});
+  }, ThrowsMessage<Error>(HasSubstr("are parts of one kernel, left out one at a time")));
   EXPECT_THAT([&] { build({.precision = CudaPrecision::kFp32, .leave_out = attention}); },
               ThrowsMessage<Error>(HasSubstr("leave_out (a benchmark's profile) runs bf16 only")));
   EXPECT_THAT([&] { build(batch_invariant_options({.leave_out = attention})); },
