@@ -1417,8 +1417,9 @@ void print_reads_alone(const std::vector<LeaveOut>& kernels, const json& costs, 
     return costs.at(k).at("cost_us").get<double>();
   };
   const double reads_us = cost_of(LeaveOut::kAttention) - cost_of(LeaveOut::kAttentionArithmetic);
-  std::printf("    the split kernel with its K/V reads alone (attention less attention_arithmetic): "
-              "%.1f us, its K/V bytes at the read BW %.1f us\n", reads_us, kv_read_us);
+  std::printf("    the split kernel with its K/V reads alone (attention less "
+              "attention_arithmetic): %.1f us, its K/V bytes at the read BW %.1f us\n",
+              reads_us, kv_read_us);
 }
 
 json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {

@@ -107,8 +107,9 @@ ExecutorOptions replay_executor_options(const trace::TraceHeader& h, ReplayMode 
 }
 
 // The backend, built while the weights are digested beside it (ModelWeights::digest_in_background),
-// then checked against the trace's digest (in the form its header names): nothing runs on the backend before the check passes,
-// and weights that are not the recorded ones are the error named even where the build failed too.
+// then checked against the trace's digest (in the form its header names): nothing runs on the
+// backend before the check passes, and weights that are not the recorded ones are the error named
+// even where the build failed too.
 std::unique_ptr<Backend> make_checked_backend(const ReplayOptions& options,
                                               const ModelWeights& weights,
                                               const std::string& origin,

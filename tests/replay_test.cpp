@@ -366,8 +366,8 @@ TEST(ReplayRefuses, ADigestUnderAFormItWasNotComputedIn) {
     replay::weights_for(header, std::nullopt);
     FAIL() << "accepted a blocks digest as a stream digest";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fmt::format("{:016x} (stream form)", header.weights_digest)),
-              std::string::npos)
+    const std::string named = fmt::format("{:016x} (stream form)", header.weights_digest);
+    EXPECT_NE(std::string(e.what()).find(named), std::string::npos)
         << e.what();
   }
   header.weights_digest = sim_weights().digest(WeightsDigestForm::kStream);

@@ -132,8 +132,9 @@
 #   every stateSlot −1. Version 5 adds Weights.digestForm (blocks, hashed on every core): a
 #   version-4 reader would check a blocks digest as a stream one and call the right weights
 #   wrong, so it must refuse version-5 files; a version-5 reader reads versions 3 and 4, whose
-#   digests are all of the stream form, with digestForm stream. Version 2 (checksummed framing) is refused by name since version 3 (a
-#   cheaper logits digest, DIGESTS); version 1 files (no framing) are refused by name.
+#   digests are all of the stream form, with digestForm stream. Version 2 (checksummed framing)
+#   is refused by name since version 3 (a cheaper logits digest, DIGESTS); version 1 files (no
+#   framing) are refused by name.
 @0xd9fcced0f1a776b6;
 
 $import "/capnp/c++.capnp".namespace("ls::trace::schema");

@@ -82,7 +82,8 @@ uint64_t xxh3_blocks_digest(BytePieces pieces, uint64_t block_bytes, int32_t thr
   const uint64_t total = starts.back();
   const uint64_t blocks = (total + block_bytes - 1) / block_bytes;
   std::vector<uint64_t> digests(blocks);
-  const auto workers = static_cast<int32_t>(std::min<uint64_t>(threads, std::max<uint64_t>(blocks, 1)));
+  const auto workers =
+      static_cast<int32_t>(std::min<uint64_t>(threads, std::max<uint64_t>(blocks, 1)));
   in_thread_runs(static_cast<int64_t>(blocks), workers, [&](int64_t begin, int64_t end, int32_t) {
     for (int64_t b = begin; b < end; ++b) {
       const uint64_t first = static_cast<uint64_t>(b) * block_bytes;

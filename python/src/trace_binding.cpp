@@ -25,7 +25,7 @@ namespace {
 
 const std::vector<std::string>& header_names() {
   static const std::vector<std::string> names = [] {
-    std::vector<std::string> n = {"executor",       "model",   "weights_seed", "weights_digest",
+    std::vector<std::string> n = {"executor", "model", "weights_seed", "weights_digest",
                                   "weights_digest_form", "backend", "gpu_name"};
     n.insert(n.end(), executor_limit_names().begin(), executor_limit_names().end());
     return n;

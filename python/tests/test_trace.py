@@ -112,11 +112,13 @@ def test_a_foreign_trace_carries_a_lockstep_digest_with_its_form(lockstep_bin, t
     ex.stop_recording()
     recorded = lockstep.open_trace(own).header
     assert recorded.weights_digest_form == "blocks" and recorded.weights_digest != 0
-    digest = {"weights_digest": recorded.weights_digest, "weights_digest_form": recorded.weights_digest_form}
+    digest = {"weights_digest": recorded.weights_digest,
+              "weights_digest_form": recorded.weights_digest_form}
     path = tmp_path / "digest.trace"
     record_foreign(path, header=dict(HEADER, **digest), steps=2)
     header = lockstep.open_trace(path).header
-    assert (header.weights_digest, header.weights_digest_form) == (recorded.weights_digest, "blocks")
+    assert header.weights_digest == recorded.weights_digest
+    assert header.weights_digest_form == "blocks"
     replayed = run_cli(lockstep_bin, "replay", path, "--mode", "teacher-forced", "-q").stdout
     assert "agreement: 2/2 tokens (100.00%)" in replayed, replayed
     wrong = tmp_path / "wrong-form.trace"
@@ -131,7 +133,8 @@ def test_writer_refuses_a_digest_without_its_form(tmp_path):
     with pytest.raises(lockstep.Error, match="weights_digest_form is given without weights_digest"):
         lockstep.TraceWriter(tmp_path / "b.trace", dict(HEADER, weights_digest_form="blocks"))
     with pytest.raises(lockstep.Error, match="weights_digest_form 'merkle' is neither"):
-        lockstep.TraceWriter(tmp_path / "c.trace", dict(HEADER, weights_digest=5, weights_digest_form="merkle"))
+        lockstep.TraceWriter(tmp_path / "c.trace",
+                             dict(HEADER, weights_digest=5, weights_digest_form="merkle"))
 
 
 def test_writer_refuses_bad_records(tmp_path):
