@@ -2,7 +2,7 @@
 // or an ls::Error — never a crash, a hang, an abort or unbounded memory. Each input is read twice:
 // with the checksums verified (the framing's own checks: a mutation almost never passes them),
 // and with them off, so that the decoder and the record checks behind the framing see mutated
-// messages too (a fuzzer cannot forge an XXH3 checksum). The corpus is format version 4, made
+// messages too (a fuzzer cannot forge an XXH3 checksum). The corpus is format version 5, made
 // by fuzz/make_corpus.sh with lockstep itself (it says which runs and cuts); rerun it when the
 // format changes. The format-3 traces this build still reads are tests/fixtures/trace/*.trace,
 // a second corpus directory in the run below (libFuzzer adds what it finds to the first only).
