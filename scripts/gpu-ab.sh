@@ -14,8 +14,10 @@
 #                                       # others in `run` (old, new, new2, new3, old, ...)
 #   scripts/gpu-ab.sh run ROUNDS BENCH [ARGS...]
 #                                       # on the H200: the new build's lockstep_gpu_tests, then
-#                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench)
-#                                       # with ARGS, ROUNDS times for each build, alternating; an
+#                                       # BENCH (lockstep_gpu_bench or lockstep_gpu_attention_bench,
+#                                       # or the CLI, lockstep) with ARGS, ROUNDS times for each
+#                                       # build, alternating, each run's whole-process time after
+#                                       # it ("(wall S s)"); an
 #                                       # argument `@json` becomes a JSON path under $OUT per run;
 #                                       # each run limited to AB_RUN_SECONDS (240);
 #                                       # AB_TESTS=skip leaves the tests out (a diagnostic
@@ -129,8 +131,12 @@ bench_once() {
     if [ "$a" = @json ]; then args+=("$OUT/${bench}_${n}_${side}.json"); else args+=("$a"); fi
   done
   echo "== $bench $side ($(cat "$D/$side/commit.txt")), run $n" >> "$OUT/ab.log"
-  local rc=0
+  local rc=0 start
+  start=$(date +%s.%N)
   timeout "${AB_RUN_SECONDS:-240}" "$D/$side/$bench" "${args[@]}" >> "$OUT/ab.log" 2>&1 || rc=$?
+  # The whole process's time: a start-up change (a CLI run as BENCH) is measured end to end.
+  awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "(wall %.3f s)\n", b - a }' \
+    >> "$OUT/ab.log"
   [ $rc -eq 0 ] || echo "(exit $rc)" >> "$OUT/ab.log"
   return $rc
 }
@@ -228,7 +234,7 @@ run() {
       bench_once "$side" "$n" "$bench" "$@" || status=1
     done
   done
-  grep -E '^==|exit|% step time|us/launch|graphs decode' "$OUT/ab.log"
+  grep -E '^==|exit|wall|% step time|us/launch|graphs decode' "$OUT/ab.log"
   # The device returns at most 8 files: the runs' JSON travel as one archive.
   local jsons=("$OUT"/*.json)
   if [ -e "${jsons[0]}" ]; then
