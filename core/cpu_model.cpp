@@ -463,6 +463,39 @@ void CpuModel::attention_layer_out(int32_t layer, const ForwardTokens& tokens,
   reduce_into_residual(count);
 }
 
+// Causal attention of query head `head` of token `token` over positions 0..position of its own
+// request, keys walked in ascending position: max, then exp and sum, then the weighted value sum
+// — one fixed order. `scores` holds keys_at(position) floats; `out` is the token's q-sized row.
+// An AVX2 clone as products_serial's: the same operations, so the same bits. Defined before its
+// caller, attend_tile: clang refuses a function made multiversioned after its first use.
+[[gnu::target_clones("avx2", "default")]] void CpuModel::attend_head(
+    int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
+    int32_t head, float* scores, float* out) {
+  const int32_t d = model_.head_dim;
+  const int32_t kv_head = head / (model_.query_heads_count / model_.kv_heads_count);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int32_t keys = keys_at(position);
+  const float* q = q_.data() + static_cast<size_t>(token) * model_.q_size() + head * d;
+  float max_score = -INFINITY;
+  for (int32_t p = 0; p < keys; ++p) {
+    const float* k = kv_at(slot_for(table_row, limits_.page_size, p), layer, 0) + kv_head * d;
+    scores[p] = dot(q, k, d) * scale;
+    max_score = std::max(max_score, scores[p]);
+  }
+  float sum = 0.0f;
+  for (int32_t p = 0; p < keys; ++p) {
+    scores[p] = std::exp(scores[p] - max_score);
+    sum += scores[p];
+  }
+  float* o = out + head * d;
+  std::fill(o, o + d, 0.0f);
+  for (int32_t p = 0; p < keys; ++p) {
+    const float* v = kv_at(slot_for(table_row, limits_.page_size, p), layer, 1) + kv_head * d;
+    const float weight = scores[p] / sum;
+    for (int32_t i = 0; i < d; ++i) o[i] += weight * v[i];
+  }
+}
+
 // attn_out_'s rows [0, n): tokens first..first + n - 1 attending with `heads`, each (token, head)
 // pair one attend_head, the pairs in contiguous runs over up to cores() threads when the tile's
 // attention is big enough to pay for them; each pair is computed on one thread in its one order,
@@ -497,38 +530,6 @@ int32_t CpuModel::rope_position(int32_t position) const {
 
 // Keys a token at `position` attends to: positions 0..position, within the RoPE table.
 int32_t CpuModel::keys_at(int32_t position) const { return rope_position(position) + 1; }
-
-// Causal attention of query head `head` of token `token` over positions 0..position of its own
-// request, keys walked in ascending position: max, then exp and sum, then the weighted value sum
-// — one fixed order. `scores` holds keys_at(position) floats; `out` is the token's q-sized row.
-// An AVX2 clone as products_serial's: the same operations, so the same bits.
-[[gnu::target_clones("avx2", "default")]] void CpuModel::attend_head(
-    int32_t layer, int32_t token, int32_t position, std::span<const int32_t> table_row,
-    int32_t head, float* scores, float* out) {
-  const int32_t d = model_.head_dim;
-  const int32_t kv_head = head / (model_.query_heads_count / model_.kv_heads_count);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const int32_t keys = keys_at(position);
-  const float* q = q_.data() + static_cast<size_t>(token) * model_.q_size() + head * d;
-  float max_score = -INFINITY;
-  for (int32_t p = 0; p < keys; ++p) {
-    const float* k = kv_at(slot_for(table_row, limits_.page_size, p), layer, 0) + kv_head * d;
-    scores[p] = dot(q, k, d) * scale;
-    max_score = std::max(max_score, scores[p]);
-  }
-  float sum = 0.0f;
-  for (int32_t p = 0; p < keys; ++p) {
-    scores[p] = std::exp(scores[p] - max_score);
-    sum += scores[p];
-  }
-  float* o = out + head * d;
-  std::fill(o, o + d, 0.0f);
-  for (int32_t p = 0; p < keys; ++p) {
-    const float* v = kv_at(slot_for(table_row, limits_.page_size, p), layer, 1) + kv_head * d;
-    const float weight = scores[p] / sum;
-    for (int32_t i = 0; i < d; ++i) o[i] += weight * v[i];
-  }
-}
 
 // Column-parallel gate/up and row-parallel down: each rank computes its ffn columns of the SwiGLU
 // and their partial down projection; the all-reduce sums the partials.
