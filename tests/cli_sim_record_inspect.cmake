@@ -20,6 +20,10 @@ if(NOT status EQUAL 0 OR NOT out MATCHES "event retract request [0-9]+ \\(swap\\
    OR NOT out MATCHES "event recover request [0-9]+ \\(swap\\) hist_token_length [0-9]+")
   message(FATAL_ERROR "trace inspect shows no retract/recover with hist_token_length:\n${out}")
 endif()
+# The header's weight digest with its form: a recording writes the blocks form (format version 5).
+if(NOT out MATCHES "format v5" OR NOT out MATCHES "\\(digest [0-9a-f]+, blocks form\\)")
+  message(FATAL_ERROR "trace inspect shows no version-5 header with a blocks digest:\n${out}")
+endif()
 # The recovered request's timeline shows its recovery row: override and hist.
 string(REGEX MATCH "event recover request ([0-9]+)" _ "${out}")
 execute_process(COMMAND ${LOCKSTEP} trace inspect ${trace} --request ${CMAKE_MATCH_1} OUTPUT_VARIABLE out)
