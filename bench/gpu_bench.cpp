@@ -1394,18 +1394,6 @@ int64_t left_out_bytes(const ModelConfig& m, int32_t rows, int32_t context, Leav
   return 0;
 }
 
-// What each kernel of a layer adds to a decode step inside its CUDA graph (the device has no
-// working timeline tool, bench/results/HISTORY.md): the step's time with every kernel less its
-// time with that kernel left out of every layer (CudaBackendOptions::leave_out; such a step
-// computes wrong logits, only its time counts), at context 1024, batch 1 and 64. Each kernel's
-// cost is set against its bytes at the read bandwidth measured in this run: the difference, its
-// loss, is what keeps the step from that bandwidth. With every layer left out the step keeps the
-// embedding, the final norm, the LM head and the sampling tail ("outside the layers"). Attention
-// is also cut into parts (the combine; the split kernel past its wait, with the combine; its K/V
-// reads alone), listed but not added to the losses; the split kernel's parts where the shape has
-// them (kernels/attention.h: llama's group of 4), and there the step with and without the split
-// kernel's body again with every kernel in plain stream order. One backend a variant, one after
-// another; the full step is timed first and last (drift).
 // What the split kernel costs with its reads alone: attention's cost (split kernel and combine)
 // less attention_arithmetic's (the split kernel's arithmetic and the combine), against its K/V
 // bytes at the read bandwidth: near them, the reads overlap and the pattern streams; far above,
@@ -1422,6 +1410,18 @@ void print_reads_alone(const std::vector<LeaveOut>& kernels, const json& costs, 
               reads_us, kv_read_us);
 }
 
+// What each kernel of a layer adds to a decode step inside its CUDA graph (the device has no
+// working timeline tool, bench/results/HISTORY.md): the step's time with every kernel less its
+// time with that kernel left out of every layer (CudaBackendOptions::leave_out; such a step
+// computes wrong logits, only its time counts), at context 1024, batch 1 and 64. Each kernel's
+// cost is set against its bytes at the read bandwidth measured in this run: the difference, its
+// loss, is what keeps the step from that bandwidth. With every layer left out the step keeps the
+// embedding, the final norm, the LM head and the sampling tail ("outside the layers"). Attention
+// is also cut into parts (the combine; the split kernel past its wait, with the combine; its K/V
+// reads alone; its arithmetic, with the combine), listed but not added to the losses; the split kernel's parts where the shape has
+// them (kernels/attention.h: llama's group of 4), and there the step with and without the split
+// kernel's body again with every kernel in plain stream order. One backend a variant, one after
+// another; the full step is timed first and last (drift).
 json leave_out_shape(const std::string& shape, const Options& o, const Bandwidth& bandwidth) {
   const ModelConfig model = model_config_named(shape);
   constexpr int32_t kContext = 1024;

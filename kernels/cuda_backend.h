@@ -74,9 +74,9 @@ enum class LeaveOut : uint32_t {
 };
 // Every LeaveOut, in the order the benchmark's profile reports them.
 inline constexpr LeaveOut kLeaveOutKinds[] = {
-    LeaveOut::kQkv,    LeaveOut::kAttention, LeaveOut::kCombine, LeaveOut::kAttentionBody,
+    LeaveOut::kQkv, LeaveOut::kAttention, LeaveOut::kCombine, LeaveOut::kAttentionBody,
     LeaveOut::kAttentionKvReads, LeaveOut::kAttentionArithmetic, LeaveOut::kO, LeaveOut::kGateUp,
-    LeaveOut::kDown,   LeaveOut::kLayers};
+    LeaveOut::kDown, LeaveOut::kLayers};
 // The split kernel's parts, which only llama-like attention has (kernels/attention.h).
 constexpr bool is_split_kernel_part(LeaveOut what) {
   return what == LeaveOut::kAttentionBody || what == LeaveOut::kAttentionKvReads ||

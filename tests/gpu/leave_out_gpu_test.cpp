@@ -22,8 +22,7 @@ using ::testing::ThrowsMessage;
 
 // testing::tiled_weights' shape with llama's attention: 4 query heads a KV head at head_dim 64,
 // where the split kernel's parts (LeaveOut::kAttentionBody, kAttentionKvReads,
-// kAttentionArithmetic) exist, so every
-// kind can be left out.
+// kAttentionArithmetic) exist, so every kind can be left out.
 const ModelWeights& group4_weights() {
   static const ModelWeights weights = [] {
     ModelConfig c = testing::tiled_weights().config;
