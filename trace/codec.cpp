@@ -121,6 +121,15 @@ RopeType rope_type_named(const std::string& name) {
   return RopeType::kDefault;
 }
 
+schema::WeightsDigestForm encode_digest_form(WeightsDigestForm form) {
+  switch (form) {
+    case WeightsDigestForm::kStream: return schema::WeightsDigestForm::STREAM;
+    case WeightsDigestForm::kBlocks: return schema::WeightsDigestForm::BLOCKS;
+  }
+  LS_ASSERT(false, "weights digest form {}", static_cast<int>(form));
+  return schema::WeightsDigestForm::STREAM;
+}
+
 WeightsDigestForm weights_digest_form_of(schema::WeightsDigestForm form) {
   switch (form) {
     case schema::WeightsDigestForm::STREAM: return WeightsDigestForm::kStream;
@@ -177,9 +186,7 @@ void encode(const TraceHeader& h, schema::Header::Builder out) {
     w.getSource().setDirectory(h.weights.directory);
   }
   w.setDigest(h.weights_digest);
-  w.setDigestForm(h.weights_digest_form == WeightsDigestForm::kStream
-                      ? schema::WeightsDigestForm::STREAM
-                      : schema::WeightsDigestForm::BLOCKS);
+  w.setDigestForm(encode_digest_form(h.weights_digest_form));
   auto e = out.initExecutor();
   e.setMaxBatchRows(h.executor.max_batch_rows);
   e.setContextLength(h.executor.context_length);
